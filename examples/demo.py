@@ -1,0 +1,117 @@
+"""lightning-ft demo: a small GPT on synthetic tokens, 2 CPU ranks under torchrun, one rank killed mid-run.
+
+Run it with the README's first command (``bash scripts/demo.sh``), or directly::
+
+    torchrun --standalone --nproc-per-node=2 --max-restarts=2 examples/demo.py --root demo_run
+
+What happens: checkpoints are written asynchronously every few steps; at ``--kill-at-step`` rank 1 kills itself with
+SIGKILL on the first attempt; torchrun tears the group down and starts it again; ``trainer.fit`` finds the newest
+committed checkpoint by itself and training continues. TensorBoard logs go to ``<root>/tb``, event logs to
+``<root>/lightning_ft/events``; rank 0 prints a short summary at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from examples.gpt import GPT, SyntheticTokens  # noqa: E402
+from lightning_ft import ElasticFT3D  # noqa: E402
+
+
+class KillRankOnce(Callback):
+    """Injects the fault: on the first attempt only, ``rank`` sends itself SIGKILL after step ``step``."""
+
+    def __init__(self, rank: int, step: int) -> None:
+        self.rank = rank
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if first_attempt and trainer.global_rank == self.rank and trainer.global_step == self.step:
+            print(f"[demo] rank {self.rank}: killing myself with SIGKILL at step {self.step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def build_callbacks(args: argparse.Namespace, ckpt_dir: Path) -> list[Callback]:
+    callbacks: list[Callback] = [
+        ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.ckpt_every, save_top_k=-1, save_last=True),
+        KillRankOnce(rank=1, step=args.kill_at_step),
+    ]
+    try:  # the monitors, where this build has them
+        from examples.demo_monitors import monitor_callbacks
+
+        callbacks.extend(monitor_callbacks(args))
+    except ImportError:
+        pass
+    return callbacks
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", default="demo_run")
+    parser.add_argument("--max-steps", type=int, default=40)
+    parser.add_argument("--ckpt-every", type=int, default=5)
+    parser.add_argument("--kill-at-step", type=int, default=17)
+    parser.add_argument("--batch-size", type=int, default=8)
+    args = parser.parse_args()
+
+    torch.set_num_threads(1)
+    L.seed_everything(7, workers=True)
+    root = Path(args.root).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    ckpt_dir = root / "checkpoints"
+    started = time.time()
+
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=int(os.environ.get("LOCAL_WORLD_SIZE", "2")),
+        strategy=ElasticFT3D(),
+        max_steps=args.max_steps,
+        default_root_dir=root,
+        logger=TensorBoardLogger(root, name="tb"),
+        callbacks=build_callbacks(args, ckpt_dir),
+        log_every_n_steps=5,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    model = GPT(vocab_size=128, dim=64, n_heads=4, n_layers=2, seq_len=32)
+    data = DataLoader(SyntheticTokens(num_samples=512, seq_len=32, vocab_size=128), batch_size=args.batch_size,
+                      shuffle=True)
+    trainer.fit(model, train_dataloaders=data)
+
+    if trainer.global_rank == 0:
+        from lightning_ft.monitors.event_log import read_events
+
+        events = read_events(root)
+        restarts = sorted({e["attempt"] for e in events if e["event"] == "attempt_start"})
+        resumed = [e for e in events if e["event"] == "resumed"]
+        commits = [e for e in events if e["event"] == "checkpoint_committed"]
+        print("\n[demo] summary")
+        print(f"  attempts            : {len(restarts)} (torchrun restarted the group {len(restarts) - 1} time(s))")
+        for e in resumed:
+            print(f"  resumed from        : {e['path']} (step {e['step']}, saved on {e['saved_world_size']} ranks)")
+        if commits:
+            stall = sorted(e["stall_s"] for e in commits)[len(commits) // 2]
+            total = sorted(e["total_s"] for e in commits)[len(commits) // 2]
+            print(f"  checkpoints         : {len(commits)} committed, median stall {stall * 1e3:.1f} ms,"
+                  f" median total {total * 1e3:.1f} ms, {commits[-1]['size_bytes'] / 1e6:.2f} MB each")
+        print(f"  final step / loss   : {trainer.global_step} / {float(trainer.callback_metrics['train_loss']):.3f}")
+        print(f"  this attempt took   : {time.time() - started:.1f} s")
+        print(f"  TensorBoard         : tensorboard --logdir {root / 'tb'}")
+
+
+if __name__ == "__main__":
+    main()

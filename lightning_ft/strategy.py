@@ -1,0 +1,635 @@
+"""``ElasticFT3D``: the Lightning strategy that composes lightning-ft's pieces.
+
+It is a drop-in for Lightning's ``ModelParallelStrategy`` (same ``configure_model()`` contract, same mesh axis names
+``"data_parallel"`` and ``"tensor_parallel"``, plus ``"pipeline_parallel"``) and behaves exactly like ``DDPStrategy``
+for a module whose parameters are not DTensors after ``configure_model()``. On top of that it owns:
+
+- the process groups and the 3-D ``DeviceMesh`` (``parallel/``),
+- checkpoint I/O: every save is a torchsnapshot directory written asynchronously on a process group of its own and
+  committed atomically (``checkpoint/``); ``last`` is a link repointed at the newest committed checkpoint,
+- auto-resume from the newest committed checkpoint, with the elastic policy deciding batch and LR changes when the
+  world size differs (``elastic/``),
+- the per-rank event log (``monitors/event_log.py``).
+
+Callbacks observe and report; the strategy is the only component that talks to process groups and storage.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Generator, Mapping
+from contextlib import contextmanager, nullcontext
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+import torch.distributed as dist
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.utilities.init import _materialize_distributed_module
+from lightning.fabric.utilities.optimizer import _optimizers_to_device
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.core.optimizer import LightningOptimizer
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from lightning_ft import _state
+from lightning_ft.checkpoint import AsyncCheckpointer, CheckpointError, CommitInfo, load_checkpoint
+from lightning_ft.checkpoint import discovery
+from lightning_ft.elastic import ElasticPolicy, ResumableSampler, plan_resume, swap_in_resumable_sampler
+from lightning_ft.fault import FaultPolicy
+from lightning_ft.monitors.event_log import EventLog, next_attempt, resolve_run_id
+from lightning_ft.parallel.layout import build_device_mesh
+from lightning_ft.parallel.parallel_config import ParallelConfig
+from lightning_ft.training_tracker import _TrainingTracker
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+    from torch.distributed.device_mesh import DeviceMesh
+
+log = logging.getLogger(__name__)
+
+_PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved1f1b")
+_LAST_NAME = re.compile(r"^last(-v?\d+)?$")
+
+
+def _check_size(name: str, value: Any, allow_auto: bool) -> None:
+    if allow_auto and value == "auto":
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        rule = 'a positive integer or "auto"' if allow_auto else "a positive integer"
+        raise ValueError(f"ElasticFT3D({name}={value!r}): must be {rule}")
+
+
+class ElasticFT3D(DDPStrategy):
+    """Fault-tolerant, elastic data x tensor x pipeline parallel training for a Lightning ``Trainer``.
+
+    Args:
+        data_parallel_size: devices in one data-parallel group; ``"auto"`` = world size / (tensor x pipeline size).
+        tensor_parallel_size: devices in one tensor-parallel group, kept inside a node; ``"auto"`` = devices per node.
+        pipeline_parallel_size: number of pipeline stages (the outermost mesh axis, may span nodes).
+        elastic: what happens when a run resumes at another world size; ``None`` refuses such a resume.
+        fault: preemption, hang and health-check policy; ``None`` turns all of it off.
+        auto_resume: when ``fit`` is called without ``ckpt_path``, resume from the committed checkpoint with the
+            highest global step under the ``ModelCheckpoint``'s ``dirpath``.
+        pipeline_schedule: ``"1f1b"``, ``"gpipe"`` or ``"interleaved1f1b"``; used when ``pipeline_parallel_size > 1``.
+        num_microbatches: micro-batches per pipeline step; ``None`` = 2 x pipeline size.
+        process_group_backend: ``"nccl"``, ``"gloo"``, ...; ``None`` = the default for the device.
+        timeout: timeout of the training process group.
+        find_unused_parameters: passed to ``DistributedDataParallel`` when the model is not parallelized.
+
+    Raises:
+        ValueError: a size, schedule or policy is invalid (at construction), or the sizes do not multiply to the
+            world size, or tensor parallelism would cross a node (before any process group starts).
+
+    Example::
+
+        trainer = L.Trainer(
+            strategy=ElasticFT3D(tensor_parallel_size=2),
+            callbacks=[ModelCheckpoint(dirpath="checkpoints", every_n_train_steps=100, save_last=True)],
+        )
+        trainer.fit(model)  # resumes by itself after a crash or a restart at another world size
+    """
+
+    strategy_name = "elastic_ft_3d"
+
+    def __init__(
+        self,
+        data_parallel_size: int | Literal["auto"] = "auto",
+        tensor_parallel_size: int | Literal["auto"] = 1,
+        pipeline_parallel_size: int = 1,
+        *,
+        elastic: ElasticPolicy | None = ElasticPolicy(),  # noqa: B008 - frozen dataclass, never mutated
+        fault: FaultPolicy | None = FaultPolicy(),  # noqa: B008
+        auto_resume: bool = True,
+        pipeline_schedule: str = "1f1b",
+        num_microbatches: int | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        find_unused_parameters: bool = False,
+    ) -> None:
+        _check_size("data_parallel_size", data_parallel_size, allow_auto=True)
+        _check_size("tensor_parallel_size", tensor_parallel_size, allow_auto=True)
+        _check_size("pipeline_parallel_size", pipeline_parallel_size, allow_auto=False)
+        if pipeline_schedule not in _PIPELINE_SCHEDULES:
+            raise ValueError(
+                f"ElasticFT3D(pipeline_schedule={pipeline_schedule!r}): must be one of {', '.join(_PIPELINE_SCHEDULES)}"
+            )
+        if num_microbatches is not None:
+            _check_size("num_microbatches", num_microbatches, allow_auto=False)
+        if elastic is not None and not isinstance(elastic, ElasticPolicy):
+            raise TypeError(f"ElasticFT3D(elastic={elastic!r}): must be an ElasticPolicy or None")
+        if fault is not None and not isinstance(fault, FaultPolicy):
+            raise TypeError(f"ElasticFT3D(fault={fault!r}): must be a FaultPolicy or None")
+        kwargs = {"find_unused_parameters": True} if find_unused_parameters else {}
+        super().__init__(process_group_backend=process_group_backend, timeout=timeout, **kwargs)
+        self._data_parallel_size = data_parallel_size
+        self._tensor_parallel_size = tensor_parallel_size
+        self._pipeline_parallel_size = pipeline_parallel_size
+        self.elastic = elastic
+        self.fault = fault
+        self.auto_resume = auto_resume
+        self.pipeline_schedule = pipeline_schedule
+        self.num_microbatches = num_microbatches
+        self.parallel_config: ParallelConfig | None = None
+        self.event_log: EventLog | None = None
+        self._device_mesh: DeviceMesh | None = None
+        self._parallelized = False
+        self._checkpointer: AsyncCheckpointer | None = None
+        self._tracker = _TrainingTracker(self)
+        self._attempt_start_time = time.time()
+        self._lock = threading.Lock()
+        self._unaccounted_stall_s = 0.0
+        self._last_links: set[Path] = set()
+        self._pending_removals: list[Path] = []
+        self._sampler: ResumableSampler | None = None
+        self._pending_sampler_state: dict[str, Any] | None = None
+        self._resume: dict[str, Any] | None = None
+        self._original_resume_start: Any = None
+
+    # ------------------------------------------------------------------ mesh and process groups
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        if self._device_mesh is None:
+            raise RuntimeError("Accessing the device mesh before processes have initialized is not allowed.")
+        return self._device_mesh
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.parallel_config.data_parallel_size if self.parallel_config else 1
+
+    @property
+    @override
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        dp_mesh = self.device_mesh["data_parallel"]
+        return {"num_replicas": dp_mesh.size(), "rank": dp_mesh.get_local_rank()}
+
+    @property
+    @override
+    def restore_checkpoint_after_setup(self) -> bool:
+        # Optimizers must exist (and DTensor-sharded) before their state can be loaded in place.
+        return True
+
+    @property
+    @override
+    def lightning_restore_optimizer(self) -> bool:
+        return not self._parallelized
+
+    @override
+    def setup_distributed(self) -> None:
+        self.set_world_ranks()
+        # Validate the layout before any process group starts, so a wrong size never costs a rendezvous.
+        self.parallel_config = ParallelConfig(
+            data_parallel_size=self._data_parallel_size,
+            tensor_parallel_size=self._tensor_parallel_size,
+            pipeline_parallel_size=self._pipeline_parallel_size,
+            num_nodes=self.num_nodes,
+            devices_per_node=self.num_processes,
+            owner="ElasticFT3D",
+        )
+        super().setup_distributed()
+
+    @override
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        assert self.parallel_config is not None
+        self._device_mesh = build_device_mesh(self.parallel_config, self.root_device.type)
+        assert self.lightning_module is not None
+        self.lightning_module._device_mesh = self._device_mesh
+        trainer = self.lightning_module.trainer
+        self._open_event_log(trainer)
+        self._checkpointer = AsyncCheckpointer(on_commit=self._on_commit)
+        trainer.callbacks.insert(0, self._tracker)
+        self._keep_logger_version(trainer)
+        for cb in trainer.checkpoint_callbacks:
+            if isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
+                rank_zero_warn(
+                    "ModelCheckpoint(dirpath=None): the default path contains the logger version and changes at every"
+                    " restart, so auto-resume cannot find earlier checkpoints. Set ModelCheckpoint(dirpath=...)."
+                )
+        self._patch_resume_start(trainer)
+
+    def _open_event_log(self, trainer: pl.Trainer) -> None:
+        root = trainer.default_root_dir
+        ids: list[Any] = [None, None]
+        if self.global_rank == 0:
+            run_id = resolve_run_id(root)
+            ids = [run_id, next_attempt(root, run_id)]
+        if dist.is_initialized():
+            dist.broadcast_object_list(ids, src=0)
+        self.event_log = EventLog(root, rank=self.global_rank, run_id=ids[0], attempt=ids[1])
+        self.event_log.bind_step(lambda: trainer.global_step if trainer.state.fn == TrainerFn.FITTING else None)
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        self.event_log.write(
+            "attempt_start",
+            step=None,
+            world_size=self.world_size,
+            torchrun_restart=int(restart) if restart is not None else None,
+            process_start_time=_state.process_start_time(),
+            mesh=self._mesh_shape(),
+        )
+
+    def _keep_logger_version(self, trainer: pl.Trainer) -> None:
+        # TensorBoard's default version counts up at every launch; one run must keep one folder across restarts.
+        assert self.event_log is not None
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger) and logger._version is None:
+                logger._version = f"run_{self.event_log.run_id}"
+
+    def _mesh_shape(self) -> dict[str, int]:
+        cfg = self.parallel_config
+        assert cfg is not None
+        return {
+            "pipeline_parallel": cfg.pipeline_parallel_size,
+            "data_parallel": cfg.data_parallel_size,
+            "tensor_parallel": cfg.tensor_parallel_size,
+        }
+
+    # ------------------------------------------------------------------ model set-up
+
+    @override
+    def setup(self, trainer: pl.Trainer) -> None:
+        assert self.model is not None
+        self._check_checkpoint_dirs(trainer)
+        self._parallelized = _state.has_dtensor_parameters(self.model)
+        cfg = self.parallel_config
+        assert cfg is not None
+        if not self._parallelized:
+            if cfg.tensor_parallel_size > 1 or cfg.pipeline_parallel_size > 1:
+                raise ValueError(
+                    f"ElasticFT3D(tensor_parallel_size={cfg.tensor_parallel_size},"
+                    f" pipeline_parallel_size={cfg.pipeline_parallel_size}): no parameter is a DTensor after"
+                    " configure_model(). Parallelize the model in LightningModule.configure_model() using"
+                    " self.device_mesh['tensor_parallel'], or set both sizes to 1 for plain data parallel."
+                )
+            super().setup(trainer)  # DDPStrategy: wraps the module in DistributedDataParallel
+        else:
+            self._setup_parallelized(trainer)
+        if trainer.state.fn == TrainerFn.FITTING and self.global_rank == 0:
+            for dirpath in self._checkpoint_dirpaths(trainer):
+                discovery.cleanup_uncommitted(dirpath)
+        self.barrier("ElasticFT3D.setup")
+
+    def _setup_parallelized(self, trainer: pl.Trainer) -> None:
+        assert self.accelerator is not None
+        assert self.model is not None
+        self.accelerator.setup(trainer)
+        _materialize_distributed_module(self.model, self.root_device)
+        self.model = self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        self.barrier()
+        if trainer.state.fn == TrainerFn.FITTING:
+            self.setup_optimizers(trainer)
+        self.setup_precision_plugin()
+        if trainer.state.fn == TrainerFn.FITTING:
+            _optimizers_to_device(self.optimizers, self.root_device)
+
+    @contextmanager
+    @override
+    def tensor_init_context(self, empty_init: bool | None = None) -> Generator[None, None, None]:
+        # As in ModelParallelStrategy: materialization happens in setup(), after configure_model().
+        empty_init_context = torch.device("meta") if empty_init else nullcontext()
+        with empty_init_context, self.precision_plugin.tensor_init_context():
+            yield
+
+    def _checkpoint_dirpaths(self, trainer: pl.Trainer) -> list[Path]:
+        return [Path(cb.dirpath) for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)]
+
+    def _check_checkpoint_dirs(self, trainer: pl.Trainer) -> None:
+        for dirpath in self._checkpoint_dirpaths(trainer):
+            _state.check_writable_dir(dirpath)
+
+    # ------------------------------------------------------------------ state collection
+
+    @override
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        if not self._parallelized:
+            return super().lightning_module_state_dict()
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        assert self.model is not None
+        return get_model_state_dict(self.model)
+
+    @override
+    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        if isinstance(optimizer, LightningOptimizer):
+            optimizer = optimizer._optimizer
+        if not self._parallelized:
+            return optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        assert self.model is not None
+        return get_optimizer_state_dict(self.model, optimizer)
+
+    @override
+    def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
+        if not self._parallelized:
+            super().load_model_state_dict(checkpoint, strict=strict)
+        # Parallelized models were loaded in place by load_checkpoint().
+
+    @override
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        if not self._parallelized:
+            super().load_optimizer_state_dict(checkpoint)
+
+    # ------------------------------------------------------------------ saving
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:
+        """Collective: every rank calls it (``Trainer.save_checkpoint`` does). Returns once the state is captured;
+        the write and the commit continue in the background. A save Lightning routes to ``last*.ckpt`` writes
+        nothing: the ``last`` link is repointed at the newest committed checkpoint instead."""
+        if storage_options is not None:
+            raise TypeError("ElasticFT3D.save_checkpoint(..., storage_options=...) is not supported")
+        path = Path(self.broadcast(str(filepath)))
+        assert self._checkpointer is not None
+        if _LAST_NAME.match(path.name.removesuffix(".ckpt")):
+            self._request_last_link(path)
+            return
+        start = time.perf_counter()
+        state, rank_state, metadata = self._split_checkpoint(checkpoint)
+        self._checkpointer.save(path, state, rank_state=rank_state, metadata=metadata)
+        with self._lock:
+            self._unaccounted_stall_s += time.perf_counter() - start
+
+    def _split_checkpoint(self, checkpoint: dict[str, Any]) -> tuple[dict, dict, dict]:
+        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        state = {k: v for k, v in checkpoint.items() if k != "callbacks"}
+        if self._sampler is not None:
+            state["lightning_ft_sampler"] = self._sampler.state_dict()
+        rank_state = {"callbacks": checkpoint.get("callbacks", {}), "rng": _state.collect_rng_states()}
+        metadata = {
+            "step": checkpoint.get("global_step"),
+            "epoch": checkpoint.get("epoch"),
+            "world_size": self.world_size,
+            "mesh": self._mesh_shape(),
+            "parallelized": self._parallelized,
+            "per_device_batch_size": _state.per_device_batch_size(trainer),
+            "accumulate_grad_batches": trainer.accumulate_grad_batches if trainer is not None else 1,
+            "base_lrs": _state.base_lrs(self.optimizers),
+            "run_id": self.event_log.run_id if self.event_log else None,
+            "attempt": self.event_log.attempt if self.event_log else None,
+        }
+        return state, rank_state, metadata
+
+    def _request_last_link(self, link: Path) -> None:
+        with self._lock:
+            self._last_links.add(link)
+        assert self._checkpointer is not None
+        if self._checkpointer.in_flight is None and self.global_rank == 0:
+            latest = discovery.latest_committed(link.parent)
+            if latest is not None:
+                discovery.repoint_last(link.parent, latest.path, name=link.name)
+
+    def _on_commit(self, info: CommitInfo) -> None:
+        """Runs on rank 0 in the checkpoint writer thread, after the commit marker is durable."""
+        if self.event_log is not None:
+            self.event_log.write(
+                "checkpoint_committed",
+                step=info.step,
+                path=str(info.path),
+                stall_s=info.stall_s,
+                total_s=info.total_s,
+                size_bytes=info.size_bytes,
+            )
+        with self._lock:
+            links = [link for link in self._last_links if link.parent == info.path.parent]
+            removals, self._pending_removals = self._pending_removals, []
+        for link in links:
+            discovery.repoint_last(link.parent, info.path, name=link.name)
+        for path in removals:
+            self._remove_now_or_later(path)
+
+    @override
+    def remove_checkpoint(self, filepath: _PATH) -> None:
+        """Retention (``save_top_k``) goes through here. A checkpoint still being written, or the newest committed
+        one, is never deleted: its removal waits until a newer checkpoint is committed."""
+        if self.global_rank != 0:
+            return
+        self._remove_now_or_later(Path(filepath))
+
+    def _remove_now_or_later(self, path: Path) -> None:
+        if path.is_symlink():
+            path.unlink()
+            return
+        in_flight = self._checkpointer.in_flight if self._checkpointer is not None else None
+        latest = discovery.latest_committed(path.parent)
+        protected = {p.resolve() for p in (in_flight, latest.path if latest else None) if p is not None}
+        if path.resolve() in protected:
+            with self._lock:
+                self._pending_removals.append(path)
+            return
+        _state.remove_path(path)
+
+    def checkpoint_wait(self) -> None:
+        """Block until the in-flight checkpoint is committed; re-raise a background failure. Every rank calls it."""
+        if self._checkpointer is not None:
+            self._checkpointer.wait()
+
+    def _take_unaccounted_stall(self) -> float:
+        with self._lock:
+            stall, self._unaccounted_stall_s = self._unaccounted_stall_s, 0.0
+        return stall
+
+    # ------------------------------------------------------------------ loading and auto-resume
+
+    def _patch_resume_start(self, trainer: pl.Trainer) -> None:
+        # Lightning resolves ``ckpt_path`` before any strategy code runs and loads nothing for ``None``; wrapping the
+        # connector's resume_start is the one place where a strategy can choose the checkpoint itself.
+        connector = trainer._checkpoint_connector
+        if self._original_resume_start is not None:
+            return
+        original = connector.resume_start
+        self._original_resume_start = (connector, original)
+
+        def resume_start(checkpoint_path: _PATH | None = None, weights_only: bool | None = None) -> None:
+            if trainer.state.fn == TrainerFn.FITTING:
+                checkpoint_path = self._select_resume_path(trainer, checkpoint_path)
+            original(checkpoint_path, weights_only)
+
+        connector.resume_start = resume_start
+
+    def _select_resume_path(self, trainer: pl.Trainer, ckpt_path: _PATH | None) -> _PATH | None:
+        if ckpt_path is not None:
+            return _state.resolve_explicit_ckpt_path(Path(ckpt_path))
+        if not self.auto_resume:
+            return None
+        candidates: list[discovery.CheckpointInfo] = []
+        for dirpath in self._checkpoint_dirpaths(trainer):
+            candidates.extend(discovery.list_committed(dirpath))
+        candidates.sort(key=lambda c: (c.step, c.mtime))
+        self._auto_candidates = [c.path for c in reversed(candidates)]
+        return self._auto_candidates[0] if self._auto_candidates else None
+
+    @override
+    def load_checkpoint(self, checkpoint_path: _PATH, weights_only: bool | None = None) -> dict[str, Any]:
+        path = Path(self.broadcast(str(checkpoint_path)))
+        if not _state.is_lightning_ft_checkpoint(path):
+            return _state.load_foreign_checkpoint(path, parallelized=self._parallelized)
+        fallbacks = [p for p in getattr(self, "_auto_candidates", []) if p != path]
+        self._auto_candidates = []
+        while True:
+            try:
+                loaded = self._load_everywhere(path)
+                break
+            except CheckpointError as err:
+                if not fallbacks:
+                    raise
+                if self.global_rank == 0 and self.event_log is not None:
+                    step = (discovery.read_metadata(path) or {}).get("step") if discovery.is_committed(path) else None
+                    self.event_log.write("checkpoint_rejected", step=step, path=str(path), reason=str(err))
+                rank_zero_warn(f"Skipping checkpoint {path}: {err}. Falling back to {fallbacks[0]}.")
+                path = fallbacks.pop(0)
+        return self._after_load(path, loaded)
+
+    def _load_everywhere(self, path: Path) -> Any:
+        """Load on every rank; if any rank fails, every rank raises, so all fall back together."""
+        template = self._parallel_template() if self._parallelized else None
+        error: BaseException | None = None
+        loaded = None
+        try:
+            loaded = load_checkpoint(path, template)
+        except CheckpointError as err:
+            error = err
+        failed = [error is not None]
+        if dist.is_initialized():
+            flags: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(flags, failed[0] and str(error))
+            messages = [m for m in flags if m]
+            if messages and error is None:
+                error = CheckpointError(messages[0])
+        if error is not None:
+            raise error if isinstance(error, CheckpointError) else CheckpointError(str(error))
+        return loaded
+
+    def _parallel_template(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import _init_optim_state, get_optimizer_state_dict
+
+        assert self.model is not None
+        template: dict[str, Any] = {"state_dict": self.lightning_module_state_dict()}
+        optimizer_states = []
+        for opt in self.optimizers:
+            _init_optim_state(opt)
+            optimizer_states.append(get_optimizer_state_dict(self.model, opt))
+        template["optimizer_states"] = optimizer_states
+        return template
+
+    def _after_load(self, path: Path, loaded: Any) -> dict[str, Any]:
+        checkpoint = dict(loaded.state)
+        checkpoint["callbacks"] = loaded.rank_state.get("callbacks", {})
+        if self._parallelized:
+            self._set_parallel_state(checkpoint)
+        rng = loaded.rank_state.get("rng")
+        if rng and loaded.metadata.get("world_size") == self.world_size:
+            self._tracker.restore_rng_at_next_batch(rng)
+        self._pending_sampler_state = checkpoint.pop("lightning_ft_sampler", None)
+        self._plan_elastic_resume(path, loaded.metadata)
+        return checkpoint
+
+    def _set_parallel_state(self, checkpoint: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+        assert self.model is not None and self.lightning_module is not None
+        set_model_state_dict(self.model, checkpoint["state_dict"])
+        for opt, opt_state in zip(self.optimizers, checkpoint.get("optimizer_states", [])):
+            set_optimizer_state_dict(self.model, opt, opt_state)
+
+    def _plan_elastic_resume(self, path: Path, metadata: dict[str, Any]) -> None:
+        trainer = self.lightning_module.trainer
+        saved_mesh = metadata.get("mesh") or {}
+        saved_dp = int(saved_mesh.get("data_parallel", metadata.get("world_size", 1)))
+        decision = plan_resume(
+            self.elastic,
+            saved_world_size=int(metadata.get("world_size", self.world_size)),
+            saved_dp_size=saved_dp,
+            saved_per_device_batch=metadata.get("per_device_batch_size"),
+            saved_accumulate=int(metadata.get("accumulate_grad_batches") or 1),
+            new_dp_size=self.data_parallel_size,
+            new_per_device_batch=metadata.get("per_device_batch_size"),
+        )
+        if decision.accumulate_grad_batches != trainer.accumulate_grad_batches:
+            trainer.accumulate_grad_batches = decision.accumulate_grad_batches
+        self._resume = {
+            "path": str(path),
+            "step": metadata.get("step"),
+            "saved_world_size": metadata.get("world_size"),
+            "lr_scale": decision.lr_scale,
+            "accumulate_grad_batches": decision.accumulate_grad_batches,
+        }
+        if self.global_rank == 0 and self.event_log is not None:
+            self.event_log.write(
+                "resumed",
+                step=metadata.get("step"),
+                path=str(path),
+                saved_world_size=metadata.get("world_size"),
+                world_size=self.world_size,
+                accumulate_grad_batches=decision.accumulate_grad_batches,
+                lr_scale=decision.lr_scale,
+            )
+        rank_zero_info(f"lightning-ft: resumed from {path} (step {metadata.get('step')})")
+
+    @override
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        if self._resume is not None and self._resume["lr_scale"] != 1.0:
+            _state.scale_learning_rates(self.lightning_module.trainer, self._resume["lr_scale"])
+
+    # ------------------------------------------------------------------ data
+
+    @override
+    def process_dataloader(self, dataloader: object) -> object:
+        dataloader = super().process_dataloader(dataloader)
+        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        if trainer is None or not isinstance(dataloader, torch.utils.data.DataLoader):
+            return dataloader
+        # A dataloader iterator draws its base seed from the global RNG unless it has its own generator; giving it
+        # one keeps the global random stream identical between an uninterrupted and a resumed run.
+        if dataloader.generator is None:
+            dataloader.generator = torch.Generator().manual_seed(0)
+        if not trainer.training:
+            return dataloader
+        kwargs = self.distributed_sampler_kwargs
+        swapped = swap_in_resumable_sampler(dataloader, **kwargs)
+        sampler = getattr(swapped, "sampler", None)
+        if isinstance(sampler, ResumableSampler):
+            if self._pending_sampler_state is not None:
+                sampler.load_state_dict(self._pending_sampler_state)
+                self._pending_sampler_state = None
+            self._sampler = sampler
+            if swapped.generator is None:
+                swapped.generator = torch.Generator().manual_seed(0)
+        return swapped
+
+    def _advance_sampler(self) -> None:
+        if self._sampler is None or self.lightning_module is None:
+            return
+        batch = _state.per_device_batch_size(self.lightning_module.trainer) or 1
+        self._sampler.mark_consumed(batch * self.data_parallel_size)
+
+    # ------------------------------------------------------------------ teardown
+
+    @override
+    def teardown(self) -> None:
+        try:
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+        finally:
+            self._checkpointer = None
+            if self._original_resume_start is not None:
+                connector, original = self._original_resume_start
+                connector.resume_start = original
+                self._original_resume_start = None
+            trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+            if trainer is not None and self._tracker in trainer.callbacks:
+                trainer.callbacks.remove(self._tracker)
+            super().teardown()

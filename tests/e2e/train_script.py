@@ -1,0 +1,106 @@
+"""A configurable training run for the end-to-end tests, launched under real torchrun.
+
+Rank 0 writes the per-step losses and the final weights so that the test can compare runs bitwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from examples.gpt import GPT, SyntheticTokens  # noqa: E402
+
+
+class HardExitAt(Callback):
+    """The injected fault: every rank exits with ``os._exit`` (no cleanup, no teardown) after ``step``."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            # Make the run deterministic: the checkpoint in flight at the kill is committed first.
+            trainer.strategy.checkpoint_wait()
+            os._exit(17)
+
+
+class RecordLosses(Callback):
+    def __init__(self) -> None:
+        self.losses: dict[int, float] = {}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.losses[trainer.global_step] = float(outputs["loss"])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--root", required=True)
+    p.add_argument("--strategy", choices=["elasticft", "ddp"], default="elasticft")
+    p.add_argument("--max-steps", type=int, default=14)
+    p.add_argument("--ckpt-every", type=int, default=0)
+    p.add_argument("--kill-at-step", type=int, default=0)
+    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--samples", type=int, default=96)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--out", required=True, help="folder for losses.json and weights.pt (rank 0)")
+    args = p.parse_args()
+
+    torch.set_num_threads(1)
+    L.seed_everything(1234)
+    root = Path(args.root)
+    callbacks: list[Callback] = []
+    if args.ckpt_every:
+        callbacks.append(ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=args.ckpt_every, save_top_k=-1))
+    if args.kill_at_step:
+        callbacks.append(HardExitAt(args.kill_at_step))
+    recorder = RecordLosses()
+    callbacks.append(recorder)
+    if args.strategy == "elasticft":
+        from lightning_ft import ElasticFT3D
+
+        strategy = ElasticFT3D(tensor_parallel_size=args.tp)
+    else:
+        strategy = "ddp"
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=int(os.environ["LOCAL_WORLD_SIZE"]),
+        strategy=strategy,
+        max_steps=args.max_steps,
+        default_root_dir=root,
+        logger=False,
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=bool(args.ckpt_every),
+        log_every_n_steps=2,
+    )
+    model = GPT(vocab_size=64, dim=32, n_heads=4, n_layers=2, seq_len=16, dropout=args.dropout)
+    data = DataLoader(SyntheticTokens(args.samples, seq_len=16, vocab_size=64), batch_size=args.batch_size,
+                      shuffle=True)
+    trainer.fit(model, train_dataloaders=data)
+    state = trainer.lightning_module.state_dict()
+    state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in state.items()}
+    if trainer.global_rank == 0:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save(state, out / "weights.pt")
+        previous = {}
+        if (out / "losses.json").exists():
+            previous = json.loads((out / "losses.json").read_text())
+        previous.update({str(k): v for k, v in recorder.losses.items()})
+        (out / "losses.json").write_text(json.dumps(previous))
+
+
+if __name__ == "__main__":
+    main()
