@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,8 +54,15 @@ def check_writable_dir(dirpath: Path) -> None:
             f"ModelCheckpoint(dirpath={str(dirpath)!r}): the parent folder {str(target)!r} does not exist;"
             " create it first (on the filesystem all nodes share) or choose another dirpath"
         )
-    if not os.access(target, os.W_OK | os.X_OK):
-        raise ValueError(f"ModelCheckpoint(dirpath={str(dirpath)!r}): {str(target)!r} is not writable by this process")
+    try:
+        # A real write, not os.access: permissions are not the only reason a folder refuses files (read-only mounts,
+        # root on a filesystem that still says no).
+        with tempfile.TemporaryFile(dir=target):
+            pass
+    except OSError as err:
+        raise ValueError(
+            f"ModelCheckpoint(dirpath={str(dirpath)!r}): cannot write into {str(target)!r} ({err.strerror})"
+        ) from err
 
 
 def collect_rng_states() -> dict[str, Any]:

@@ -45,7 +45,13 @@ from typing_extensions import override
 from lightning_ft import _state
 from lightning_ft.checkpoint import AsyncCheckpointer, CheckpointError, CommitInfo, load_checkpoint
 from lightning_ft.checkpoint import discovery
-from lightning_ft.elastic import ElasticPolicy, ResumableSampler, plan_resume, swap_in_resumable_sampler
+from lightning_ft.elastic import (
+    ElasticPolicy,
+    ResumableSampler,
+    align_batch_progress,
+    plan_resume,
+    swap_in_resumable_sampler,
+)
 from lightning_ft.fault import FaultPolicy
 from lightning_ft.monitors.event_log import EventLog, next_attempt, resolve_run_id
 from lightning_ft.parallel.layout import build_device_mesh
@@ -152,7 +158,6 @@ class ElasticFT3D(DDPStrategy):
         self._last_links: set[Path] = set()
         self._pending_removals: list[Path] = []
         self._sampler: ResumableSampler | None = None
-        self._pending_sampler_state: dict[str, Any] | None = None
         self._resume: dict[str, Any] | None = None
         self._original_resume_start: Any = None
 
@@ -275,9 +280,6 @@ class ElasticFT3D(DDPStrategy):
             super().setup(trainer)  # DDPStrategy: wraps the module in DistributedDataParallel
         else:
             self._setup_parallelized(trainer)
-        if trainer.state.fn == TrainerFn.FITTING and self.global_rank == 0:
-            for dirpath in self._checkpoint_dirpaths(trainer):
-                discovery.cleanup_uncommitted(dirpath)
         self.barrier("ElasticFT3D.setup")
 
     def _setup_parallelized(self, trainer: pl.Trainer) -> None:
@@ -365,8 +367,6 @@ class ElasticFT3D(DDPStrategy):
     def _split_checkpoint(self, checkpoint: dict[str, Any]) -> tuple[dict, dict, dict]:
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
         state = {k: v for k, v in checkpoint.items() if k != "callbacks"}
-        if self._sampler is not None:
-            state["lightning_ft_sampler"] = self._sampler.state_dict()
         rank_state = {"callbacks": checkpoint.get("callbacks", {}), "rng": _state.collect_rng_states()}
         metadata = {
             "step": checkpoint.get("global_step"),
@@ -532,7 +532,6 @@ class ElasticFT3D(DDPStrategy):
         rng = loaded.rank_state.get("rng")
         if rng and loaded.metadata.get("world_size") == self.world_size:
             self._tracker.restore_rng_at_next_batch(rng)
-        self._pending_sampler_state = checkpoint.pop("lightning_ft_sampler", None)
         self._plan_elastic_resume(path, loaded.metadata)
         return checkpoint
 
@@ -548,14 +547,18 @@ class ElasticFT3D(DDPStrategy):
         trainer = self.lightning_module.trainer
         saved_mesh = metadata.get("mesh") or {}
         saved_dp = int(saved_mesh.get("data_parallel", metadata.get("world_size", 1)))
+        # The new per-device batch is the dataloader's, known only once data is set up; until the batch policy can
+        # change it, it equals the saved one.
+        batch = metadata.get("per_device_batch_size") or 1
         decision = plan_resume(
             self.elastic,
             saved_world_size=int(metadata.get("world_size", self.world_size)),
             saved_dp_size=saved_dp,
-            saved_per_device_batch=metadata.get("per_device_batch_size"),
+            saved_per_device_batch=batch,
             saved_accumulate=int(metadata.get("accumulate_grad_batches") or 1),
             new_dp_size=self.data_parallel_size,
-            new_per_device_batch=metadata.get("per_device_batch_size"),
+            new_per_device_batch=batch,
+            new_world_size=self.world_size,
         )
         if decision.accumulate_grad_batches != trainer.accumulate_grad_batches:
             trainer.accumulate_grad_batches = decision.accumulate_grad_batches
@@ -581,8 +584,16 @@ class ElasticFT3D(DDPStrategy):
     @override
     def on_train_start(self) -> None:
         super().on_train_start()
+        trainer = self.lightning_module.trainer
         if self._resume is not None and self._resume["lr_scale"] != 1.0:
-            _state.scale_learning_rates(self.lightning_module.trainer, self._resume["lr_scale"])
+            _state.scale_learning_rates(trainer, self._resume["lr_scale"])
+        # A resume at another data-parallel or batch size counted its batches in the old size.
+        align_batch_progress(trainer)
+        if self.global_rank == 0:
+            # Leftovers of saves that never committed (a crash mid-write). Only now: an explicit ckpt_path naming one
+            # has been refused with its name by then, rather than silently deleted.
+            for dirpath in self._checkpoint_dirpaths(trainer):
+                discovery.cleanup_uncommitted(dirpath)
 
     # ------------------------------------------------------------------ data
 
@@ -598,13 +609,11 @@ class ElasticFT3D(DDPStrategy):
             dataloader.generator = torch.Generator().manual_seed(0)
         if not trainer.training:
             return dataloader
-        kwargs = self.distributed_sampler_kwargs
-        swapped = swap_in_resumable_sampler(dataloader, **kwargs)
+        # The swapped-in loader is stateful, so Lightning saves and restores its position with the loop state.
+        epoch = trainer.fit_loop.epoch_progress.current.processed
+        swapped = swap_in_resumable_sampler(dataloader, epoch=epoch, **self.distributed_sampler_kwargs)
         sampler = getattr(swapped, "sampler", None)
         if isinstance(sampler, ResumableSampler):
-            if self._pending_sampler_state is not None:
-                sampler.load_state_dict(self._pending_sampler_state)
-                self._pending_sampler_state = None
             self._sampler = sampler
             if swapped.generator is None:
                 swapped.generator = torch.Generator().manual_seed(0)

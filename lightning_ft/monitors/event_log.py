@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 EVENTS_SUBDIR = Path("lightning_ft") / "events"
 RUN_FILE = Path("lightning_ft") / "run.json"
+_UNSET: Any = object()
 
 
 def events_dir(root_dir: str | os.PathLike[str]) -> Path:
@@ -145,13 +146,16 @@ class EventLog:
         """Use ``step_fn()`` (usually ``lambda: trainer.global_step``) for ``step`` when a write names none."""
         self._step_fn = step_fn
 
-    def write(self, event: str, step: int | None = None, **fields: Any) -> dict[str, Any]:
-        """Append one event and return it. ``step`` defaults to the bound step function, else null."""
-        if step is None and self._step_fn is not None:
-            try:
-                step = self._step_fn()
-            except Exception:
-                step = None
+    def write(self, event: str, step: int | None = _UNSET, **fields: Any) -> dict[str, Any]:
+        """Append one event and return it. ``step`` defaults to the bound step function, else null; pass
+        ``step=None`` explicitly for an event that happens before training starts."""
+        if step is _UNSET:
+            step = None
+            if self._step_fn is not None:
+                try:
+                    step = self._step_fn()
+                except Exception:
+                    step = None
         record: dict[str, Any] = {
             "time": time.time(),
             "run_id": self.run_id,

@@ -10,28 +10,39 @@ from tests.e2e._torchrun import assert_ok, load_run, torchrun
 
 pytestmark = pytest.mark.slow
 
-# 96 samples, 8 per device, 2 ranks: 6 steps per epoch; 14 steps cross two epoch boundaries.
+# 96 samples, 8 per device, 2 data-parallel ranks: 6 steps per epoch; 14 steps cross two epoch boundaries.
 COMMON = ["--max-steps", "14", "--dropout", "0.1"]
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    root = tmp_path_factory.mktemp("uninterrupted")
-    assert_ok(torchrun("--root", str(root), "--out", str(root / "out"), "--ckpt-every", "4", *COMMON))
-    return load_run(root / "out")
+    runs = {}
+
+    def get(tp: int):
+        if tp not in runs:
+            root = tmp_path_factory.mktemp(f"uninterrupted-tp{tp}")
+            args = ["--root", str(root), "--out", str(root / "out"), "--ckpt-every", "4", "--tp", str(tp)]
+            assert_ok(torchrun(*args, *COMMON))
+            runs[tp] = load_run(root / "out")
+        return runs[tp]
+
+    return get
 
 
 @pytest.mark.parametrize(
-    ("ckpt_every", "kill_at", "resume_step"),
+    ("tp", "ckpt_every", "kill_at", "resume_step"),
     [
-        pytest.param(4, 10, 8, id="mid-epoch"),  # step 8 is batch 2 of epoch 1
-        pytest.param(6, 9, 6, id="epoch-boundary"),  # step 6 ends epoch 0
+        pytest.param(1, 4, 10, 8, id="ddp-mid-epoch"),  # step 8 is batch 2 of epoch 1
+        pytest.param(1, 6, 9, 6, id="ddp-epoch-boundary"),  # step 6 ends epoch 0
+        # Tensor parallel x FSDP2 as in Lightning's example: DTensor shards with _StridedShard placements.
+        pytest.param(2, 4, 10, 8, id="fsdp2-tp-mid-epoch"),
     ],
 )
 def test_killed_run_resumed_with_same_command_matches_uninterrupted_bitwise(
-    tmp_path, uninterrupted, ckpt_every, kill_at, resume_step
+    tmp_path, uninterrupted, tp, ckpt_every, kill_at, resume_step
 ):
-    args = ["--root", str(tmp_path), "--out", str(tmp_path / "out"), "--ckpt-every", str(ckpt_every), *COMMON]
+    args = ["--root", str(tmp_path), "--out", str(tmp_path / "out"), "--ckpt-every", str(ckpt_every)]
+    args += ["--tp", str(tp), *COMMON]
     killed = torchrun(*args, "--kill-at-step", str(kill_at))
     assert killed.returncode != 0, "the injected hard exit did not happen"
     assert_ok(torchrun(*args))
@@ -39,7 +50,7 @@ def test_killed_run_resumed_with_same_command_matches_uninterrupted_bitwise(
     resumed = [e for e in read_events(tmp_path) if e["event"] == "resumed"]
     assert [e["step"] for e in resumed] == [resume_step]
     weights, losses = load_run(tmp_path / "out")
-    ref_weights, ref_losses = uninterrupted
+    ref_weights, ref_losses = uninterrupted(tp)
     assert weights.keys() == ref_weights.keys()
     for name, tensor in ref_weights.items():
         assert torch.equal(weights[name], tensor), f"{name} differs after resume"

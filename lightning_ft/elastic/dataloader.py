@@ -1,0 +1,168 @@
+"""Swap a :class:`ResumableSampler` into the training DataLoader the user already has.
+
+Users keep their ``DataLoader(dataset, batch_size=..., shuffle=True)`` code. With ``use_distributed_sampler=True``
+(Lightning's default), Lightning replaces its sampler with a ``DistributedSampler`` before the strategy's
+``process_dataloader`` sees it; there, :func:`swap_in_resumable_sampler` rebuilds the DataLoader around a
+:class:`ResumableSampler` with the same ``shuffle``, ``seed`` and ``drop_last``, so training sees the same samples in
+the same order, and the position in the epoch survives a restart. Rebuilding goes through Lightning's own
+``_update_dataloader``, which re-instantiates DataLoader subclasses with their original arguments.
+
+The rebuilt DataLoader also exposes ``state_dict()`` and ``load_state_dict()`` (its sampler's). That makes it
+*stateful* to Lightning: the fit loop saves the sampler state with its own loop state in every checkpoint
+(``checkpoint["loops"]["fit_loop"]["combined_loader"]``) and, on a mid-epoch resume, loads it back before the first
+batch is fetched, without a "dataloader is not resumable" warning.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from lightning.pytorch.utilities.data import _update_dataloader
+from lightning.pytorch.utilities.rank_zero import WarningCache
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+)
+
+from lightning_ft.elastic.resumable_sampler import ResumableSampler
+
+_info_cache = WarningCache()
+
+
+def swap_in_resumable_sampler(dataloader: Any, *, num_replicas: int, rank: int, epoch: int | None = None) -> Any:
+    """Return ``dataloader`` rebuilt around a :class:`ResumableSampler`, or unchanged where that is not possible.
+
+    Replaced: a ``DistributedSampler`` (what Lightning injects), a ``RandomSampler`` without replacement, a
+    ``SequentialSampler``, or a ``ResumableSampler`` built for another ``num_replicas``/``rank`` (its state is kept).
+    The new sampler takes ``shuffle``, ``seed`` and ``drop_last`` from a ``DistributedSampler``; for the plain samplers
+    ``shuffle`` follows the sampler type and the seed is Lightning's global seed (``PL_GLOBAL_SEED``, as Lightning
+    uses for the ``DistributedSampler`` it injects), with ``drop_last=False``.
+
+    Left as they are, with a one-time info message: anything that is not a ``DataLoader``, an ``IterableDataset``, a
+    custom sampler (including a ``DistributedSampler`` subclass or Lightning's ``DistributedSamplerWrapper``) and a
+    custom batch sampler. Their position in an epoch is not resumable.
+
+    ``num_replicas`` and ``rank`` are the data-parallel size and this rank's data-parallel index (tensor- and
+    pipeline-parallel peers read the same samples). Call it on every rank; it does no communication.
+
+    ``epoch``, if given, is passed to the sampler's ``set_epoch``. From ``Strategy.process_dataloader`` pass
+    ``trainer.fit_loop.epoch_progress.current.processed``, the epoch Lightning passes to ``set_epoch`` itself: on a
+    resume Lightning creates the DataLoader iterator before its own ``set_epoch`` call and keeps it, so with
+    ``num_workers > 0`` the indices prefetched then must already belong to the right epoch.
+    """
+    if not isinstance(dataloader, DataLoader):
+        _info_cache.info(f"lightning-ft: {type(dataloader).__name__} is not a DataLoader; its epoch is not resumable.")
+        return dataloader
+    if isinstance(dataloader.dataset, IterableDataset):
+        _info_cache.info(
+            "lightning-ft: the training DataLoader reads an IterableDataset; its position within an epoch is not"
+            " resumable (make the dataset itself stateful to resume mid-epoch)."
+        )
+        return dataloader
+    if dataloader.batch_sampler is not None and type(dataloader.batch_sampler) is not BatchSampler:
+        _info_cache.info(
+            f"lightning-ft: the training DataLoader uses a custom batch sampler"
+            f" ({type(dataloader.batch_sampler).__name__}); it is kept, and its epoch is not resumable."
+        )
+        return dataloader
+    sampler = dataloader.sampler
+    if isinstance(sampler, ResumableSampler) and (sampler.num_replicas, sampler.rank) == (num_replicas, rank):
+        return _make_stateful(dataloader, sampler, epoch)
+    new_sampler = _resumable_replacement(sampler, dataloader, num_replicas=num_replicas, rank=rank)
+    if new_sampler is None:
+        _info_cache.info(
+            f"lightning-ft: the training DataLoader uses a custom sampler ({type(sampler).__name__}); it is kept, and"
+            " its epoch is not resumable. Lightning-ft replaces only DistributedSampler, RandomSampler and"
+            " SequentialSampler."
+        )
+        return dataloader
+    return _make_stateful(_update_dataloader(dataloader, new_sampler), new_sampler, epoch)
+
+
+def find_resumable_sampler(dataloader: Any) -> ResumableSampler | None:
+    """The :class:`ResumableSampler` that ``dataloader`` draws from, or ``None``."""
+    for sampler in (
+        getattr(dataloader, "sampler", None),
+        getattr(getattr(dataloader, "batch_sampler", None), "sampler", None),
+    ):
+        if isinstance(sampler, ResumableSampler):
+            return sampler
+    return None
+
+
+def align_batch_progress(trainer: Any) -> int:
+    """Set the epoch loop's batch counter to the resumed sampler's position, in batches of the current DataLoader.
+
+    Lightning restores the number of batches done in the epoch from the checkpoint and fetches batches until the
+    epoch's full count (``len(dataloader)``) is reached. After a resume at another data-parallel size or per-device
+    batch size, the restored count is in the old batches; this rewrites it (current and total, keeping the shape
+    Lightning's restart logic reads) to :meth:`ResumableSampler.completed_batches` of the new batch size, so the epoch
+    ends on its last remaining batch. On the same sizes at a batch boundary it changes nothing.
+
+    Call it from ``Strategy.on_train_start`` (the sampler state is loaded by then and the epoch loop has not started),
+    on every rank; no communication. Returns the shift applied, in batches.
+    """
+    loader = getattr(trainer, "train_dataloader", None)
+    sampler = find_resumable_sampler(loader)
+    batch_size = getattr(loader, "batch_size", None)
+    if sampler is None or not batch_size:
+        return 0
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    shift = sampler.completed_batches(batch_size, drop_last=loader.drop_last) - progress.current.ready
+    if shift:
+        for tracker in (progress.current, progress.total):
+            tracker.ready += shift
+            tracker.started += shift
+            tracker.processed += shift
+            tracker.completed += shift
+    return shift
+
+
+def _resumable_replacement(
+    sampler: Sampler, dataloader: DataLoader, *, num_replicas: int, rank: int
+) -> ResumableSampler | None:
+    dataset = dataloader.dataset
+    kind = type(sampler)
+    if isinstance(sampler, ResumableSampler):
+        new = ResumableSampler(
+            sampler.dataset_len,
+            num_replicas=num_replicas,
+            rank=rank,
+            shuffle=sampler.shuffle,
+            seed=sampler.seed,
+            drop_last=sampler.drop_last,
+        )
+        new.load_state_dict(sampler.state_dict())
+        return new
+    # Exact types only: a subclass may change the order, and reproducing it is its author's business.
+    if kind is DistributedSampler:
+        return ResumableSampler(
+            dataset,
+            num_replicas=num_replicas,
+            rank=rank,
+            shuffle=sampler.shuffle,
+            seed=sampler.seed,
+            drop_last=sampler.drop_last,
+        )
+    seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+    if kind is RandomSampler and not sampler.replacement and sampler.num_samples == len(dataset):
+        return ResumableSampler(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
+    if kind is SequentialSampler:
+        return ResumableSampler(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, seed=seed)
+    return None
+
+
+def _make_stateful(dataloader: DataLoader, sampler: ResumableSampler, epoch: int | None) -> DataLoader:
+    if epoch is not None:
+        sampler.set_epoch(epoch)
+    # Instance attributes, not a subclass: the user's DataLoader class stays what it is, and Lightning's `_Stateful`
+    # protocol check only asks for the two methods.
+    dataloader.state_dict = sampler.state_dict
+    dataloader.load_state_dict = sampler.load_state_dict
+    return dataloader

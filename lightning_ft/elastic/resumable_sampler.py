@@ -1,0 +1,225 @@
+"""A distributed sampler that resumes mid-epoch, at the same or at another world size.
+
+Lightning's automatic ``DistributedSampler`` cannot resume mid-epoch: it has no state, so a restarted run either replays
+the epoch from its start or skips data. :class:`ResumableSampler` yields exactly what ``DistributedSampler`` yields for
+the same seed, and adds a state that does not depend on the world size: the epoch, the shuffle seed and the number of
+*global* samples of the epoch already consumed. On resume, the rest of the epoch's global stream is dealt over the
+replicas of the new world, so every sample of the epoch is still seen once.
+
+The strategy swaps it in for Lightning's sampler (see :func:`lightning_ft.elastic.swap_in_resumable_sampler`) and calls
+:meth:`ResumableSampler.mark_consumed` once per training batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sized
+from typing import Any
+
+import torch
+from torch.utils.data import Sampler
+
+_STATE_KEYS = ("epoch", "consumed", "seed", "shuffle", "drop_last", "dataset_len")
+
+
+class ResumableSampler(Sampler[int]):
+    """Deal one global order per epoch over ``num_replicas`` replicas, resumable from a global sample offset.
+
+    **The global stream.** For each epoch there is one global order of the dataset: ``torch.randperm`` from a
+    ``torch.Generator`` seeded with ``seed + epoch`` when ``shuffle``, else ``range(N)``. Like ``DistributedSampler``,
+    it is padded by repeating its head up to a multiple of ``num_replicas`` (or, with ``drop_last``, cut down to one),
+    and global position ``i`` goes to replica ``i % num_replicas``. With nothing consumed, every replica yields exactly
+    the indices ``torch.utils.data.DistributedSampler`` yields for the same arguments and epoch.
+
+    **Resuming.** :meth:`state_dict` records ``consumed``, the number of global stream positions of the current epoch
+    already trained on. After :meth:`load_state_dict`, the next :meth:`__iter__` deals the rest of the stream,
+    ``stream[consumed:]``, over the *current* ``num_replicas``. If that rest does not divide evenly, it is padded by
+    repeating its own head (or, with ``drop_last``, cut), so every replica gets the same number of samples. An epoch
+    whose ``consumed`` reaches the dataset length is over: the rest is empty, and such a state loads as the start of the
+    next epoch. Resumed on the same world size at a batch
+    boundary, the replicas yield exactly what an uninterrupted run would have yielded for the rest of the epoch.
+
+    **Length.** ``len(sampler)`` is the per-replica length of a *full* epoch on the current world, as for
+    ``DistributedSampler``, also after a mid-epoch resume. Lightning sizes an epoch from it and, on a mid-epoch resume,
+    restores its batch counter and then fetches batches until the count reaches that full size (see
+    ``docs/elastic.md``). The rest of the epoch is therefore ``len(sampler) - <batches already done> * batch_size``
+    samples long. On the same world size that holds by construction; after a resume at another world size, the loop's
+    batch counter must be set to :meth:`completed_batches` of the new per-device batch size
+    (:func:`lightning_ft.elastic.align_batch_progress` does that).
+
+    Calling contract: every replica builds its own sampler with the same ``seed``, ``shuffle`` and ``drop_last``, and
+    every replica calls :meth:`mark_consumed` with the same global count once per batch, so all replicas hold the same
+    state and any one of them can be checkpointed.
+
+    Example::
+
+        sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=42)
+        loader = DataLoader(dataset, batch_size=8, sampler=sampler)
+        for batch in loader:
+            sampler.mark_consumed(8 * world_size)
+            ...
+        state = sampler.state_dict()  # {"epoch": 0, "consumed": ..., "seed": 42, ...}
+    """
+
+    def __init__(
+        self,
+        dataset_or_len: Sized | int,
+        *,
+        num_replicas: int,
+        rank: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        dataset_len = dataset_or_len if isinstance(dataset_or_len, int) else len(dataset_or_len)
+        if isinstance(dataset_len, bool) or dataset_len < 0:
+            raise ValueError(f"ResumableSampler(dataset_or_len={dataset_or_len!r}): the length must be an int >= 0")
+        if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
+            raise ValueError(f"ResumableSampler(num_replicas={num_replicas!r}): must be an int >= 1")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < num_replicas:
+            raise ValueError(f"ResumableSampler(rank={rank!r}): must be an int in [0, num_replicas={num_replicas})")
+        self.dataset_len = dataset_len
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self.epoch = 0
+        self.consumed = 0
+
+    @property
+    def num_samples(self) -> int:
+        """Samples per replica in a full epoch on the current world: ``DistributedSampler.num_samples``."""
+        if self.drop_last:
+            return self.dataset_len // self.num_replicas
+        return math.ceil(self.dataset_len / self.num_replicas)
+
+    @property
+    def total_size(self) -> int:
+        """Length of the global stream of a full epoch on the current world (padding included)."""
+        return self.num_samples * self.num_replicas
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def _global_order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.dataset_len))
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.dataset_len, generator=generator).tolist()
+
+    def _remaining_stream(self) -> list[int]:
+        """The global stream of the current epoch from position ``consumed``, evened out over the current replicas."""
+        if self.consumed >= self.dataset_len or self.consumed >= self.total_size:
+            return []
+        order = self._global_order()
+        stream = order[: self.total_size] if self.drop_last else _pad(order, self.total_size)
+        rest = stream[self.consumed :]
+        uneven = len(rest) % self.num_replicas
+        if uneven:
+            # Only after a resume at another world size (or off a batch boundary): the rest no longer divides evenly,
+            # and replicas that yield different numbers of batches would hang the collectives.
+            rest = rest[: len(rest) - uneven] if self.drop_last else _pad(rest, len(rest) - uneven + self.num_replicas)
+        return rest
+
+    def __iter__(self) -> Iterator[int]:
+        # Built eagerly, like DistributedSampler: the iterator is fixed when created, so a later mark_consumed (the
+        # loop runs behind a prefetching DataLoader) does not shift the batches already being served.
+        return iter(self._remaining_stream()[self.rank :: self.num_replicas])
+
+    def remaining(self) -> int:
+        """Samples this replica still yields in the current epoch (``len(list(iter(self)))``)."""
+        return len(self._remaining_stream()) // self.num_replicas
+
+    def completed_batches(self, batch_size: int, *, drop_last: bool = False) -> int:
+        """Batches of ``batch_size`` per replica that count as done in the current epoch on the current world.
+
+        This is the value Lightning's batch progress must hold on resume so that the epoch ends on its last remaining
+        batch: the full epoch's batch count minus the batches still to come. On the same world size, resumed at a
+        batch boundary, it equals the number of batches trained before the save. ``drop_last`` is the DataLoader's.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"completed_batches(batch_size={batch_size!r}): must be an int >= 1")
+
+        def batches(samples: int) -> int:
+            return samples // batch_size if drop_last else math.ceil(samples / batch_size)
+
+        return batches(self.num_samples) - batches(self.remaining())
+
+    def mark_consumed(self, n_global_samples: int) -> None:
+        """Record that ``n_global_samples`` more samples of the global stream were trained on.
+
+        Call it once per training batch, on every replica, with the global batch: per-device batch size times the
+        data-parallel size. The count stops at the end of the epoch's stream, so a short last batch needs no care.
+        """
+        if isinstance(n_global_samples, bool) or not isinstance(n_global_samples, int) or n_global_samples < 0:
+            raise ValueError(f"mark_consumed(n_global_samples={n_global_samples!r}): must be an int >= 0")
+        self.consumed = min(self.consumed + n_global_samples, max(self.total_size, self.consumed))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch``: a new order and nothing consumed. The epoch being resumed keeps its offset.
+
+        Lightning calls this at the start of every epoch, including the one it resumes mid-way.
+        """
+        if epoch != self.epoch:
+            self.consumed = 0
+        self.epoch = int(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain, world-size-independent state: ``epoch``, ``consumed`` (global samples), ``seed``, ``shuffle``,
+        ``drop_last`` and ``dataset_len``."""
+        return {
+            "epoch": self.epoch,
+            "consumed": self.consumed,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "dataset_len": self.dataset_len,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict` of a sampler on any world size; takes effect at the next ``iter()``.
+
+        A state whose epoch has nothing left for this world loads as the start of the next epoch.
+
+        Raises:
+            ValueError: if ``state`` lacks a key, or its dataset length, seed, shuffle or drop_last differ from this
+                sampler's (the order would not be the one the checkpoint was taken in).
+        """
+        missing = [key for key in _STATE_KEYS if key not in state]
+        if missing:
+            raise ValueError(f"ResumableSampler.load_state_dict: the state lacks {missing}; got keys {sorted(state)}")
+        for key in ("dataset_len", "seed", "shuffle", "drop_last"):
+            if state[key] != getattr(self, key):
+                raise ValueError(
+                    f"ResumableSampler.load_state_dict: the checkpoint was taken with {key}={state[key]!r} but this "
+                    f"sampler has {key}={getattr(self, key)!r}; resuming would not continue the same order"
+                )
+        if int(state["consumed"]) < 0 or int(state["epoch"]) < 0:
+            raise ValueError(f"ResumableSampler.load_state_dict: epoch and consumed must be >= 0, got {state!r}")
+        self.epoch = int(state["epoch"])
+        self.consumed = int(state["consumed"])
+        if self.remaining() == 0 and self.dataset_len > 0:
+            # Saved on the last batch of an epoch: Lightning resumes with the next epoch, but may build the DataLoader
+            # iterator (and, with workers, prefetch from this sampler) before it calls set_epoch. Starting the next
+            # epoch here keeps that iterator from being empty.
+            self.epoch += 1
+            self.consumed = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(dataset_len={self.dataset_len}, num_replicas={self.num_replicas}, rank={self.rank},"
+            f" shuffle={self.shuffle}, seed={self.seed}, drop_last={self.drop_last}, epoch={self.epoch},"
+            f" consumed={self.consumed})"
+        )
+
+
+def _pad(indices: list[int], size: int) -> list[int]:
+    """``indices`` extended to ``size`` by repeating its head, exactly as ``DistributedSampler`` pads."""
+    padding = size - len(indices)
+    if padding <= 0:
+        return indices
+    if padding <= len(indices):
+        return indices + indices[:padding]
+    return indices + (indices * math.ceil(padding / len(indices)))[:padding]

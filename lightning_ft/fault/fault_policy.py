@@ -1,0 +1,136 @@
+"""Settings for preemption, hang detection and pre-flight health checks.
+
+:class:`FaultPolicy` is the ``fault=`` argument of :class:`lightning_ft.ElasticFT3D`; ``fault=None`` turns all of it
+off. It holds only validated settings: the signal handlers, the hang watchdog and the health checks in
+``lightning_ft.fault`` read them.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+# torchrun (torch.distributed.elastic) sends SIGTERM to its workers on shutdown and SIGKILLs them 30 s later
+# (`PContext.close(timeout=30)`, `LocalElasticAgent(shutdown_timeout=30)`); the preemption checkpoint must fit inside.
+TORCHRUN_SHUTDOWN_TIMEOUT_S = 30.0
+
+_UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
+
+
+@dataclass(kw_only=True, frozen=True)
+class FaultPolicy:
+    """How a run reacts to preemption signals and hangs.
+
+    Example::
+
+        import signal
+        from lightning_ft import ElasticFT3D, FaultPolicy
+
+        strategy = ElasticFT3D(fault=FaultPolicy(preemption_signals=("SIGTERM", signal.SIGUSR2), grace_s=25.0))
+
+    Or in a LightningCLI config::
+
+        trainer:
+          strategy:
+            class_path: lightning_ft.ElasticFT3D
+            init_args:
+              fault:
+                class_path: lightning_ft.FaultPolicy
+                init_args: {preemption_signals: [SIGTERM, SIGUSR1], hang_timeout_s: 300}
+    """
+
+    preemption_signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1)
+    """Signals that mean "save a checkpoint and stop": ``signal.Signals`` members, names (``"SIGTERM"`` or ``"TERM"``)
+    or numbers. SIGTERM is what torchrun, Kubernetes and SLURM send first; SLURM's ``--signal=USR1@<s>`` sends
+    SIGUSR1 ahead of time. Empty: no preemption handling."""
+
+    exit_code: int = 75
+    """Process exit code after a preemption checkpoint, 1-255. Non-zero, so torchrun counts the exit as a failure and
+    restarts the worker group (while ``--max-restarts`` allow), and a scheduler does not record the job as done; an
+    exit 0 reads as "training finished". 75 is ``EX_TEMPFAIL``: a temporary failure, to be retried."""
+
+    grace_s: float = 20.0
+    """Seconds, after the signal, for the preemption checkpoint to commit before the process exits anyway. Must stay
+    below torchrun's shutdown timeout (30 s, after which it sends SIGKILL)."""
+
+    hang_timeout_s: float = 600.0
+    """Seconds without a completed training step (after the first) before the watchdog reports a hang."""
+
+    first_step_timeout_s: float = 1800.0
+    """Seconds allowed for the first step of each attempt (compilation, data warm-up, restore); at least
+    ``hang_timeout_s``."""
+
+    health_checks: bool = True
+    """Run the pre-flight health checks at setup."""
+
+    def __post_init__(self) -> None:
+        # Frozen dataclass: normalizing a field needs object.__setattr__.
+        object.__setattr__(self, "preemption_signals", _normalize_signals(self.preemption_signals))
+        if isinstance(self.exit_code, bool) or not isinstance(self.exit_code, int):
+            raise TypeError(f"FaultPolicy(exit_code={self.exit_code!r}): must be an int")
+        if not 1 <= self.exit_code <= 255:
+            raise ValueError(
+                f"FaultPolicy(exit_code={self.exit_code}): must be in 1..255; 0 would make torchrun and the scheduler"
+                " treat the preempted run as finished"
+            )
+        for name in ("grace_s", "hang_timeout_s", "first_step_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"FaultPolicy({name}={value!r}): must be a number of seconds")
+            if not value > 0:
+                raise ValueError(f"FaultPolicy({name}={value!r}): must be > 0 seconds")
+            object.__setattr__(self, name, float(value))
+        if self.grace_s >= TORCHRUN_SHUTDOWN_TIMEOUT_S:
+            raise ValueError(
+                f"FaultPolicy(grace_s={self.grace_s}): must be below {TORCHRUN_SHUTDOWN_TIMEOUT_S:g} s, torchrun's"
+                " shutdown timeout, after which it kills the workers with SIGKILL mid-checkpoint"
+            )
+        if self.first_step_timeout_s < self.hang_timeout_s:
+            raise ValueError(
+                f"FaultPolicy(first_step_timeout_s={self.first_step_timeout_s}): must be >= hang_timeout_s="
+                f"{self.hang_timeout_s}; the first step also compiles, warms up data loading and restores"
+            )
+        if not isinstance(self.health_checks, bool):
+            raise TypeError(f"FaultPolicy(health_checks={self.health_checks!r}): must be True or False")
+
+
+def _normalize_signals(value: Any) -> tuple[signal.Signals, ...]:
+    if isinstance(value, (str, int, signal.Signals)):
+        value = (value,)
+    try:
+        items = list(value)
+    except TypeError:
+        raise TypeError(
+            f"FaultPolicy(preemption_signals={value!r}): must be a sequence of signals, names or numbers"
+        ) from None
+    signals = []
+    for item in items:
+        signals.append(_to_signal(item, value))
+    if len(set(signals)) != len(signals):
+        raise ValueError(f"FaultPolicy(preemption_signals={value!r}): a signal is listed twice")
+    return tuple(signals)
+
+
+def _to_signal(item: Any, value: Any) -> signal.Signals:
+    if isinstance(item, signal.Signals):
+        sig = item
+    elif isinstance(item, str):
+        name = item.strip().upper()
+        name = name if name.startswith("SIG") else f"SIG{name}"
+        try:
+            sig = signal.Signals[name]
+        except KeyError:
+            raise ValueError(
+                f"FaultPolicy(preemption_signals={value!r}): {item!r} is not a signal name on this platform"
+            ) from None
+    elif isinstance(item, int) and not isinstance(item, bool):
+        try:
+            sig = signal.Signals(item)
+        except ValueError:
+            raise ValueError(f"FaultPolicy(preemption_signals={value!r}): {item} is not a signal number") from None
+    else:
+        raise TypeError(f"FaultPolicy(preemption_signals={value!r}): {item!r} is not a signal, name or number")
+    if sig in _UNCATCHABLE:
+        raise ValueError(f"FaultPolicy(preemption_signals={value!r}): {sig.name} cannot be caught by a process")
+    return sig

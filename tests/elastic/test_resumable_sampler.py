@@ -1,0 +1,204 @@
+"""ResumableSampler: DistributedSampler's order, a world-size-independent state, and resumes at any world size."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+
+import pytest
+from torch.utils.data import DistributedSampler
+
+from lightning_ft.elastic import ResumableSampler
+
+
+def replicas(n: int, world: int, **kwargs) -> list[ResumableSampler]:
+    return [ResumableSampler(n, num_replicas=world, rank=rank, **kwargs) for rank in range(world)]
+
+
+def save_after_batches(n: int, world: int, batch: int, k: int, **kwargs) -> tuple[list[int], dict]:
+    """Train ``k`` batches of ``batch`` per replica on ``world`` replicas; return the samples seen and the state."""
+    samplers = replicas(n, world, **kwargs)
+    seen = []
+    for sampler in samplers:
+        seen += list(sampler)[: k * batch]
+    for sampler in samplers:
+        for _ in range(k):
+            sampler.mark_consumed(batch * world)
+    states = [sampler.state_dict() for sampler in samplers]
+    assert all(state == states[0] for state in states)
+    return seen, states[0]
+
+
+def resume(n: int, world: int, state: dict, **kwargs) -> list[list[int]]:
+    samplers = replicas(n, world, **kwargs)
+    for sampler in samplers:
+        sampler.load_state_dict(state)
+    return [list(sampler) for sampler in samplers]
+
+
+class _Sized:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 16, 33])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_yields_exactly_what_distributed_sampler_yields(n, world, shuffle, drop_last):
+    for epoch in (0, 3):
+        for rank in range(world):
+            ours = ResumableSampler(
+                _Sized(n), num_replicas=world, rank=rank, shuffle=shuffle, seed=5, drop_last=drop_last
+            )
+            theirs = DistributedSampler(
+                _Sized(n), num_replicas=world, rank=rank, shuffle=shuffle, seed=5, drop_last=drop_last
+            )
+            ours.set_epoch(epoch)
+            theirs.set_epoch(epoch)
+            assert list(ours) == list(theirs)
+            assert len(ours) == len(theirs)
+
+
+def test_state_is_plain_and_independent_of_world_size():
+    states = []
+    for world in (1, 2, 4):
+        sampler = ResumableSampler(40, num_replicas=world, rank=0, seed=3)
+        sampler.set_epoch(2)
+        sampler.mark_consumed(8)
+        states.append(sampler.state_dict())
+    assert states[0] == states[1] == states[2]
+    assert json.loads(json.dumps(states[0])) == states[0]
+    assert states[0] == {"epoch": 2, "consumed": 8, "seed": 3, "shuffle": True, "drop_last": False, "dataset_len": 40}
+
+
+@pytest.mark.parametrize("n", [24, 29])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_resume_on_the_same_world_size_continues_exactly_where_the_run_stopped(n, drop_last, world):
+    batch = 2
+    uninterrupted = [list(s) for s in replicas(n, world, seed=11, drop_last=drop_last)]
+    for k in range(math.ceil(len(uninterrupted[0]) / batch)):
+        _, state = save_after_batches(n, world, batch, k, seed=11, drop_last=drop_last)
+        rest = resume(n, world, state, seed=11, drop_last=drop_last)
+        assert rest == [full[k * batch :] for full in uninterrupted]
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 2), (4, 3), (1, 4)])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_a_state_saved_on_the_last_batch_resumes_with_the_next_epoch(before, after, drop_last):
+    n, batch = 21, 2
+    per_replica = n // before if drop_last else math.ceil(n / before)
+    _, state = save_after_batches(n, before, batch, math.ceil(per_replica / batch), seed=3, drop_last=drop_last)
+    next_epoch = replicas(n, after, seed=3, drop_last=drop_last)
+    for sampler in next_epoch:
+        sampler.set_epoch(state["epoch"] + 1)
+    assert resume(n, after, state, seed=3, drop_last=drop_last) == [list(s) for s in next_epoch]
+
+
+@pytest.mark.parametrize("n", [23, 24, 48, 61])
+@pytest.mark.parametrize(("before", "after"), [(4, 2), (2, 3), (3, 1), (1, 4), (2, 2), (4, 3)])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_resume_on_another_world_size_sees_every_sample_once_up_to_padding(n, before, after, batch):
+    """Without drop_last, every index is seen; the extras are padding: at most after - 1 from DistributedSampler's own
+    rule (pad the stream to a multiple of the replicas) and at most after - 1 more to even out the rest of the epoch
+    across the new replicas. Before the save no index repeats."""
+    per_replica = math.ceil(n / before)
+    for k in range(math.ceil(per_replica / batch)):
+        seen_before, state = save_after_batches(n, before, batch, k, seed=1)
+        rest = resume(n, after, state, seed=1)
+        counts = Counter(seen_before + sum(rest, []))
+        assert set(counts) == set(range(n))
+        assert len(seen_before) == len(set(seen_before)) == state["consumed"]
+        extras = sum(counts.values()) - n
+        assert 0 <= extras <= 2 * (after - 1)
+        assert len({len(r) for r in rest}) == 1, "replicas must yield equally many samples or collectives hang"
+
+
+@pytest.mark.parametrize("n", [23, 24, 61])
+@pytest.mark.parametrize(("before", "after"), [(4, 2), (2, 3), (3, 1), (1, 4)])
+def test_resume_with_drop_last_never_repeats_a_sample_and_drops_fewer_than_two_per_new_replica(n, before, after):
+    batch = 2
+    per_replica = n // before
+    for k in range(math.ceil(per_replica / batch)):
+        seen_before, state = save_after_batches(n, before, batch, k, seed=4, drop_last=True)
+        rest = resume(n, after, state, seed=4, drop_last=True)
+        if after * (n // after) - state["consumed"] < after:
+            continue  # nothing of this epoch is left for the new world: it resumes with the next epoch (tested above)
+        seen = seen_before + sum(rest, [])
+        assert len(seen) == len(set(seen))
+        assert n - len(seen) <= 2 * (after - 1)
+        assert len({len(r) for r in rest}) == 1
+
+
+def test_set_epoch_starts_a_new_epoch_but_keeps_the_offset_of_the_epoch_being_resumed():
+    sampler = ResumableSampler(10, num_replicas=1, rank=0)
+    sampler.set_epoch(1)
+    sampler.mark_consumed(4)
+    resumed = ResumableSampler(10, num_replicas=1, rank=0)
+    resumed.load_state_dict(sampler.state_dict())
+    resumed.set_epoch(1)  # Lightning calls this again for the epoch it resumes
+    assert len(list(resumed)) == 6
+    resumed.set_epoch(2)
+    assert resumed.state_dict()["consumed"] == 0
+    assert sorted(resumed) == list(range(10))
+
+
+def test_a_new_epoch_shuffles_differently_and_the_same_seed_repeats_it():
+    a, b = ResumableSampler(50, num_replicas=1, rank=0, seed=9), ResumableSampler(50, num_replicas=1, rank=0, seed=9)
+    first = list(a)
+    a.set_epoch(1)
+    b.set_epoch(1)
+    assert list(a) == list(b) != first
+
+
+def test_consumed_stops_at_the_end_of_the_epoch():
+    sampler = ResumableSampler(10, num_replicas=3, rank=0)  # 12 stream positions with padding
+    for _ in range(5):
+        sampler.mark_consumed(3 * 2)
+    assert sampler.state_dict()["consumed"] == 12
+    assert list(sampler) == []
+
+
+@pytest.mark.parametrize("drop_last_batch", [False, True])
+def test_completed_batches_makes_the_resumed_epoch_end_on_its_last_batch(drop_last_batch):
+    n, batch = 50, 4
+    _, state = save_after_batches(n, 2, batch, 3, seed=0)
+    same = ResumableSampler(n, num_replicas=2, rank=0)
+    same.load_state_dict(state)
+    assert same.completed_batches(batch, drop_last=drop_last_batch) == 3
+    for world in (1, 3, 4):
+        sampler = ResumableSampler(n, num_replicas=world, rank=0)
+        sampler.load_state_dict(state)
+        rest = len(list(sampler))
+        full = len(sampler) // batch if drop_last_batch else math.ceil(len(sampler) / batch)
+        rest_batches = rest // batch if drop_last_batch else math.ceil(rest / batch)
+        assert sampler.completed_batches(batch, drop_last=drop_last_batch) + rest_batches == full
+
+
+def test_load_state_dict_refuses_a_state_from_another_order():
+    sampler = ResumableSampler(10, num_replicas=1, rank=0, seed=1)
+    state = sampler.state_dict()
+    with pytest.raises(ValueError, match="seed=2"):
+        sampler.load_state_dict({**state, "seed": 2})
+    with pytest.raises(ValueError, match="dataset_len=11"):
+        sampler.load_state_dict({**state, "dataset_len": 11})
+    with pytest.raises(ValueError, match="lacks"):
+        sampler.load_state_dict({"epoch": 0})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_replicas": 0, "rank": 0}, "num_replicas=0"),
+        ({"num_replicas": 2, "rank": 2}, "rank=2"),
+        ({"num_replicas": 2, "rank": -1}, "rank=-1"),
+    ],
+)
+def test_bad_replica_arguments_are_refused_by_name(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ResumableSampler(10, **kwargs)

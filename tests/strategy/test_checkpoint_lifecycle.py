@@ -1,0 +1,182 @@
+"""What a Trainer user sees of ElasticFT3D's checkpoints: the last link, retention, auto-resume, bad paths."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_ft import ElasticFT3D
+from lightning_ft.checkpoint import CheckpointError, is_committed, list_committed
+from lightning_ft.monitors.event_log import read_events
+from tests.strategy.models import TinyRegressor, make_trainer
+
+
+def _fit(tmp_path, max_steps, *, ckpt_path=None, strategy=None, **ckpt_kwargs):
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", **ckpt_kwargs)
+    trainer = make_trainer(tmp_path, strategy=strategy, callbacks=[ckpt], max_steps=max_steps)
+    model = TinyRegressor()
+    trainer.fit(model, ckpt_path=ckpt_path)
+    return trainer, model
+
+
+def test_save_last_repoints_a_link_at_the_newest_committed_checkpoint_instead_of_saving_twice(tmp_path):
+    _fit(tmp_path, 6, every_n_train_steps=2, save_top_k=-1, save_last=True)
+    folder = tmp_path / "ckpt"
+    last = folder / "last.ckpt"
+    assert last.is_symlink()
+    assert last.resolve() == (folder / "epoch=0-step=6.ckpt").resolve()
+    assert is_committed(last.resolve())
+    # Only the three real checkpoints hold data: no full copy was written for "last".
+    assert sorted(p.name for p in folder.iterdir() if not p.is_symlink()) == [
+        "epoch=0-step=2.ckpt",
+        "epoch=0-step=4.ckpt",
+        "epoch=0-step=6.ckpt",
+    ]
+
+
+def test_save_top_k_keeps_the_newest_committed_checkpoints_only(tmp_path):
+    _fit(tmp_path, 8, every_n_train_steps=2, save_top_k=2, monitor="step", mode="max")
+    steps = [c.step for c in list_committed(tmp_path / "ckpt")]
+    assert steps == [6, 8]
+
+
+def test_fit_without_ckpt_path_resumes_from_the_highest_committed_step(tmp_path):
+    _fit(tmp_path, 6, every_n_train_steps=2, save_top_k=-1)
+    # An uncommitted leftover with a higher step must be ignored (and cleaned up).
+    leftover = tmp_path / "ckpt" / "epoch=0-step=99.ckpt"
+    leftover.mkdir()
+    (leftover / "batched").mkdir()
+    trainer, _ = _fit(tmp_path, 8, every_n_train_steps=2, save_top_k=-1)
+    assert trainer.global_step == 8
+    resumed = [e for e in read_events(tmp_path) if e["event"] == "resumed"]
+    assert [e["step"] for e in resumed] == [6]
+    assert not leftover.exists()
+
+
+def test_auto_resume_skips_a_corrupt_newest_checkpoint_and_logs_the_rejection(tmp_path):
+    _fit(tmp_path, 4, every_n_train_steps=2, save_top_k=-1)
+    newest = tmp_path / "ckpt" / "epoch=0-step=4.ckpt"
+    data_files = [p for p in newest.rglob("*") if p.is_file() and p.parent.name == "batched"]
+    assert data_files
+    for f in data_files:
+        raw = bytearray(f.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        f.write_bytes(bytes(raw))
+    trainer, _ = _fit(tmp_path, 6, every_n_train_steps=2, save_top_k=-1)
+    events = read_events(tmp_path)
+    rejected = [e for e in events if e["event"] == "checkpoint_rejected"]
+    assert len(rejected) == 1 and rejected[0]["path"].endswith("step=4.ckpt") and rejected[0]["reason"]
+    assert [e["step"] for e in events if e["event"] == "resumed"] == [2]
+    assert trainer.global_step == 6
+
+
+def test_auto_resume_can_be_turned_off(tmp_path):
+    _fit(tmp_path, 4, every_n_train_steps=2, save_top_k=-1)
+    trainer, _ = _fit(tmp_path, 2, strategy=ElasticFT3D(auto_resume=False), every_n_train_steps=2, save_top_k=-1)
+    assert not [e for e in read_events(tmp_path) if e["event"] == "resumed"]
+    assert trainer.global_step == 2
+
+
+def test_explicit_ckpt_path_accepts_a_checkpoint_directory_and_last(tmp_path):
+    _fit(tmp_path, 4, every_n_train_steps=2, save_top_k=-1, save_last=True)
+    trainer, _ = _fit(tmp_path, 5, ckpt_path=str(tmp_path / "ckpt" / "epoch=0-step=2.ckpt"), every_n_train_steps=2)
+    assert [e["step"] for e in read_events(tmp_path) if e["event"] == "resumed"] == [2]
+    trainer, _ = _fit(tmp_path, 6, ckpt_path="last", every_n_train_steps=2, save_top_k=-1, save_last=True)
+    assert [e["step"] for e in read_events(tmp_path) if e["event"] == "resumed"][-1] == 4
+
+
+def test_missing_ckpt_path_names_the_newest_committed_alternative(tmp_path):
+    _fit(tmp_path, 2, every_n_train_steps=2, save_top_k=-1)
+    with pytest.raises(FileNotFoundError, match=r"step=7.*does not exist.*epoch=0-step=2\.ckpt"):
+        _fit(tmp_path, 4, ckpt_path=str(tmp_path / "ckpt" / "epoch=0-step=7.ckpt"), every_n_train_steps=2)
+
+
+def test_uncommitted_ckpt_path_is_refused_naming_the_alternative(tmp_path):
+    _fit(tmp_path, 2, every_n_train_steps=2, save_top_k=-1)
+    partial = tmp_path / "ckpt" / "epoch=0-step=3.ckpt"
+    partial.mkdir()
+    (partial / "batched").mkdir()
+    with pytest.raises(CheckpointError, match=r"without its commit marker.*epoch=0-step=2\.ckpt"):
+        _fit(tmp_path, 4, ckpt_path=str(partial), every_n_train_steps=2)
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/lightning_ft_pwned",))
+
+
+def test_a_checkpoint_file_holding_a_malicious_pickle_is_refused(tmp_path):
+    evil = tmp_path / "evil.ckpt"
+    with open(evil, "wb") as f:
+        pickle.dump({"state_dict": _Exploit()}, f)
+    if os.path.exists("/tmp/lightning_ft_pwned"):
+        os.remove("/tmp/lightning_ft_pwned")
+    with pytest.raises(CheckpointError, match="weights_only=True"):
+        _fit(tmp_path, 2, ckpt_path=str(evil), every_n_train_steps=2)
+    assert not os.path.exists("/tmp/lightning_ft_pwned")
+
+
+def test_unwritable_checkpoint_directory_fails_at_setup_naming_the_path(tmp_path):
+    # /sys refuses new files even to root, so this holds for any user CI runs as.
+    ckpt = ModelCheckpoint(dirpath="/sys/lightning_ft_ckpt", every_n_train_steps=1)
+    trainer = make_trainer(tmp_path, callbacks=[ckpt], max_steps=1)
+    with pytest.raises(ValueError, match=r"dirpath='/sys/lightning_ft_ckpt'.*cannot write into '/sys'"):
+        trainer.fit(TinyRegressor())
+    assert trainer.global_step == 0
+
+
+def test_checkpoint_directory_with_a_missing_parent_fails_at_setup(tmp_path):
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "no" / "such" / "ckpt", every_n_train_steps=1)
+    trainer = make_trainer(tmp_path, callbacks=[ckpt], max_steps=1)
+    with pytest.raises(ValueError, match=r"parent folder .*no/such.* does not exist"):
+        trainer.fit(TinyRegressor())
+    assert trainer.global_step == 0
+
+
+def test_every_event_line_carries_the_contract_fields(tmp_path):
+    _fit(tmp_path, 4, every_n_train_steps=2, save_top_k=-1)
+    _fit(tmp_path, 6, every_n_train_steps=2, save_top_k=-1)
+    events = read_events(tmp_path)
+    for e in events:
+        assert {"time", "run_id", "attempt", "rank", "event", "step"} <= e.keys()
+    assert len({e["run_id"] for e in events}) == 1
+    starts = [e for e in events if e["event"] == "attempt_start"]
+    assert [e["attempt"] for e in starts] == [0, 1]
+    assert all(e["world_size"] == 1 and e["step"] is None for e in starts)
+    commits = [e for e in events if e["event"] == "checkpoint_committed"]
+    assert [e["step"] for e in commits] == [2, 4, 6]
+    assert all(e["size_bytes"] > 0 and 0 <= e["stall_s"] <= e["total_s"] for e in commits)
+    progress = [e for e in events if e["event"] == "progress"]
+    assert progress and all(e["productive_s"] >= 0 and e["data_wait_s"] >= 0 for e in progress)
+
+
+def test_tensorboard_keeps_one_version_folder_across_restarts(tmp_path):
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    for steps in (2, 4):
+        ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
+        trainer = make_trainer(tmp_path, callbacks=[ckpt], max_steps=steps, logger=TensorBoardLogger(tmp_path / "tb"))
+        trainer.fit(TinyRegressor())
+    versions = [p.name for p in (tmp_path / "tb" / "lightning_logs").iterdir()]
+    assert len(versions) == 1
+
+
+def test_resumed_weights_and_optimizer_state_equal_the_saved_ones(tmp_path):
+    trainer, model = _fit(tmp_path, 4, every_n_train_steps=4, save_top_k=-1)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_opt = trainer.optimizers[0].state_dict()
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1)
+    trainer2 = make_trainer(tmp_path, callbacks=[ckpt], max_steps=4)
+    model2 = TinyRegressor()
+    trainer2.fit(model2)  # resumes at step 4 == max_steps: restores and stops
+    for k, v in saved.items():
+        assert torch.equal(model2.state_dict()[k], v), k
+    restored = trainer2.optimizers[0].state_dict()
+    for pid, s in saved_opt["state"].items():
+        for name, t in s.items():
+            assert torch.equal(restored["state"][pid][name], t), (pid, name)
+    assert trainer2.lr_scheduler_configs[0].scheduler.last_epoch == trainer.lr_scheduler_configs[0].scheduler.last_epoch
