@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
+from lightning_ft.parallel.pipeline import pipeline_step
+
 
 class SyntheticTokens(Dataset):
     """Deterministic token sequences: sample ``i`` is the same on every rank and in every run."""
@@ -60,6 +62,31 @@ class Block(nn.Module):
         return x + self.dropout(self.w2(F.gelu(self.w1(self.ln2(x)))))
 
 
+class Embed(nn.Module):
+    """Token plus learned position embedding: the first pipeline block."""
+
+    def __init__(self, vocab_size: int, dim: int, seq_len: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab_size, dim)
+        self.pos = nn.Parameter(torch.zeros(seq_len, dim))
+        nn.init.normal_(self.pos, std=0.02)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.tok(idx) + self.pos[: idx.shape[1]]
+
+
+class Head(nn.Module):
+    """Final norm and vocabulary projection: the last pipeline block."""
+
+    def __init__(self, dim: int, vocab_size: int) -> None:
+        super().__init__()
+        self.ln_f = nn.LayerNorm(dim)
+        self.proj = nn.Linear(dim, vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.ln_f(x))
+
+
 class GPT(L.LightningModule):
     """A decoder-only transformer with ``n_layers`` blocks.
 
@@ -82,12 +109,9 @@ class GPT(L.LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.tok = nn.Embedding(vocab_size, dim)
-        self.pos = nn.Parameter(torch.zeros(seq_len, dim))
+        self.embed = Embed(vocab_size, dim, seq_len)
         self.blocks = nn.ModuleList(Block(dim, n_heads, dropout) for _ in range(n_layers))
-        self.ln_f = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, vocab_size, bias=False)
-        nn.init.normal_(self.pos, std=0.02)
+        self.head = Head(dim, vocab_size)
         for block in self.blocks:
             nn.init.normal_(block.wo.weight, std=0.02 / math.sqrt(2 * n_layers))
 
@@ -98,8 +122,9 @@ class GPT(L.LightningModule):
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
         tp_mesh, dp_mesh = mesh["tensor_parallel"], mesh["data_parallel"]
+        pipelined = "pipeline_parallel" in mesh.mesh_dim_names and mesh["pipeline_parallel"].size() > 1
         if tp_mesh.size() == 1:
-            return  # plain data parallel: ElasticFT3D wraps the module in DDP
+            return  # plain data parallel (ElasticFT3D wraps the module in DDP) or pipeline stages alone
         # Megatron-style: column-parallel in, row-parallel out, so each block needs one all-reduce per matmul pair.
         plan = {
             "wq": ColwiseParallel(),
@@ -111,6 +136,8 @@ class GPT(L.LightningModule):
         }
         for block in self.blocks:
             parallelize_module(block, tp_mesh, plan)
+        if pipelined:
+            return  # the pipeline runner averages stage gradients over data parallel itself
         from torch.distributed.fsdp import fully_shard
 
         # FSDP2 over the data-parallel axis, as in Lightning's tensor-parallel example.
@@ -118,16 +145,23 @@ class GPT(L.LightningModule):
             fully_shard(block, mesh=dp_mesh)
         fully_shard(self, mesh=dp_mesh)
 
+    # The pipeline contract (docs/parallelism.md): blocks in execution order, and the loss written once.
+    def pipeline_blocks(self) -> list[nn.Module]:
+        return [self.embed, *self.blocks, self.head]
+
+    def pipeline_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.tok(idx) + self.pos[: idx.shape[1]]
-        for block in self.blocks:
+        x = idx
+        for block in self.pipeline_blocks():
             x = block(x)
-        return self.head(self.ln_f(x))
+        return x
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         inputs, targets = batch
-        logits = self(inputs)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        # Runs the blocks and the loss directly, or the pipeline schedule when ElasticFT3D has pipeline stages.
+        loss = pipeline_step(self, inputs, targets)
         self.log("train_loss", loss, prog_bar=True)
         return loss
 

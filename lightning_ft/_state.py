@@ -152,3 +152,24 @@ def load_foreign_checkpoint(path: Path, *, parallelized: bool) -> dict[str, Any]
             f"ckpt_path={str(path)!r} could not be loaded with weights_only=True ({type(err).__name__}: {err});"
             " lightning-ft never loads checkpoints through unrestricted unpickling"
         ) from err
+
+
+def copy_into(template: Any, saved: Any) -> Any:
+    """Copy ``saved`` into the tensors of ``template`` in place (a DTensor's local shard for a DTensor) and return
+    ``template`` with ``saved``'s non-tensor values. Used for state that was stored per rank as local tensors."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(template, torch.Tensor):
+        target = template.to_local() if isinstance(template, DTensor) else template
+        with torch.no_grad():
+            target.copy_(saved.to_local() if isinstance(saved, DTensor) else saved)
+        return template
+    if isinstance(template, dict) and isinstance(saved, dict):
+        out = dict(saved)
+        for key, value in template.items():
+            if key in saved:
+                out[key] = copy_into(value, saved[key])
+        return out
+    if isinstance(template, (list, tuple)) and isinstance(saved, (list, tuple)) and len(template) == len(saved):
+        return type(template)(copy_into(t, s) for t, s in zip(template, saved, strict=True))
+    return saved

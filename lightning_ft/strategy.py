@@ -43,8 +43,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_ft import _state
-from lightning_ft.checkpoint import AsyncCheckpointer, CheckpointError, CommitInfo, load_checkpoint
-from lightning_ft.checkpoint import discovery
+from lightning_ft.checkpoint import AsyncCheckpointer, CheckpointError, CommitInfo, discovery, load_checkpoint
 from lightning_ft.elastic import (
     ElasticPolicy,
     ResumableSampler,
@@ -56,6 +55,7 @@ from lightning_ft.fault import FaultPolicy
 from lightning_ft.monitors.event_log import EventLog, next_attempt, resolve_run_id
 from lightning_ft.parallel.layout import build_device_mesh
 from lightning_ft.parallel.parallel_config import ParallelConfig
+from lightning_ft.parallel.pipeline import PipelineRunner
 from lightning_ft.training_tracker import _TrainingTracker
 
 if TYPE_CHECKING:
@@ -150,6 +150,7 @@ class ElasticFT3D(DDPStrategy):
         self.event_log: EventLog | None = None
         self._device_mesh: DeviceMesh | None = None
         self._parallelized = False
+        self._pipeline: PipelineRunner | None = None
         self._checkpointer: AsyncCheckpointer | None = None
         self._tracker = _TrainingTracker(self)
         self._attempt_start_time = time.time()
@@ -188,7 +189,7 @@ class ElasticFT3D(DDPStrategy):
     @property
     @override
     def lightning_restore_optimizer(self) -> bool:
-        return not self._parallelized
+        return not self._parallelized and self._pipeline is None
 
     @override
     def setup_distributed(self) -> None:
@@ -269,17 +270,17 @@ class ElasticFT3D(DDPStrategy):
         self._parallelized = _state.has_dtensor_parameters(self.model)
         cfg = self.parallel_config
         assert cfg is not None
-        if not self._parallelized:
-            if cfg.tensor_parallel_size > 1 or cfg.pipeline_parallel_size > 1:
-                raise ValueError(
-                    f"ElasticFT3D(tensor_parallel_size={cfg.tensor_parallel_size},"
-                    f" pipeline_parallel_size={cfg.pipeline_parallel_size}): no parameter is a DTensor after"
-                    " configure_model(). Parallelize the model in LightningModule.configure_model() using"
-                    " self.device_mesh['tensor_parallel'], or set both sizes to 1 for plain data parallel."
-                )
-            super().setup(trainer)  # DDPStrategy: wraps the module in DistributedDataParallel
-        else:
+        pipelined = cfg.pipeline_parallel_size > 1
+        if not self._parallelized and cfg.tensor_parallel_size > 1:
+            raise ValueError(
+                f"ElasticFT3D(tensor_parallel_size={cfg.tensor_parallel_size}): no parameter is a DTensor after"
+                " configure_model(). Parallelize the model in LightningModule.configure_model() using"
+                " self.device_mesh['tensor_parallel'], or set tensor_parallel_size=1."
+            )
+        if self._parallelized or pipelined:
             self._setup_parallelized(trainer)
+        else:
+            super().setup(trainer)  # DDPStrategy: wraps the module in DistributedDataParallel
         self.barrier("ElasticFT3D.setup")
 
     def _setup_parallelized(self, trainer: pl.Trainer) -> None:
@@ -289,12 +290,46 @@ class ElasticFT3D(DDPStrategy):
         _materialize_distributed_module(self.model, self.root_device)
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
+        assert self.parallel_config is not None
+        if self.parallel_config.pipeline_parallel_size > 1:
+            self._setup_pipeline()
         self.barrier()
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
         self.setup_precision_plugin()
         if trainer.state.fn == TrainerFn.FITTING:
             _optimizers_to_device(self.optimizers, self.root_device)
+
+    def _setup_pipeline(self) -> None:
+        """Cut the module into this rank's stage (before optimizers exist, so they see only the stage's
+        parameters) and route gradient clipping through the runner, which knows every stage's norm."""
+        assert self.parallel_config is not None and self.lightning_module is not None
+        pp = self.parallel_config.pipeline_parallel_size
+        self._pipeline = PipelineRunner(
+            self.lightning_module,
+            group=self.device_mesh["pipeline_parallel"].get_group(),
+            num_microbatches=self.num_microbatches or 2 * pp,
+            schedule=self.pipeline_schedule,
+            stages_per_rank=2 if self.pipeline_schedule == "interleaved1f1b" else 1,
+            device=self.root_device,
+        )
+        runner = self._pipeline
+        self.precision_plugin.clip_grad_by_norm = lambda optimizer, clip_val: runner.clip_grad_norm_(clip_val)
+
+    @override
+    def optimizer_step(self, optimizer: Optimizer, closure: Any, model: Any = None, **kwargs: Any) -> Any:
+        if self._pipeline is None:
+            return super().optimizer_step(optimizer, closure, model, **kwargs)
+        runner, dp_group = self._pipeline, self.device_mesh["data_parallel"].get_group()
+
+        def closure_then_average() -> Any:
+            # After backward, before Lightning's clipping: stage gradients are averaged over data parallel here,
+            # since pipeline stages are not wrapped in DDP or FSDP.
+            out = closure()
+            runner.sync_data_parallel_grads(dp_group)
+            return out
+
+        return super().optimizer_step(optimizer, closure_then_average, model, **kwargs)
 
     @contextmanager
     @override
@@ -315,7 +350,7 @@ class ElasticFT3D(DDPStrategy):
 
     @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
-        if not self._parallelized:
+        if not self._parallelized and self._pipeline is None:
             return super().lightning_module_state_dict()
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
@@ -326,7 +361,7 @@ class ElasticFT3D(DDPStrategy):
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
         if isinstance(optimizer, LightningOptimizer):
             optimizer = optimizer._optimizer
-        if not self._parallelized:
+        if not self._parallelized and self._pipeline is None:
             return optimizer.state_dict()
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
@@ -335,13 +370,13 @@ class ElasticFT3D(DDPStrategy):
 
     @override
     def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
-        if not self._parallelized:
+        if not self._parallelized and self._pipeline is None:
             super().load_model_state_dict(checkpoint, strict=strict)
         # Parallelized models were loaded in place by load_checkpoint().
 
     @override
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
-        if not self._parallelized:
+        if not self._parallelized and self._pipeline is None:
             super().load_optimizer_state_dict(checkpoint)
 
     # ------------------------------------------------------------------ saving
@@ -368,6 +403,10 @@ class ElasticFT3D(DDPStrategy):
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
         state = {k: v for k, v in checkpoint.items() if k != "callbacks"}
         rank_state = {"callbacks": checkpoint.get("callbacks", {}), "rng": _state.collect_rng_states()}
+        if self._pipeline is not None:
+            # Each stage holds other parameters (and optimizer state keyed by its own parameter ids), so model and
+            # optimizer go with the rank that owns them.
+            rank_state["stage"] = {k: state.pop(k) for k in ("state_dict", "optimizer_states") if k in state}
         metadata = {
             "step": checkpoint.get("global_step"),
             "epoch": checkpoint.get("epoch"),
@@ -513,21 +552,37 @@ class ElasticFT3D(DDPStrategy):
         return loaded
 
     def _parallel_template(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import _init_optim_state, get_optimizer_state_dict
-
         assert self.model is not None
-        template: dict[str, Any] = {"state_dict": self.lightning_module_state_dict()}
-        optimizer_states = []
-        for opt in self.optimizers:
-            _init_optim_state(opt)
-            optimizer_states.append(get_optimizer_state_dict(self.model, opt))
-        template["optimizer_states"] = optimizer_states
-        return template
+        if self._pipeline is not None:
+            return {}  # stage state travels in rank_state and is copied in place by _after_load
+        return {
+            "state_dict": self.lightning_module_state_dict(),
+            "optimizer_states": [self._optimizer_template(opt) for opt in self.optimizers],
+        }
+
+    def _optimizer_template(self, optimizer: Optimizer) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import _init_optim_state
+
+        # Optimizer state is created lazily at the first step; loading in place needs it to exist.
+        _init_optim_state(optimizer)
+        return self.optimizer_state(optimizer)
 
     def _after_load(self, path: Path, loaded: Any) -> dict[str, Any]:
         checkpoint = dict(loaded.state)
         checkpoint["callbacks"] = loaded.rank_state.get("callbacks", {})
-        if self._parallelized:
+        if self._pipeline is not None:
+            if loaded.metadata.get("world_size") != self.world_size or loaded.metadata.get("mesh") != self._mesh_shape():
+                raise CheckpointError(
+                    f"checkpoint {path} was saved with mesh {loaded.metadata.get('mesh')}; with pipeline parallelism"
+                    f" it can only be resumed on the same mesh, not {self._mesh_shape()}"
+                )
+            stage = loaded.rank_state.get("stage", {})
+            checkpoint["state_dict"] = _state.copy_into(self.lightning_module_state_dict(), stage["state_dict"])
+            checkpoint["optimizer_states"] = [
+                _state.copy_into(self._optimizer_template(opt), saved)
+                for opt, saved in zip(self.optimizers, stage.get("optimizer_states", []), strict=True)
+            ]
+        if self._parallelized or self._pipeline is not None:
             self._set_parallel_state(checkpoint)
         rng = loaded.rank_state.get("rng")
         if rng and loaded.metadata.get("world_size") == self.world_size:
@@ -540,7 +595,7 @@ class ElasticFT3D(DDPStrategy):
 
         assert self.model is not None and self.lightning_module is not None
         set_model_state_dict(self.model, checkpoint["state_dict"])
-        for opt, opt_state in zip(self.optimizers, checkpoint.get("optimizer_states", [])):
+        for opt, opt_state in zip(self.optimizers, checkpoint.get("optimizer_states", []), strict=True):
             set_optimizer_state_dict(self.model, opt, opt_state)
 
     def _plan_elastic_resume(self, path: Path, metadata: dict[str, Any]) -> None:
@@ -638,6 +693,9 @@ class ElasticFT3D(DDPStrategy):
                 connector, original = self._original_resume_start
                 connector.resume_start = original
                 self._original_resume_start = None
+            if self._pipeline is not None:
+                self._pipeline.detach()
+                self._pipeline = None
             trainer = self.lightning_module.trainer if self.lightning_module is not None else None
             if trainer is not None and self._tracker in trainer.callbacks:
                 trainer.callbacks.remove(self._tracker)

@@ -13,7 +13,7 @@ from lightning_ft.parallel.planner import (
     plan_parallelism,
 )
 
-# --- pipeline parallelism: imports from lightning_ft/parallel/pipeline*.py go here, names into __all__ below ---
+from lightning_ft.parallel.pipeline import PipelineRunner, pipeline_step
 
 __all__ = [
     "DEVICE_PRESETS",
@@ -24,8 +24,10 @@ __all__ = [
     "MemoryEstimate",
     "ModelSpec",
     "ParallelConfig",
+    "PipelineRunner",
     "Plan",
     "TimeEstimate",
     "build_device_mesh",
+    "pipeline_step",
     "plan_parallelism",
 ]

@@ -24,7 +24,11 @@ def torchrun(*args: str, nproc: int = 2, max_restarts: int = 0, timeout: float =
 
 
 def load_run(out: Path) -> tuple[dict[str, torch.Tensor], dict[int, float]]:
-    weights = torch.load(out / "weights.pt", weights_only=True)
+    weights: dict[str, torch.Tensor] = {}
+    for file in sorted(out.glob("weights_rank*.pt")):
+        for name, tensor in torch.load(file, weights_only=True).items():
+            assert name not in weights or torch.equal(weights[name], tensor), f"ranks disagree on {name}"
+            weights[name] = tensor
     losses = {int(k): v for k, v in json.loads((out / "losses.json").read_text()).items()}
     return weights, losses
 

@@ -53,6 +53,8 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=96)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--schedule", default="1f1b")
     p.add_argument("--out", required=True, help="folder for losses.json and weights.pt (rank 0)")
     args = p.parse_args()
 
@@ -69,7 +71,9 @@ def main() -> None:
     if args.strategy == "elasticft":
         from lightning_ft import ElasticFT3D
 
-        strategy = ElasticFT3D(tensor_parallel_size=args.tp)
+        strategy = ElasticFT3D(
+            tensor_parallel_size=args.tp, pipeline_parallel_size=args.pp, pipeline_schedule=args.schedule
+        )
     else:
         strategy = "ddp"
     trainer = L.Trainer(
@@ -91,10 +95,11 @@ def main() -> None:
     trainer.fit(model, train_dataloaders=data)
     state = trainer.lightning_module.state_dict()
     state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in state.items()}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    # Every rank: with pipeline stages each holds other layers.
+    torch.save(state, out / f"weights_rank{trainer.global_rank}.pt")
     if trainer.global_rank == 0:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        torch.save(state, out / "weights.pt")
         previous = {}
         if (out / "losses.json").exists():
             previous = json.loads((out / "losses.json").read_text())

@@ -1,0 +1,64 @@
+"""The ``lightning-ft`` console script on checkpoints written by a real Trainer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_ft.cli import main
+from tests.helpers import subprocess_env
+from tests.strategy.conftest import _release_lightning_process_group  # noqa: F401 - autouse in this module too
+from tests.strategy.models import TinyRegressor, make_trainer
+
+
+def _train(tmp_path):
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1)
+    trainer = make_trainer(tmp_path, callbacks=[ckpt], max_steps=3)
+    model = TinyRegressor()
+    trainer.fit(model)
+    return model, tmp_path / "ckpt" / "epoch=0-step=3.ckpt"
+
+
+def test_inspect_shows_step_world_size_and_intact_checksums(tmp_path, capsys):
+    _, path = _train(tmp_path)
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "3" in out and "committed" in out.lower()
+    assert main(["inspect", "--json", str(path)]) == 0
+    import json
+
+    desc = json.loads(capsys.readouterr().out)
+    assert desc["step"] == 3 and desc["world_size"] == 1 and desc["committed"] is True
+    assert desc["checksums_ok"] is True
+
+
+def test_inspect_fails_on_a_corrupted_shard(tmp_path, capsys):
+    _, path = _train(tmp_path)
+    for f in (path / "batched").iterdir():
+        raw = bytearray(f.read_bytes())
+        raw[-1] ^= 0xFF
+        f.write_bytes(bytes(raw))
+    assert main(["inspect", "--json", str(path)]) == 1
+    assert '"checksums_ok": false' in capsys.readouterr().out
+
+
+def test_export_writes_a_file_load_from_checkpoint_accepts(tmp_path):
+    model, path = _train(tmp_path)
+    out = tmp_path / "plain.ckpt"
+    assert main(["export", str(path), str(out)]) == 0
+    restored = TinyRegressor.load_from_checkpoint(out, weights_only=True)
+    for k, v in model.state_dict().items():
+        assert torch.equal(restored.state_dict()[k], v), k
+    plain = torch.load(out, weights_only=True)
+    assert plain["global_step"] == 3
+
+
+def test_console_script_entry_point_runs():
+    proc = subprocess.run([sys.executable, "-m", "lightning_ft.cli", "--help"], capture_output=True, text=True,
+                          env=subprocess_env(), timeout=120)
+    assert proc.returncode == 0
+    for command in ("plan", "inspect", "export", "report"):
+        assert command in proc.stdout
