@@ -2,6 +2,7 @@
 
 from lightning_ft.parallel.layout import MESH_DIM_NAMES, build_device_mesh
 from lightning_ft.parallel.parallel_config import ClusterShape, ParallelConfig
+from lightning_ft.parallel.pipeline import PipelineRunner, pipeline_step
 from lightning_ft.parallel.planner import (
     DEVICE_PRESETS,
     MODEL_PRESETS,
@@ -12,8 +13,6 @@ from lightning_ft.parallel.planner import (
     TimeEstimate,
     plan_parallelism,
 )
-
-from lightning_ft.parallel.pipeline import PipelineRunner, pipeline_step
 
 __all__ = [
     "DEVICE_PRESETS",
