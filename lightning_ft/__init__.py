@@ -17,6 +17,7 @@ _EXPORTS = {
     "Plan": "lightning_ft.parallel",
     "StragglerMonitor": "lightning_ft.monitors",
     "ThermalMonitor": "lightning_ft.monitors",
+    "pipeline_step": "lightning_ft.parallel",
     "plan_parallelism": "lightning_ft.parallel",
 }
 

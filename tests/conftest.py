@@ -29,13 +29,10 @@ def _no_leaks(request: pytest.FixtureRequest):
         del os.environ[k]
     if leaked_env:
         problems.append(f"environment variables leaked: {sorted(leaked_env)}")
-    for t in set(threading.enumerate()) - threads_before:
+    ours = [t for t in set(threading.enumerate()) - threads_before if t.name.startswith("lightning-ft")]
+    for t in ours:
         t.join(timeout=5)
-    leaked_threads = [
-        t.name
-        for t in set(threading.enumerate()) - threads_before
-        if t.is_alive() and t.name.startswith("lightning-ft")
-    ]
+    leaked_threads = [t.name for t in ours if t.is_alive()]
     if leaked_threads:
         problems.append(f"threads leaked: {leaked_threads}")
     if problems:

@@ -84,18 +84,28 @@ class _ReleaseGrads(torch.autograd.Function):
 def pipeline_step(module: nn.Module, inputs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """The training (or evaluation) loss of one batch, with or without pipeline parallelism.
 
-    Call it from ``training_step`` / ``validation_step`` on every rank. Without a runner attached it runs
-    ``pipeline_blocks()`` in order and returns ``pipeline_loss(output, target)`` with its autograd graph, so the module
-    trains unchanged under any strategy. With a runner attached it is :meth:`PipelineRunner.step`: collective over
+    Call it from ``training_step`` / ``validation_step`` on every rank. Without a runner attached it returns
+    ``pipeline_loss(module(inputs), target)`` with its autograd graph (running ``pipeline_blocks()`` in order if the
+    module defines no ``forward``), so the module trains unchanged under any strategy. Going through ``module(...)``
+    matters: hooks on the module itself, such as FSDP2's unsharding of root-level parameters, must run. With a runner attached it is :meth:`PipelineRunner.step`: collective over
     the pipeline group, the same value on every rank, and ``backward()`` on it delivers the stage's gradients.
     """
     runner = _RUNNERS.get(module)
     if runner is not None:
         return runner.step(inputs, target)
+    if _defines_forward(module):
+        return module.pipeline_loss(module(inputs), target)
     x = inputs
     for block in module.pipeline_blocks():
         x = block(x)
     return module.pipeline_loss(x, target)
+
+
+def _defines_forward(module: nn.Module) -> bool:
+    import lightning.pytorch as pl
+
+    forward = type(module).forward
+    return forward is not nn.Module.forward and forward is not pl.LightningModule.forward
 
 
 class PipelineRunner:

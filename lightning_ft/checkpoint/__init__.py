@@ -1,0 +1,61 @@
+"""Asynchronous, sharded, atomically committed checkpoints through torchsnapshot.
+
+See docs/checkpointing.md. The strategy drives :class:`AsyncCheckpointer` and :func:`load_checkpoint`; auto-resume and
+retention use the discovery functions; the ``lightning-ft inspect`` and ``export`` commands use :func:`describe`,
+:func:`format_description` and :func:`export_state_dict`.
+"""
+
+from __future__ import annotations
+
+from lightning_ft.checkpoint.async_checkpointer import AsyncCheckpointer, CommitInfo
+from lightning_ft.checkpoint.commit import FORMAT_VERSION, METADATA_FILE
+from lightning_ft.checkpoint.discovery import (
+    COMMIT_MARKER,
+    CheckpointInfo,
+    cleanup_uncommitted,
+    is_committed,
+    latest_committed,
+    list_committed,
+    read_metadata,
+    repoint_last,
+    verify,
+)
+from lightning_ft.checkpoint.errors import (
+    CheckpointError,
+    CheckpointWriteError,
+    CorruptCheckpointError,
+    FormatVersionError,
+    UncommittedCheckpointError,
+    UnsafeCheckpointError,
+)
+from lightning_ft.checkpoint.inspect import describe, export_state_dict, format_description
+from lightning_ft.checkpoint.load import LoadedCheckpoint, load_checkpoint
+from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
+
+__all__ = [
+    "AsyncCheckpointer",
+    "COMMIT_MARKER",
+    "CheckpointError",
+    "CheckpointInfo",
+    "CheckpointWriteError",
+    "CommitInfo",
+    "CorruptCheckpointError",
+    "FORMAT_VERSION",
+    "FormatVersionError",
+    "LoadedCheckpoint",
+    "METADATA_FILE",
+    "SnapshotStorage",
+    "UncommittedCheckpointError",
+    "UnsafeCheckpointError",
+    "cleanup_uncommitted",
+    "describe",
+    "export_state_dict",
+    "format_description",
+    "is_committed",
+    "latest_committed",
+    "list_committed",
+    "load_checkpoint",
+    "read_metadata",
+    "repoint_last",
+    "verify",
+]

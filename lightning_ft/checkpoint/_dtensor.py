@@ -1,0 +1,55 @@
+"""DTensor names and shard geometry across torch versions (torch>=2.4 imports; torch 2.13 is what CI tests).
+
+Everything the checkpoint needs from DTensor is here: where this rank's local shard sits in the global tensor, and a
+JSON description of the placements for the index and for ``lightning-ft inspect``. ``_StridedShard`` (FSDP2 over tensor
+parallel) is handled by torch's own ``compute_local_shape_and_global_offset``, which knows its layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+try:  # torch >= 2.5
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+except ImportError:  # torch 2.4
+    from torch.distributed._tensor import DTensor, Replicate, Shard  # type: ignore[no-redef]
+
+try:
+    from torch.distributed.tensor.placement_types import _StridedShard
+except ImportError:
+    try:
+        from torch.distributed._tensor.placement_types import _StridedShard  # type: ignore[no-redef]
+    except ImportError:
+        _StridedShard = None  # type: ignore[assignment,misc]
+
+try:
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+except ImportError:
+    from torch.distributed._tensor._utils import compute_local_shape_and_global_offset  # type: ignore[no-redef]
+
+__all__ = ["DTensor", "Replicate", "Shard", "describe_placements", "local_region"]
+
+
+def local_region(global_shape: Sequence[int], mesh: Any, placements: Sequence[Any]) -> tuple[list[int], list[int]]:
+    """``(local_shape, global_offset)`` of this rank's shard of a tensor with ``global_shape`` laid out on ``mesh``."""
+    shape, offset = compute_local_shape_and_global_offset(list(global_shape), mesh, list(placements))
+    return list(shape), list(offset)
+
+
+def describe_placements(placements: Sequence[Any]) -> list[dict[str, Any]]:
+    """JSON description of DTensor placements, e.g. ``[{"type": "shard", "dim": 0}, {"type": "replicate"}]``."""
+    out: list[dict[str, Any]] = []
+    for placement in placements:
+        if _StridedShard is not None and isinstance(placement, _StridedShard):
+            out.append({"type": "strided_shard", "dim": placement.dim, "split_factor": placement.split_factor})
+        elif isinstance(placement, Shard):
+            out.append({"type": "shard", "dim": placement.dim})
+        elif isinstance(placement, Replicate):
+            out.append({"type": "replicate"})
+        else:
+            raise TypeError(
+                f"DTensor placement {placement!r} cannot be checkpointed: reduce partial values before saving "
+                "(state dicts hold Shard/Replicate placements)"
+            )
+    return out

@@ -1,0 +1,351 @@
+"""Asynchronous, consistent, sharded checkpoint saves with an atomic commit.
+
+:class:`AsyncCheckpointer` is what the strategy calls at every checkpoint. ``save()`` blocks only while the state is
+captured into staging buffers (the "stall"); a background thread then writes every rank's shards through torchsnapshot on
+a process group of its own, fsyncs them, and rank 0 commits: metadata file, then the commit marker, last. At most one
+save is in flight. A failure in the background is kept and raised once, at the next ``save()``, ``wait()`` or
+``close()``; a later error never replaces it, and a failed save never gets its marker.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from queue import SimpleQueue
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lightning_ft.checkpoint import json_codec
+from lightning_ft.checkpoint.commit import FORMAT_VERSION, uncommit, write_marker, write_metadata
+from lightning_ft.checkpoint.errors import CheckpointWriteError
+from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
+from lightning_ft.checkpoint.staging import Capture, Stager
+
+THREAD_NAME = "lightning-ft-checkpoint-writer"
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """Facts about one committed save, passed to ``on_commit`` on rank 0."""
+
+    path: Path
+    """The committed checkpoint directory."""
+    step: int | None
+    """``metadata["step"]`` as given to ``save()``; ``None`` if absent."""
+    stall_s: float
+    """Seconds ``save()`` blocked the caller (waiting for the previous save included)."""
+    total_s: float
+    """Seconds from the ``save()`` call until the commit marker was durable."""
+    size_bytes: int
+    """Tensor bytes written by all ranks together."""
+
+
+@dataclass
+class _Job:
+    path: Path
+    capture: Capture
+    metadata: dict[str, Any]
+    started: float
+    stall_s: float
+    future: Future
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+class AsyncCheckpointer:
+    """Saves nested state asynchronously as a committed, sharded lightning-ft checkpoint.
+
+    Args:
+        group: process group for checkpoint I/O collectives, used only from the background thread. ``None`` with
+            torch.distributed initialized creates a gloo group, so construction is then collective (every rank calls).
+            Never pass the training group: its collectives would interleave with the training loop's.
+        storage: the storage seam (tests pass a fake to inject I/O errors).
+        on_commit: called on rank 0, in the background thread, after a checkpoint's marker is durable. An exception
+            in it fails that save on every rank (raised at the next ``save()``/``wait()``/``close()``).
+        reuse_buffers: keep the staging buffers between saves (no allocation after the first save, but one copy of
+            this rank's share of the state stays in host memory).
+        timeout: collective timeout of the gloo group created when ``group`` is ``None`` (default: torch's default);
+            a save stuck on a dead peer fails after it.
+
+    Example::
+
+        checkpointer = AsyncCheckpointer()
+        checkpointer.save("checkpoints/step=100", {"model": model.state_dict()}, metadata={"step": 100})
+        ...  # keep training: later changes to the model do not reach the checkpoint
+        checkpointer.close()
+    """
+
+    def __init__(
+        self,
+        *,
+        group: dist.ProcessGroup | None = None,
+        storage: SnapshotStorage | None = None,
+        on_commit: Callable[[CommitInfo], None] | None = None,
+        reuse_buffers: bool = True,
+        timeout: timedelta | None = None,
+    ) -> None:
+        if group is None and _distributed():
+            group = dist.new_group(backend="gloo", timeout=timeout)
+        self._group = group
+        self._storage = storage or SnapshotStorage()
+        self._on_commit = on_commit
+        self._stager = Stager(reuse_buffers=reuse_buffers)
+        self._rank = dist.get_rank(group) if _distributed() else 0
+        self._world_size = dist.get_world_size(group) if _distributed() else 1
+        self._queue: SimpleQueue[_Job | None] = SimpleQueue()
+        self._current: _Job | None = None
+        self._pending_error: BaseException | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self._thread.start()
+
+    @property
+    def group(self) -> dist.ProcessGroup | None:
+        """The process group checkpoint I/O runs on (``None`` without torch.distributed)."""
+        return self._group
+
+    @property
+    def in_flight(self) -> Path | None:
+        """Path of the save being written in the background, or ``None``."""
+        job = self._current
+        return job.path if job is not None and not job.future.done() else None
+
+    def save(
+        self,
+        path: str | Path,
+        state: dict[str, Any],
+        *,
+        rank_state: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        """Capture ``state`` now and write it to ``path`` in the background.
+
+        Collective: every rank calls it with the same ``state`` structure (rank 0's ``path`` and ``metadata`` win).
+        Raises a pending background error first (once), then waits for the previous save. Returns once the state is
+        captured; from then on the caller may mutate every tensor and container it passed.
+
+        Raises:
+            RuntimeError: the checkpointer is closed.
+            CheckpointError, OSError: a previous save failed in the background.
+        """
+        if self._closed:
+            raise RuntimeError("AsyncCheckpointer.save() called after close()")
+        started = time.perf_counter()
+        self.wait()
+        user_metadata = dict(metadata or {})
+        capture = self._stager.capture(state, rank_state, rank=self._rank, world_size=self._world_size)
+        encoded_metadata = json_codec.encode(user_metadata, path="metadata")
+        job = _Job(
+            path=Path(path),
+            capture=capture,
+            metadata={"user": encoded_metadata, "step": user_metadata.get("step")},
+            started=started,
+            stall_s=time.perf_counter() - started,
+            future=Future(),
+        )
+        self._current = job
+        self._queue.put(job)
+
+    def wait(self) -> None:
+        """Block until the in-flight save (if any) is committed; raise a pending background error, once."""
+        job = self._current
+        if job is not None:
+            try:
+                job.future.result()
+            except BaseException:  # noqa: BLE001 - recorded in _pending_error by the thread
+                pass
+            self._current = None
+        self._raise_pending()
+
+    def close(self) -> None:
+        """Wait for the in-flight save, stop the background thread, raise a pending error. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            try:
+                job = self._current
+                if job is not None:
+                    job.future.exception()
+                    self._current = None
+            finally:
+                self._queue.put(None)
+                self._thread.join()
+        self._raise_pending()
+
+    def _raise_pending(self) -> None:
+        error, self._pending_error = self._pending_error, None
+        if error is not None:
+            raise error
+
+    # -- background thread -------------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            try:
+                self._write(job)
+            except BaseException as e:  # noqa: BLE001 - kept and raised in the caller's thread
+                if self._pending_error is None:  # never overwrite the first error
+                    self._pending_error = e
+                job.future.set_exception(e)
+            else:
+                job.future.set_result(None)
+            finally:
+                job.capture = None  # type: ignore[assignment]  # the staging buffers stay with the Stager
+
+    def _all_ok(self, error: BaseException | None, payload: Any = None) -> list[Any]:
+        """Exchange (error, payload) with every rank; raise on every rank if any rank failed."""
+        if not _distributed():
+            if error is not None:
+                raise error
+            return [payload]
+        gathered: list[Any] = [None] * self._world_size
+        message = None if error is None else f"{type(error).__name__}: {error}"
+        dist.all_gather_object(gathered, (message, payload), group=self._group)
+        if error is not None:
+            raise error
+        for rank, (message, _) in enumerate(gathered):
+            if message is not None:
+                raise CheckpointWriteError(f"checkpoint save failed on rank {rank}: {message}")
+        return [p for _, p in gathered]
+
+    def _write(self, job: _Job) -> None:
+        capture = job.capture
+        if _distributed():
+            paths = [str(job.path)]
+            dist.broadcast_object_list(paths, src=dist.get_global_rank(self._group, 0), group=self._group)
+            job.path = Path(paths[0])
+        path = job.path
+        error: BaseException | None = None
+        try:
+            if self._rank == 0 and path.exists():
+                # Replacing a checkpoint: it stops being committed before any of its files go.
+                uncommit(path)
+                shutil.rmtree(path)
+            if self._rank == 0:
+                path.mkdir(parents=True, exist_ok=True)
+        except BaseException as e:  # noqa: BLE001
+            error = e
+        self._all_ok(error)
+
+        records, entries, error = [], {}, None
+        try:
+            for shard in self._elect_dtensor_owners(capture):
+                data = shard.data.reshape(-1).view(torch.uint8)
+                entries[shard.name] = data
+                records.append(
+                    {
+                        "key": shard.key,
+                        "rank": self._rank,
+                        "entry": shard.name,
+                        "offset": shard.offset,
+                        "shape": list(shard.data.shape),
+                        "nbytes": data.numel(),
+                        "crc32": zlib.crc32(data.numpy()),
+                    }
+                )
+            self._storage.write(path, entries, group=self._group)
+        except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
+            error = e
+        payload = (records, capture.tensors if self._rank == 0 else _owned(capture, records), capture.rank_state_json)
+        gathered = self._all_ok(error, payload)
+
+        error = None
+        if self._rank == 0:
+            try:
+                info = self._commit(job, gathered)
+                if self._on_commit is not None:
+                    # Before the exchange, so that a failing callback fails this save on every rank alike.
+                    self._on_commit(info)
+            except BaseException as e:  # noqa: BLE001
+                error = e
+        self._all_ok(error)
+
+    def _elect_dtensor_owners(self, capture: Capture) -> list[Any]:
+        """The staged shards this rank writes, after one exchange of which DTensor regions every rank holds.
+
+        A DTensor's placements only describe replicas inside its own mesh. A mesh that is a slice of the world (an
+        FSDP mesh over the data-parallel axis while tensor-parallel peers hold the same values, say) has identical
+        twins on other ranks that its placements cannot see; each region is written by one holder, chosen
+        deterministically and balanced by bytes.
+        """
+        shards = capture.shards
+        if not _distributed():
+            return shards
+        mine = [
+            (s.key, tuple(s.offset), s.data.numel() * s.data.element_size())
+            for s in shards
+            if capture.tensors[s.key].get("kind") == "dtensor"
+        ]
+        gathered: list[Any] = [None] * self._world_size
+        dist.all_gather_object(gathered, mine, group=self._group)
+        holders: dict[tuple[str, tuple[int, ...]], list[int]] = {}
+        sizes: dict[tuple[str, tuple[int, ...]], int] = {}
+        for rank, items in enumerate(gathered):
+            for key, offset, nbytes in items:
+                holders.setdefault((key, tuple(offset)), []).append(rank)
+                sizes[(key, tuple(offset))] = nbytes
+        load = [0] * self._world_size
+        owner: dict[tuple[str, tuple[int, ...]], int] = {}
+        for region in sorted(holders, key=lambda r: (-sizes[r], r)):
+            chosen = min(holders[region], key=lambda r: (load[r], r))
+            owner[region] = chosen
+            load[chosen] += sizes[region]
+        return [
+            s
+            for s in shards
+            if capture.tensors[s.key].get("kind") != "dtensor" or owner[(s.key, tuple(s.offset))] == self._rank
+        ]
+
+    def _commit(self, job: _Job, gathered: list[Any]) -> CommitInfo:
+        tensors: dict[str, dict[str, Any]] = {}
+        for _, known, _ in gathered:
+            for key, record in known.items():
+                tensors.setdefault(key, {**record, "shards": []})
+        size_bytes = 0
+        for records, _, _ in gathered:
+            for record in records:
+                shard = {k: v for k, v in record.items() if k != "key"}
+                tensors[record["key"]]["shards"].append(shard)
+                size_bytes += record["nbytes"]
+        metadata = {
+            **job.metadata["user"],
+            "format_version": FORMAT_VERSION,
+            "step": job.metadata["step"],
+            "world_size": self._world_size,
+            "size_bytes": size_bytes,
+        }
+        document = {
+            "format_version": FORMAT_VERSION,
+            "metadata": metadata,
+            "state": job.capture.state_json,
+            "rank_states": [rank_state for _, _, rank_state in gathered],
+            "tensors": tensors,
+        }
+        crc = write_metadata(job.path, document)
+        write_marker(job.path, step=job.metadata["step"], metadata_crc32=crc)
+        return CommitInfo(
+            path=job.path,
+            step=job.metadata["step"],
+            stall_s=job.stall_s,
+            total_s=time.perf_counter() - job.started,
+            size_bytes=size_bytes,
+        )
+
+
+def _owned(capture: Capture, records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Index records of the tensors this rank wrote shards of (rank 0 already knows every shared tensor)."""
+    keys = {r["key"] for r in records} | {k for k in capture.tensors if k.startswith("rank_state/")}
+    return {k: capture.tensors[k] for k in keys}

@@ -1,0 +1,32 @@
+"""Errors raised by lightning-ft checkpoints.
+
+Every refusal to load or to commit a checkpoint is a :class:`CheckpointError`, so callers such as auto-resume can catch one
+type, log a ``checkpoint_rejected`` event and fall back to an older checkpoint. The subclasses say why; their messages name
+the checkpoint path and, where one exists, the newest committed alternative in the same folder.
+"""
+
+from __future__ import annotations
+
+
+class CheckpointError(RuntimeError):
+    """Base class: the checkpoint cannot be written or read as asked."""
+
+
+class UncommittedCheckpointError(CheckpointError):
+    """The directory has no commit marker (its save never finished), or is not a lightning-ft checkpoint at all."""
+
+
+class FormatVersionError(CheckpointError):
+    """The checkpoint was written in a format version this release cannot read."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A shard is missing or its checksum does not match, or the metadata is unreadable."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """The checkpoint holds a pickled payload; lightning-ft never unpickles, so it refuses to load it."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A background save failed on another rank; this rank's copy of the error names that rank and its message."""

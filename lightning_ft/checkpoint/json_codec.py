@@ -1,0 +1,177 @@
+"""Plain JSON encoding for the non-tensor part of a checkpoint.
+
+A checkpoint's nested state (Lightning's checkpoint dict, optimizer state, RNG states, callback states) is split in two:
+tensors go to torchsnapshot as flat entries, everything else goes through this codec into the checkpoint's metadata JSON,
+with each tensor replaced by a reference ``{"__lft__": "tensor", "key": ...}``. Loading never unpickles: a value the codec
+does not know is stored as a tagged ``repr`` string (with a warning) and comes back as that string.
+
+Supported beyond plain JSON: dicts with non-string keys (optimizer state uses ``int`` keys), tuples, sets, ``float``
+nan/inf, ``bytes``, numpy arrays and scalars (bit-exact, so ``np.random.get_state()`` round-trips), ``argparse.Namespace``,
+dataclass instances (restored as dicts), ``pathlib.Path``, enums (restored as the enum member when its class is already
+imported, else as its value), ``torch.dtype``, ``torch.device`` and ``torch.Size``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import dataclasses
+import enum
+import math
+import pathlib
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+TAG = "__lft__"
+"""The key that marks an encoded non-JSON value; a user dict holding this key is encoded in the tagged item form."""
+
+EncodeTensor = Callable[[torch.Tensor, str], str]
+"""``(tensor, path) -> key``: stores the tensor elsewhere and returns the reference key written into the JSON."""
+DecodeTensor = Callable[[str, str], Any]
+"""``(key, path) -> value``: resolves a tensor reference while decoding."""
+
+
+def _qualname(obj: Any) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _path_join(path: str, key: Any) -> str:
+    return f"{path}/{key}" if path else str(key)
+
+
+def encode(obj: Any, on_tensor: EncodeTensor | None = None, path: str = "") -> Any:
+    """Encode ``obj`` into JSON-compatible values; tensors are handed to ``on_tensor`` (an error if it is ``None``).
+
+    ``path`` is the slash-joined location of ``obj`` in the enclosing structure; it becomes the tensors' default key and
+    appears in warnings.
+    """
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, enum.Enum):
+        return {TAG: "enum", "type": _qualname(obj), "value": encode(obj.value, on_tensor, path)}
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        if math.isfinite(obj):
+            return float(obj)
+        return {TAG: "float", "value": repr(obj)}
+    if isinstance(obj, torch.Tensor):
+        if on_tensor is None:
+            raise TypeError(
+                f"{path or 'value'}: tensors are not allowed here (got a tensor of shape {list(obj.shape)})"
+            )
+        return {TAG: "tensor", "key": on_tensor(obj, path)}
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) for k in obj) and TAG not in obj:
+            return {k: encode(v, on_tensor, _path_join(path, k)) for k, v in obj.items()}
+        items = [[encode(k, None, path), encode(v, on_tensor, _path_join(path, k))] for k, v in obj.items()]
+        return {TAG: "dict", "items": items}
+    if isinstance(obj, list):
+        return [encode(v, on_tensor, _path_join(path, i)) for i, v in enumerate(obj)]
+    if isinstance(obj, torch.Size):
+        return {TAG: "tuple", "items": [int(v) for v in obj]}
+    if isinstance(obj, tuple):
+        return {TAG: "tuple", "items": [encode(v, on_tensor, _path_join(path, i)) for i, v in enumerate(obj)]}
+    if isinstance(obj, (set, frozenset)):
+        items = [encode(v, None, path) for v in obj]
+        return {TAG: "set", "items": sorted(items, key=repr)}
+    if isinstance(obj, bytes):
+        return {TAG: "bytes", "data": _b64(obj)}
+    if isinstance(obj, np.ndarray) and obj.dtype != object:
+        data = np.ascontiguousarray(obj)
+        return {TAG: "ndarray", "dtype": data.dtype.str, "shape": list(data.shape), "data": _b64(data.tobytes())}
+    if isinstance(obj, np.generic) and not isinstance(obj, np.object_):
+        return {TAG: "npscalar", "dtype": obj.dtype.str, "data": _b64(obj.tobytes())}
+    if isinstance(obj, argparse.Namespace):
+        return {TAG: "namespace", "fields": encode(vars(obj), on_tensor, path)}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+        return {TAG: "dataclass", "type": _qualname(obj), "fields": encode(fields, on_tensor, path)}
+    if isinstance(obj, pathlib.PurePath):
+        return {TAG: "path", "value": str(obj)}
+    if isinstance(obj, torch.dtype):
+        return {TAG: "dtype", "value": str(obj).removeprefix("torch.")}
+    if isinstance(obj, torch.device):
+        return {TAG: "device", "value": str(obj)}
+    # Storing a repr keeps the checkpoint loadable without unpickling; the value cannot be restored exactly.
+    warnings.warn(
+        f"lightning-ft checkpoint: {path or 'value'} of type {_qualname(obj)} has no plain encoding; "
+        "it is stored as its repr() and restored as that string",
+        stacklevel=2,
+    )
+    return {TAG: "repr", "type": _qualname(obj), "repr": repr(obj)}
+
+
+def _decode_enum(type_name: str, value: Any) -> Any:
+    # Only classes already imported are used: resolving a name never imports code (that would be unpickling by another
+    # name).
+    module_name, _, qualname = type_name.rpartition(".")
+    obj: Any = sys.modules.get(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if isinstance(obj, type) and issubclass(obj, enum.Enum):
+        try:
+            return obj(value)
+        except ValueError:
+            return value
+    return value
+
+
+def decode(obj: Any, on_tensor: DecodeTensor | None = None, path: str = "") -> Any:
+    """Inverse of :func:`encode`; tensor references are resolved through ``on_tensor`` (kept as keys if ``None``)."""
+    if isinstance(obj, list):
+        return [decode(v, on_tensor, _path_join(path, i)) for i, v in enumerate(obj)]
+    if not isinstance(obj, dict):
+        return obj
+    tag = obj.get(TAG)
+    if tag is None:
+        return {k: decode(v, on_tensor, _path_join(path, k)) for k, v in obj.items()}
+    if tag == "tensor":
+        return obj["key"] if on_tensor is None else on_tensor(obj["key"], path)
+    if tag == "dict":
+        out = {}
+        for k, v in obj["items"]:
+            key = decode(k, None, path)
+            out[key] = decode(v, on_tensor, _path_join(path, key))
+        return out
+    if tag == "tuple":
+        return tuple(decode(v, on_tensor, _path_join(path, i)) for i, v in enumerate(obj["items"]))
+    if tag == "set":
+        return {decode(v, None, path) for v in obj["items"]}
+    if tag == "float":
+        return float(obj["value"])
+    if tag == "bytes":
+        return base64.b64decode(obj["data"])
+    if tag == "ndarray":
+        data = np.frombuffer(base64.b64decode(obj["data"]), dtype=np.dtype(obj["dtype"]))
+        return data.reshape(obj["shape"]).copy()
+    if tag == "npscalar":
+        return np.frombuffer(base64.b64decode(obj["data"]), dtype=np.dtype(obj["dtype"]))[0]
+    if tag == "namespace":
+        return argparse.Namespace(**decode(obj["fields"], on_tensor, path))
+    if tag == "dataclass":
+        return decode(obj["fields"], on_tensor, path)
+    if tag == "path":
+        return pathlib.Path(obj["value"])
+    if tag == "enum":
+        return _decode_enum(obj["type"], decode(obj["value"], None, path))
+    if tag == "dtype":
+        dtype = getattr(torch, obj["value"], None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"{path or 'value'}: unknown torch dtype {obj['value']!r}")
+        return dtype
+    if tag == "device":
+        return torch.device(obj["value"])
+    if tag == "repr":
+        return obj["repr"]
+    raise ValueError(f"{path or 'value'}: unknown encoded type {tag!r} (written by a newer lightning-ft?)")
