@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
 
 from lightning_ft.checkpoint import METADATA_FILE, AsyncCheckpointer, load_checkpoint
-from torch.distributed.tensor import Shard, distribute_tensor
 from tests.helpers import run_distributed
 
 
