@@ -88,8 +88,9 @@ def main() -> None:
         enable_model_summary=False,
     )
     model = GPT(vocab_size=128, dim=64, n_heads=4, n_layers=2, seq_len=32)
-    data = DataLoader(SyntheticTokens(num_samples=512, seq_len=32, vocab_size=128), batch_size=args.batch_size,
-                      shuffle=True)
+    data = DataLoader(
+        SyntheticTokens(num_samples=512, seq_len=32, vocab_size=128), batch_size=args.batch_size, shuffle=True
+    )
     trainer.fit(model, train_dataloaders=data)
 
     if trainer.global_rank == 0:
@@ -106,8 +107,10 @@ def main() -> None:
         if commits:
             stall = sorted(e["stall_s"] for e in commits)[len(commits) // 2]
             total = sorted(e["total_s"] for e in commits)[len(commits) // 2]
-            print(f"  checkpoints         : {len(commits)} committed, median stall {stall * 1e3:.1f} ms,"
-                  f" median total {total * 1e3:.1f} ms, {commits[-1]['size_bytes'] / 1e6:.2f} MB each")
+            print(
+                f"  checkpoints         : {len(commits)} committed, median stall {stall * 1e3:.1f} ms,"
+                f" median total {total * 1e3:.1f} ms, {commits[-1]['size_bytes'] / 1e6:.2f} MB each"
+            )
         print(f"  final step / loss   : {trainer.global_step} / {float(trainer.callback_metrics['train_loss']):.3f}")
         print(f"  this attempt took   : {time.time() - started:.1f} s")
         print(f"  TensorBoard         : tensorboard --logdir {root / 'tb'}")

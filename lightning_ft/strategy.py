@@ -203,7 +203,38 @@ class ElasticFT3D(DDPStrategy):
             devices_per_node=self.num_processes,
             owner="ElasticFT3D",
         )
-        super().setup_distributed()
+        self._init_process_group_for_this_restart()
+        super().setup_distributed()  # Lightning skips its own init when the group exists
+
+    def _init_process_group_for_this_restart(self) -> None:
+        """Under torchrun, every restart of the group talks to the same agent store (torchrun shares its rendezvous
+        TCPStore with the workers), so the process-group keys of the previous attempt are still there and gloo/NCCL
+        can read a dead peer's address (pytorch #135712). Keying the group's store by the restart count isolates
+        the attempts. With ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` torchrun hands out a fresh store instead, and
+        nothing needs doing."""
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if dist.is_initialized() or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or restart is None:
+            return
+        assert self.cluster_environment is not None
+        timeout = self._timeout or default_pg_timeout
+        store = dist.TCPStore(
+            self.cluster_environment.main_address,
+            self.cluster_environment.main_port,
+            world_size=self.world_size,
+            is_master=False,
+            timeout=timeout,
+        )
+        prefixed = dist.PrefixStore(
+            f"lightning_ft/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/restart{restart}", store
+        )
+        self._process_group_backend = self._get_process_group_backend()
+        dist.init_process_group(
+            self._process_group_backend,
+            store=prefixed,
+            rank=self.global_rank,
+            world_size=self.world_size,
+            timeout=timeout,
+        )
 
     @override
     def setup_environment(self) -> None:
@@ -571,7 +602,10 @@ class ElasticFT3D(DDPStrategy):
         checkpoint = dict(loaded.state)
         checkpoint["callbacks"] = loaded.rank_state.get("callbacks", {})
         if self._pipeline is not None:
-            if loaded.metadata.get("world_size") != self.world_size or loaded.metadata.get("mesh") != self._mesh_shape():
+            if (
+                loaded.metadata.get("world_size") != self.world_size
+                or loaded.metadata.get("mesh") != self._mesh_shape()
+            ):
                 raise CheckpointError(
                     f"checkpoint {path} was saved with mesh {loaded.metadata.get('mesh')}; with pipeline parallelism"
                     f" it can only be resumed on the same mesh, not {self._mesh_shape()}"

@@ -54,7 +54,9 @@ class _TrainingTracker(Callback):
         self._last_batch_end = time.perf_counter()
 
     @override
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         now = time.perf_counter()
         if self._pending_rng is not None:
             _set_rng_states(self._pending_rng)

@@ -57,8 +57,13 @@ def test_export_writes_a_file_load_from_checkpoint_accepts(tmp_path):
 
 
 def test_console_script_entry_point_runs():
-    proc = subprocess.run([sys.executable, "-m", "lightning_ft.cli", "--help"], capture_output=True, text=True,
-                          env=subprocess_env(), timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightning_ft.cli", "--help"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=120,
+    )
     assert proc.returncode == 0
     for command in ("plan", "inspect", "export", "report"):
         assert command in proc.stdout

@@ -25,9 +25,21 @@ def test_dependencies_are_ranges_that_leave_torch_and_lightning_to_the_user():
 def test_pip_install_into_an_environment_with_torch_and_lightning_replaces_neither(tmp_path):
     report = tmp_path / "report.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--no-build-isolation",
-         "--report", str(report), REPO_ROOT],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--quiet",
+            "--no-build-isolation",
+            "--report",
+            str(report),
+            REPO_ROOT,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     planned = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}

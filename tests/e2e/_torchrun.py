@@ -14,11 +14,19 @@ from tests.helpers import REPO_ROOT, subprocess_env
 SCRIPT = Path(__file__).with_name("train_script.py")
 
 
-def torchrun(*args: str, nproc: int = 2, max_restarts: int = 0, timeout: float = 240,
-             script: Path = SCRIPT) -> subprocess.CompletedProcess:
+def torchrun(
+    *args: str, nproc: int = 2, max_restarts: int = 0, timeout: float = 240, script: Path = SCRIPT
+) -> subprocess.CompletedProcess:
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-        f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", str(script), *args,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes=1",
+        f"--nproc-per-node={nproc}",
+        f"--max-restarts={max_restarts}",
+        str(script),
+        *args,
     ]
     return subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=timeout)
 
@@ -34,4 +42,6 @@ def load_run(out: Path) -> tuple[dict[str, torch.Tensor], dict[int, float]]:
 
 
 def assert_ok(proc: subprocess.CompletedProcess) -> None:
-    assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+    )

@@ -14,8 +14,9 @@ def test_unparallelized_module_follows_ddp_strategy_loss_trajectory(tmp_path):
     runs = {}
     for strategy in ("ddp", "elasticft"):
         root = tmp_path / strategy
-        assert_ok(torchrun("--root", str(root), "--out", str(root / "out"), "--strategy", strategy,
-                           "--max-steps", "10"))
+        assert_ok(
+            torchrun("--root", str(root), "--out", str(root / "out"), "--strategy", strategy, "--max-steps", "10")
+        )
         runs[strategy] = load_run(root / "out")
     (w_ddp, l_ddp), (w_ft, l_ft) = runs["ddp"], runs["elasticft"]
     assert sorted(l_ddp) == sorted(l_ft) == list(range(1, 11))

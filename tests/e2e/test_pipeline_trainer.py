@@ -21,8 +21,9 @@ def single_process(tmp_path_factory):
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 def test_two_pipeline_stages_match_a_single_process_loss_per_step(tmp_path, single_process, schedule):
     out = tmp_path / "out"
-    assert_ok(torchrun("--root", str(tmp_path), "--out", str(out), "--max-steps", "8", "--pp", "2",
-                       "--schedule", schedule))
+    assert_ok(
+        torchrun("--root", str(tmp_path), "--out", str(out), "--max-steps", "8", "--pp", "2", "--schedule", schedule)
+    )
     weights, losses = load_run(out)
     ref_weights, ref_losses = single_process
     assert sorted(losses) == sorted(ref_losses) == list(range(1, 9))

@@ -90,8 +90,9 @@ def main() -> None:
         log_every_n_steps=2,
     )
     model = GPT(vocab_size=64, dim=32, n_heads=4, n_layers=2, seq_len=16, dropout=args.dropout)
-    data = DataLoader(SyntheticTokens(args.samples, seq_len=16, vocab_size=64), batch_size=args.batch_size,
-                      shuffle=True)
+    data = DataLoader(
+        SyntheticTokens(args.samples, seq_len=16, vocab_size=64), batch_size=args.batch_size, shuffle=True
+    )
     trainer.fit(model, train_dataloaders=data)
     state = trainer.lightning_module.state_dict()
     state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in state.items()}

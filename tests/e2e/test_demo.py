@@ -1,0 +1,58 @@
+"""The README's demo under real torchrun: a rank is SIGKILLed, torchrun restarts the group, training resumes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_ft.monitors.event_log import read_events
+from tests.helpers import REPO_ROOT, subprocess_env
+
+pytestmark = pytest.mark.slow
+
+
+def test_demo_survives_a_killed_rank_through_a_torchrun_restart(tmp_path):
+    root = tmp_path / "demo"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes=1",
+        "--nproc-per-node=2",
+        "--max-restarts=2",
+        str(Path(REPO_ROOT) / "examples" / "demo.py"),
+        "--root",
+        str(root),
+        "--max-steps",
+        "30",
+    ]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert "killing myself with SIGKILL" in proc.stdout
+    assert "[demo] summary" in proc.stdout
+
+    events = read_events(root)
+    starts = [e for e in events if e["event"] == "attempt_start"]
+    assert sorted({e["attempt"] for e in starts}) == [0, 1]
+    assert {e["torchrun_restart"] for e in starts} == {0, 1}
+    resumed = [e for e in events if e["event"] == "resumed"]
+    assert len(resumed) == 1 and 0 < resumed[0]["step"] < 30
+    assert max(e["step"] for e in events if e["event"] == "checkpoint_committed") == 30
+    # One TensorBoard version folder for both attempts, holding event files.
+    versions = list((root / "tb").iterdir())
+    assert len(versions) == 1 and list(versions[0].glob("events.out.tfevents.*"))
+
+    report = subprocess.run(
+        [sys.executable, "-m", "lightning_ft.cli", "report", str(root)],
+        cwd=REPO_ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert report.returncode == 0, report.stderr
+    assert "restart" in report.stdout
