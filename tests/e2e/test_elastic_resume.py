@@ -11,13 +11,13 @@ pytestmark = pytest.mark.slow
 
 
 def test_run_saved_on_two_ranks_resumes_on_one_with_doubled_accumulation(tmp_path):
-    args = ["--root", str(tmp_path), "--out", str(tmp_path / "out"), "--ckpt-every", "4"]
-    assert_ok(torchrun(*args, "--max-steps", "8", nproc=2))
-    assert_ok(torchrun(*args, "--max-steps", "12", nproc=1))
+    args = ["--root", str(tmp_path), "--ckpt-every", "4"]
+    assert_ok(torchrun(*args, "--out", str(tmp_path / "out2"), "--max-steps", "8", nproc=2))
+    assert_ok(torchrun(*args, "--out", str(tmp_path / "out1"), "--max-steps", "12", nproc=1))
     resumed = [e for e in read_events(tmp_path) if e["event"] == "resumed"]
     assert len(resumed) == 1
     event = resumed[0]
     assert (event["step"], event["saved_world_size"], event["world_size"]) == (8, 2, 1)
     assert event["accumulate_grad_batches"] == 2 and event["lr_scale"] == 1.0
-    _, losses = load_run(tmp_path / "out")
-    assert sorted(losses) == list(range(1, 13))
+    _, losses = load_run(tmp_path / "out1")
+    assert sorted(losses) == list(range(9, 13))
