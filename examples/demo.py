@@ -50,19 +50,17 @@ def build_callbacks(args: argparse.Namespace, ckpt_dir: Path) -> list[Callback]:
         ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.ckpt_every, save_top_k=-1, save_last=True),
         KillRankOnce(rank=1, step=args.kill_at_step),
     ]
-    try:  # the monitors, where this build has them
-        from examples.demo_monitors import monitor_callbacks
+    from examples.demo_monitors import monitor_callbacks
 
-        callbacks.extend(monitor_callbacks(args))
-    except ImportError:
-        pass
+    callbacks.extend(monitor_callbacks(args))
     return callbacks
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="demo_run")
-    parser.add_argument("--max-steps", type=int, default=40)
+    parser.add_argument("--max-steps", type=int, default=90)
+    parser.add_argument("--incident-step", type=int, default=30, help="thermal incident on rank 1 after the restart")
     parser.add_argument("--ckpt-every", type=int, default=5)
     parser.add_argument("--kill-at-step", type=int, default=17)
     parser.add_argument("--batch-size", type=int, default=8)
@@ -99,6 +97,8 @@ def main() -> None:
         events = read_events(root)
         restarts = sorted({e["attempt"] for e in events if e["event"] == "attempt_start"})
         resumed = [e for e in events if e["event"] == "resumed"]
+        stragglers = [e for e in events if e["event"] == "straggler"]
+        thermal = [e for e in events if e["event"] == "thermal" and e.get("throttled", True)]
         commits = [e for e in events if e["event"] == "checkpoint_committed"]
         print("\n[demo] summary")
         print(f"  attempts            : {len(restarts)} (torchrun restarted the group {len(restarts) - 1} time(s))")
@@ -110,6 +110,16 @@ def main() -> None:
             print(
                 f"  checkpoints         : {len(commits)} committed, median stall {stall * 1e3:.1f} ms,"
                 f" median total {total * 1e3:.1f} ms, {commits[-1]['size_bytes'] / 1e6:.2f} MB each"
+            )
+        for e in thermal[:1]:
+            print(
+                f"  thermal incident    : rank {e['rank']} device {e['device']} {', '.join(e['reasons'])}"
+                f" at step {e['step']} ({e['temperature_c']:.0f} C, SM clock {e['sm_clock_mhz']:.0f} MHz)"
+            )
+        for e in stragglers[:1]:
+            print(
+                f"  straggler           : rank {e['suspect_rank']} named at step {e['step']},"
+                f" {e['ratio']:.2f}x the fleet median (onset step {e.get('onset_step')})"
             )
         print(f"  final step / loss   : {trainer.global_step} / {float(trainer.callback_metrics['train_loss']):.3f}")
         print(f"  this attempt took   : {time.time() - started:.1f} s")

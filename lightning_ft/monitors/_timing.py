@@ -1,0 +1,95 @@
+"""Per-step timing for the monitors: wall clock on CPU, CUDA events for the device part of a step on GPU.
+
+On a GPU the host runs ahead of the device, so host timestamps taken in Lightning hooks would measure kernel launches,
+not kernels. CUDA events recorded on the current stream at the same hooks measure the device; they are resolved once
+per window (one ``synchronize`` on the last event), never per step. The data wait is a host-side wait and always
+uses the host clock.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile ``q`` (0-100) of the finite values; NaN when there are none."""
+    finite = sorted(v for v in values if math.isfinite(v))
+    if not finite:
+        return math.nan
+    k = max(math.ceil(q / 100.0 * len(finite)) - 1, 0)
+    return finite[k]
+
+
+class StepClock:
+    """Marks the phases of training steps and turns them into per-step samples (milliseconds).
+
+    Not thread-safe: call from the training loop only.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda" and torch.cuda.is_available()
+        self._prev_end: float | None = None
+        self._data_ms = math.nan
+        self._start: Any = None
+        self._backward: list[list[Any]] = []
+        self._pending: list[tuple[float, Any, Any, list[list[Any]]]] = []
+
+    def _mark(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def _ms(self, a: Any, b: Any) -> float:
+        if a is None or b is None:
+            return math.nan
+        if self.cuda:
+            return float(a.elapsed_time(b))
+        return (b - a) * 1000.0
+
+    def forget_previous_end(self) -> None:
+        """The next step's data wait is unknown (an epoch start or validation came in between)."""
+        self._prev_end = None
+
+    def step_start(self) -> None:
+        now = time.perf_counter()
+        self._data_ms = (now - self._prev_end) * 1000.0 if self._prev_end is not None else math.nan
+        self._start = self._mark()
+        self._backward = []
+
+    def backward_start(self) -> None:
+        if self._start is not None:
+            self._backward.append([self._mark(), None])
+
+    def backward_end(self) -> None:
+        if self._backward and self._backward[-1][1] is None:
+            self._backward[-1][1] = self._mark()
+
+    def step_end(self, *, keep: bool = True) -> None:
+        """Close the step; ``keep=False`` drops it (warm-up) but still starts the next data wait here."""
+        if self._start is not None and keep:
+            self._pending.append((self._data_ms, self._start, self._mark(), self._backward))
+        self._start = None
+        self._backward = []
+        self._prev_end = time.perf_counter()
+
+    def drain(self) -> list[dict[str, float]]:
+        """Samples of the steps closed since the last call: ``own``, ``data``, ``compute``, ``backward``, ``step``."""
+        pending, self._pending = self._pending, []
+        if self.cuda and pending:
+            pending[-1][2].synchronize()
+        samples = []
+        for data_ms, start, end, backward in pending:
+            span = self._ms(start, end)
+            bwd = sum(self._ms(a, b) for a, b in backward if b is not None)
+            compute = span - bwd
+            samples.append(
+                {"own": data_ms + compute, "data": data_ms, "compute": compute, "backward": bwd, "step": data_ms + span}
+            )
+        return samples

@@ -1,0 +1,308 @@
+"""GoodputMonitor: where the wall time of a run goes, across every attempt, live in the logger.
+
+Rank 0 times its own steps (productive time: ``on_train_batch_start`` to ``on_train_batch_end``; data wait: the gap
+before a batch; a gap that contains a checkpoint save counts its excess over the usual gap as a checkpoint stall) and
+writes ``first_step`` when the first step of an attempt completes. Previous attempts come from the event log through
+:func:`~lightning_ft.monitors.goodput_report.summarize` (which sees the work lost after the last checkpoint), or,
+when no log of them exists, from the totals this callback saved in the checkpoint. Under a strategy that keeps no
+event log of its own (not ``ElasticFT3D``) the monitor also writes ``attempt_start`` and ``progress``, so that
+``lightning-ft report`` works there too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from lightning_ft.monitors.event_log import EventLog, get_event_log, next_attempt, read_events, resolve_run_id
+from lightning_ft.monitors.goodput_report import summarize
+from lightning_ft.monitors.straggler_detector import median
+from lightning_ft.monitors.straggler_monitor import StragglerMonitor
+
+log = logging.getLogger(__name__)
+
+_TOTAL_KEYS = (
+    "wall_s",
+    "productive_s",
+    "useful_productive_s",
+    "data_wait_s",
+    "checkpoint_stall_s",
+    "restart_s",
+    "recovery_s",
+    "lost_steps",
+    "lost_s",
+    "straggler_s",
+    "straggler_detections",
+    "device_s_held",
+    "useful_device_s",
+    "attempts",
+    "restarts",
+)
+
+
+def process_start_time() -> float:
+    """Unix time this process started (Linux ``/proc``), else the time this module was imported."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORTED
+
+
+_IMPORTED = time.time()
+
+
+class GoodputMonitor(Callback):
+    """Effective training time ratio, device utilisation, restart, lost-work and straggler time, across restarts.
+
+    Logs on rank 0 under ``goodput/*`` every ``log_every_n_steps`` (default: the trainer's). Not collective.
+    Its state (JSON numbers) is saved in every checkpoint under :attr:`state_key`.
+
+    Args:
+        log_every_n_steps: optimizer steps between logs and, under strategies without their own event log,
+            ``progress`` events. ``None``: the trainer's ``log_every_n_steps``.
+
+    Example::
+
+        trainer = L.Trainer(callbacks=[GoodputMonitor()])
+        trainer.fit(model)
+        print(trainer.callbacks[0].totals()["ettr"])
+    """
+
+    def __init__(self, *, log_every_n_steps: int | None = None) -> None:
+        if log_every_n_steps is not None and log_every_n_steps < 1:
+            raise ValueError(f"GoodputMonitor(log_every_n_steps={log_every_n_steps!r}): must be >= 1 or None")
+        self.log_every_n_steps = log_every_n_steps
+        self._restored: dict[str, float] = {}
+        self._prior: dict[str, float] = {}
+        self._prior_counts_current = False
+        self._writes_progress = False
+        self._reset_attempt()
+
+    def _reset_attempt(self) -> None:
+        self._start_time = process_start_time()
+        self._world_size = 1
+        self._productive_s = 0.0
+        self._data_wait_s = 0.0
+        self._stall_s = 0.0
+        self._progress_productive_s = 0.0
+        self._progress_data_s = 0.0
+        self._first_step_time: float | None = None
+        self._batch_start: float | None = None
+        self._prev_end: float | None = None
+        self._saved_in_gap = False
+        self._gaps: deque[float] = deque(maxlen=32)
+        self._last_logged_step = -1
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(log_every_n_steps=self.log_every_n_steps)
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._reset_attempt()
+        self._world_size = trainer.world_size
+        self._writes_progress = getattr(trainer.strategy, "event_log", None) is None
+        if self._writes_progress and getattr(trainer, "_lightning_ft_event_log", None) is None:
+            _open_attempt_log(trainer, self._start_time)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        event_log = get_event_log(trainer)
+        before = [
+            e
+            for e in read_events(event_log.path.parent)
+            if e.get("run_id") == event_log.run_id and int(e.get("attempt", 0) or 0) < event_log.attempt
+        ]
+        if before:
+            # The current attempt as summarize() will see it once it has run: started at process start, resumed at
+            # the loop's current step. That makes the lost work and the gap before this attempt part of the prior.
+            current = {"run_id": event_log.run_id, "attempt": event_log.attempt, "rank": 0, "time": self._start_time}
+            s = summarize(
+                [
+                    *before,
+                    {**current, "event": "attempt_start", "step": None, "world_size": self._world_size},
+                    {**current, "event": "resumed", "step": trainer.global_step},
+                ]
+            )
+            t = s["totals"]
+            self._prior = {k: float(t[k]) for k in _TOTAL_KEYS if k in t}
+            self._prior["useful_device_s"] = sum(
+                (a["productive_s"] - a["lost_s"]) * a["world_size"] for a in s["attempts"]
+            )
+            self._prior["straggler_detections"] = float(s["stragglers"]["count"])
+            self._prior["last_progress_time"] = max(
+                (a["last_progress_time"] for a in s["attempts"] if a["last_progress_time"] is not None),
+                default=self._start_time,
+            )
+            self._prior_counts_current = True
+        elif self._restored:
+            # No record of earlier attempts here: the checkpoint's totals, which miss the work after that checkpoint.
+            self._prior = dict(self._restored)
+            self._prior_counts_current = False
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        now = time.perf_counter()
+        if self._prev_end is not None:
+            gap = now - self._prev_end
+            if self._saved_in_gap and self._gaps:
+                usual = median(self._gaps)
+                self._data_wait_s += min(gap, usual)
+                self._progress_data_s += min(gap, usual)
+                self._stall_s += max(gap - usual, 0.0)
+            else:
+                self._gaps.append(gap)
+                self._data_wait_s += gap
+                self._progress_data_s += gap
+        self._saved_in_gap = False
+        self._batch_start = now
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        now = time.perf_counter()
+        if self._batch_start is not None:
+            self._productive_s += now - self._batch_start
+            self._progress_productive_s += now - self._batch_start
+        self._batch_start = None
+        self._prev_end = now
+        if not trainer.is_global_zero:
+            return
+        if self._first_step_time is None:
+            self._first_step_time = time.time()
+            if self._writes_progress:  # under ElasticFT3D the strategy writes first_step and progress itself
+                get_event_log(trainer).write(
+                    "first_step", since_attempt_start_s=self._first_step_time - self._start_time
+                )
+        every = self.log_every_n_steps or trainer.log_every_n_steps or 50
+        step = trainer.global_step
+        if step % every == 0 and step != self._last_logged_step:
+            self._last_logged_step = step
+            if self._writes_progress:
+                get_event_log(trainer).write(
+                    "progress", productive_s=self._progress_productive_s, data_wait_s=self._progress_data_s
+                )
+                self._progress_productive_s = self._progress_data_s = 0.0
+            metrics = {f"goodput/{k}": v for k, v in self.totals(trainer).items() if v is not None}
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=step)
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._prev_end = None  # dataloader start-up is not a steady-state data wait
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._prev_end = None
+
+    @override
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        self._saved_in_gap = True
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.is_global_zero and self._writes_progress and self._progress_productive_s > 0:
+            get_event_log(trainer).write(
+                "progress", productive_s=self._progress_productive_s, data_wait_s=self._progress_data_s
+            )
+            self._progress_productive_s = self._progress_data_s = 0.0
+
+    def totals(self, trainer: pl.Trainer | None = None) -> dict[str, float | None]:
+        """Totals over all attempts so far (previous ones from the event log or the checkpoint), plus the ratios.
+
+        Keys: those of ``summarize()["totals"]`` that apply, ``useful_device_s``, ``ettr`` and ``device_utilisation``.
+        """
+        p = self._prior
+        now = time.time()
+        wall_now = now - self._start_time
+        straggler_s = 0.0
+        detections = 0
+        if trainer is not None:
+            for cb in trainer.callbacks:
+                if isinstance(cb, StragglerMonitor):
+                    straggler_s += cb.lost_s
+                    detections += len(cb.detections)
+        restart_now = recovery_now = 0.0
+        if p and self._first_step_time is not None:
+            restart_now = self._first_step_time - p.get("last_progress_time", self._start_time)
+            recovery_now = self._first_step_time - self._start_time
+        out: dict[str, float | None] = {
+            "attempts": p.get("attempts", 0.0) + (0 if self._prior_counts_current else 1),
+            "restarts": p.get("restarts", 0.0) + (1 if p and not self._prior_counts_current else 0),
+            "wall_s": p.get("wall_s", 0.0) + wall_now,
+            "productive_s": p.get("productive_s", 0.0) + self._productive_s,
+            "useful_productive_s": p.get("useful_productive_s", 0.0) + self._productive_s,
+            "data_wait_s": p.get("data_wait_s", 0.0) + self._data_wait_s,
+            "checkpoint_stall_s": p.get("checkpoint_stall_s", 0.0) + self._stall_s,
+            "restart_s": p.get("restart_s", 0.0) + restart_now,
+            "recovery_s": p.get("recovery_s", 0.0) + recovery_now,
+            "lost_steps": p.get("lost_steps", 0.0),
+            "lost_s": p.get("lost_s", 0.0),
+            "straggler_s": p.get("straggler_s", 0.0) + straggler_s,
+            "straggler_detections": p.get("straggler_detections", 0.0) + detections,
+        }
+        held = p.get("device_s_held", 0.0) + self._world_size * wall_now
+        useful_dev = p.get("useful_device_s", 0.0) + self._world_size * self._productive_s
+        out["device_s_held"] = held
+        out["useful_device_s"] = useful_dev
+        out["ettr"] = out["useful_productive_s"] / out["wall_s"] if out["wall_s"] else None  # type: ignore[operator]
+        out["device_utilisation"] = useful_dev / held if held > 0 else None
+        return out
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.totals().items() if v is not None and k in _TOTAL_KEYS}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._restored = {k: float(v) for k, v in state_dict.items() if k in _TOTAL_KEYS}
+
+
+def _open_attempt_log(trainer: pl.Trainer, start_time: float) -> None:
+    """Open this attempt's event log and write ``attempt_start``, for strategies that keep no log of their own.
+
+    Collective (one barrier): every rank reads the attempt number before any rank records the new attempt.
+    """
+    root = trainer.default_root_dir
+    if trainer.is_global_zero:
+        run_id = resolve_run_id(root)
+    trainer.strategy.barrier("lightning_ft_goodput_run_id")
+    if not trainer.is_global_zero:
+        run_id = resolve_run_id(root)
+    attempt = next_attempt(root, run_id)
+    trainer.strategy.barrier("lightning_ft_goodput_attempt")
+    event_log = EventLog(root, rank=trainer.global_rank, run_id=run_id, attempt=attempt)
+    event_log.bind_step(lambda: trainer.global_step)
+    trainer._lightning_ft_event_log = event_log  # type: ignore[attr-defined]
+    event_log.write(
+        "attempt_start",
+        world_size=trainer.world_size,
+        torchrun_restart=_int_env("TORCHELASTIC_RESTART_COUNT"),
+        process_start_time=start_time,
+    )
+
+
+def _int_env(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value and value.isdigit() else None

@@ -1,0 +1,293 @@
+"""StragglerMonitor: times every training step on every rank and names the rank that holds the others back.
+
+In synchronous data parallel the gradient all-reduce equalises every rank's step time, so the whole-step wall time
+cannot name a slow rank. Each rank therefore splits its own step into:
+
+- data wait: from the end of its previous batch to the start of this one (the dataloader fetch, on the CPU clock);
+- backward: ``on_before_backward`` to ``on_after_backward``. Under DDP the gradient all-reduce runs inside backward, so
+  this is backward compute plus the time the rank waited there for the others;
+- the rest of the step (forward, loss, optimizer step): compute with no collective in it.
+
+A rank's *own time* is data wait plus the rest of the step: what it does before it can reach the collective. The slow
+rank has the largest own time; the others show the difference as a longer backward. Every ``interval`` steps each rank
+sends the medians and 90th percentiles of its window in one ``all_gather`` of a few numbers, started in the background
+and read at the end of the next window (so no rank waits for it); every rank then runs the same
+:class:`~lightning_ft.monitors.straggler_detector.StragglerDetector` on the same numbers, so all ranks agree on an
+action without another collective. Rank 0 logs and writes the events.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from typing_extensions import override
+
+from lightning_ft.monitors._collectives import PendingRows, start_gather_rows
+from lightning_ft.monitors._timing import StepClock, percentile
+from lightning_ft.monitors.event_log import get_event_log
+from lightning_ft.monitors.straggler_detector import DetectorConfig, StragglerDetector, median
+
+log = logging.getLogger(__name__)
+
+STRAGGLER_EXIT_CODE = 75
+"""Exit code after ``action="checkpoint_and_stop"``: ``EX_TEMPFAIL``, non-zero so torchrun or the scheduler restarts."""
+
+# Columns of the per-rank row gathered every interval.
+_FIELDS = ("own", "data", "compute", "backward", "step")
+_ROW = len(_FIELDS) * 2 + 1  # median and p90 of each field, then the number of steps measured
+
+StragglerAction = Callable[["pl.Trainer", int, float], Any]
+
+
+class StragglerMonitor(Callback):
+    """Names ranks whose own step time (data wait plus compute, collective waits excluded) stays above the others.
+
+    Works with any strategy and without a process group (one rank: it only logs its own times). Collective: every
+    ``interval`` training batches all ranks join one small ``all_gather`` on the default process group.
+
+    Args:
+        interval: training batches per window; one gather and one decision per window.
+        threshold: a rank slower than the median of the others by more than this fraction is slow in a window.
+        patience: slow windows, among the last ``patience + 1``, before a rank is named.
+        warmup_steps: batches ignored at the start of every ``fit`` (compilation, allocator and cache warm-up).
+        drift_threshold: slowdown against the rank's own baseline, net of the fleet's, that also names it
+            (``math.inf`` turns drift detection off).
+        min_excess_ms: absolute excess (milliseconds) a slow rank must also have.
+        action: ``"log"`` (default), ``"checkpoint_and_stop"`` (every rank saves ``preempt-step=<N>`` in the
+            ``ModelCheckpoint`` directory, waits for the commit, and exits with :data:`STRAGGLER_EXIT_CODE`), or a
+            callable ``action(trainer, suspect_rank, ratio)`` called on every rank with the same arguments.
+        log_per_rank: log ``straggler/<field>_ms/rank_<r>`` for every rank (turn off for very large fleets; fleet
+            min/median/max are always logged).
+
+    Raises:
+        ValueError: for an unknown ``action`` or out-of-range numbers.
+
+    Example::
+
+        trainer = L.Trainer(callbacks=[StragglerMonitor(interval=8, action="checkpoint_and_stop")])
+    """
+
+    def __init__(
+        self,
+        *,
+        interval: int = 8,
+        threshold: float = 0.12,
+        patience: int = 3,
+        warmup_steps: int = 10,
+        drift_threshold: float = 0.2,
+        min_excess_ms: float = 0.5,
+        action: str | StragglerAction = "log",
+        log_per_rank: bool = True,
+    ) -> None:
+        if interval < 1:
+            raise ValueError(f"StragglerMonitor(interval={interval!r}): must be >= 1")
+        if warmup_steps < 0:
+            raise ValueError(f"StragglerMonitor(warmup_steps={warmup_steps!r}): must be >= 0")
+        if not callable(action) and action not in ("log", "checkpoint_and_stop"):
+            raise ValueError(
+                f"StragglerMonitor(action={action!r}): expected 'log', 'checkpoint_and_stop' or a callable"
+                " action(trainer, suspect_rank, ratio)"
+            )
+        self.interval = interval
+        self.warmup_steps = warmup_steps
+        self.action = action
+        self.log_per_rank = log_per_rank
+        self.config = DetectorConfig(
+            threshold=threshold,
+            patience=patience,
+            drift_threshold=drift_threshold,
+            min_excess_ms=min_excess_ms,
+        )
+        self.detector = StragglerDetector(self.config)
+        self.detections: list[dict[str, Any]] = []
+        """Every detection of this process so far (the fields of the ``straggler`` event)."""
+        self.lost_s = 0.0
+        """Seconds the fleet spent waiting for named ranks, from onset to recovery (open episodes included)."""
+        self._recovered_lost_s = 0.0
+        self._clock: StepClock | None = None
+        self._batches = 0
+        self._window_start_step = 0
+        self._pending: tuple[PendingRows, int, int] | None = None
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._clock = StepClock(trainer.strategy.root_device)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._batches = 0
+        self._window_start_step = trainer.global_step
+        self._pending = None
+        self.detector = StragglerDetector(self.config)
+        self._recovered_lost_s = 0.0
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The first batch of an epoch waits for dataloader workers to start: not a data wait of the steady state.
+        self._clock_or_new(trainer).forget_previous_end()
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # A validation loop inside fit sits between two training batches: not a data wait.
+        self._clock_or_new(trainer).forget_previous_end()
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._clock_or_new(trainer).step_start()
+
+    @override
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+        if self._clock is not None:
+            self._clock.backward_start()
+
+    @override
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._clock is not None:
+            self._clock.backward_end()
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        clock = self._clock_or_new(trainer)
+        self._batches += 1
+        clock.step_end(keep=self._batches > self.warmup_steps)
+        if self._batches % self.interval == 0:
+            self._end_window(trainer)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._decide(trainer, *pending)
+        for rank, lost_s in self.detector.open_episodes().items():
+            if trainer.is_global_zero:
+                get_event_log(trainer).write("straggler_cleared", suspect_rank=rank, lost_s=lost_s, recovered=False)
+
+    def _clock_or_new(self, trainer: pl.Trainer) -> StepClock:
+        if self._clock is None:
+            self._clock = StepClock(trainer.strategy.root_device)
+        return self._clock
+
+    def _end_window(self, trainer: pl.Trainer) -> None:
+        assert self._clock is not None
+        samples = self._clock.drain()
+        row = [math.nan] * _ROW
+        for i, name in enumerate(_FIELDS):
+            values = [s[name] for s in samples]
+            row[2 * i] = median(values)
+            row[2 * i + 1] = percentile(values, 90)
+        row[-1] = float(len(samples))
+        step = trainer.global_step
+        steps = max(step - self._window_start_step, 1)
+        self._window_start_step = step
+        # The gather of this window runs in the background and is read at the end of the next window: a rank that
+        # arrives early never stands still for it, at the price of deciding one window later.
+        pending = (start_gather_rows(row, trainer.strategy.root_device), step, steps)
+        previous, self._pending = self._pending, pending
+        if previous is not None:
+            self._decide(trainer, *previous)
+
+    def _decide(self, trainer: pl.Trainer, gathered: PendingRows, step: int, steps: int) -> None:
+        rows = gathered.wait()
+        own = [r[0] for r in rows]
+        result = self.detector.update(own, step=step, steps=steps)
+        self._recovered_lost_s += sum(r.lost_s for r in result.recoveries)
+        self.lost_s = self._recovered_lost_s + sum(self.detector.open_episodes().values())
+        if trainer.is_global_zero:
+            self._log(trainer, rows, result.ratios, step)
+            event_log = get_event_log(trainer)
+            for d in result.detections:
+                log.warning(
+                    "StragglerMonitor: rank %d is %.2fx slower (%s) since step %d",
+                    d.rank,
+                    d.ratio,
+                    d.kind,
+                    d.onset_step,
+                )
+                event_log.write(
+                    "straggler",
+                    suspect_rank=d.rank,
+                    ratio=d.ratio,
+                    onset_step=d.onset_step,
+                    kind=d.kind,
+                    own_ms=own[d.rank],
+                    fleet_median_ms=result.fleet_median_ms,
+                )
+            for r in result.recoveries:
+                event_log.write("straggler_cleared", suspect_rank=r.rank, lost_s=r.lost_s, recovered=True)
+        for d in result.detections:
+            self.detections.append(
+                {
+                    "step": trainer.global_step,
+                    "suspect_rank": d.rank,
+                    "ratio": d.ratio,
+                    "onset_step": d.onset_step,
+                    "kind": d.kind,
+                }
+            )
+        for d in result.detections:
+            self._act(trainer, d.rank, d.ratio)
+
+    def _log(self, trainer: pl.Trainer, rows: list[list[float]], ratios: list[float], step: int) -> None:
+        if not trainer.loggers:
+            return
+        metrics: dict[str, float] = {}
+        bwd = [r[6] for r in rows]
+        fastest_backward = min((b for b in bwd if math.isfinite(b)), default=math.nan)
+        for rank, r in enumerate(rows):
+            # The rank that arrives last at the all-reduce waits least; the others' extra backward time is waiting.
+            wait = r[6] - fastest_backward
+            per_rank = {"step": r[8], "own": r[0], "data": r[2], "compute": r[4] + r[6] - wait, "wait": wait}
+            if self.log_per_rank:
+                metrics.update({f"straggler/{k}_ms/rank_{rank}": v for k, v in per_rank.items()})
+        own = [r[0] for r in rows if math.isfinite(r[0])]
+        if own:
+            metrics.update(
+                {
+                    "straggler/own_ms/min": min(own),
+                    "straggler/own_ms/median": median(own),
+                    "straggler/own_ms/max": max(own),
+                }
+            )
+        finite = [(x, i) for i, x in enumerate(ratios) if math.isfinite(x)]
+        if finite:
+            worst, suspect = max(finite)
+            metrics["straggler/max_ratio"] = worst
+            metrics["straggler/suspect_rank"] = float(suspect)
+        metrics["straggler/named_ranks"] = float(len(self.detector.named))
+        metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+
+    def _act(self, trainer: pl.Trainer, rank: int, ratio: float) -> None:
+        if self.action == "log":
+            return
+        if callable(self.action):
+            self.action(trainer, rank, ratio)
+            return
+        path = os.path.join(_checkpoint_dir(trainer), f"preempt-step={trainer.global_step}")
+        if trainer.is_global_zero:
+            log.warning("StragglerMonitor: saving %s and exiting with code %d", path, STRAGGLER_EXIT_CODE)
+        trainer.save_checkpoint(path)
+        wait = getattr(trainer.strategy, "checkpoint_wait", None)
+        if callable(wait):
+            wait()
+        trainer.strategy.barrier("lightning_ft_straggler_stop")
+        raise SystemExit(STRAGGLER_EXIT_CODE)
+
+
+def _checkpoint_dir(trainer: pl.Trainer) -> str:
+    callback = trainer.checkpoint_callback
+    if isinstance(callback, ModelCheckpoint) and callback.dirpath:
+        return str(callback.dirpath)
+    return os.path.join(trainer.default_root_dir, "checkpoints")
