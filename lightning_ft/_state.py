@@ -85,19 +85,6 @@ def base_lrs(optimizers: list[torch.optim.Optimizer]) -> list[list[float]]:
     return [[float(g.get("initial_lr", g["lr"])) for g in opt.param_groups] for opt in optimizers]
 
 
-def scale_learning_rates(trainer: pl.Trainer, scale: float) -> None:
-    """Multiply every optimizer's learning rates (and schedulers' base rates) by ``scale``."""
-    for opt in trainer.optimizers:
-        for group in opt.param_groups:
-            group["lr"] *= scale
-            if "initial_lr" in group:
-                group["initial_lr"] *= scale
-    for config in trainer.lr_scheduler_configs:
-        scheduler = config.scheduler
-        if hasattr(scheduler, "base_lrs"):
-            scheduler.base_lrs = [lr * scale for lr in scheduler.base_lrs]
-
-
 def remove_path(path: Path) -> None:
     if path.is_symlink() or path.is_file():
         path.unlink(missing_ok=True)

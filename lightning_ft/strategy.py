@@ -47,6 +47,7 @@ from lightning_ft.checkpoint import AsyncCheckpointer, CheckpointError, CommitIn
 from lightning_ft.elastic import (
     ElasticPolicy,
     ResumableSampler,
+    ResumeDecision,
     align_batch_progress,
     plan_resume,
     swap_in_resumable_sampler,
@@ -159,7 +160,12 @@ class ElasticFT3D(DDPStrategy):
         self._last_links: set[Path] = set()
         self._pending_removals: list[Path] = []
         self._sampler: ResumableSampler | None = None
-        self._resume: dict[str, Any] | None = None
+        self._auto_candidates: list[Path] = []
+        # Learning-rate factor from elastic resumes: lr_base_scale carried over from earlier resumes, times the ramp of
+        # the latest decision (see _lr_factor). Applied around each optimizer step, so schedulers stay untouched.
+        self._lr_base_scale = 1.0
+        self._lr_decision: ResumeDecision | None = None
+        self._resume_step = 0
         self._original_resume_start: Any = None
 
     # ------------------------------------------------------------------ mesh and process groups
@@ -349,6 +355,27 @@ class ElasticFT3D(DDPStrategy):
 
     @override
     def optimizer_step(self, optimizer: Optimizer, closure: Any, model: Any = None, **kwargs: Any) -> Any:
+        factor = self._lr_factor()
+        if factor == 1.0:
+            return self._optimizer_step(optimizer, closure, model, **kwargs)
+        # The elastic LR change multiplies the rates only for the step itself: LR schedulers keep computing the
+        # unscaled schedule, and checkpoints keep unscaled rates plus the factor in their metadata.
+        groups = optimizer.param_groups
+        for group in groups:
+            group["lr"] *= factor
+        try:
+            return self._optimizer_step(optimizer, closure, model, **kwargs)
+        finally:
+            for group in groups:
+                group["lr"] /= factor
+
+    def _lr_factor(self) -> float:
+        if self._lr_decision is None or self.lightning_module is None:
+            return self._lr_base_scale
+        steps = self.lightning_module.trainer.global_step - self._resume_step
+        return self._lr_base_scale * self._lr_decision.lr_multiplier(steps)
+
+    def _optimizer_step(self, optimizer: Optimizer, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         if self._pipeline is None:
             return super().optimizer_step(optimizer, closure, model, **kwargs)
         runner, dp_group = self._pipeline, self.device_mesh["data_parallel"].get_group()
@@ -447,6 +474,7 @@ class ElasticFT3D(DDPStrategy):
             "per_device_batch_size": _state.per_device_batch_size(trainer),
             "accumulate_grad_batches": trainer.accumulate_grad_batches if trainer is not None else 1,
             "base_lrs": _state.base_lrs(self.optimizers),
+            "lr_scale": self._lr_factor(),
             "run_id": self.event_log.run_id if self.event_log else None,
             "attempt": self.event_log.attempt if self.event_log else None,
         }
@@ -546,7 +574,7 @@ class ElasticFT3D(DDPStrategy):
         path = Path(self.broadcast(str(checkpoint_path)))
         if not _state.is_lightning_ft_checkpoint(path):
             return _state.load_foreign_checkpoint(path, parallelized=self._parallelized)
-        fallbacks = [p for p in getattr(self, "_auto_candidates", []) if p != path]
+        fallbacks = [p for p in self._auto_candidates if p != path]
         self._auto_candidates = []
         while True:
             try:
@@ -651,13 +679,9 @@ class ElasticFT3D(DDPStrategy):
         )
         if decision.accumulate_grad_batches != trainer.accumulate_grad_batches:
             trainer.accumulate_grad_batches = decision.accumulate_grad_batches
-        self._resume = {
-            "path": str(path),
-            "step": metadata.get("step"),
-            "saved_world_size": metadata.get("world_size"),
-            "lr_scale": decision.lr_scale,
-            "accumulate_grad_batches": decision.accumulate_grad_batches,
-        }
+        self._lr_base_scale = float(metadata.get("lr_scale") or 1.0)
+        self._lr_decision = decision if decision.lr_scale != 1.0 else None
+        self._resume_step = int(metadata.get("step") or 0)
         if self.global_rank == 0 and self.event_log is not None:
             self.event_log.write(
                 "resumed",
@@ -674,8 +698,6 @@ class ElasticFT3D(DDPStrategy):
     def on_train_start(self) -> None:
         super().on_train_start()
         trainer = self.lightning_module.trainer
-        if self._resume is not None and self._resume["lr_scale"] != 1.0:
-            _state.scale_learning_rates(trainer, self._resume["lr_scale"])
         # A resume at another data-parallel or batch size counted its batches in the old size.
         align_batch_progress(trainer)
         if self.global_rank == 0:

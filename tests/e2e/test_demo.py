@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from lightning_ft.monitors.event_log import read_events
+from tests.e2e._torchrun import torchrun
 from tests.helpers import REPO_ROOT, subprocess_env
 
 pytestmark = pytest.mark.slow
@@ -16,19 +17,8 @@ pytestmark = pytest.mark.slow
 
 def test_demo_survives_a_killed_rank_through_a_torchrun_restart(tmp_path):
     root = tmp_path / "demo"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes=1",
-        "--nproc-per-node=2",
-        "--max-restarts=2",
-        str(Path(REPO_ROOT) / "examples" / "demo.py"),
-        "--root",
-        str(root),
-    ]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    demo = Path(REPO_ROOT) / "examples" / "demo.py"
+    proc = torchrun("--root", str(root), script=demo, max_restarts=2, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "killing myself with SIGKILL" in proc.stdout
     assert "[demo] summary" in proc.stdout

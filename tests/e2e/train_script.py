@@ -37,6 +37,11 @@ class HardExitAt(Callback):
 class RecordLosses(Callback):
     def __init__(self) -> None:
         self.losses: dict[int, float] = {}
+        self.lrs: dict[int, float] = {}
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        # The learning rate the optimizer actually steps with, keyed by the step it produces.
+        self.lrs[trainer.global_step + 1] = optimizer.param_groups[0]["lr"]
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.losses[trainer.global_step] = float(outputs["loss"])
@@ -55,6 +60,8 @@ def main() -> None:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--schedule", default="1f1b")
+    p.add_argument("--batch-policy", default="keep_global")
+    p.add_argument("--lr-warmup", type=int, default=0)
     p.add_argument("--out", required=True, help="folder for losses.json and weights.pt (rank 0)")
     args = p.parse_args()
 
@@ -69,10 +76,13 @@ def main() -> None:
     recorder = RecordLosses()
     callbacks.append(recorder)
     if args.strategy == "elasticft":
-        from lightning_ft import ElasticFT3D
+        from lightning_ft import ElasticFT3D, ElasticPolicy
 
         strategy = ElasticFT3D(
-            tensor_parallel_size=args.tp, pipeline_parallel_size=args.pp, pipeline_schedule=args.schedule
+            tensor_parallel_size=args.tp,
+            pipeline_parallel_size=args.pp,
+            pipeline_schedule=args.schedule,
+            elastic=ElasticPolicy(batch=args.batch_policy, lr_warmup_steps=args.lr_warmup),
         )
     else:
         strategy = "ddp"
@@ -106,6 +116,7 @@ def main() -> None:
             previous = json.loads((out / "losses.json").read_text())
         previous.update({str(k): v for k, v in recorder.losses.items()})
         (out / "losses.json").write_text(json.dumps(previous))
+        (out / "lrs.json").write_text(json.dumps(recorder.lrs))
 
 
 if __name__ == "__main__":
