@@ -49,6 +49,7 @@ from lightning_ft.elastic import (
     ResumableSampler,
     ResumeDecision,
     align_batch_progress,
+    check_accumulation_scheduler,
     plan_resume,
     swap_in_resumable_sampler,
 )
@@ -304,6 +305,7 @@ class ElasticFT3D(DDPStrategy):
     def setup(self, trainer: pl.Trainer) -> None:
         assert self.model is not None
         self._check_checkpoint_dirs(trainer)
+        check_accumulation_scheduler(trainer, self.elastic)
         self._parallelized = _state.has_dtensor_parameters(self.model)
         cfg = self.parallel_config
         assert cfg is not None

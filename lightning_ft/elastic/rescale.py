@@ -24,7 +24,8 @@ class ResumeDecision:
     """Gradient accumulation to train with from now on."""
 
     lr_scale: float
-    """Factor on every learning rate (optimizer groups and scheduler base rates); 1.0 means unchanged."""
+    """Factor on every learning rate, relative to the run that wrote the checkpoint; 1.0 means unchanged.
+    ElasticFT3D applies it around each optimizer step, so LR schedulers keep their own unscaled schedule."""
 
     global_batch_before: int
     """Samples per optimizer step in the run that wrote the checkpoint."""

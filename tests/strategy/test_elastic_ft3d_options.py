@@ -88,3 +88,18 @@ def test_every_plugin_is_configurable_from_a_lightning_cli_yaml(tmp_path):
     assert isinstance(strategy.fault, FaultPolicy) and strategy.fault.grace_s == 10.0
     names = {type(cb).__name__ for cb in cli.trainer.callbacks}
     assert {"StragglerMonitor", "ThermalMonitor", "GoodputMonitor"} <= names
+
+
+def test_gradient_accumulation_scheduler_with_keep_global_is_refused_before_training(tmp_path):
+    from lightning.pytorch.callbacks import GradientAccumulationScheduler
+
+    trainer = make_trainer(tmp_path, callbacks=[GradientAccumulationScheduler({0: 2})], max_steps=1)
+    with pytest.raises(ValueError, match="keep_global.*GradientAccumulationScheduler"):
+        trainer.fit(TinyRegressor())
+    assert trainer.global_step == 0
+    keep_local = ElasticFT3D(elastic=ElasticPolicy(batch="keep_local"))
+    trainer = make_trainer(
+        tmp_path, strategy=keep_local, callbacks=[GradientAccumulationScheduler({0: 2})], max_steps=1
+    )
+    trainer.fit(TinyRegressor())
+    assert trainer.global_step == 1
