@@ -18,6 +18,7 @@ from lightning.fabric.utilities.seed import _collect_rng_states
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_ft.checkpoint import COMMIT_MARKER, METADATA_FILE, CheckpointError, discovery
+from lightning_ft.checkpoint._dtensor import DTensor
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -39,8 +40,6 @@ def process_start_time() -> float:
 
 
 def has_dtensor_parameters(module: torch.nn.Module) -> bool:
-    from torch.distributed.tensor import DTensor
-
     return any(isinstance(p, DTensor) for p in module.parameters())
 
 
@@ -144,8 +143,6 @@ def load_foreign_checkpoint(path: Path, *, parallelized: bool) -> dict[str, Any]
 def copy_into(template: Any, saved: Any) -> Any:
     """Copy ``saved`` into the tensors of ``template`` in place (a DTensor's local shard for a DTensor) and return
     ``template`` with ``saved``'s non-tensor values. Used for state that was stored per rank as local tensors."""
-    from torch.distributed.tensor import DTensor
-
     if isinstance(template, torch.Tensor):
         target = template.to_local() if isinstance(template, DTensor) else template
         with torch.no_grad():

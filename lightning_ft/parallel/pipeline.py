@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
-from torch.distributed.tensor import DTensor
+
+from lightning_ft.checkpoint._dtensor import DTensor
 
 SCHEDULES: dict[str, type] = {
     "gpipe": ScheduleGPipe,
