@@ -7,7 +7,6 @@ learning rates, checkpoint-path checks, and the foreign-checkpoint import.
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -82,13 +81,6 @@ def per_device_batch_size(trainer: pl.Trainer | None) -> int | None:
 
 def base_lrs(optimizers: list[torch.optim.Optimizer]) -> list[list[float]]:
     return [[float(g.get("initial_lr", g["lr"])) for g in opt.param_groups] for opt in optimizers]
-
-
-def remove_path(path: Path) -> None:
-    if path.is_symlink() or path.is_file():
-        path.unlink(missing_ok=True)
-    elif path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def is_lightning_ft_checkpoint(path: Path) -> bool:

@@ -44,6 +44,7 @@ from typing_extensions import override
 
 from lightning_ft import _state
 from lightning_ft.checkpoint import AsyncCheckpointer, CheckpointError, CommitInfo, discovery, load_checkpoint
+from lightning_ft.checkpoint.retention import Retention
 from lightning_ft.elastic import (
     ElasticPolicy,
     ResumableSampler,
@@ -158,8 +159,7 @@ class ElasticFT3D(DDPStrategy):
         self._attempt_start_time = time.time()
         self._lock = threading.Lock()
         self._unaccounted_stall_s = 0.0
-        self._last_links: set[Path] = set()
-        self._pending_removals: list[Path] = []
+        self._retention = Retention(in_flight=lambda: self._checkpointer.in_flight if self._checkpointer else None)
         self._sampler: ResumableSampler | None = None
         self._auto_candidates: list[Path] = []
         # Learning-rate factor from elastic resumes: lr_base_scale carried over from earlier resumes, times the ramp of
@@ -451,7 +451,8 @@ class ElasticFT3D(DDPStrategy):
         path = Path(self.broadcast(str(filepath)))
         assert self._checkpointer is not None
         if _LAST_NAME.match(path.name.removesuffix(".ckpt")):
-            self._request_last_link(path)
+            if self.global_rank == 0:
+                self._retention.request_last_link(path)
             return
         start = time.perf_counter()
         state, rank_state, metadata = self._split_checkpoint(checkpoint)
@@ -482,15 +483,6 @@ class ElasticFT3D(DDPStrategy):
         }
         return state, rank_state, metadata
 
-    def _request_last_link(self, link: Path) -> None:
-        with self._lock:
-            self._last_links.add(link)
-        assert self._checkpointer is not None
-        if self._checkpointer.in_flight is None and self.global_rank == 0:
-            latest = discovery.latest_committed(link.parent)
-            if latest is not None:
-                discovery.repoint_last(link.parent, latest.path, name=link.name)
-
     def _on_commit(self, info: CommitInfo) -> None:
         """Runs on rank 0 in the checkpoint writer thread, after the commit marker is durable."""
         if self.event_log is not None:
@@ -502,34 +494,14 @@ class ElasticFT3D(DDPStrategy):
                 total_s=info.total_s,
                 size_bytes=info.size_bytes,
             )
-        with self._lock:
-            links = [link for link in self._last_links if link.parent == info.path.parent]
-            removals, self._pending_removals = self._pending_removals, []
-        for link in links:
-            discovery.repoint_last(link.parent, info.path, name=link.name)
-        for path in removals:
-            self._remove_now_or_later(path)
+        self._retention.on_commit(info.path)
 
     @override
     def remove_checkpoint(self, filepath: _PATH) -> None:
         """Retention (``save_top_k``) goes through here. A checkpoint still being written, or the newest committed
         one, is never deleted: its removal waits until a newer checkpoint is committed."""
-        if self.global_rank != 0:
-            return
-        self._remove_now_or_later(Path(filepath))
-
-    def _remove_now_or_later(self, path: Path) -> None:
-        if path.is_symlink():
-            path.unlink()
-            return
-        in_flight = self._checkpointer.in_flight if self._checkpointer is not None else None
-        latest = discovery.latest_committed(path.parent)
-        protected = {p.resolve() for p in (in_flight, latest.path if latest else None) if p is not None}
-        if path.resolve() in protected:
-            with self._lock:
-                self._pending_removals.append(path)
-            return
-        _state.remove_path(path)
+        if self.global_rank == 0:
+            self._retention.remove(Path(filepath))
 
     def checkpoint_wait(self) -> None:
         """Block until the in-flight checkpoint is committed; re-raise a background failure. Every rank calls it."""

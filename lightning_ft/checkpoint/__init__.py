@@ -30,6 +30,7 @@ from lightning_ft.checkpoint.errors import (
 )
 from lightning_ft.checkpoint.inspect import describe, export_state_dict, format_description
 from lightning_ft.checkpoint.load import LoadedCheckpoint, load_checkpoint
+from lightning_ft.checkpoint.retention import Retention
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "FormatVersionError",
     "LoadedCheckpoint",
     "METADATA_FILE",
+    "Retention",
     "SnapshotStorage",
     "UncommittedCheckpointError",
     "UnsafeCheckpointError",
