@@ -251,7 +251,8 @@ class ElasticFT3D(DDPStrategy):
         assert self.lightning_module is not None
         self.lightning_module._device_mesh = self._device_mesh
         trainer = self.lightning_module.trainer
-        self._open_event_log(trainer)
+        if self.event_log is None:  # one attempt per process, whatever fit/validate/test calls follow
+            self._open_event_log(trainer)
         self._checkpointer = AsyncCheckpointer(on_commit=self._on_commit)
         trainer.callbacks.insert(0, self._tracker)
         self._keep_logger_version(trainer)

@@ -180,3 +180,22 @@ def test_resumed_weights_and_optimizer_state_equal_the_saved_ones(tmp_path):
         for name, t in s.items():
             assert torch.equal(restored["state"][pid][name], t), (pid, name)
     assert trainer2.lr_scheduler_configs[0].scheduler.last_epoch == trainer.lr_scheduler_configs[0].scheduler.last_epoch
+
+
+class _WithValidation(TinyRegressor):
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
+
+    def val_dataloader(self):
+        return self.train_dataloader()
+
+
+def test_validate_after_fit_in_the_same_process_is_the_same_attempt(tmp_path):
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
+    trainer = make_trainer(tmp_path, callbacks=[ckpt], max_steps=2, limit_val_batches=2)
+    model = _WithValidation()
+    trainer.fit(model)
+    (metrics,) = trainer.validate(model)
+    assert "val_loss" in metrics
+    assert [e["attempt"] for e in read_events(tmp_path) if e["event"] == "attempt_start"] == [0]
