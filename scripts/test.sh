@@ -6,4 +6,5 @@ bash scripts/setup_env.sh
 . .venv/bin/activate
 export OMP_NUM_THREADS=1
 ruff check lightning_ft tests examples benchmarks
+ruff format --check lightning_ft tests examples benchmarks
 python -m pytest -q -p no:cacheprovider --durations=15 "$@"
