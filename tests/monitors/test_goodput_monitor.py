@@ -12,18 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_ft.monitors import GoodputMonitor
 from lightning_ft.monitors.event_log import read_events
 from lightning_ft.monitors.goodput_report import summarize
-
-
-class _Tiny(L.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-
-    def training_step(self, batch, batch_idx):
-        return self.layer(batch[0]).pow(2).mean()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+from tests.monitors.tiny_module import TinyModule
 
 
 def fit(root, monitor: GoodputMonitor, steps: int) -> L.Trainer:
@@ -39,7 +28,7 @@ def fit(root, monitor: GoodputMonitor, steps: int) -> L.Trainer:
         enable_model_summary=False,
         callbacks=[monitor],
     )
-    trainer.fit(_Tiny(), DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=2))
+    trainer.fit(TinyModule(), DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=2))
     return trainer
 
 

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_ft.monitors import STRAGGLER_EXIT_CODE, StragglerMonitor
 from lightning_ft.monitors.event_log import read_events
 from tests.helpers import PYTHON, free_port, subprocess_env
+from tests.monitors.tiny_module import TinyModule
 
 JOB = os.path.join(os.path.dirname(__file__), "straggler_job.py")
 
@@ -66,18 +67,6 @@ def test_checkpoint_and_stop_saves_a_preempt_checkpoint_and_exits_with_the_resta
     assert (tmp_path / "checkpoints" / f"preempt-step={detection['step']}").exists()
 
 
-class _Tiny(L.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-
-    def training_step(self, batch, batch_idx):
-        return self.layer(batch[0]).pow(2).mean()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
 def test_on_one_device_without_a_process_group_its_times_are_logged_and_nobody_is_named(tmp_path):
     calls = []
     monitor = StragglerMonitor(interval=4, warmup_steps=2, action=lambda *a: calls.append(a))
@@ -92,7 +81,7 @@ def test_on_one_device_without_a_process_group_its_times_are_logged_and_nobody_i
         enable_model_summary=False,
         callbacks=[monitor],
     )
-    trainer.fit(_Tiny(), DataLoader(TensorDataset(torch.randn(24, 4)), batch_size=2))
+    trainer.fit(TinyModule(), DataLoader(TensorDataset(torch.randn(24, 4)), batch_size=2))
     assert {"straggler/compute_ms/rank_0", "straggler/data_ms/rank_0", "straggler/step_ms/rank_0"} <= logged_columns(
         tmp_path
     )

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_ft.monitors import FakeNVML, ThermalMonitor
 from lightning_ft.monitors.event_log import EventLog, read_events
 from lightning_ft.monitors.nvml import REASONS, decode_reasons
+from tests.monitors.tiny_module import TinyModule
 
 
 class RecordingLogger:
@@ -135,18 +136,6 @@ def test_unknown_reason_bits_are_kept_not_dropped():
     assert decode_reasons(0x40 | 0x8000) == ["HwThermalSlowdown", "Unknown0x8000"]
 
 
-class _Tiny(L.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-
-    def training_step(self, batch, batch_idx):
-        return self.layer(batch[0]).pow(2).mean()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
 def test_without_nvml_the_monitor_warns_once_turns_off_and_training_completes(tmp_path):
     monitor = ThermalMonitor(interval=1, nvml=FakeNVML(available=False))
     trainer = L.Trainer(
@@ -163,7 +152,7 @@ def test_without_nvml_the_monitor_warns_once_turns_off_and_training_completes(tm
     data = DataLoader(TensorDataset(torch.randn(20, 4)), batch_size=2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.fit(_Tiny(), data)
+        trainer.fit(TinyModule(), data)
     messages = [str(w.message) for w in caught if "ThermalMonitor" in str(w.message)]
     assert len(messages) == 1 and "no rank can read NVML" in messages[0]
     assert monitor.enabled is False
