@@ -446,11 +446,20 @@ class ElasticFT3D(DDPStrategy):
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:
         """Collective: every rank calls it (``Trainer.save_checkpoint`` does). Returns once the state is captured;
         the write and the commit continue in the background. A save Lightning routes to ``last*.ckpt`` writes
-        nothing: the ``last`` link is repointed at the newest committed checkpoint instead."""
+        nothing: the ``last`` link is repointed at the newest committed checkpoint instead. Outside ``fit`` (say
+        ``trainer.save_checkpoint(...)`` after it returned) the save is committed before this returns."""
         if storage_options is not None:
             raise TypeError("ElasticFT3D.save_checkpoint(..., storage_options=...) is not supported")
         path = Path(self.broadcast(str(filepath)))
-        assert self._checkpointer is not None
+        if self._checkpointer is None:
+            # No background writer outside fit: nothing would ever wait for it, so save and commit now.
+            one_shot = AsyncCheckpointer(on_commit=self._on_commit)
+            try:
+                state, rank_state, metadata = self._split_checkpoint(checkpoint)
+                one_shot.save(path, state, rank_state=rank_state, metadata=metadata)
+            finally:
+                one_shot.close()
+            return
         if _LAST_NAME.match(path.name.removesuffix(".ckpt")):
             if self.global_rank == 0:
                 self._retention.request_last_link(path)

@@ -199,3 +199,16 @@ def test_validate_after_fit_in_the_same_process_is_the_same_attempt(tmp_path):
     (metrics,) = trainer.validate(model)
     assert "val_loss" in metrics
     assert [e["attempt"] for e in read_events(tmp_path) if e["event"] == "attempt_start"] == [0]
+
+
+def test_trainer_save_checkpoint_after_fit_writes_a_committed_checkpoint_that_resumes(tmp_path):
+    trainer, model = _fit(tmp_path, 3, every_n_train_steps=100)
+    final = tmp_path / "ckpt" / "final.ckpt"
+    trainer.save_checkpoint(final)
+    assert is_committed(final)
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=100)
+    trainer2 = make_trainer(tmp_path, callbacks=[ckpt], max_steps=3)
+    model2 = TinyRegressor()
+    trainer2.fit(model2, ckpt_path=str(final))
+    for k, v in model.state_dict().items():
+        assert torch.equal(model2.state_dict()[k], v), k
