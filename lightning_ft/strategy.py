@@ -575,24 +575,15 @@ class ElasticFT3D(DDPStrategy):
         return self._after_load(path, loaded)
 
     def _load_everywhere(self, path: Path) -> Any:
-        """Load on every rank; if any rank fails, every rank raises, so all fall back together."""
+        """Load on every rank. ``load_checkpoint`` makes every rank raise when any rank fails; the failing rank's own
+        error (a read error, say) becomes a ``CheckpointError`` too, so that all ranks fall back together."""
         template = self._parallel_template() if self._parallelized else None
-        error: BaseException | None = None
-        loaded = None
         try:
-            loaded = load_checkpoint(path, template)
-        except CheckpointError as err:
-            error = err
-        failed = [error is not None]
-        if dist.is_initialized():
-            flags: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(flags, failed[0] and str(error))
-            messages = [m for m in flags if m]
-            if messages and error is None:
-                error = CheckpointError(messages[0])
-        if error is not None:
-            raise error if isinstance(error, CheckpointError) else CheckpointError(str(error))
-        return loaded
+            return load_checkpoint(path, template)
+        except CheckpointError:
+            raise
+        except Exception as err:
+            raise CheckpointError(f"checkpoint {path}: {type(err).__name__}: {err}") from err
 
     def _parallel_template(self) -> dict[str, Any]:
         assert self.model is not None
