@@ -16,6 +16,7 @@ Callbacks observe and report; the strategy is the only component that talks to p
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import re
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 import torch.distributed as dist
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.utilities.distributed import _destroy_dist_connection
 from lightning.fabric.utilities.init import _materialize_distributed_module
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.fabric.utilities.types import _PATH
@@ -212,6 +214,10 @@ class ElasticFT3D(DDPStrategy):
         )
         self._init_process_group_for_this_restart()
         super().setup_distributed()  # Lightning skips its own init when the group exists
+        if self._process_group_backend != "nccl":
+            # Lightning registers this for NCCL only; a gloo group left to interpreter exit can abort a process
+            # whose training succeeded, which torchrun would read as a failure and restart.
+            atexit.register(_destroy_dist_connection)
 
     def _init_process_group_for_this_restart(self) -> None:
         """Under torchrun, every restart of the group talks to the same agent store (torchrun shares its rendezvous

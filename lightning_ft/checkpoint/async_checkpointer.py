@@ -95,7 +95,8 @@ class AsyncCheckpointer:
         reuse_buffers: bool = True,
         timeout: timedelta | None = None,
     ) -> None:
-        if group is None and _distributed():
+        self._owns_group = group is None and _distributed()
+        if self._owns_group:
             group = dist.new_group(backend="gloo", timeout=timeout)
         self._group = group
         self._storage = storage or SnapshotStorage()
@@ -180,6 +181,10 @@ class AsyncCheckpointer:
             finally:
                 self._queue.put(None)
                 self._thread.join()
+                if self._owns_group and dist.is_initialized():
+                    # A gloo group left to the interpreter's exit can abort the process ("terminate called without
+                    # an active exception") after training succeeded; nothing uses it once the writer has stopped.
+                    dist.destroy_process_group(self._group)
         self._raise_pending()
 
     def _raise_pending(self) -> None:
