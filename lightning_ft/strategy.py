@@ -163,6 +163,7 @@ class ElasticFT3D(DDPStrategy):
         self._unaccounted_stall_s = 0.0
         self._retention = Retention(in_flight=lambda: self._checkpointer.in_flight if self._checkpointer else None)
         self._sampler: ResumableSampler | None = None
+        self._sampler_global_batch = 1
         self._auto_candidates: list[Path] = []
         # Learning-rate factor from elastic resumes: lr_base_scale carried over from earlier resumes, times the ramp of
         # the latest decision (see _lr_factor). Applied around each optimizer step, so schedulers stay untouched.
@@ -300,11 +301,7 @@ class ElasticFT3D(DDPStrategy):
     def _mesh_shape(self) -> dict[str, int]:
         cfg = self.parallel_config
         assert cfg is not None
-        return {
-            "pipeline_parallel": cfg.pipeline_parallel_size,
-            "data_parallel": cfg.data_parallel_size,
-            "tensor_parallel": cfg.tensor_parallel_size,
-        }
+        return dict(zip(cfg.mesh_dim_names, cfg.mesh_shape, strict=True))
 
     # ------------------------------------------------------------------ model set-up
 
@@ -457,21 +454,20 @@ class ElasticFT3D(DDPStrategy):
         if storage_options is not None:
             raise TypeError("ElasticFT3D.save_checkpoint(..., storage_options=...) is not supported")
         path = Path(self.broadcast(str(filepath)))
-        if self._checkpointer is None:
-            # No background writer outside fit: nothing would ever wait for it, so save and commit now.
-            one_shot = AsyncCheckpointer(on_commit=self._on_commit)
-            try:
-                state, rank_state, metadata = self._split_checkpoint(checkpoint)
-                one_shot.save(path, state, rank_state=rank_state, metadata=metadata)
-            finally:
-                one_shot.close()
-            return
         if _LAST_NAME.match(path.name.removesuffix(".ckpt")):
             if self.global_rank == 0:
                 self._retention.request_last_link(path)
             return
         start = time.perf_counter()
         state, rank_state, metadata = self._split_checkpoint(checkpoint)
+        if self._checkpointer is None:
+            # No background writer outside fit: nothing would ever wait for it, so save and commit now.
+            one_shot = AsyncCheckpointer(on_commit=self._on_commit)
+            try:
+                one_shot.save(path, state, rank_state=rank_state, metadata=metadata)
+            finally:
+                one_shot.close()
+            return
         self._checkpointer.save(path, state, rank_state=rank_state, metadata=metadata)
         with self._lock:
             self._unaccounted_stall_s += time.perf_counter() - start
@@ -706,16 +702,14 @@ class ElasticFT3D(DDPStrategy):
         swapped = swap_in_resumable_sampler(dataloader, epoch=epoch, **self.distributed_sampler_kwargs)
         sampler = getattr(swapped, "sampler", None)
         if isinstance(sampler, ResumableSampler):
+            # The rebuilt loader keeps the generator set above; one batch consumes batch_size x dp global samples.
             self._sampler = sampler
-            if swapped.generator is None:
-                swapped.generator = torch.Generator().manual_seed(0)
+            self._sampler_global_batch = (swapped.batch_size or 1) * self.data_parallel_size
         return swapped
 
     def _advance_sampler(self) -> None:
-        if self._sampler is None or self.lightning_module is None:
-            return
-        batch = _state.per_device_batch_size(self.lightning_module.trainer) or 1
-        self._sampler.mark_consumed(batch * self.data_parallel_size)
+        if self._sampler is not None:
+            self._sampler.mark_consumed(self._sampler_global_batch)
 
     # ------------------------------------------------------------------ teardown
 

@@ -88,16 +88,15 @@ class _TrainingTracker(Callback):
         every = max(int(trainer.log_every_n_steps or 1), 1)
         if step > 0 and step % every == 0 and step != self._last_progress_step:
             self._last_progress_step = step
-            log.write("progress", step=step, productive_s=self._productive_s, data_wait_s=self._data_wait_s)
-            self._productive_s = 0.0
-            self._data_wait_s = 0.0
+            self._write_progress(log, step)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         log = self._strategy.event_log
         if trainer.global_rank == 0 and log is not None and (self._productive_s or self._data_wait_s):
-            log.write(
-                "progress", step=trainer.global_step, productive_s=self._productive_s, data_wait_s=self._data_wait_s
-            )
-            self._productive_s = 0.0
-            self._data_wait_s = 0.0
+            self._write_progress(log, trainer.global_step)
+
+    def _write_progress(self, log: Any, step: int) -> None:
+        log.write("progress", step=step, productive_s=self._productive_s, data_wait_s=self._data_wait_s)
+        self._productive_s = 0.0
+        self._data_wait_s = 0.0
