@@ -17,7 +17,7 @@ from lightning.fabric.utilities.seed import _collect_rng_states
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_ft.checkpoint import COMMIT_MARKER, METADATA_FILE, CheckpointError, discovery
-from lightning_ft.checkpoint._dtensor import DTensor
+from lightning_ft._compat import DTensor
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl

@@ -10,23 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-try:  # torch >= 2.5
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-except ImportError:  # torch 2.4
-    from torch.distributed._tensor import DTensor, Replicate, Shard  # type: ignore[no-redef]
-
-try:
-    from torch.distributed.tensor.placement_types import _StridedShard
-except ImportError:
-    try:
-        from torch.distributed._tensor.placement_types import _StridedShard  # type: ignore[no-redef]
-    except ImportError:
-        _StridedShard = None  # type: ignore[assignment,misc]
-
-try:
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-except ImportError:
-    from torch.distributed._tensor._utils import compute_local_shape_and_global_offset  # type: ignore[no-redef]
+from lightning_ft._compat import DTensor, Replicate, Shard, compute_local_shape_and_global_offset
+from lightning_ft._compat import StridedShard as _StridedShard
 
 __all__ = ["DTensor", "Replicate", "Shard", "describe_placements", "local_region"]
 

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-from lightning_ft.checkpoint._dtensor import DTensor
+from lightning_ft._compat import DTensor
 
 SCHEDULES: dict[str, type] = {
     "gpipe": ScheduleGPipe,

@@ -1,0 +1,185 @@
+"""Every private name of torch, Lightning and torchsnapshot that lightning-ft uses, in one place.
+
+Other libraries' private names change without notice. Keeping them here means one file to read when a new release
+breaks something, and one place that says which versions each name was checked against. Every patch of another
+library's object is a :class:`Patch`: a named object with an ``undo``, which the owner calls at teardown.
+
+Checked against: torch 2.4.1 (imports) and 2.13.0 (CI); Lightning 2.4.0, 2.5.x and 2.6.6; torchsnapshot-nightly
+2024.7.26 (the last build).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.distributed import _destroy_dist_connection  # Lightning 2.4-2.6
+from lightning.fabric.utilities.init import _materialize_distributed_module  # Lightning 2.4-2.6
+from lightning.fabric.utilities.optimizer import _optimizers_to_device  # Lightning 2.4-2.6
+from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states  # Lightning 2.4-2.6
+from lightning.fabric.utilities.types import _PATH  # Lightning 2.4-2.6
+from lightning.pytorch.utilities.data import _update_dataloader  # Lightning 2.4-2.6
+
+# -- DTensor ---------------------------------------------------------------------------------------------------------
+try:  # torch >= 2.5
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+except ImportError:  # torch 2.4
+    from torch.distributed._tensor import DTensor, Replicate, Shard  # type: ignore[no-redef]
+
+try:  # torch >= 2.5: FSDP2 over tensor parallel produces it
+    from torch.distributed.tensor.placement_types import _StridedShard as StridedShard
+except ImportError:
+    try:
+        from torch.distributed._tensor.placement_types import _StridedShard as StridedShard  # type: ignore[no-redef]
+    except ImportError:
+        StridedShard = None  # type: ignore[assignment,misc]
+
+try:  # torch >= 2.5
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+except ImportError:  # torch 2.4
+    from torch.distributed._tensor._utils import compute_local_shape_and_global_offset  # type: ignore[no-redef]
+
+__all__ = [
+    "DTensor",
+    "PATH",
+    "Patch",
+    "Replicate",
+    "Shard",
+    "StridedShard",
+    "call_resume_start",
+    "checkpoint_connector",
+    "collect_rng_states",
+    "compute_local_shape_and_global_offset",
+    "destroy_dist_connection",
+    "init_optim_state",
+    "materialize_distributed_module",
+    "optimizers_to_device",
+    "set_logger_version",
+    "set_rng_states",
+    "unwrap_optimizer",
+    "update_dataloader",
+]
+
+PATH = _PATH
+destroy_dist_connection = _destroy_dist_connection
+materialize_distributed_module = _materialize_distributed_module
+optimizers_to_device = _optimizers_to_device
+set_rng_states = _set_rng_states
+update_dataloader = _update_dataloader
+
+
+def collect_rng_states() -> dict[str, Any]:
+    """Every RNG state Lightning itself saves (torch, CUDA where available, numpy, Python)."""
+    return _collect_rng_states(include_cuda=torch.cuda.is_available())
+
+
+def init_optim_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create an optimizer's lazily initialised state (zeros), so that it can be loaded in place.
+
+    ``torch.distributed.checkpoint.state_dict._init_optim_state``: torch 2.4-2.13.
+    """
+    from torch.distributed.checkpoint.state_dict import _init_optim_state
+
+    _init_optim_state(optimizer)
+
+
+def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer inside Lightning's ``LightningOptimizer`` (``_optimizer``: Lightning 2.4-2.6)."""
+    from lightning.pytorch.core.optimizer import LightningOptimizer
+
+    return optimizer._optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
+
+
+def set_logger_version(logger: Any, version: str) -> bool:
+    """Give a ``TensorBoardLogger`` whose version the user left unset a fixed ``version``; True if it was set.
+
+    Lightning reads ``_version`` lazily (Lightning 2.4-2.6), so setting it before the first log keeps one folder.
+    """
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    if isinstance(logger, TensorBoardLogger) and logger._version is None:
+        logger._version = version
+        return True
+    return False
+
+
+def checkpoint_connector(trainer: Any) -> Any:
+    """The trainer's checkpoint connector (``Trainer._checkpoint_connector``: Lightning 2.4-2.6)."""
+    return trainer._checkpoint_connector
+
+
+def call_resume_start(original: Callable[..., None], checkpoint_path: Any, weights_only: Any) -> None:
+    """Call the connector's original ``resume_start`` with the arguments this Lightning accepts.
+
+    Lightning 2.6 added ``weights_only``; 2.4 and 2.5 take ``checkpoint_path`` only.
+    """
+    if _accepts(original, "weights_only"):
+        original(checkpoint_path, weights_only)
+    else:
+        original(checkpoint_path)
+
+
+def _accepts(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class Patch:
+    """One attribute of another library's object replaced, with an undo.
+
+    ``install()`` saves the current value and sets the replacement; ``undo()`` puts the saved value back (once,
+    idempotent). The owner of a patch undoes it at teardown.
+
+    Example::
+
+        patch = Patch(trainer._checkpoint_connector, "resume_start", my_resume_start, name="auto-resume")
+        patch.install()
+        ...
+        patch.undo()
+    """
+
+    def __init__(self, target: Any, attribute: str, replacement: Any, *, name: str) -> None:
+        self.target = target
+        self.attribute = attribute
+        self.replacement = replacement
+        self.name = name
+        self._saved: Any = None
+        self._had_own: bool = False
+        self._installed = False
+
+    @property
+    def installed(self) -> bool:
+        return self._installed
+
+    @property
+    def original(self) -> Any:
+        """The value the patch replaced (valid while installed)."""
+        return self._saved
+
+    def install(self) -> Patch:
+        if self._installed:
+            return self
+        # An attribute set on the instance is put back as is; one inherited from the class is removed again.
+        self._had_own = self.attribute in getattr(self.target, "__dict__", {})
+        self._saved = getattr(self.target, self.attribute)
+        setattr(self.target, self.attribute, self.replacement)
+        self._installed = True
+        return self
+
+    def undo(self) -> None:
+        if not self._installed:
+            return
+        if self._had_own or isinstance(self.target, type) or inspect.ismodule(self.target):
+            setattr(self.target, self.attribute, self._saved)
+        else:
+            delattr(self.target, self.attribute)
+        self._installed = False
+        self._saved = None
+
+    def __repr__(self) -> str:
+        state = "installed" if self._installed else "not installed"
+        return f"Patch({self.name!r}: {type(self.target).__name__}.{self.attribute}, {state})"
