@@ -7,7 +7,7 @@ Run it with the README's first command (``bash scripts/demo.sh``), or directly::
 What happens: checkpoints are written asynchronously every few steps; at ``--kill-at-step`` rank 1 kills itself with
 SIGKILL on the first attempt; torchrun tears the group down and starts it again; ``trainer.fit`` finds the newest
 committed checkpoint by itself and training continues. TensorBoard logs go to ``<root>/tb``, event logs to
-``<root>/lightning_ft/events``; rank 0 prints a short summary at the end.
+``<root>/lightning-ft/events``; rank 0 prints a short summary at the end.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def main() -> None:
     trainer.fit(model, train_dataloaders=data)
 
     if trainer.global_rank == 0:
-        from lightning_ft.monitors.event_log import read_events
+        from lightning_ft.events import read_events
 
         events = read_events(root)
         restarts = sorted({e["attempt"] for e in events if e["event"] == "attempt_start"})

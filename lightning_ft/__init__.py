@@ -1,15 +1,30 @@
 """lightning-ft: make an existing PyTorch Lightning training job survive failures and show where its time goes.
 
 Add ``strategy=ElasticFT3D(...)`` and a few callbacks to the ``Trainer`` you already have; nothing else changes.
+
+The public names are imported on first use, so that ``import lightning_ft.strategy`` does not import the monitors
+and the ``lightning-ft`` command starts without importing torch.
 """
 
-from lightning_ft.elastic import ElasticPolicy
-from lightning_ft.fault import FaultPolicy
-from lightning_ft.monitors import GoodputMonitor, StragglerMonitor, ThermalMonitor
-from lightning_ft.parallel import ParallelConfig, Plan, pipeline_step, plan_parallelism
-from lightning_ft.strategy import ElasticFT3D
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "ElasticFT3D": "lightning_ft.strategy",
+    "ElasticPolicy": "lightning_ft.elastic",
+    "FaultPolicy": "lightning_ft.fault",
+    "GoodputMonitor": "lightning_ft.monitors",
+    "ParallelConfig": "lightning_ft.parallel",
+    "Plan": "lightning_ft.parallel",
+    "StragglerMonitor": "lightning_ft.monitors",
+    "ThermalMonitor": "lightning_ft.monitors",
+    "pipeline_step": "lightning_ft.parallel",
+    "plan_parallelism": "lightning_ft.parallel",
+}
 
 __all__ = [
     "ElasticFT3D",
@@ -23,3 +38,23 @@ __all__ = [
     "pipeline_step",
     "plan_parallelism",
 ]
+
+if TYPE_CHECKING:
+    from lightning_ft.elastic import ElasticPolicy
+    from lightning_ft.fault import FaultPolicy
+    from lightning_ft.monitors import GoodputMonitor, StragglerMonitor, ThermalMonitor
+    from lightning_ft.parallel import ParallelConfig, Plan, pipeline_step, plan_parallelism
+    from lightning_ft.strategy import ElasticFT3D
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lightning_ft' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from lightning.pytorch.utilities.data import _update_dataloader
+import torch
 from lightning.pytorch.utilities.rank_zero import WarningCache
 from torch.utils.data import (
     BatchSampler,
@@ -30,6 +30,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
+from lightning_ft import _compat
 from lightning_ft.elastic.resumable_sampler import ResumableSampler
 
 _info_cache = WarningCache()
@@ -82,7 +83,7 @@ def swap_in_resumable_sampler(dataloader: Any, *, num_replicas: int, rank: int, 
             " SequentialSampler."
         )
         return dataloader
-    return _make_stateful(_update_dataloader(dataloader, new_sampler), new_sampler, epoch)
+    return _make_stateful(_compat.update_dataloader(dataloader, new_sampler), new_sampler, epoch)
 
 
 def find_resumable_sampler(dataloader: Any) -> ResumableSampler | None:
@@ -166,3 +167,42 @@ def _make_stateful(dataloader: DataLoader, sampler: ResumableSampler, epoch: int
     dataloader.state_dict = sampler.state_dict
     dataloader.load_state_dict = sampler.load_state_dict
     return dataloader
+
+
+class TrainingDataPosition:
+    """The resumable sampler of the training DataLoader, advanced by one global batch per training batch.
+
+    The strategy passes every dataloader through :meth:`prepare` (from ``Strategy.process_dataloader``) and calls
+    :meth:`advance` once per training batch on every rank. Not thread-safe; the training loop's.
+    """
+
+    def __init__(self) -> None:
+        self._sampler: ResumableSampler | None = None
+        self._global_batch = 1
+
+    def prepare(self, dataloader: Any, *, training: bool, epoch: int, num_replicas: int, rank: int) -> Any:
+        """Give a DataLoader its own generator and, for training, swap in a :class:`ResumableSampler`.
+
+        ``num_replicas`` and ``rank`` are the data-parallel size and this rank's data-parallel index.
+        """
+        if not isinstance(dataloader, DataLoader):
+            return dataloader
+        # A dataloader iterator draws its base seed from the global RNG unless it has its own generator; giving it
+        # one keeps the global random stream identical between an uninterrupted and a resumed run.
+        if dataloader.generator is None:
+            dataloader.generator = torch.Generator().manual_seed(0)
+        if not training:
+            return dataloader
+        # The swapped-in loader is stateful, so Lightning saves and restores its position with the loop state.
+        swapped = swap_in_resumable_sampler(dataloader, epoch=epoch, num_replicas=num_replicas, rank=rank)
+        sampler = getattr(swapped, "sampler", None)
+        if isinstance(sampler, ResumableSampler):
+            # The rebuilt loader keeps the generator set above; one batch consumes batch_size x dp global samples.
+            self._sampler = sampler
+            self._global_batch = (swapped.batch_size or 1) * num_replicas
+        return swapped
+
+    def advance(self) -> None:
+        """One training batch was consumed on every data-parallel rank."""
+        if self._sampler is not None:
+            self._sampler.mark_consumed(self._global_batch)

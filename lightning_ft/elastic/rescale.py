@@ -36,8 +36,8 @@ class ResumeDecision:
     lr_warmup_steps: int = 0
     """Optimizer steps over which ``lr_scale`` is ramped in; 0 applies it at once."""
 
-    def lr_multiplier(self, steps_since_resume: int) -> float:
-        """Factor on the restored learning rates ``steps_since_resume`` optimizer steps after the resume.
+    def lr_scale_at(self, steps_since_resume: int) -> float:
+        """The learning-rate scale of this decision ``steps_since_resume`` optimizer steps after the resume.
 
         Ramps linearly from 1.0 at the resume to ``lr_scale`` after ``lr_warmup_steps`` steps.
         """
@@ -146,3 +146,27 @@ def check_accumulation_scheduler(trainer: Any, policy: ElasticPolicy | None) -> 
 def _divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
+
+
+def plan_resume_from_metadata(
+    policy: ElasticPolicy | None, metadata: dict[str, Any], *, new_dp_size: int, new_world_size: int
+) -> ResumeDecision:
+    """:func:`plan_resume` for the metadata of a lightning-ft checkpoint (``world_size``, ``mesh``,
+    ``per_device_batch_size``, ``accumulate_grad_batches``) resumed on ``new_dp_size`` data-parallel ranks.
+
+    The new per-device batch is the dataloader's, known only once data is set up; until the batch policy can change
+    it, it equals the saved one.
+    """
+    saved_mesh = metadata.get("mesh") or {}
+    saved_world = int(metadata.get("world_size") or new_world_size)
+    batch = int(metadata.get("per_device_batch_size") or 1)
+    return plan_resume(
+        policy,
+        saved_world_size=saved_world,
+        saved_dp_size=int(saved_mesh.get("data_parallel", saved_world)),
+        saved_per_device_batch=batch,
+        saved_accumulate=int(metadata.get("accumulate_grad_batches") or 1),
+        new_dp_size=new_dp_size,
+        new_per_device_batch=batch,
+        new_world_size=new_world_size,
+    )

@@ -1,29 +1,28 @@
 """GoodputMonitor: where the wall time of a run goes, across every attempt, live in the logger.
 
-Rank 0 times its own steps (productive time: ``on_train_batch_start`` to ``on_train_batch_end``; data wait: the gap
-before a batch; a gap that contains a checkpoint save counts its excess over the usual gap as a checkpoint stall) and
-writes ``first_step`` when the first step of an attempt completes. Previous attempts come from the event log through
+Rank 0 times its own steps with a :class:`~lightning_ft.batch_timer.BatchTimer` (productive time:
+``on_train_batch_start`` to ``on_train_batch_end``; data wait: the gap before a batch; a gap that contains a checkpoint
+save counts its excess over the usual gap as a checkpoint stall) and writes ``first_step`` when the first step of an
+attempt completes. Previous attempts come from the event log through
 :func:`~lightning_ft.monitors.goodput_report.summarize` (which sees the work lost after the last checkpoint), or,
-when no log of them exists, from the totals this callback saved in the checkpoint. Under a strategy that keeps no
-event log of its own (not ``ElasticFT3D``) the monitor also writes ``attempt_start`` and ``progress``, so that
-``lightning-ft report`` works there too.
+when no log of them exists, from the totals this callback saved in the checkpoint. Under a strategy that records no
+progress of its own (not ``ElasticFT3D``) the monitor opens the event log (``attempt_start``) and writes ``progress``
+and ``first_step``, so that ``lightning-ft report`` works there too.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections import deque
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lightning_ft.monitors.event_log import EventLog, get_event_log, next_attempt, read_events, resolve_run_id
+from lightning_ft.batch_timer import BatchTimer
+from lightning_ft.events import get_event_log, open_event_log, process_start_time, read_events
 from lightning_ft.monitors.goodput_report import summarize
-from lightning_ft.monitors.straggler_detector import median
 from lightning_ft.monitors.straggler_monitor import StragglerMonitor
 
 log = logging.getLogger(__name__)
@@ -45,21 +44,6 @@ _TOTAL_KEYS = (
     "attempts",
     "restarts",
 )
-
-
-def process_start_time() -> float:
-    """Unix time this process started (Linux ``/proc``), else the time this module was imported."""
-    try:
-        with open("/proc/self/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return _IMPORTED
-
-
-_IMPORTED = time.time()
 
 
 class GoodputMonitor(Callback):
@@ -92,16 +76,9 @@ class GoodputMonitor(Callback):
     def _reset_attempt(self) -> None:
         self._start_time = process_start_time()
         self._world_size = 1
-        self._productive_s = 0.0
-        self._data_wait_s = 0.0
-        self._stall_s = 0.0
-        self._progress_productive_s = 0.0
-        self._progress_data_s = 0.0
+        self._timer = BatchTimer()
         self._first_step_time: float | None = None
-        self._batch_start: float | None = None
-        self._prev_end: float | None = None
         self._saved_in_gap = False
-        self._gaps: deque[float] = deque(maxlen=32)
         self._last_logged_step = -1
 
     @property
@@ -115,9 +92,8 @@ class GoodputMonitor(Callback):
             return
         self._reset_attempt()
         self._world_size = trainer.world_size
-        self._writes_progress = getattr(trainer.strategy, "event_log", None) is None
-        if self._writes_progress and getattr(trainer, "_lightning_ft_event_log", None) is None:
-            _open_attempt_log(trainer, self._start_time)
+        # Opens the log (collective, every rank is here) unless the strategy did; whoever set up first records progress.
+        self._writes_progress = open_event_log(trainer).claim("progress")
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -160,31 +136,14 @@ class GoodputMonitor(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        now = time.perf_counter()
-        if self._prev_end is not None:
-            gap = now - self._prev_end
-            if self._saved_in_gap and self._gaps:
-                usual = median(self._gaps)
-                self._data_wait_s += min(gap, usual)
-                self._progress_data_s += min(gap, usual)
-                self._stall_s += max(gap - usual, 0.0)
-            else:
-                self._gaps.append(gap)
-                self._data_wait_s += gap
-                self._progress_data_s += gap
+        self._timer.batch_start(saved=self._saved_in_gap)
         self._saved_in_gap = False
-        self._batch_start = now
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        now = time.perf_counter()
-        if self._batch_start is not None:
-            self._productive_s += now - self._batch_start
-            self._progress_productive_s += now - self._batch_start
-        self._batch_start = None
-        self._prev_end = now
+        self._timer.batch_end()
         if not trainer.is_global_zero:
             return
         if self._first_step_time is None:
@@ -198,21 +157,18 @@ class GoodputMonitor(Callback):
         if step % every == 0 and step != self._last_logged_step:
             self._last_logged_step = step
             if self._writes_progress:
-                get_event_log(trainer).write(
-                    "progress", productive_s=self._progress_productive_s, data_wait_s=self._progress_data_s
-                )
-                self._progress_productive_s = self._progress_data_s = 0.0
+                self._write_progress(trainer)
             metrics = {f"goodput/{k}": v for k, v in self.totals(trainer).items() if v is not None}
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=step)
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._prev_end = None  # dataloader start-up is not a steady-state data wait
+        self._timer.epoch_start(count_wait=False)  # dataloader start-up is not a steady-state data wait
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._prev_end = None
+        self._timer.pause()
 
     @override
     def on_save_checkpoint(
@@ -222,11 +178,12 @@ class GoodputMonitor(Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.is_global_zero and self._writes_progress and self._progress_productive_s > 0:
-            get_event_log(trainer).write(
-                "progress", productive_s=self._progress_productive_s, data_wait_s=self._progress_data_s
-            )
-            self._progress_productive_s = self._progress_data_s = 0.0
+        if trainer.is_global_zero and self._writes_progress and self._timer.pending():
+            self._write_progress(trainer)
+
+    def _write_progress(self, trainer: pl.Trainer) -> None:
+        productive_s, data_wait_s = self._timer.drain()
+        get_event_log(trainer).write("progress", productive_s=productive_s, data_wait_s=data_wait_s)
 
     def totals(self, trainer: pl.Trainer | None = None) -> dict[str, float | None]:
         """Totals over all attempts so far (previous ones from the event log or the checkpoint), plus the ratios.
@@ -251,10 +208,10 @@ class GoodputMonitor(Callback):
             "attempts": p.get("attempts", 0.0) + (0 if self._prior_counts_current else 1),
             "restarts": p.get("restarts", 0.0) + (1 if p and not self._prior_counts_current else 0),
             "wall_s": p.get("wall_s", 0.0) + wall_now,
-            "productive_s": p.get("productive_s", 0.0) + self._productive_s,
-            "useful_productive_s": p.get("useful_productive_s", 0.0) + self._productive_s,
-            "data_wait_s": p.get("data_wait_s", 0.0) + self._data_wait_s,
-            "checkpoint_stall_s": p.get("checkpoint_stall_s", 0.0) + self._stall_s,
+            "productive_s": p.get("productive_s", 0.0) + self._timer.productive_s,
+            "useful_productive_s": p.get("useful_productive_s", 0.0) + self._timer.productive_s,
+            "data_wait_s": p.get("data_wait_s", 0.0) + self._timer.data_wait_s,
+            "checkpoint_stall_s": p.get("checkpoint_stall_s", 0.0) + self._timer.stall_s,
             "restart_s": p.get("restart_s", 0.0) + restart_now,
             "recovery_s": p.get("recovery_s", 0.0) + recovery_now,
             "lost_steps": p.get("lost_steps", 0.0),
@@ -263,7 +220,7 @@ class GoodputMonitor(Callback):
             "straggler_detections": p.get("straggler_detections", 0.0) + detections,
         }
         held = p.get("device_s_held", 0.0) + self._world_size * wall_now
-        useful_dev = p.get("useful_device_s", 0.0) + self._world_size * self._productive_s
+        useful_dev = p.get("useful_device_s", 0.0) + self._world_size * self._timer.productive_s
         out["device_s_held"] = held
         out["useful_device_s"] = useful_dev
         out["ettr"] = out["useful_productive_s"] / out["wall_s"] if out["wall_s"] else None  # type: ignore[operator]
@@ -277,32 +234,3 @@ class GoodputMonitor(Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._restored = {k: float(v) for k, v in state_dict.items() if k in _TOTAL_KEYS}
-
-
-def _open_attempt_log(trainer: pl.Trainer, start_time: float) -> None:
-    """Open this attempt's event log and write ``attempt_start``, for strategies that keep no log of their own.
-
-    Collective (one barrier): every rank reads the attempt number before any rank records the new attempt.
-    """
-    root = trainer.default_root_dir
-    if trainer.is_global_zero:
-        run_id = resolve_run_id(root)
-    trainer.strategy.barrier("lightning_ft_goodput_run_id")
-    if not trainer.is_global_zero:
-        run_id = resolve_run_id(root)
-    attempt = next_attempt(root, run_id)
-    trainer.strategy.barrier("lightning_ft_goodput_attempt")
-    event_log = EventLog(root, rank=trainer.global_rank, run_id=run_id, attempt=attempt)
-    event_log.bind_step(lambda: trainer.global_step)
-    trainer._lightning_ft_event_log = event_log  # type: ignore[attr-defined]
-    event_log.write(
-        "attempt_start",
-        world_size=trainer.world_size,
-        torchrun_restart=_int_env("TORCHELASTIC_RESTART_COUNT"),
-        process_start_time=start_time,
-    )
-
-
-def _int_env(name: str) -> int | None:
-    value = os.environ.get(name)
-    return int(value) if value and value.isdigit() else None

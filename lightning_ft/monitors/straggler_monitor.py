@@ -29,9 +29,9 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from typing_extensions import override
 
+from lightning_ft.events import get_event_log, open_event_log
 from lightning_ft.monitors._collectives import PendingRows, start_gather_rows
 from lightning_ft.monitors._timing import StepClock, percentile
-from lightning_ft.monitors.event_log import get_event_log
 from lightning_ft.monitors.straggler_detector import DetectorConfig, StragglerDetector, median
 
 log = logging.getLogger(__name__)
@@ -119,6 +119,8 @@ class StragglerMonitor(Callback):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._clock = StepClock(trainer.strategy.root_device)
+        if stage == "fit":
+            open_event_log(trainer)  # collective: every rank sets up; detections are written from rank 0 only
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -20,8 +20,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from lightning_ft.events import get_event_log, open_event_log
 from lightning_ft.monitors._collectives import PendingRows, any_rank, start_gather_rows
-from lightning_ft.monitors.event_log import get_event_log
 from lightning_ft.monitors.nvml import NVML, READING_FIELDS, NVMLLike, NVMLUnavailable, decode_reasons
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,7 @@ class ThermalMonitor(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        open_event_log(trainer)  # collective: every rank sets up
         local_rank = trainer.local_rank
         if self.devices is not None and local_rank >= len(self.devices):
             raise ValueError(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_ft.monitors.event_log import read_events
+from lightning_ft.events import read_events
 from tests.e2e._torchrun import torchrun
 from tests.helpers import REPO_ROOT, subprocess_env
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from lightning_ft.monitors.event_log import read_events
+from lightning_ft.events import read_events
 from tests.e2e._torchrun import assert_ok, load_run, torchrun
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_ft.monitors.event_log import read_events
+from lightning_ft.events import read_events
 from tests.e2e._torchrun import assert_ok, load_run, torchrun
 
 pytestmark = pytest.mark.slow

@@ -74,7 +74,7 @@ def test_a_bad_size_is_named():
 def test_the_learning_rate_change_is_ramped_in_over_the_warmup_steps():
     decision = plan(ElasticPolicy(batch="keep_local", lr_warmup_steps=4), saved_dp=2, new_dp=4)
     assert decision.lr_scale == 2.0
-    assert [decision.lr_multiplier(s) for s in range(6)] == [1.0, 1.25, 1.5, 1.75, 2.0, 2.0]
+    assert [decision.lr_scale_at(s) for s in range(6)] == [1.0, 1.25, 1.5, 1.75, 2.0, 2.0]
 
 
 def test_an_accumulation_scheduler_with_keep_global_is_refused_at_setup():

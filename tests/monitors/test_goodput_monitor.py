@@ -9,8 +9,8 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_ft.events import read_events
 from lightning_ft.monitors import GoodputMonitor
-from lightning_ft.monitors.event_log import read_events
 from lightning_ft.monitors.goodput_report import summarize
 from tests.monitors.tiny_module import TinyModule
 

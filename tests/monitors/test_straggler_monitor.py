@@ -11,8 +11,8 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_ft.events import read_events
 from lightning_ft.monitors import STRAGGLER_EXIT_CODE, StragglerMonitor
-from lightning_ft.monitors.event_log import read_events
 from tests.helpers import PYTHON, free_port, subprocess_env
 from tests.monitors.tiny_module import TinyModule
 

@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_ft import ElasticFT3D
 from lightning_ft.checkpoint import CheckpointError, is_committed, list_committed
-from lightning_ft.monitors.event_log import read_events
+from lightning_ft.events import read_events
 from tests.strategy.models import TinyRegressor, make_trainer
 
 

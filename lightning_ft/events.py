@@ -1,0 +1,274 @@
+"""The per-rank JSON-lines event log: what the strategy and every monitor record, and what ``lightning-ft report`` reads.
+
+Every rank appends one JSON object per line to ``<default_root_dir>/lightning-ft/events/rank<global_rank>.jsonl``
+(a folder name that cannot be imported: Lightning's default root is the working directory, and a ``lightning_ft``
+folder there would shadow the package). Each line carries ``time``, ``run_id``, ``attempt``, ``rank``, ``event`` and
+``step`` (see docs/strategy.md, "Event log").
+
+One rule for the run and the attempt, in one opener, :func:`open_event_log`: rank 0 resolves the ``run_id`` (stable
+across restarts: ``LIGHTNING_FT_RUN_ID``, else ``lightning-ft/run.json`` written by the first attempt) and the
+``attempt`` (one more than the highest recorded, so a scheduler requeue that restarts torchrun still counts up), and
+broadcasts both; every rank then writes ``attempt_start``. The strategy opens the log at set-up; under any other
+strategy the first monitor to set up opens it. Either way there is one log per trainer, and :func:`get_event_log`
+returns it.
+
+Logs written by lightning-ft 0.1.0 under ``lightning_ft/events`` are still read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+STATE_DIR = "lightning-ft"
+"""The folder under ``default_root_dir`` that holds lightning-ft's own records."""
+EVENTS_SUBDIR = Path(STATE_DIR) / "events"
+RUN_FILE = Path(STATE_DIR) / "run.json"
+LEGACY_EVENTS_SUBDIR = Path("lightning_ft") / "events"
+"""Where lightning-ft 0.1.0 wrote its logs; read, never written."""
+LEGACY_RUN_FILE = Path("lightning_ft") / "run.json"
+_UNSET: Any = object()
+_IMPORT_TIME = time.time()
+
+
+def process_start_time() -> float:
+    """Unix time at which this process started (from ``/proc`` where it exists, else this module's import time)."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        start_ticks = int(fields[19])
+        with open("/proc/stat") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return btime + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORT_TIME
+
+
+def events_dir(root_dir: str | os.PathLike[str]) -> Path:
+    """The folder that holds ``rank<N>.jsonl`` under a trainer's ``default_root_dir``."""
+    return Path(root_dir) / EVENTS_SUBDIR
+
+
+def _event_folders(path: Path) -> list[Path]:
+    if path.name == "events":
+        return [path]
+    return [path / EVENTS_SUBDIR, path / LEGACY_EVENTS_SUBDIR]
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy and torch scalars
+        return value.item()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return str(value)
+
+
+def _finite(value: Any) -> Any:
+    # JSON has no NaN or infinity; a reader in another language must be able to parse every line.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def read_events(root_or_events_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """All events of every rank, in time order.
+
+    Accepts a trainer's ``default_root_dir`` or the ``events`` folder itself; under a root, both the current folder
+    and 0.1.0's ``lightning_ft/events`` are read. A torn last line (a process killed mid-write) is skipped.
+    """
+    events: list[dict[str, Any]] = []
+    for folder in _event_folders(Path(root_or_events_dir)):
+        for file in sorted(folder.glob("rank*.jsonl")):
+            events.extend(_iter_lines(file))
+    events.sort(key=lambda e: (e.get("time", 0.0), e.get("rank", 0)))
+    return events
+
+
+def has_event_logs(root_or_events_dir: str | os.PathLike[str]) -> bool:
+    """Whether any ``rank*.jsonl`` exists where :func:`read_events` looks."""
+    return any(any(folder.glob("rank*.jsonl")) for folder in _event_folders(Path(root_or_events_dir)))
+
+
+def _iter_lines(file: Path) -> Iterator[dict[str, Any]]:
+    with open(file, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue
+
+
+def resolve_run_id(root_dir: str | os.PathLike[str]) -> str:
+    """The run's id: ``LIGHTNING_FT_RUN_ID``, else the one recorded in ``lightning-ft/run.json`` (or 0.1.0's
+    ``lightning_ft/run.json``), else a new one, recorded.
+
+    Call on one rank (rank 0) and broadcast: the first attempt of a run writes the file.
+    """
+    env = os.environ.get("LIGHTNING_FT_RUN_ID")
+    if env:
+        return env
+    for name in (RUN_FILE, LEGACY_RUN_FILE):
+        try:
+            return str(json.loads((Path(root_dir) / name).read_text())["run_id"])
+        except (OSError, ValueError, KeyError):
+            pass
+    run_id = uuid.uuid4().hex[:12]
+    run_file = Path(root_dir) / RUN_FILE
+    run_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = run_file.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"run_id": run_id, "created": time.time()}))
+    os.replace(tmp, run_file)
+    return run_id
+
+
+def next_attempt(root_dir: str | os.PathLike[str], run_id: str) -> int:
+    """0 for the first launch of ``run_id``, else one more than the highest attempt already recorded.
+
+    Call on one rank before any rank writes this attempt's ``attempt_start``, and broadcast the result.
+    """
+    highest = -1
+    for folder in _event_folders(Path(root_dir)):
+        for file in folder.glob("rank*.jsonl"):
+            for event in _iter_lines(file):
+                if event.get("event") == "attempt_start" and event.get("run_id") == run_id:
+                    highest = max(highest, int(event.get("attempt", -1)))
+    return highest + 1
+
+
+class EventLog:
+    """Appends events of one rank to ``<root_dir>/lightning-ft/events/rank<rank>.jsonl``.
+
+    Thread-safe: the background checkpoint writer and the training loop may both write. Each line is written with a
+    single ``write`` call and flushed, so a killed process leaves at most one torn last line.
+
+    Args:
+        root_dir: the trainer's ``default_root_dir``.
+        rank: the global rank of this process.
+        run_id: stable across restarts of one run (see :func:`resolve_run_id`).
+        attempt: 0 for the first launch, then counted up (see :func:`next_attempt`).
+
+    Example::
+
+        log = EventLog("runs/a", rank=0, run_id="abc", attempt=0)
+        log.write("progress", step=10, productive_s=1.5, data_wait_s=0.1)
+    """
+
+    def __init__(self, root_dir: str | os.PathLike[str], *, rank: int, run_id: str, attempt: int) -> None:
+        self.root_dir = Path(root_dir)
+        self.rank = rank
+        self.run_id = run_id
+        self.attempt = attempt
+        self.path = events_dir(root_dir) / f"rank{rank}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._step_fn: Any = None
+        self._claims: set[str] = set()
+
+    def bind_step(self, step_fn: Any) -> None:
+        """Use ``step_fn()`` (usually ``lambda: trainer.global_step``) for ``step`` when a write names none."""
+        self._step_fn = step_fn
+
+    def claim(self, events: str) -> bool:
+        """True for the first caller that claims writing ``events`` (e.g. ``"progress"``), False for every later one.
+
+        The strategy and the monitors both can record step progress; the first to set up writes it, once.
+        """
+        with self._lock:
+            if events in self._claims:
+                return False
+            self._claims.add(events)
+            return True
+
+    def write(self, event: str, step: int | None = _UNSET, **fields: Any) -> dict[str, Any]:
+        """Append one event and return it. ``step`` defaults to the bound step function, else null; pass
+        ``step=None`` explicitly for an event that happens before training starts."""
+        if step is _UNSET:
+            step = None
+            if self._step_fn is not None:
+                try:
+                    step = self._step_fn()
+                except Exception:
+                    step = None
+        record: dict[str, Any] = {
+            "time": time.time(),
+            "run_id": self.run_id,
+            "attempt": self.attempt,
+            "rank": self.rank,
+            "event": event,
+            "step": step,
+        }
+        record.update({k: _finite(v) for k, v in fields.items()})
+        line = json.dumps(record, default=_json_default, allow_nan=False) + "\n"
+        with self._lock, open(self.path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+        return record
+
+
+_LOGS: weakref.WeakKeyDictionary[Any, EventLog] = weakref.WeakKeyDictionary()
+
+
+def open_event_log(trainer: pl.Trainer, **attempt_fields: Any) -> EventLog:
+    """Open this process's event log for ``trainer`` and write ``attempt_start``; return the open one if there is one.
+
+    Collective the first time (every rank calls it, at set-up): rank 0 resolves the run id and the attempt number and
+    broadcasts them through ``trainer.strategy``, so every rank records the same attempt. ``attempt_fields`` are added
+    to ``attempt_start`` (the strategy adds ``mesh``). One attempt per process and trainer: later ``fit``/``validate``
+    calls reuse it.
+    """
+    existing = get_event_log(trainer, open_if_missing=False)
+    if existing is not None:
+        return existing
+    root = trainer.default_root_dir
+    ids: tuple[str, int] | None = None
+    if trainer.global_rank == 0:
+        run_id = resolve_run_id(root)
+        ids = (run_id, next_attempt(root, run_id))
+    run_id, attempt = trainer.strategy.broadcast(ids, src=0)
+    log = EventLog(root, rank=trainer.global_rank, run_id=run_id, attempt=attempt)
+    log.bind_step(lambda: trainer.global_step if trainer.state.fn == "fit" else None)
+    _LOGS[trainer] = log
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    log.write(
+        "attempt_start",
+        step=None,
+        world_size=trainer.world_size,
+        torchrun_restart=int(restart) if restart and restart.isdigit() else None,
+        process_start_time=process_start_time(),
+        **attempt_fields,
+    )
+    return log
+
+
+def get_event_log(trainer: Any, *, open_if_missing: bool = True) -> EventLog | None:
+    """The event log opened for ``trainer`` by :func:`open_event_log` (or held by its strategy as ``event_log``).
+
+    With ``open_if_missing`` (the default) a trainer without one gets one, which is collective: only call it that way
+    from a hook that every rank runs.
+    """
+    strategy_log = getattr(getattr(trainer, "strategy", None), "event_log", None)
+    if isinstance(strategy_log, EventLog):
+        return strategy_log
+    try:
+        log = _LOGS.get(trainer)
+    except TypeError:  # not weak-referenceable (a test double)
+        log = None
+    if log is None and open_if_missing:
+        log = open_event_log(trainer)
+    return log

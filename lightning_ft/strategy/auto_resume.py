@@ -1,0 +1,101 @@
+"""Auto-resume: ``trainer.fit(model)`` without ``ckpt_path`` resumes from the newest committed checkpoint.
+
+Lightning resolves ``ckpt_path`` before any strategy code runs and loads nothing for ``None``. Its checkpoint
+connector's ``resume_start`` is the one place where a strategy can choose the checkpoint itself: :class:`AutoResume`
+installs a :class:`~lightning_ft._compat.Patch` there for the run and undoes it at teardown. The patch also checks a
+``ckpt_path`` the user gave before anything loads (a ``last`` link to an uncommitted save, a missing path, a
+lightning-ft folder without its commit marker).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+from lightning_ft import _compat
+from lightning_ft.checkpoint import CheckpointError, discovery
+from lightning_ft.strategy.checkpoint_io import is_lightning_ft_checkpoint
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+
+def resolve_explicit_ckpt_path(path: Path) -> Path:
+    """Check a ``ckpt_path`` the user gave (after Lightning resolved ``"last"``/``"best"``) before anything loads."""
+    if path.is_symlink():
+        target = path.resolve()
+        if target.exists() and discovery.is_committed(target):
+            return target
+        latest = discovery.latest_committed(path.parent)
+        if latest is None:
+            raise CheckpointError(f"ckpt_path={str(path)!r} points at {str(target)!r}, which is not committed")
+        rank_zero_warn(f"{path} points at an uncommitted checkpoint; resuming from {latest.path} instead")
+        return latest.path
+    if not path.exists():
+        raise FileNotFoundError(f"ckpt_path={str(path)!r} does not exist{discovery.newest_alternative(path)}")
+    if is_lightning_ft_checkpoint(path) and not discovery.is_committed(path):
+        raise CheckpointError(
+            f"ckpt_path={str(path)!r} is a lightning-ft checkpoint without its commit marker (its save never"
+            f" finished){discovery.newest_alternative(path)}"
+        )
+    return path
+
+
+def checkpoint_dirpaths(trainer: pl.Trainer) -> list[Path]:
+    """The ``dirpath`` of every checkpoint callback that has one."""
+    return [Path(cb.dirpath) for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)]
+
+
+class AutoResume:
+    """Chooses the checkpoint ``fit`` resumes from; keeps the older candidates for fallback.
+
+    Args:
+        enabled: resume by itself when ``fit`` gets no ``ckpt_path`` (``ElasticFT3D(auto_resume=...)``).
+    """
+
+    def __init__(self, *, enabled: bool) -> None:
+        self.enabled = enabled
+        self._candidates: list[Path] = []
+        self._patch: _compat.Patch | None = None
+
+    def install(self, trainer: pl.Trainer) -> None:
+        """Patch the trainer's checkpoint connector for this run (idempotent); :meth:`uninstall` undoes it."""
+        if self._patch is not None:
+            return
+        connector = _compat.checkpoint_connector(trainer)
+        original: Callable[..., None] = connector.resume_start
+
+        def resume_start(checkpoint_path: Any = None, weights_only: bool | None = None) -> None:
+            if trainer.state.fn == TrainerFn.FITTING:
+                checkpoint_path = self.select(trainer, checkpoint_path)
+            _compat.call_resume_start(original, checkpoint_path, weights_only)
+
+        self._patch = _compat.Patch(connector, "resume_start", resume_start, name="lightning-ft auto-resume").install()
+
+    def uninstall(self) -> None:
+        if self._patch is not None:
+            self._patch.undo()
+            self._patch = None
+
+    def select(self, trainer: pl.Trainer, ckpt_path: Any) -> Any:
+        """The checkpoint to resume from: the user's (checked), else the newest committed one, else ``None``."""
+        if ckpt_path is not None:
+            return resolve_explicit_ckpt_path(Path(ckpt_path))
+        if not self.enabled:
+            return None
+        candidates: list[discovery.CheckpointInfo] = []
+        for dirpath in checkpoint_dirpaths(trainer):
+            candidates.extend(discovery.list_committed(dirpath))
+        candidates.sort(key=lambda c: (c.step, c.mtime))
+        self._candidates = [c.path for c in reversed(candidates)]
+        return self._candidates[0] if self._candidates else None
+
+    def take_fallbacks(self, chosen: Path) -> list[Path]:
+        """The other candidates of the last automatic choice, newest first; forgets them."""
+        fallbacks = [p for p in self._candidates if p != chosen]
+        self._candidates = []
+        return fallbacks

@@ -1,0 +1,253 @@
+"""Checkpoint I/O of ``ElasticFT3D``: what a Lightning checkpoint dict becomes on disk, and back.
+
+:class:`StrategyCheckpoints` is the strategy's one handle on the checkpoint package. It splits Lightning's checkpoint
+dict into the state every rank shares, the state of each rank (callbacks, RNG, a pipeline stage) and the run's
+metadata; hands it to the :class:`~lightning_ft.checkpoint.AsyncCheckpointer`; routes ``last*.ckpt`` saves and
+``save_top_k`` removals to :class:`~lightning_ft.checkpoint.Retention`; and loads a checkpoint on every rank,
+falling back to older committed ones when the newest is refused. A foreign file (a Lightning ``.ckpt``) is imported,
+never through unrestricted unpickling.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+from lightning_ft import _compat
+from lightning_ft.checkpoint import (
+    COMMIT_MARKER,
+    METADATA_FILE,
+    AsyncCheckpointer,
+    CheckpointError,
+    CommitInfo,
+    Retention,
+    discovery,
+    load_checkpoint,
+)
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+    from lightning_ft.events import EventLog
+
+_LAST_NAME = re.compile(r"^last(-v?\d+)?$")
+
+
+def is_last_path(path: Path) -> bool:
+    """Whether Lightning routes a save to ``path`` as its ``last`` checkpoint (``last.ckpt``, ``last-v1.ckpt``)."""
+    return bool(_LAST_NAME.match(path.name.removesuffix(".ckpt")))
+
+
+def is_lightning_ft_checkpoint(path: Path) -> bool:
+    """A folder that lightning-ft wrote (committed or not): it holds our metadata, our marker or snapshot data."""
+    if not path.is_dir():
+        return False
+    names = (METADATA_FILE, COMMIT_MARKER, ".snapshot_metadata", "batched")
+    return any((path / name).exists() for name in names) or any(p.name.isdigit() for p in path.iterdir())
+
+
+def check_writable_dir(dirpath: Path) -> None:
+    """Raise ``ValueError`` unless ``dirpath`` is a writable folder or can be created as one in an existing parent."""
+    target = dirpath if dirpath.exists() else dirpath.parent
+    if dirpath.exists() and not dirpath.is_dir():
+        raise ValueError(f"ModelCheckpoint(dirpath={str(dirpath)!r}): exists and is not a folder")
+    if not target.exists():
+        raise ValueError(
+            f"ModelCheckpoint(dirpath={str(dirpath)!r}): the parent folder {str(target)!r} does not exist;"
+            " create it first (on the filesystem all nodes share) or choose another dirpath"
+        )
+    try:
+        # A real write, not os.access: permissions are not the only reason a folder refuses files (read-only mounts,
+        # root on a filesystem that still says no).
+        with tempfile.TemporaryFile(dir=target):
+            pass
+    except OSError as err:
+        raise ValueError(
+            f"ModelCheckpoint(dirpath={str(dirpath)!r}): cannot write into {str(target)!r} ({err.strerror})"
+        ) from err
+
+
+def load_foreign_checkpoint(path: Path, *, parallelized: bool) -> dict[str, Any]:
+    """Import a Lightning ``.ckpt`` file, never through unrestricted unpickling."""
+    if path.is_dir():
+        raise CheckpointError(
+            f"ckpt_path={str(path)!r} is a folder but not a lightning-ft checkpoint (no metadata file found)"
+        )
+    if parallelized:
+        raise CheckpointError(
+            f"ckpt_path={str(path)!r}: importing a single-file Lightning checkpoint into a parallelized (DTensor)"
+            " model is not supported; export it with `lightning-ft export` from a lightning-ft checkpoint instead"
+        )
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # UnpicklingError and friends: refuse, never fall back to full unpickling
+        raise CheckpointError(
+            f"ckpt_path={str(path)!r} could not be loaded with weights_only=True ({type(err).__name__}: {err});"
+            " lightning-ft never loads checkpoints through unrestricted unpickling"
+        ) from err
+
+
+def run_metadata(
+    checkpoint: dict[str, Any],
+    *,
+    trainer: pl.Trainer | None,
+    world_size: int,
+    mesh: dict[str, int],
+    parallelized: bool,
+    optimizers: list[torch.optim.Optimizer],
+    lr_scale: float,
+    event_log: EventLog | None,
+) -> dict[str, Any]:
+    """The metadata of the run that writes ``checkpoint``: what a later resume (on any world) needs to decide."""
+    return {
+        "step": checkpoint.get("global_step"),
+        "epoch": checkpoint.get("epoch"),
+        "world_size": world_size,
+        "mesh": mesh,
+        "parallelized": parallelized,
+        "per_device_batch_size": _per_device_batch_size(trainer),
+        "accumulate_grad_batches": trainer.accumulate_grad_batches if trainer is not None else 1,
+        "base_lrs": [[float(g.get("initial_lr", g["lr"])) for g in opt.param_groups] for opt in optimizers],
+        "lr_scale": lr_scale,
+        "run_id": event_log.run_id if event_log else None,
+        "attempt": event_log.attempt if event_log else None,
+    }
+
+
+def _per_device_batch_size(trainer: pl.Trainer | None) -> int | None:
+    if trainer is None:
+        return None
+    loader = getattr(trainer.fit_loop, "_combined_loader", None)
+    flat = getattr(loader, "flattened", None) or []
+    for dl in flat:
+        size = getattr(dl, "batch_size", None)
+        if isinstance(size, int):
+            return size
+    return None
+
+
+class StrategyCheckpoints:
+    """Saves, removes and loads checkpoints for the strategy; one per strategy, opened at set-up.
+
+    Args:
+        global_rank: this process's rank (rank 0 commits, repoints ``last`` and deletes).
+        event_log: returns the event log (``None`` before it is open).
+    """
+
+    def __init__(self, *, global_rank: int, event_log: Callable[[], EventLog | None]) -> None:
+        self._rank = global_rank
+        self._event_log = event_log
+        self._writer: AsyncCheckpointer | None = None
+        self._lock = threading.Lock()
+        self._unaccounted_stall_s = 0.0
+        self.retention = Retention(in_flight=lambda: self._writer.in_flight if self._writer else None)
+
+    @property
+    def writer(self) -> AsyncCheckpointer | None:
+        """The background writer, while open (between set-up and teardown of ``fit``)."""
+        return self._writer
+
+    def open(self) -> None:
+        """Start the background writer. Collective: it creates a process group of its own."""
+        if self._writer is None:
+            self._writer = AsyncCheckpointer(on_commit=self._on_commit)
+
+    def close(self) -> None:
+        """Wait for the save in flight and stop the writer; re-raise a background failure. Every rank calls it."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+
+    def save(self, path: Path, state: dict[str, Any], rank_state: dict[str, Any], metadata: dict[str, Any]) -> None:
+        """Collective: capture now, write and commit in the background (committed before returning outside fit).
+        A save Lightning routes to ``last*.ckpt`` writes nothing: the ``last`` link follows the newest commit."""
+        if is_last_path(path):
+            if self._rank == 0:
+                self.retention.request_last_link(path)
+            return
+        start = time.perf_counter()
+        if self._writer is None:
+            # No background writer outside fit: nothing would ever wait for it, so save and commit now.
+            one_shot = AsyncCheckpointer(on_commit=self._on_commit)
+            try:
+                one_shot.save(path, state, rank_state=rank_state, metadata=metadata)
+            finally:
+                one_shot.close()
+            return
+        self._writer.save(path, state, rank_state=rank_state, metadata=metadata)
+        with self._lock:
+            self._unaccounted_stall_s += time.perf_counter() - start
+
+    def take_unaccounted_stall_s(self) -> float:
+        """Seconds save calls blocked the loop since the previous call (the tracker books them as stalls)."""
+        with self._lock:
+            stall, self._unaccounted_stall_s = self._unaccounted_stall_s, 0.0
+        return stall
+
+    def wait(self) -> None:
+        if self._writer is not None:
+            self._writer.wait()
+
+    def remove(self, path: Path) -> None:
+        """Retention (``save_top_k``): a checkpoint in flight or the newest committed one is removed only after the
+        next commit."""
+        if self._rank == 0:
+            self.retention.remove(path)
+
+    def _on_commit(self, info: CommitInfo) -> None:
+        """Runs on rank 0 in the checkpoint writer thread, after the commit marker is durable."""
+        log = self._event_log()
+        if log is not None:
+            log.write(
+                "checkpoint_committed",
+                step=info.step,
+                path=str(info.path),
+                stall_s=info.stall_s,
+                total_s=info.total_s,
+                size_bytes=info.size_bytes,
+            )
+        self.retention.on_commit(info.path)
+
+    def load(self, path: Path, *, fallbacks: list[Path], template: dict[str, Any] | None) -> Any:
+        """Load ``path`` on every rank, or the first of ``fallbacks`` that loads when it is refused.
+
+        Collective. Returns the :class:`~lightning_ft.checkpoint.LoadedCheckpoint`. ``load_checkpoint`` makes every
+        rank raise when any rank fails; the failing rank's own error (a read error, say) becomes a
+        ``CheckpointError`` too, so that all ranks fall back together.
+
+        Raises:
+            CheckpointError: ``path`` and every fallback were refused (the error of the last one tried).
+        """
+        fallbacks = list(fallbacks)
+        while True:
+            try:
+                try:
+                    return load_checkpoint(path, template)
+                except CheckpointError:
+                    raise
+                except Exception as err:
+                    raise CheckpointError(f"checkpoint {path}: {type(err).__name__}: {err}") from err
+            except CheckpointError as err:
+                if not fallbacks:
+                    raise
+                log = self._event_log()
+                if self._rank == 0 and log is not None:
+                    step = (discovery.read_metadata(path) or {}).get("step") if discovery.is_committed(path) else None
+                    log.write("checkpoint_rejected", step=step, path=str(path), reason=str(err))
+                rank_zero_warn(f"Skipping checkpoint {path}: {err}. Falling back to {fallbacks[0]}.")
+                path = fallbacks.pop(0)
+
+
+def split_checkpoint(checkpoint: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Lightning's checkpoint dict as ``(state, rank_state)``: callback states and RNG states are per rank."""
+    state = {k: v for k, v in checkpoint.items() if k != "callbacks"}
+    rank_state = {"callbacks": checkpoint.get("callbacks", {}), "rng": _compat.collect_rng_states()}
+    return state, rank_state

@@ -1,0 +1,439 @@
+"""``ElasticFT3D``: the Lightning strategy that composes lightning-ft's pieces.
+
+It is a drop-in for Lightning's ``ModelParallelStrategy`` (same ``configure_model()`` contract, same mesh axis names
+``"data_parallel"`` and ``"tensor_parallel"``, plus ``"pipeline_parallel"``) and behaves exactly like ``DDPStrategy``
+for a module whose parameters are not DTensors after ``configure_model()``. This module holds the Lightning hooks;
+each delegates to the piece that owns the concern:
+
+- process groups and the 3-D ``DeviceMesh``: :mod:`~lightning_ft.strategy.process_group`, ``parallel/``;
+- the parallel mode (data parallel, DTensor, pipeline): :mod:`~lightning_ft.strategy.parallel_modes`;
+- checkpoint I/O (save, ``last``, retention, load with fallback): :mod:`~lightning_ft.strategy.checkpoint_io`;
+- auto-resume: :mod:`~lightning_ft.strategy.auto_resume`;
+- per-batch bookkeeping (sampler position, RNG restore, progress events): :mod:`~lightning_ft.strategy.tracker`;
+- batch and LR rescaling on an elastic resume: ``elastic/``; the event log: :mod:`lightning_ft.events`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Mapping
+from contextlib import contextmanager, nullcontext
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from lightning_ft import _compat
+from lightning_ft.elastic import (
+    ElasticPolicy,
+    LRScale,
+    TrainingDataPosition,
+    align_batch_progress,
+    check_accumulation_scheduler,
+    plan_resume_from_metadata,
+)
+from lightning_ft.events import EventLog, open_event_log
+from lightning_ft.fault import FaultPolicy
+from lightning_ft.parallel.layout import build_device_mesh
+from lightning_ft.parallel.parallel_config import ParallelConfig
+from lightning_ft.strategy import process_group
+from lightning_ft.strategy.auto_resume import AutoResume, checkpoint_dirpaths
+from lightning_ft.strategy.checkpoint_io import (
+    StrategyCheckpoints,
+    check_writable_dir,
+    is_lightning_ft_checkpoint,
+    load_foreign_checkpoint,
+    run_metadata,
+    split_checkpoint,
+)
+from lightning_ft.strategy.parallel_modes import DataParallelMode, DTensorMode, PipelineMode, has_dtensor_parameters
+from lightning_ft.strategy.tracker import TrainingTracker
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+    from torch.distributed.device_mesh import DeviceMesh
+
+_PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved1f1b")
+
+
+def _check_size(name: str, value: Any, allow_auto: bool) -> None:
+    if allow_auto and value == "auto":
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        rule = 'a positive integer or "auto"' if allow_auto else "a positive integer"
+        raise ValueError(f"ElasticFT3D({name}={value!r}): must be {rule}")
+
+
+class ElasticFT3D(DDPStrategy):
+    """Fault-tolerant, elastic data x tensor x pipeline parallel training for a Lightning ``Trainer``.
+
+    Args:
+        data_parallel_size: devices in one data-parallel group; ``"auto"`` = world size / (tensor x pipeline size).
+        tensor_parallel_size: devices in one tensor-parallel group, kept inside a node; ``"auto"`` = devices per node.
+        pipeline_parallel_size: number of pipeline stages (the outermost mesh axis, may span nodes).
+        elastic: what happens when a run resumes at another world size; ``None`` refuses such a resume.
+        fault: preemption, hang and health-check policy; ``None`` turns all of it off.
+        auto_resume: when ``fit`` is called without ``ckpt_path``, resume from the committed checkpoint with the
+            highest global step under the ``ModelCheckpoint``'s ``dirpath``.
+        pipeline_schedule: ``"1f1b"``, ``"gpipe"`` or ``"interleaved1f1b"``; used when ``pipeline_parallel_size > 1``.
+        num_microbatches: micro-batches per pipeline step; ``None`` = 2 x pipeline size.
+        process_group_backend: ``"nccl"``, ``"gloo"``, ...; ``None`` = the default for the device.
+        timeout: timeout of the training process group.
+        find_unused_parameters: passed to ``DistributedDataParallel`` when the model is not parallelized.
+
+    Raises:
+        ValueError: a size, schedule or policy is invalid (at construction), or the sizes do not multiply to the
+            world size, or tensor parallelism would cross a node (before any process group starts).
+
+    Example::
+
+        trainer = L.Trainer(
+            strategy=ElasticFT3D(tensor_parallel_size=2),
+            callbacks=[ModelCheckpoint(dirpath="checkpoints", every_n_train_steps=100, save_last=True)],
+        )
+        trainer.fit(model)  # resumes by itself after a crash or a restart at another world size
+    """
+
+    strategy_name = "elastic_ft_3d"
+
+    def __init__(
+        self,
+        data_parallel_size: int | Literal["auto"] = "auto",
+        tensor_parallel_size: int | Literal["auto"] = 1,
+        pipeline_parallel_size: int = 1,
+        *,
+        elastic: ElasticPolicy | None = ElasticPolicy(),  # noqa: B008 - frozen dataclass, never mutated
+        fault: FaultPolicy | None = FaultPolicy(),  # noqa: B008
+        auto_resume: bool = True,
+        pipeline_schedule: str = "1f1b",
+        num_microbatches: int | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        find_unused_parameters: bool = False,
+    ) -> None:
+        _check_size("data_parallel_size", data_parallel_size, allow_auto=True)
+        _check_size("tensor_parallel_size", tensor_parallel_size, allow_auto=True)
+        _check_size("pipeline_parallel_size", pipeline_parallel_size, allow_auto=False)
+        if pipeline_schedule not in _PIPELINE_SCHEDULES:
+            raise ValueError(
+                f"ElasticFT3D(pipeline_schedule={pipeline_schedule!r}): must be one of {', '.join(_PIPELINE_SCHEDULES)}"
+            )
+        if num_microbatches is not None:
+            _check_size("num_microbatches", num_microbatches, allow_auto=False)
+        if elastic is not None and not isinstance(elastic, ElasticPolicy):
+            raise TypeError(f"ElasticFT3D(elastic={elastic!r}): must be an ElasticPolicy or None")
+        if fault is not None and not isinstance(fault, FaultPolicy):
+            raise TypeError(f"ElasticFT3D(fault={fault!r}): must be a FaultPolicy or None")
+        kwargs = {"find_unused_parameters": True} if find_unused_parameters else {}
+        super().__init__(process_group_backend=process_group_backend, timeout=timeout, **kwargs)
+        self._data_parallel_size = data_parallel_size
+        self._tensor_parallel_size = tensor_parallel_size
+        self._pipeline_parallel_size = pipeline_parallel_size
+        self.elastic = elastic
+        self.fault = fault
+        self.auto_resume = auto_resume
+        self.pipeline_schedule = pipeline_schedule
+        self.num_microbatches = num_microbatches
+        self.parallel_config: ParallelConfig | None = None
+        self.event_log: EventLog | None = None
+        self._device_mesh: DeviceMesh | None = None
+        self._parallelized = False
+        self._mode: DataParallelMode = DataParallelMode(self)
+        self._attempt_start_time = time.time()
+        self._checkpoints: StrategyCheckpoints | None = None
+        self._auto_resume = AutoResume(enabled=auto_resume)
+        self._tracker: TrainingTracker | None = None
+        self._data_position = TrainingDataPosition()
+        self._lr_scale = LRScale()
+
+    # ------------------------------------------------------------------ mesh and process groups
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        if self._device_mesh is None:
+            raise RuntimeError("Accessing the device mesh before processes have initialized is not allowed.")
+        return self._device_mesh
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.parallel_config.data_parallel_size if self.parallel_config else 1
+
+    def mesh_shape(self) -> dict[str, int]:
+        """``{"pipeline_parallel": pp, "data_parallel": dp, "tensor_parallel": tp}`` of this run."""
+        cfg = self.parallel_config
+        assert cfg is not None
+        return dict(zip(cfg.mesh_dim_names, cfg.mesh_shape, strict=True))
+
+    @property
+    @override
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        dp_mesh = self.device_mesh["data_parallel"]
+        return {"num_replicas": dp_mesh.size(), "rank": dp_mesh.get_local_rank()}
+
+    @property
+    @override
+    def restore_checkpoint_after_setup(self) -> bool:
+        # Optimizers must exist (and DTensor-sharded) before their state can be loaded in place.
+        return True
+
+    @property
+    @override
+    def lightning_restore_optimizer(self) -> bool:
+        return self._mode.lightning_restores_optimizer
+
+    @override
+    def setup_distributed(self) -> None:
+        self.set_world_ranks()
+        # Validate the layout before any process group starts, so a wrong size never costs a rendezvous.
+        self.parallel_config = ParallelConfig(
+            data_parallel_size=self._data_parallel_size,
+            tensor_parallel_size=self._tensor_parallel_size,
+            pipeline_parallel_size=self._pipeline_parallel_size,
+            num_nodes=self.num_nodes,
+            devices_per_node=self.num_processes,
+            owner="ElasticFT3D",
+        )
+        assert self.cluster_environment is not None
+        self._process_group_backend = self._get_process_group_backend()
+        process_group.init_for_this_restart(
+            self.cluster_environment,
+            backend=self._process_group_backend,
+            global_rank=self.global_rank,
+            world_size=self.world_size,
+            timeout=self._timeout or default_pg_timeout,
+        )
+        super().setup_distributed()  # Lightning skips its own init when the group exists
+        process_group.destroy_at_exit(self._process_group_backend)
+
+    @override
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        assert self.parallel_config is not None and self.lightning_module is not None
+        self._device_mesh = build_device_mesh(self.parallel_config, self.root_device.type)
+        self.lightning_module._device_mesh = self._device_mesh
+        trainer = self.lightning_module.trainer
+        if self.event_log is None:  # one attempt per process, whatever fit/validate/test calls follow
+            self.event_log = open_event_log(trainer, mesh=self.mesh_shape())
+            self.event_log.claim("progress")
+        self._checkpoint_manager().open()
+        if self._tracker is None:
+            self._tracker = TrainingTracker(
+                event_log=lambda: self.event_log,
+                take_stall_s=self._checkpoint_manager().take_unaccounted_stall_s,
+                on_batch_consumed=self._data_position.advance,
+                attempt_start_time=self._attempt_start_time,
+            )
+        trainer.callbacks.insert(0, self._tracker)
+        for logger in trainer.loggers:
+            # TensorBoard's default version counts up at every launch; one run must keep one folder across restarts.
+            _compat.set_logger_version(logger, f"run_{self.event_log.run_id}")
+        for cb in trainer.checkpoint_callbacks:
+            if isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
+                rank_zero_warn(
+                    "ModelCheckpoint(dirpath=None): the default path contains the logger version and changes at every"
+                    " restart, so auto-resume cannot find earlier checkpoints. Set ModelCheckpoint(dirpath=...)."
+                )
+        self._auto_resume.install(trainer)
+
+    # ------------------------------------------------------------------ model set-up and steps
+
+    @override
+    def setup(self, trainer: pl.Trainer) -> None:
+        assert self.model is not None and self.parallel_config is not None
+        for dirpath in checkpoint_dirpaths(trainer):
+            check_writable_dir(dirpath)
+        check_accumulation_scheduler(trainer, self.elastic)
+        self._parallelized = has_dtensor_parameters(self.model)
+        cfg = self.parallel_config
+        if not self._parallelized and cfg.tensor_parallel_size > 1:
+            raise ValueError(
+                f"ElasticFT3D(tensor_parallel_size={cfg.tensor_parallel_size}): no parameter is a DTensor after"
+                " configure_model(). Parallelize the model in LightningModule.configure_model() using"
+                " self.device_mesh['tensor_parallel'], or set tensor_parallel_size=1."
+            )
+        if cfg.pipeline_parallel_size > 1:
+            self._mode = PipelineMode(self)
+        elif self._parallelized:
+            self._mode = DTensorMode(self)
+        else:
+            self._mode = DataParallelMode(self)
+        self._mode.setup(trainer)
+        self.barrier("ElasticFT3D.setup")
+
+    @override
+    def optimizer_step(self, optimizer: Optimizer, closure: Any, model: Any = None, **kwargs: Any) -> Any:
+        scale = self._lr_scale.at(self.lightning_module.trainer.global_step) if self.lightning_module else 1.0
+        if scale == 1.0:
+            return self._mode.optimizer_step(optimizer, closure, model, **kwargs)
+        # The elastic LR scale multiplies the rates only for the step itself: LR schedulers keep computing the
+        # unscaled schedule, and checkpoints keep unscaled rates plus the scale in their metadata.
+        groups = optimizer.param_groups
+        for group in groups:
+            group["lr"] *= scale
+        try:
+            return self._mode.optimizer_step(optimizer, closure, model, **kwargs)
+        finally:
+            for group in groups:
+                group["lr"] /= scale
+
+    @contextmanager
+    @override
+    def tensor_init_context(self, empty_init: bool | None = None) -> Generator[None, None, None]:
+        # As in ModelParallelStrategy: materialization happens in setup(), after configure_model().
+        empty_init_context = torch.device("meta") if empty_init else nullcontext()
+        with empty_init_context, self.precision_plugin.tensor_init_context():
+            yield
+
+    @override
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        return self._mode.module_state_dict()
+
+    @override
+    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        return self._mode.optimizer_state(optimizer)
+
+    @override
+    def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
+        self._mode.load_model_state_dict(checkpoint, strict)
+
+    @override
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        self._mode.load_optimizer_state_dict(checkpoint)
+
+    # ------------------------------------------------------------------ saving
+
+    def _checkpoint_manager(self) -> StrategyCheckpoints:
+        if self._checkpoints is None:
+            self._checkpoints = StrategyCheckpoints(global_rank=self.global_rank, event_log=lambda: self.event_log)
+        return self._checkpoints
+
+    @override
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: _compat.PATH, storage_options: Any | None = None
+    ) -> None:
+        """Collective: every rank calls it (``Trainer.save_checkpoint`` does). Returns once the state is captured;
+        the write and the commit continue in the background. A save Lightning routes to ``last*.ckpt`` writes
+        nothing: the ``last`` link is repointed at the newest committed checkpoint instead. Outside ``fit`` (say
+        ``trainer.save_checkpoint(...)`` after it returned) the save is committed before this returns."""
+        if storage_options is not None:
+            raise TypeError("ElasticFT3D.save_checkpoint(..., storage_options=...) is not supported")
+        path = Path(self.broadcast(str(filepath)))
+        state, rank_state = split_checkpoint(checkpoint)
+        self._mode.move_rank_state(state, rank_state)
+        self._checkpoint_manager().save(path, state, rank_state, self._checkpoint_metadata(checkpoint))
+
+    def _checkpoint_metadata(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
+        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        return run_metadata(
+            checkpoint,
+            trainer=trainer,
+            world_size=self.world_size,
+            mesh=self.mesh_shape(),
+            parallelized=self._parallelized,
+            optimizers=self.optimizers,
+            lr_scale=self._lr_scale.at(trainer.global_step if trainer is not None else 0),
+            event_log=self.event_log,
+        )
+
+    @override
+    def remove_checkpoint(self, filepath: _compat.PATH) -> None:
+        """Retention (``save_top_k``) goes through here. A checkpoint still being written, or the newest committed
+        one, is never deleted: its removal waits until a newer checkpoint is committed."""
+        if self._checkpoints is not None:
+            self._checkpoints.remove(Path(filepath))
+
+    def checkpoint_wait(self) -> None:
+        """Block until the in-flight checkpoint is committed; re-raise a background failure. Every rank calls it."""
+        if self._checkpoints is not None:
+            self._checkpoints.wait()
+
+    # ------------------------------------------------------------------ loading and resuming
+
+    @override
+    def load_checkpoint(self, checkpoint_path: _compat.PATH, weights_only: bool | None = None) -> dict[str, Any]:
+        path = Path(self.broadcast(str(checkpoint_path)))
+        if not is_lightning_ft_checkpoint(path):
+            return load_foreign_checkpoint(path, parallelized=self._parallelized)
+        loaded = self._checkpoint_manager().load(
+            path, fallbacks=self._auto_resume.take_fallbacks(path), template=self._mode.load_template()
+        )
+        checkpoint = dict(loaded.state)
+        checkpoint["callbacks"] = loaded.rank_state.get("callbacks", {})
+        self._mode.apply_loaded(loaded.path, checkpoint, loaded.rank_state, loaded.metadata)
+        rng = loaded.rank_state.get("rng")
+        if rng and loaded.metadata.get("world_size") == self.world_size and self._tracker is not None:
+            self._tracker.restore_rng_at_next_batch(rng)
+        self._resume_elastically(loaded.path, loaded.metadata)
+        return checkpoint
+
+    def _resume_elastically(self, path: Path, metadata: dict[str, Any]) -> None:
+        trainer = self.lightning_module.trainer
+        decision = plan_resume_from_metadata(
+            self.elastic, metadata, new_dp_size=self.data_parallel_size, new_world_size=self.world_size
+        )
+        if decision.accumulate_grad_batches != trainer.accumulate_grad_batches:
+            trainer.accumulate_grad_batches = decision.accumulate_grad_batches
+        step = int(metadata.get("step") or 0)
+        self._lr_scale.resume(carried=float(metadata.get("lr_scale") or 1.0), decision=decision, step=step)
+        if self.global_rank == 0 and self.event_log is not None:
+            self.event_log.write(
+                "resumed",
+                step=metadata.get("step"),
+                path=str(path),
+                saved_world_size=metadata.get("world_size"),
+                world_size=self.world_size,
+                accumulate_grad_batches=decision.accumulate_grad_batches,
+                lr_scale=decision.lr_scale,
+            )
+        rank_zero_info(f"lightning-ft: resumed from {path} (step {metadata.get('step')})")
+
+    @override
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        trainer = self.lightning_module.trainer
+        # A resume at another data-parallel or batch size counted its batches in the old size.
+        align_batch_progress(trainer)
+        if self.global_rank == 0:
+            from lightning_ft.checkpoint import discovery
+
+            # Leftovers of saves that never committed (a crash mid-write). Only now: an explicit ckpt_path naming one
+            # has been refused with its name by then, rather than silently deleted.
+            for dirpath in checkpoint_dirpaths(trainer):
+                discovery.cleanup_uncommitted(dirpath)
+
+    # ------------------------------------------------------------------ data
+
+    @override
+    def process_dataloader(self, dataloader: object) -> object:
+        dataloader = super().process_dataloader(dataloader)
+        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        if trainer is None:
+            return dataloader
+        return self._data_position.prepare(
+            dataloader,
+            training=trainer.training,
+            epoch=trainer.fit_loop.epoch_progress.current.processed,
+            **self.distributed_sampler_kwargs,
+        )
+
+    # ------------------------------------------------------------------ teardown
+
+    @override
+    def teardown(self) -> None:
+        try:
+            if self._checkpoints is not None:
+                self._checkpoints.close()
+        finally:
+            self._auto_resume.uninstall()
+            self._mode.teardown()
+            trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+            if trainer is not None and self._tracker is not None and self._tracker in trainer.callbacks:
+                trainer.callbacks.remove(self._tracker)
+            super().teardown()

@@ -1,0 +1,113 @@
+"""The strategy's own callback: progress events, the data position and the late RNG restore.
+
+``ElasticFT3D`` inserts one :class:`TrainingTracker` at the front of ``trainer.callbacks`` so that its batch-end hook
+runs before ``ModelCheckpoint``'s: the sampler's consumed-sample count must already include the batch whose end
+triggers a save. Users never add it themselves.
+
+What it does per training batch, on every rank:
+
+- calls ``on_batch_consumed`` (the strategy advances the resumable sampler by one global batch);
+- on the first batch after a resume, sets the RNG states saved in the checkpoint. Setting them here rather than at
+  load time matters: between the load and the first step Lightning creates dataloader iterators and runs hooks, and
+  whatever they draw would otherwise shift the random stream against an uninterrupted run;
+- on rank 0, times productive steps and data wait (a :class:`~lightning_ft.batch_timer.BatchTimer`, with the save
+  stalls the strategy measured) and writes a ``progress`` event every ``log_every_n_steps`` optimizer steps, and
+  ``first_step`` when the first step of this attempt completes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from lightning_ft import _compat
+from lightning_ft.batch_timer import BatchTimer
+from lightning_ft.events import EventLog
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+
+class TrainingTracker(Callback):
+    """Per-batch bookkeeping of ``ElasticFT3D``; see the module docstring.
+
+    Args:
+        event_log: returns the event log (``None`` before it is open).
+        take_stall_s: returns, and resets, the seconds save calls blocked the loop since the previous call.
+        on_batch_consumed: called once per training batch on every rank, before any checkpoint callback.
+        attempt_start_time: Unix time this attempt started (``first_step`` reports the time since).
+    """
+
+    def __init__(
+        self,
+        *,
+        event_log: Callable[[], EventLog | None],
+        take_stall_s: Callable[[], float],
+        on_batch_consumed: Callable[[], None],
+        attempt_start_time: float,
+    ) -> None:
+        self._event_log = event_log
+        self._take_stall_s = take_stall_s
+        self._on_batch_consumed = on_batch_consumed
+        self._attempt_start_time = attempt_start_time
+        self._pending_rng: dict[str, Any] | None = None
+        self._timer = BatchTimer()
+        self._last_progress_step: int | None = None
+        self._first_step_written = False
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return "lightning_ft._TrainingTracker"
+
+    def restore_rng_at_next_batch(self, rng_states: dict[str, Any]) -> None:
+        self._pending_rng = rng_states
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The wait for the epoch's first batch includes building the dataloader iterator: count it as data wait.
+        self._timer.epoch_start(count_wait=True)
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._pending_rng is not None:
+            _compat.set_rng_states(self._pending_rng)
+            self._pending_rng = None
+        # A checkpoint save between two batches blocks the loop too; it is accounted as a stall, not data wait.
+        self._timer.batch_start(stall_s=self._take_stall_s())
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._timer.batch_end()
+        self._on_batch_consumed()
+        if trainer.global_rank != 0:
+            return
+        log = self._event_log()
+        if log is None:
+            return
+        step = trainer.global_step
+        if not self._first_step_written and step > 0:
+            self._first_step_written = True
+            log.write("first_step", step=step, since_attempt_start_s=time.time() - self._attempt_start_time)
+        every = max(int(trainer.log_every_n_steps or 1), 1)
+        if step > 0 and step % every == 0 and step != self._last_progress_step:
+            self._last_progress_step = step
+            self._write_progress(log, step)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        log = self._event_log()
+        if trainer.global_rank == 0 and log is not None and self._timer.pending():
+            self._write_progress(log, trainer.global_step)
+
+    def _write_progress(self, log: EventLog, step: int) -> None:
+        productive_s, data_wait_s = self._timer.drain()
+        log.write("progress", step=step, productive_s=productive_s, data_wait_s=data_wait_s)

@@ -1,0 +1,144 @@
+"""The event log: one folder that cannot be imported, one rule for run id and attempt, old logs still read."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from lightning_ft.events import (
+    EventLog,
+    events_dir,
+    get_event_log,
+    has_event_logs,
+    next_attempt,
+    open_event_log,
+    read_events,
+    resolve_run_id,
+)
+from tests.helpers import subprocess_env
+
+
+class _Strategy:
+    """What open_event_log needs of a strategy: a broadcast (one process: identity)."""
+
+    def broadcast(self, obj, src=0):
+        return obj
+
+
+class _Trainer:
+    """What open_event_log needs of a trainer (a plain class: the log is kept per trainer, by weak reference)."""
+
+    def __init__(self, root, rank: int) -> None:
+        self.default_root_dir = str(root)
+        self.global_rank = rank
+        self.world_size = 1
+        self.global_step = 0
+        self.state = SimpleNamespace(fn="fit")
+        self.strategy = _Strategy()
+
+
+def _trainer(root, rank=0):
+    return _Trainer(root, rank)
+
+
+def test_logs_live_under_a_folder_name_that_python_cannot_import(tmp_path):
+    log = EventLog(tmp_path, rank=3, run_id="r", attempt=0)
+    log.write("progress", step=1, productive_s=1.0, data_wait_s=0.0)
+    assert log.path == tmp_path / "lightning-ft" / "events" / "rank3.jsonl"
+    assert events_dir(tmp_path) == log.path.parent
+    assert not (tmp_path / "lightning_ft").exists()
+    assert not "lightning-ft".isidentifier()
+
+
+def test_a_run_started_twice_from_its_own_folder_still_imports_the_package(tmp_path):
+    # Lightning's default root is the working directory: the event log folder must not shadow the package.
+    # `python train.py` puts the script's folder first on sys.path; the package itself comes from the (editable)
+    # install, whose finder runs after the path-based one, so a `lightning_ft` folder there would win.
+    script = (
+        "import os, sys\n"
+        "sys.path.insert(0, os.getcwd())\n"
+        "import lightning_ft\n"
+        "from lightning_ft.events import EventLog\n"
+        "EventLog('.', rank=0, run_id='r', attempt=0).write('x', step=None)\n"
+        "print(lightning_ft.ElasticFT3D.__name__)\n"
+    )
+    env = subprocess_env()
+    env.pop("PYTHONPATH")
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.strip().endswith("ElasticFT3D")
+
+
+def test_attempts_count_up_from_the_run_s_own_records(tmp_path, monkeypatch):
+    monkeypatch.delenv("LIGHTNING_FT_RUN_ID", raising=False)
+    first = open_event_log(_trainer(tmp_path))
+    assert first.attempt == 0
+    second = open_event_log(_trainer(tmp_path))  # a new process (trainer) of the same run
+    assert (second.run_id, second.attempt) == (first.run_id, 1)
+    starts = [e for e in read_events(tmp_path) if e["event"] == "attempt_start"]
+    assert [e["attempt"] for e in starts] == [0, 1]
+    assert all(e["step"] is None for e in starts)
+
+
+def test_one_log_per_trainer_whoever_opens_it_and_the_first_claim_of_progress_wins(tmp_path):
+    trainer = _trainer(tmp_path)
+    log = open_event_log(trainer, mesh={"data_parallel": 1})
+    assert get_event_log(trainer) is log and open_event_log(trainer) is log
+    assert log.claim("progress") and not log.claim("progress")
+    (start,) = [e for e in read_events(tmp_path) if e["event"] == "attempt_start"]
+    assert start["mesh"] == {"data_parallel": 1}
+
+
+def test_the_env_run_id_wins_and_a_recorded_run_id_is_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv("LIGHTNING_FT_RUN_ID", "from-env")
+    assert resolve_run_id(tmp_path) == "from-env"
+    monkeypatch.delenv("LIGHTNING_FT_RUN_ID")
+    recorded = resolve_run_id(tmp_path)
+    assert json.loads((tmp_path / "lightning-ft" / "run.json").read_text())["run_id"] == recorded
+    assert resolve_run_id(tmp_path) == recorded
+
+
+def test_logs_of_0_1_0_under_lightning_ft_are_still_read_and_counted(tmp_path, monkeypatch):
+    monkeypatch.delenv("LIGHTNING_FT_RUN_ID", raising=False)
+    old = tmp_path / "lightning_ft"
+    (old / "events").mkdir(parents=True)
+    (old / "run.json").write_text(json.dumps({"run_id": "old"}))
+    line = {"time": 1.0, "run_id": "old", "attempt": 0, "rank": 0, "event": "attempt_start", "step": None}
+    (old / "events" / "rank0.jsonl").write_text(json.dumps(line) + "\n")
+    assert has_event_logs(tmp_path)
+    assert resolve_run_id(tmp_path) == "old"
+    assert next_attempt(tmp_path, "old") == 1
+    assert [e["event"] for e in read_events(tmp_path)] == ["attempt_start"]
+
+
+def test_a_torn_last_line_is_skipped_and_nan_is_written_as_null(tmp_path):
+    log = EventLog(tmp_path, rank=0, run_id="r", attempt=0)
+    log.write("progress", step=1, productive_s=float("nan"), data_wait_s=0.0)
+    with open(log.path, "a") as f:
+        f.write('{"time": 2.0, "event": "prog')
+    (event,) = read_events(tmp_path)
+    assert event["productive_s"] is None
+
+
+def test_get_event_log_from_a_rank_zero_only_hook_never_opens_one(tmp_path):
+    assert get_event_log(_trainer(tmp_path), open_if_missing=False) is None
+    assert not has_event_logs(tmp_path)
+
+
+@pytest.mark.parametrize("rank", [0, 2])
+def test_every_line_carries_the_contract_fields(tmp_path, rank):
+    log = EventLog(tmp_path, rank=rank, run_id="r", attempt=4)
+    log.bind_step(lambda: 7)
+    record = log.write("thermal", device=0)
+    assert {k: record[k] for k in ("run_id", "attempt", "rank", "event", "step")} == {
+        "run_id": "r",
+        "attempt": 4,
+        "rank": rank,
+        "event": "thermal",
+        "step": 7,
+    }
