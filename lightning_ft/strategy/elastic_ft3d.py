@@ -43,11 +43,11 @@ from lightning_ft.events import EventLog, open_event_log
 from lightning_ft.fault import FaultPolicy
 from lightning_ft.parallel.layout import build_device_mesh
 from lightning_ft.parallel.parallel_config import ParallelConfig
-from lightning_ft.strategy import process_group
-from lightning_ft.strategy.auto_resume import AutoResume, checkpoint_dirpaths
+from lightning_ft.strategy import per_rank_state, process_group
+from lightning_ft.strategy.auto_resume import AutoResume, checkpoint_dirpaths, resolve_explicit_ckpt_path
 from lightning_ft.strategy.checkpoint_io import (
     StrategyCheckpoints,
-    check_writable_dir,
+    check_checkpoint_dirpath,
     is_lightning_ft_checkpoint,
     load_foreign_checkpoint,
     run_metadata,
@@ -148,7 +148,7 @@ class ElasticFT3D(DDPStrategy):
         self._mode: DataParallelMode = DataParallelMode(self)
         self._attempt_start_time = time.time()
         self._checkpoints: StrategyCheckpoints | None = None
-        self._auto_resume = AutoResume(enabled=auto_resume)
+        self._auto_resume = AutoResume(enabled=auto_resume, broadcast=self.broadcast)
         self._tracker: TrainingTracker | None = None
         self._data_position = TrainingDataPosition()
         self._lr_scale = LRScale()
@@ -247,8 +247,9 @@ class ElasticFT3D(DDPStrategy):
     @override
     def setup(self, trainer: pl.Trainer) -> None:
         assert self.model is not None and self.parallel_config is not None
-        for dirpath in checkpoint_dirpaths(trainer):
-            check_writable_dir(dirpath)
+        for cb in trainer.checkpoint_callbacks:
+            if getattr(cb, "dirpath", None):
+                check_checkpoint_dirpath(cb.dirpath)
         check_accumulation_scheduler(trainer, self.elastic)
         self._parallelized = has_dtensor_parameters(self.model)
         cfg = self.parallel_config
@@ -311,7 +312,9 @@ class ElasticFT3D(DDPStrategy):
 
     def _checkpoint_manager(self) -> StrategyCheckpoints:
         if self._checkpoints is None:
-            self._checkpoints = StrategyCheckpoints(global_rank=self.global_rank, event_log=lambda: self.event_log)
+            self._checkpoints = StrategyCheckpoints(
+                global_rank=self.global_rank, event_log=lambda: self.event_log, broadcast=self.broadcast
+            )
         return self._checkpoints
 
     @override
@@ -327,6 +330,8 @@ class ElasticFT3D(DDPStrategy):
         path = Path(self.broadcast(str(filepath)))
         state, rank_state = split_checkpoint(checkpoint)
         self._mode.move_rank_state(state, rank_state)
+        params = {name for name, _ in self.lightning_module.named_parameters()} if self.lightning_module else set()
+        state = per_rank_state.separate(state, rank_state, parameter_names=params)
         self._checkpoint_manager().save(path, state, rank_state, self._checkpoint_metadata(checkpoint))
 
     def _checkpoint_metadata(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
@@ -358,17 +363,19 @@ class ElasticFT3D(DDPStrategy):
 
     @override
     def load_checkpoint(self, checkpoint_path: _compat.PATH, weights_only: bool | None = None) -> dict[str, Any]:
-        path = Path(self.broadcast(str(checkpoint_path)))
+        # validate/test/predict reach here without the auto-resume check; a missing path is a FileNotFoundError.
+        path = resolve_explicit_ckpt_path(Path(self.broadcast(str(checkpoint_path))))
         if not is_lightning_ft_checkpoint(path):
             return load_foreign_checkpoint(path, parallelized=self._parallelized)
         loaded = self._checkpoint_manager().load(
             path, fallbacks=self._auto_resume.take_fallbacks(path), template=self._mode.load_template()
         )
-        checkpoint = dict(loaded.state)
+        same_world = loaded.metadata.get("world_size") == self.world_size
+        checkpoint = per_rank_state.restore_own(dict(loaded.state), loaded.rank_state, same_world=same_world)
         checkpoint["callbacks"] = loaded.rank_state.get("callbacks", {})
         self._mode.apply_loaded(loaded.path, checkpoint, loaded.rank_state, loaded.metadata)
         rng = loaded.rank_state.get("rng")
-        if rng and loaded.metadata.get("world_size") == self.world_size and self._tracker is not None:
+        if rng and same_world and self._tracker is not None:
             self._tracker.restore_rng_at_next_batch(rng)
         self._resume_elastically(loaded.path, loaded.metadata)
         return checkpoint
@@ -420,10 +427,27 @@ class ElasticFT3D(DDPStrategy):
             dataloader,
             training=trainer.training,
             epoch=trainer.fit_loop.epoch_progress.current.processed,
+            mode=_compat.train_combined_loader_mode(trainer),
             **self.distributed_sampler_kwargs,
         )
 
     # ------------------------------------------------------------------ teardown
+
+    def __getstate__(self) -> dict[str, Any]:
+        # What a run holds (the writer thread and its locks, the open event log, the tracker's callbacks) is not
+        # part of the strategy's configuration: a pickled or deep-copied Trainer (or `torch.save(model)`) gets a
+        # strategy that sets them up again when it runs.
+        state = dict(self.__dict__)
+        for name in ("_checkpoints", "_tracker", "event_log", "_auto_resume"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._checkpoints = None
+        self._tracker = None
+        self.event_log = None
+        self._auto_resume = AutoResume(enabled=self.auto_resume, broadcast=self.broadcast)
 
     @override
     def teardown(self) -> None:
