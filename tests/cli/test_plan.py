@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from lightning_ft.parallel.plan_cli import add_plan_arguments, run_plan
+from lightning_ft.cli.plan import add_plan_arguments, run_plan
 from lightning_ft.parallel.planner import DEVICE_PRESETS, MODEL_PRESETS, ClusterSpec, plan_parallelism
 
 

@@ -1,14 +1,15 @@
 """``lightning-ft plan``: rank the 3D-parallel layouts of a model on a cluster and print them as a table.
 
-The console script owns the subcommand; this module supplies its arguments (:func:`add_plan_arguments`) and its body
-(:func:`run_plan`), which calls :func:`~lightning_ft.parallel.planner.plan_parallelism` and prints the ranked plans.
+:func:`register` adds the subcommand with its arguments (:func:`add_plan_arguments`); its body (:func:`run_plan`)
+calls :func:`~lightning_ft.parallel.plan_parallelism` and prints the ranked plans. The planner is imported with this
+module: its presets are the options' choices.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 from lightning_ft.parallel.planner import (
     DEVICE_PRESETS,
@@ -22,7 +23,16 @@ from lightning_ft.parallel.planner import (
     plan_parallelism,
 )
 
+__all__ = ["add_plan_arguments", "register", "run_plan"]
+
 _SHAPE_OPTIONS = ("layers", "hidden", "heads")
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``plan`` subcommand to ``subparsers`` (from ``add_subparsers``)."""
+    plan = subparsers.add_parser("plan", help="rank 3D-parallel layouts for a model and a cluster")
+    add_plan_arguments(plan)
+    plan.set_defaults(func=run_plan)
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
