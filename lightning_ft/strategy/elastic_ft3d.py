@@ -43,6 +43,8 @@ from lightning_ft.events import EventLog, open_event_log
 from lightning_ft.fault import FaultPolicy
 from lightning_ft.parallel.layout import build_device_mesh
 from lightning_ft.parallel.parallel_config import ParallelConfig
+from lightning_ft.parallel.schedules import PIPELINE_SCHEDULES
+from lightning_ft.parallel.validation import check_positive_int
 from lightning_ft.strategy import per_rank_state, process_group
 from lightning_ft.strategy.auto_resume import AutoResume, checkpoint_dirpaths, resolve_explicit_ckpt_path
 from lightning_ft.strategy.checkpoint_io import (
@@ -59,16 +61,6 @@ from lightning_ft.strategy.tracker import TrainingTracker
 if TYPE_CHECKING:
     import lightning.pytorch as pl
     from torch.distributed.device_mesh import DeviceMesh
-
-_PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved1f1b")
-
-
-def _check_size(name: str, value: Any, allow_auto: bool) -> None:
-    if allow_auto and value == "auto":
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        rule = 'a positive integer or "auto"' if allow_auto else "a positive integer"
-        raise ValueError(f"ElasticFT3D({name}={value!r}): must be {rule}")
 
 
 class ElasticFT3D(DDPStrategy):
@@ -89,8 +81,9 @@ class ElasticFT3D(DDPStrategy):
         find_unused_parameters: passed to ``DistributedDataParallel`` when the model is not parallelized.
 
     Raises:
-        ValueError: a size, schedule or policy is invalid (at construction), or the sizes do not multiply to the
-            world size, or tensor parallelism would cross a node (before any process group starts).
+        TypeError: a size is not an int (or ``"auto"`` where allowed), or a policy is of the wrong type.
+        ValueError: a size is below 1 or the schedule is unknown (at construction), or the sizes do not multiply to
+            the world size, or tensor parallelism would cross a node (before any process group starts).
 
     Example::
 
@@ -118,15 +111,15 @@ class ElasticFT3D(DDPStrategy):
         timeout: timedelta | None = default_pg_timeout,
         find_unused_parameters: bool = False,
     ) -> None:
-        _check_size("data_parallel_size", data_parallel_size, allow_auto=True)
-        _check_size("tensor_parallel_size", tensor_parallel_size, allow_auto=True)
-        _check_size("pipeline_parallel_size", pipeline_parallel_size, allow_auto=False)
-        if pipeline_schedule not in _PIPELINE_SCHEDULES:
+        check_positive_int("ElasticFT3D", "data_parallel_size", data_parallel_size, allow_auto=True)
+        check_positive_int("ElasticFT3D", "tensor_parallel_size", tensor_parallel_size, allow_auto=True)
+        check_positive_int("ElasticFT3D", "pipeline_parallel_size", pipeline_parallel_size)
+        if pipeline_schedule not in PIPELINE_SCHEDULES:
             raise ValueError(
-                f"ElasticFT3D(pipeline_schedule={pipeline_schedule!r}): must be one of {', '.join(_PIPELINE_SCHEDULES)}"
+                f"ElasticFT3D(pipeline_schedule={pipeline_schedule!r}): must be one of {', '.join(PIPELINE_SCHEDULES)}"
             )
         if num_microbatches is not None:
-            _check_size("num_microbatches", num_microbatches, allow_auto=False)
+            check_positive_int("ElasticFT3D", "num_microbatches", num_microbatches)
         if elastic is not None and not isinstance(elastic, ElasticPolicy):
             raise TypeError(f"ElasticFT3D(elastic={elastic!r}): must be an ElasticPolicy or None")
         if fault is not None and not isinstance(fault, FaultPolicy):

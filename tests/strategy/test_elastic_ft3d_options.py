@@ -12,18 +12,21 @@ from tests.strategy.models import TinyRegressor, make_trainer
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("kwargs", "error", "message"),
     [
-        ({"data_parallel_size": 0}, "data_parallel_size=0"),
-        ({"tensor_parallel_size": -2}, "tensor_parallel_size=-2"),
-        ({"pipeline_parallel_size": "auto"}, "pipeline_parallel_size='auto'"),
-        ({"pipeline_schedule": "zigzag"}, "pipeline_schedule='zigzag'"),
-        ({"num_microbatches": 0}, "num_microbatches=0"),
+        ({"data_parallel_size": 0}, ValueError, "ElasticFT3D(data_parallel_size=0): must be at least 1"),
+        ({"tensor_parallel_size": -2}, ValueError, "ElasticFT3D(tensor_parallel_size=-2): must be at least 1"),
+        # The same mistake gets the same exception type here as from ParallelConfig: a wrong type is a TypeError.
+        ({"pipeline_parallel_size": "auto"}, TypeError, "ElasticFT3D(pipeline_parallel_size='auto'): expected"),
+        ({"data_parallel_size": 2.0}, TypeError, "ElasticFT3D(data_parallel_size=2.0): expected"),
+        ({"pipeline_schedule": "zigzag"}, ValueError, "ElasticFT3D(pipeline_schedule='zigzag'): must be one of"),
+        ({"num_microbatches": 0}, ValueError, "ElasticFT3D(num_microbatches=0): must be at least 1"),
     ],
 )
-def test_invalid_sizes_are_refused_at_construction_naming_the_option(kwargs, message):
-    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+def test_invalid_sizes_are_refused_at_construction_naming_the_option(kwargs, error, message):
+    with pytest.raises(error) as raised:
         ElasticFT3D(**kwargs)
+    assert message in str(raised.value)
 
 
 def test_policy_of_the_wrong_type_is_refused():
