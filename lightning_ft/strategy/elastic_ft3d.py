@@ -431,7 +431,7 @@ class ElasticFT3D(DDPStrategy):
         # part of the strategy's configuration: a pickled or deep-copied Trainer (or `torch.save(model)`) gets a
         # strategy that sets them up again when it runs.
         state = dict(self.__dict__)
-        for name in ("_checkpoints", "_tracker", "event_log", "_auto_resume"):
+        for name in ("_checkpoints", "_tracker", "event_log", "_auto_resume", "_data_position"):
             state.pop(name, None)
         return state
 
@@ -441,6 +441,7 @@ class ElasticFT3D(DDPStrategy):
         self._tracker = None
         self.event_log = None
         self._auto_resume = AutoResume(enabled=self.auto_resume, broadcast=self.broadcast)
+        self._data_position = TrainingDataPosition()
 
     @override
     def teardown(self) -> None:
