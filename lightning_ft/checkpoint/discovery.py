@@ -20,6 +20,7 @@ from typing import Any
 from lightning_ft.checkpoint import json_codec
 from lightning_ft.checkpoint.commit import COMMIT_MARKER, read_document
 from lightning_ft.checkpoint.errors import CheckpointError
+from lightning_ft.checkpoint.shard_reader import ShardReader
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage, fsync_dir
 
 __all__ = [
@@ -108,8 +109,6 @@ def verify(path: str | os.PathLike) -> list[str]:
     Reads every shard and checks its crc32 against the one recorded at save; returns ``[]`` when all is well. Not
     collective; any single process may call it.
     """
-    from lightning_ft.checkpoint.load import ShardReader  # load imports discovery for its error messages
-
     path = Path(path)
     problems = []
     try:
