@@ -1,9 +1,11 @@
 """Finding, checking and tidying checkpoints in a folder.
 
 Auto-resume and retention use these: :func:`list_committed` and :func:`latest_committed` see only directories with a
-commit marker (never the ``last`` link or a half-written save), :func:`verify` reads every shard and checks it against
-the checksums recorded at save, :func:`cleanup_uncommitted` removes failed or interrupted saves, and
-:func:`repoint_last` moves the ``last`` link atomically so it always resolves to a committed checkpoint.
+commit marker (never the ``last`` link or a half-written save), :func:`verify` reads every shard through the
+:class:`~lightning_ft.checkpoint.shard_reader.ShardReader` and checks it against the checksums recorded at save,
+:func:`cleanup_uncommitted` removes failed or interrupted saves, and :func:`repoint_last` moves the ``last`` link
+atomically so it always resolves to a committed checkpoint. :func:`newest_alternative` names the newest committed
+checkpoint next to a refused one, for the loader's error messages. Nothing here is collective.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ missing or corrupt shard, naming the path, the tensor and the file. Tensors in t
 for a DTensor, its local region is computed from its own mesh and placements and assembled from whichever stored shards
 overlap it, so a checkpoint written with 2 ranks loads into 1 or 4 ranks (``Shard``/``Replicate`` placements) and an
 identical ``_StridedShard`` layout loads back bitwise. Non-tensor values come from the checkpoint's JSON; nothing is
-unpickled.
+unpickled. Shards are read and checked by :class:`~lightning_ft.checkpoint.shard_reader.ShardReader`. Loading ends with
+:func:`~lightning_ft.checkpoint.agreement.agree`: if any rank failed, every rank raises, so all ranks fall back to the
+same older checkpoint.
 """
 
 from __future__ import annotations
