@@ -148,6 +148,8 @@ class AsyncCheckpointer:
             RuntimeError: the checkpointer is closed.
             CheckpointError, OSError: a previous save failed in the background.
             TypeError: ``rank_state`` holds a DTensor, or a DTensor placement cannot be checkpointed.
+            CheckpointWriteError: the state holds DTensors and finding their local regions failed on another rank (the
+                failing rank raises its own error); nothing of this save is written.
         """
         if self._closed:
             raise RuntimeError("AsyncCheckpointer.save() called after close()")
