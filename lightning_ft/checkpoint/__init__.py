@@ -2,12 +2,14 @@
 
 See docs/checkpointing.md. The strategy drives :class:`AsyncCheckpointer` and :func:`load_checkpoint`; auto-resume and
 retention use the discovery functions; the ``lightning-ft inspect`` and ``export`` commands use :func:`describe`,
-:func:`format_description` and :func:`export_state_dict`.
+:func:`format_description` and :func:`export_state_dict`; :func:`load_from_checkpoint` puts a checkpoint into a
+``LightningModule`` for inference.
 
 Modules: ``async_checkpointer`` (the save: capture, background write, commit), ``staging`` (the capture),
 ``ownership`` (which rank writes which region), ``agreement`` (raise on every rank if one failed), ``commit`` (the
 on-disk contract), ``snapshot_storage`` (the torchsnapshot seam), ``shard_reader`` and ``load`` (reading back),
-``discovery`` and ``retention`` (finding and deleting checkpoints), ``dtensor_geometry``, ``json_codec``, ``inspect``.
+``discovery`` and ``retention`` (finding and deleting checkpoints), ``dtensor_geometry``, ``json_codec``, ``inspect``,
+``module_loader`` (into a ``LightningModule``).
 """
 
 from __future__ import annotations
@@ -27,14 +29,16 @@ from lightning_ft.checkpoint.discovery import (
 )
 from lightning_ft.checkpoint.errors import (
     CheckpointError,
+    CheckpointNotFoundError,
     CheckpointWriteError,
     CorruptCheckpointError,
     FormatVersionError,
     UncommittedCheckpointError,
     UnsafeCheckpointError,
 )
-from lightning_ft.checkpoint.inspect import describe, export_state_dict, format_description
+from lightning_ft.checkpoint.inspect import describe, export_state_dict, exported_checkpoint, format_description
 from lightning_ft.checkpoint.load import LoadedCheckpoint, load_checkpoint
+from lightning_ft.checkpoint.module_loader import load_from_checkpoint
 from lightning_ft.checkpoint.retention import Retention
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 
@@ -43,6 +47,7 @@ __all__ = [
     "COMMIT_MARKER",
     "CheckpointError",
     "CheckpointInfo",
+    "CheckpointNotFoundError",
     "CheckpointWriteError",
     "CommitInfo",
     "CorruptCheckpointError",
@@ -57,11 +62,13 @@ __all__ = [
     "cleanup_uncommitted",
     "describe",
     "export_state_dict",
+    "exported_checkpoint",
     "format_description",
     "is_committed",
     "latest_committed",
     "list_committed",
     "load_checkpoint",
+    "load_from_checkpoint",
     "read_metadata",
     "repoint_last",
     "verify",

@@ -24,7 +24,7 @@ from lightning_ft.checkpoint.discovery import is_committed, verify
 from lightning_ft.checkpoint.errors import CheckpointError
 from lightning_ft.checkpoint.load import load_checkpoint
 
-__all__ = ["describe", "export_state_dict", "format_description"]
+__all__ = ["describe", "export_state_dict", "exported_checkpoint", "format_description"]
 
 _MODEL_KEYS = ("state_dict", "model")
 
@@ -118,23 +118,30 @@ def _plain(obj: Any) -> Any:
     return str(obj)
 
 
-def export_state_dict(path: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Write committed checkpoint ``path`` as one plain ``torch.save`` file at ``out``; returns ``out``.
+def exported_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Committed checkpoint ``path`` as one plain Lightning checkpoint dict, in memory.
 
-    The file holds ``state_dict`` (full model tensors, assembled from their shards, on CPU), ``hyper_parameters``,
-    ``pytorch-lightning_version``, ``epoch`` and ``global_step``. Run it in a single process (not under torchrun).
+    It holds ``state_dict`` (full model tensors, assembled from their shards, on CPU), ``hyper_parameters``,
+    ``pytorch-lightning_version``, ``epoch`` and ``global_step`` (and ``hparams_name`` when saved): what
+    ``LightningModule.load_from_checkpoint`` reads. Not collective: one process reads every shard it needs.
 
     Raises:
         CheckpointError: as :func:`load_checkpoint`, or the checkpoint holds no model state (no ``state_dict`` key).
     """
     import lightning
 
-    loaded = load_checkpoint(path)
+    loaded = load_checkpoint(path, collective=False)
     state = loaded.state if isinstance(loaded.state, dict) else {}
     model = next((state[k] for k in _MODEL_KEYS if isinstance(state.get(k), dict)), None)
-    if model is None:
-        raise CheckpointError(f"checkpoint {path}: no model state found (looked for keys {list(_MODEL_KEYS)})")
     metadata = loaded.metadata
+    if model is None:
+        mesh = metadata.get("mesh") or {}
+        why = (
+            "a pipeline-parallel checkpoint keeps each stage's weights with the ranks of that stage"
+            if (mesh.get("pipeline_parallel") or 1) > 1
+            else f"looked for keys {list(_MODEL_KEYS)}"
+        )
+        raise CheckpointError(f"checkpoint {path}: no model state found ({why})")
     exported = {
         "state_dict": {str(k): v for k, v in model.items() if isinstance(v, torch.Tensor)},
         "hyper_parameters": _plain(state.get("hyper_parameters", metadata.get("hyper_parameters", {}))),
@@ -144,6 +151,18 @@ def export_state_dict(path: str | os.PathLike, out: str | os.PathLike) -> Path:
     }
     if "hparams_name" in state:
         exported["hparams_name"] = _plain(state["hparams_name"])
+    return exported
+
+
+def export_state_dict(path: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """Write committed checkpoint ``path`` as one plain ``torch.save`` file at ``out``; returns ``out``.
+
+    The file holds what :func:`exported_checkpoint` returns. Not collective: run it in one process (any rank may).
+
+    Raises:
+        CheckpointError: as :func:`exported_checkpoint`.
+    """
+    exported = exported_checkpoint(path)
     out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     torch.save(exported, tmp)

@@ -10,6 +10,7 @@ never through unrestricted unpickling.
 
 from __future__ import annotations
 
+import pickle
 import re
 import tempfile
 import threading
@@ -29,7 +30,10 @@ from lightning_ft.checkpoint import (
     AsyncCheckpointer,
     CheckpointError,
     CommitInfo,
+    CorruptCheckpointError,
     Retention,
+    UncommittedCheckpointError,
+    UnsafeCheckpointError,
     discovery,
     load_checkpoint,
 )
@@ -91,9 +95,16 @@ def _check_writable_dir(dirpath: Path) -> None:
 
 
 def load_foreign_checkpoint(path: Path, *, parallelized: bool) -> dict[str, Any]:
-    """Import a Lightning ``.ckpt`` file, never through unrestricted unpickling."""
+    """Import a Lightning ``.ckpt`` file, never through unrestricted unpickling.
+
+    Raises:
+        UncommittedCheckpointError: ``path`` is a folder that lightning-ft did not write.
+        CheckpointError: the model is parallelized (a single file cannot be imported into DTensors).
+        UnsafeCheckpointError: the file needs unpickling beyond ``torch.load(weights_only=True)``.
+        CorruptCheckpointError: the file cannot be read as a ``torch.save`` file at all.
+    """
     if path.is_dir():
-        raise CheckpointError(
+        raise UncommittedCheckpointError(
             f"ckpt_path={str(path)!r} is a folder but not a lightning-ft checkpoint (no metadata file found)"
         )
     if parallelized:
@@ -104,7 +115,10 @@ def load_foreign_checkpoint(path: Path, *, parallelized: bool) -> dict[str, Any]
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # UnpicklingError and friends: refuse, never fall back to full unpickling
-        raise CheckpointError(
+        # torch names a refused global "Weights only load failed"; anything else means the file is damaged.
+        unsafe = isinstance(err, pickle.UnpicklingError) and "weights only" in str(err).lower()
+        kind = UnsafeCheckpointError if unsafe else CorruptCheckpointError
+        raise kind(
             f"ckpt_path={str(path)!r} could not be loaded with weights_only=True ({type(err).__name__}: {err});"
             " lightning-ft never loads checkpoints through unrestricted unpickling"
         ) from err

@@ -26,6 +26,7 @@ import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch.optim import Optimizer
 from typing_extensions import override
@@ -56,7 +57,11 @@ from lightning_ft.strategy.checkpoint_io import (
     split_checkpoint,
 )
 from lightning_ft.strategy.parallel_modes import DataParallelMode, DTensorMode, PipelineMode, has_dtensor_parameters
+from lightning_ft.strategy.resume_message import loaded_message, resume_message
+from lightning_ft.strategy.teardown import TeardownSteps, attached_trainer, remove_callback
+from lightning_ft.strategy.torchrun_world import follow_torchrun
 from lightning_ft.strategy.tracker import TrainingTracker
+from lightning_ft.strategy_names import register_strategy_names
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -94,7 +99,7 @@ class ElasticFT3D(DDPStrategy):
         trainer.fit(model)  # resumes by itself after a crash or a restart at another world size
     """
 
-    strategy_name = "elastic_ft_3d"
+    strategy_name = "elastic_ft3d"
 
     def __init__(
         self,
@@ -145,6 +150,13 @@ class ElasticFT3D(DDPStrategy):
         self._tracker: TrainingTracker | None = None
         self._data_position = TrainingDataPosition()
         self._lr_scale = LRScale()
+        self._failure: BaseException | None = None
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        # Not DDPStrategy's: that one would register "ddp" and its variants for this class.
+        register_strategy_names(strategy_registry)
 
     # ------------------------------------------------------------------ mesh and process groups
 
@@ -180,6 +192,14 @@ class ElasticFT3D(DDPStrategy):
     @override
     def lightning_restore_optimizer(self) -> bool:
         return self._mode.lightning_restores_optimizer
+
+    @override
+    def set_world_ranks(self) -> None:
+        # Lightning calls this once the Trainer has set devices and num_nodes; under torchrun they follow torchrun.
+        changed = follow_torchrun(self)
+        if changed:
+            rank_zero_info(changed)
+        super().set_world_ranks()
 
     @override
     def setup_distributed(self) -> None:
@@ -366,6 +386,10 @@ class ElasticFT3D(DDPStrategy):
         checkpoint = per_rank_state.restore_own(dict(loaded.state), loaded.rank_state, same_world=same_world)
         checkpoint["callbacks"] = loaded.rank_state.get("callbacks", {})
         self._mode.apply_loaded(loaded.path, checkpoint, loaded.rank_state, loaded.metadata)
+        trainer = self.lightning_module.trainer
+        if trainer.state.fn != TrainerFn.FITTING:  # validate/test/predict load weights; nothing is resumed
+            rank_zero_info(loaded_message(loaded.path, loaded.metadata, stage=str(trainer.state.fn)))
+            return checkpoint
         rng = loaded.rank_state.get("rng")
         if rng and same_world and self._tracker is not None:
             self._tracker.restore_rng_at_next_batch(rng)
@@ -391,7 +415,7 @@ class ElasticFT3D(DDPStrategy):
                 accumulate_grad_batches=decision.accumulate_grad_batches,
                 lr_scale=decision.lr_scale,
             )
-        rank_zero_info(f"lightning-ft: resumed from {path} (step {metadata.get('step')})")
+        rank_zero_info(resume_message(path, metadata, decision=decision, world_size=self.world_size))
 
     @override
     def on_train_start(self) -> None:
@@ -443,14 +467,22 @@ class ElasticFT3D(DDPStrategy):
         self._data_position = TrainingDataPosition()
 
     @override
+    def on_exception(self, exception: BaseException) -> None:
+        super().on_exception(exception)
+        self._failure = exception  # teardown follows; it must not hide this error
+
+    @override
     def teardown(self) -> None:
-        try:
-            if self._checkpoints is not None:
-                self._checkpoints.close()
-        finally:
-            self._auto_resume.uninstall()
-            self._mode.teardown()
-            trainer = self.lightning_module.trainer if self.lightning_module is not None else None
-            if trainer is not None and self._tracker is not None and self._tracker in trainer.callbacks:
-                trainer.callbacks.remove(self._tracker)
-            super().teardown()
+        """Safe at every stage of a failed set-up: every step runs; while a run fails, their errors are logged and the
+        run's own error propagates; otherwise the first error (a failed background save, say) is raised."""
+        steps = TeardownSteps(failure=self._failure)
+        self._failure = None
+        if self._checkpoints is not None:
+            steps.run(self._checkpoints.close, "waiting for the checkpoint in flight")
+        steps.run(self._auto_resume.uninstall, "undoing the auto-resume patch")
+        steps.run(self._mode.teardown, f"tearing down the {self._mode.name} mode")
+        steps.run(
+            lambda: remove_callback(attached_trainer(self.lightning_module), self._tracker), "removing the tracker"
+        )
+        steps.run(super().teardown, "running DDPStrategy.teardown")
+        steps.finish()
