@@ -388,7 +388,7 @@ class ElasticFT3D(DDPStrategy):
         self._mode.apply_loaded(loaded.path, checkpoint, loaded.rank_state, loaded.metadata)
         trainer = self.lightning_module.trainer
         if trainer.state.fn != TrainerFn.FITTING:  # validate/test/predict load weights; nothing is resumed
-            rank_zero_info(loaded_message(loaded.path, loaded.metadata, stage=str(trainer.state.fn)))
+            rank_zero_info(loaded_message(loaded.path, loaded.metadata, stage=trainer.state.fn.value))
             return checkpoint
         rng = loaded.rank_state.get("rng")
         if rng and same_world and self._tracker is not None:
