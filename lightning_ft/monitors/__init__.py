@@ -5,10 +5,6 @@ from lightning_ft.monitors.nvml import NVML, FakeNVML
 from lightning_ft.monitors.straggler_detector import DetectorConfig, StragglerDetector
 from lightning_ft.monitors.straggler_monitor import STRAGGLER_EXIT_CODE, StragglerMonitor
 from lightning_ft.monitors.thermal_monitor import ThermalMonitor
-from lightning_ft.strategy_names import register_strategy_names
-
-# A LightningCLI run that names a monitor by class path can then name the strategy as "elastic_ft3d" too.
-register_strategy_names()
 
 __all__ = [
     "DetectorConfig",

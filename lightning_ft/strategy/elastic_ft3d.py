@@ -57,11 +57,11 @@ from lightning_ft.strategy.checkpoint_io import (
     split_checkpoint,
 )
 from lightning_ft.strategy.parallel_modes import DataParallelMode, DTensorMode, PipelineMode, has_dtensor_parameters
+from lightning_ft.strategy.registry import register_strategy_names
 from lightning_ft.strategy.resume_message import loaded_message, resume_message
 from lightning_ft.strategy.teardown import TeardownSteps, attached_trainer, remove_callback
 from lightning_ft.strategy.torchrun_world import follow_torchrun
 from lightning_ft.strategy.tracker import TrainingTracker
-from lightning_ft.strategy_names import register_strategy_names
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -156,7 +156,7 @@ class ElasticFT3D(DDPStrategy):
     @override
     def register_strategies(cls, strategy_registry: Any) -> None:
         # Not DDPStrategy's: that one would register "ddp" and its variants for this class.
-        register_strategy_names(strategy_registry)
+        register_strategy_names(cls, strategy_registry)
 
     # ------------------------------------------------------------------ mesh and process groups
 

@@ -13,7 +13,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 from lightning_ft import ElasticFT3D, ElasticPolicy
-from lightning_ft.strategy_names import STRATEGY_NAMES
+from lightning_ft.strategy.registry import STRATEGY_NAMES
 from tests.helpers import REPO_ROOT, subprocess_env
 from tests.strategy.models import TinyRegressor
 
@@ -72,7 +72,12 @@ def test_a_lightning_cli_yaml_file_selects_the_strategy_by_name(tmp_path):
 
 
 _CLI_SCRIPT = """
+import sys
+
 from lightning.pytorch.cli import LightningCLI
+
+if sys.argv.pop(1) == "with-import":
+    import lightning_ft.strategy  # noqa: F401 - registers "elastic_ft3d" and "lightning_ft.ElasticFT3D"
 from tests.strategy.models import TinyRegressor
 
 cli = LightningCLI(TinyRegressor, run=False, save_config_callback=None)
@@ -80,25 +85,26 @@ print(type(cli.trainer.strategy).__name__)
 """
 
 
-def test_a_lightning_cli_script_that_names_a_monitor_by_class_path_can_name_the_strategy_too(tmp_path):
-    # The script itself imports nothing of lightning-ft: jsonargparse imports the monitor's class path, which
-    # registers the strategy's names before the Trainer is built.
+def _run_cli_script(tmp_path, *args):
     script = tmp_path / "cli.py"
     script.write_text(_CLI_SCRIPT)
-    args = [
-        "--trainer.strategy=elastic_ft3d",
-        "--trainer.callbacks+=lightning_ft.GoodputMonitor",
-        "--trainer.accelerator=cpu",
-        "--trainer.devices=1",
-        f"--trainer.default_root_dir={tmp_path}",
-    ]
-    proc = subprocess.run(
-        [sys.executable, str(script), *args],
+    flags = ["--trainer.accelerator=cpu", "--trainer.devices=1", f"--trainer.default_root_dir={tmp_path}"]
+    return subprocess.run(
+        [sys.executable, str(script), *args, *flags],
         cwd=REPO_ROOT,
         env=subprocess_env(),
         capture_output=True,
         text=True,
         timeout=180,
     )
+
+
+def test_a_lightning_cli_script_names_the_strategy_after_the_one_import_line_the_docs_give(tmp_path):
+    # A fresh process, as a user's train.py: the names exist once lightning_ft.strategy is imported.
+    proc = _run_cli_script(tmp_path, "with-import", "--trainer.strategy=lightning_ft.ElasticFT3D")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "ElasticFT3D"
+    # The class_path form needs no import: jsonargparse imports the class.
+    proc = _run_cli_script(tmp_path, "without", "--trainer.strategy.class_path=lightning_ft.ElasticFT3D")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "ElasticFT3D"
