@@ -150,7 +150,7 @@ class ElasticFT3D(DDPStrategy):
         self._tracker: TrainingTracker | None = None
         self._data_position = TrainingDataPosition()
         self._lr_scale = LRScale()
-        self._failure: BaseException | None = None
+        self._exception: BaseException | None = None
 
     @classmethod
     @override
@@ -469,14 +469,13 @@ class ElasticFT3D(DDPStrategy):
     @override
     def on_exception(self, exception: BaseException) -> None:
         super().on_exception(exception)
-        self._failure = exception  # teardown follows; it must not hide this error
+        self._exception = exception  # teardown follows; it must not hide this error
 
     @override
     def teardown(self) -> None:
         """Safe at every stage of a failed set-up: every step runs; while a run fails, their errors are logged and the
         run's own error propagates; otherwise the first error (a failed background save, say) is raised."""
-        steps = TeardownSteps(failure=self._failure)
-        self._failure = None
+        steps = TeardownSteps(failure=self._exception)
         if self._checkpoints is not None:
             steps.run(self._checkpoints.close, "waiting for the checkpoint in flight")
         steps.run(self._auto_resume.uninstall, "undoing the auto-resume patch")
@@ -485,4 +484,5 @@ class ElasticFT3D(DDPStrategy):
             lambda: remove_callback(attached_trainer(self.lightning_module), self._tracker), "removing the tracker"
         )
         steps.run(super().teardown, "running DDPStrategy.teardown")
+        self._exception = None  # the next run of this strategy starts clean
         steps.finish()

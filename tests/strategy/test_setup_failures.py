@@ -70,7 +70,7 @@ def assert_left_clean(trainer):
     assert "resume_start" not in vars(_compat.checkpoint_connector(trainer)), "the auto-resume patch is still there"
     assert not [cb for cb in trainer.callbacks if isinstance(cb, TrainingTracker)], "the tracker is still attached"
     assert strategy._checkpoints is None or strategy._checkpoints.writer is None, "the checkpoint writer still runs"
-    assert strategy._failure is None
+    assert strategy._exception is None
 
 
 @pytest.mark.parametrize(
