@@ -26,6 +26,7 @@ import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch.optim import Optimizer
 from typing_extensions import override
@@ -40,7 +41,7 @@ from lightning_ft.elastic import (
     plan_resume_from_metadata,
 )
 from lightning_ft.events import EventLog, open_event_log
-from lightning_ft.fault import FaultPolicy
+from lightning_ft.fault import FaultHandler, FaultPolicy, attempt_end_fields, checkpoint_storage
 from lightning_ft.parallel.layout import build_device_mesh
 from lightning_ft.parallel.parallel_config import ParallelConfig
 from lightning_ft.strategy import process_group
@@ -152,6 +153,8 @@ class ElasticFT3D(DDPStrategy):
         self._tracker: TrainingTracker | None = None
         self._data_position = TrainingDataPosition()
         self._lr_scale = LRScale()
+        self._fault = FaultHandler(fault) if fault is not None else None
+        self._exception: BaseException | None = None
 
     # ------------------------------------------------------------------ mesh and process groups
 
@@ -222,7 +225,10 @@ class ElasticFT3D(DDPStrategy):
         if self.event_log is None:  # one attempt per process, whatever fit/validate/test calls follow
             self.event_log = open_event_log(trainer, mesh=self.mesh_shape())
             self.event_log.claim("progress")
-        self._checkpoint_manager().open()
+        self._exception = None
+        if self._fault is not None:
+            self._fault.install(trainer, self.event_log)  # fit only: signal handlers, watchdog hooks
+        self._checkpoint_manager().open(storage=checkpoint_storage(trainer))
         if self._tracker is None:
             self._tracker = TrainingTracker(
                 event_log=lambda: self.event_log,
@@ -247,8 +253,9 @@ class ElasticFT3D(DDPStrategy):
     @override
     def setup(self, trainer: pl.Trainer) -> None:
         assert self.model is not None and self.parallel_config is not None
-        for dirpath in checkpoint_dirpaths(trainer):
-            check_writable_dir(dirpath)
+        if self._fault is None or not self._fault.runs_health_checks:
+            for dirpath in checkpoint_dirpaths(trainer):
+                check_writable_dir(dirpath)
         check_accumulation_scheduler(trainer, self.elastic)
         self._parallelized = has_dtensor_parameters(self.model)
         cfg = self.parallel_config
@@ -265,6 +272,8 @@ class ElasticFT3D(DDPStrategy):
         else:
             self._mode = DataParallelMode(self)
         self._mode.setup(trainer)
+        if self._fault is not None:  # collective: watchdog, health checks (all ranks start or none), agreement group
+            self._fault.preflight(trainer, check_dir=check_writable_dir)
         self.barrier("ElasticFT3D.setup")
 
     @override
@@ -358,6 +367,7 @@ class ElasticFT3D(DDPStrategy):
 
     @override
     def load_checkpoint(self, checkpoint_path: _compat.PATH, weights_only: bool | None = None) -> dict[str, Any]:
+        started = time.perf_counter()
         path = Path(self.broadcast(str(checkpoint_path)))
         if not is_lightning_ft_checkpoint(path):
             return load_foreign_checkpoint(path, parallelized=self._parallelized)
@@ -370,10 +380,10 @@ class ElasticFT3D(DDPStrategy):
         rng = loaded.rank_state.get("rng")
         if rng and loaded.metadata.get("world_size") == self.world_size and self._tracker is not None:
             self._tracker.restore_rng_at_next_batch(rng)
-        self._resume_elastically(loaded.path, loaded.metadata)
+        self._resume_elastically(loaded.path, loaded.metadata, load_s=time.perf_counter() - started)
         return checkpoint
 
-    def _resume_elastically(self, path: Path, metadata: dict[str, Any]) -> None:
+    def _resume_elastically(self, path: Path, metadata: dict[str, Any], *, load_s: float) -> None:
         trainer = self.lightning_module.trainer
         decision = plan_resume_from_metadata(
             self.elastic, metadata, new_dp_size=self.data_parallel_size, new_world_size=self.world_size
@@ -391,6 +401,7 @@ class ElasticFT3D(DDPStrategy):
                 world_size=self.world_size,
                 accumulate_grad_batches=decision.accumulate_grad_batches,
                 lr_scale=decision.lr_scale,
+                load_s=load_s,
             )
         rank_zero_info(f"lightning-ft: resumed from {path} (step {metadata.get('step')})")
 
@@ -426,14 +437,28 @@ class ElasticFT3D(DDPStrategy):
     # ------------------------------------------------------------------ teardown
 
     @override
+    def on_exception(self, exception: BaseException) -> None:
+        super().on_exception(exception)
+        self._exception = exception  # teardown records how the attempt ended
+
+    @override
     def teardown(self) -> None:
+        close_error: BaseException | None = None
         try:
             if self._checkpoints is not None:
                 self._checkpoints.close()
+        except BaseException as err:
+            close_error = err
+            raise
         finally:
             self._auto_resume.uninstall()
             self._mode.teardown()
             trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+            ended_by = self._exception or close_error
+            if self._fault is not None:
+                self._fault.uninstall(trainer, failed=ended_by is not None)
+            if trainer is not None and self.event_log is not None and trainer.state.fn == TrainerFn.FITTING:
+                self.event_log.write("attempt_end", **attempt_end_fields(ended_by))
             if trainer is not None and self._tracker is not None and self._tracker in trainer.callbacks:
                 trainer.callbacks.remove(self._tracker)
             super().teardown()
