@@ -12,7 +12,8 @@ A Lightning callback with a fluent interface (like torchft's ``FailureInjector``
     trainer = L.Trainer(strategy=ElasticFT3D(), callbacks=[injector, ...])
     data = DataLoader(injector.wrap_dataset(dataset), ...)   # only for where="data"
 
-Every fault is real: signals are delivered with ``os.kill``, a hang sleeps, a storage fault raises ``OSError`` from
+Every fault is real, and recorded first as a ``fault_injected`` event (``kind`` and the fault's options) in the
+event log of the rank it hits: signals are delivered with ``os.kill``, a hang sleeps, a storage fault raises ``OSError`` from
 the checkpoint storage seam (after taking part in the collective write, as a real disk error does). A fault fires once,
 on attempt ``attempt`` of the run only (0 by default, so the resumed run trains through; ``None`` on every attempt),
 at ``rank`` (``None``: every rank). ``step`` is ``trainer.global_step`` when the fault fires, i.e. the number of steps
@@ -40,7 +41,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import Dataset
 from typing_extensions import override
 
-from lightning_ft.events import get_event_log
+from lightning_ft.events import EventLog, get_event_log
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -91,7 +92,7 @@ class FaultInjector(Callback):
         self._attempt = 0
         self._step = 0
         self._dataset_wrapped = False
-        self._sanity_checking = False
+        self._log: EventLog | None = None
 
     @property
     @override
@@ -227,8 +228,15 @@ class FaultInjector(Callback):
             due.append(fault)
         return due
 
-    def _fire(self, fault: _Fault) -> None:
+    def _record(self, fault: _Fault) -> None:
+        """A ``fault_injected`` event before the fault acts: the fault's time, for restart-time measurements."""
         fault.fired = True
+        if self._log is not None:
+            params = {k: (v.name if isinstance(v, signal.Signals) else v) for k, v in fault.params.items()}
+            self._log.write("fault_injected", step=self._step, kind=fault.kind, **params)
+
+    def _fire(self, fault: _Fault) -> None:
+        self._record(fault)
         where = f"rank {self._rank}, step {self._step}, attempt {self._attempt}"
         params = fault.params
         if fault.kind == "signal_at":
@@ -251,7 +259,7 @@ class FaultInjector(Callback):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._rank = trainer.global_rank
-        log = get_event_log(trainer, open_if_missing=False)
+        self._log = log = get_event_log(trainer, open_if_missing=False)
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         self._attempt = log.attempt if log is not None else int(restart) if restart.isdigit() else 0
 
@@ -298,15 +306,16 @@ class FaultInjector(Callback):
         match = _STEP_IN_NAME.search(os.path.basename(os.fspath(path)))
         step = int(match.group(1)) if match else None
         after: list[Callable[[], None]] = []
-        for fault in self._due("storage_stall_at", step=step):
-            fault.fired = True
-            print(f"[fault] storage stall {fault.params['seconds']} s at rank {self._rank} ({path})", flush=True)
-            time.sleep(fault.params["seconds"])
+        # Signals and kills first: a stall after them keeps the write in flight while the signal is handled.
         for kind in ("signal_at", "kill_at"):
             for fault in self._due(kind, step=step, during="write"):
                 self._fire(fault)
+        for fault in self._due("storage_stall_at", step=step):
+            self._record(fault)
+            print(f"[fault] storage stall {fault.params['seconds']} s at rank {self._rank} ({path})", flush=True)
+            time.sleep(fault.params["seconds"])
         for fault in self._due("storage_error_at", step=step):
-            fault.fired = True
+            self._record(fault)
             code = fault.params["errno"]
             print(f"[fault] storage error {errno_.errorcode.get(code, code)} at rank {self._rank} ({path})", flush=True)
 

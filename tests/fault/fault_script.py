@@ -39,6 +39,7 @@ def main() -> None:
     p.add_argument("--max-steps", type=int, default=12)
     p.add_argument("--ckpt-every", type=int, default=2)
     p.add_argument("--faults", default="")
+    p.add_argument("--ckpt-dir", default=None, help="ModelCheckpoint dirpath (default: <root>/ckpt)")
     p.add_argument("--hang-timeout", type=float, default=600.0)
     p.add_argument("--first-step-timeout", type=float, default=1800.0)
     p.add_argument("--grace", type=float, default=25.0)
@@ -65,7 +66,7 @@ def main() -> None:
         default_root_dir=root,
         logger=False,
         callbacks=[
-            ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=args.ckpt_every, save_top_k=-1),
+            ModelCheckpoint(dirpath=args.ckpt_dir or root / "ckpt", every_n_train_steps=args.ckpt_every, save_top_k=-1),
             injector,
         ],
         enable_progress_bar=False,
