@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from examples.gpt import GPT, SyntheticTokens  # noqa: E402
 from lightning_ft import ElasticFT3D, FaultPolicy  # noqa: E402
+from lightning_ft.events import get_event_log  # noqa: E402
 from lightning_ft.fault import FaultInjector  # noqa: E402
 
 
@@ -46,6 +47,7 @@ class KillRankOnce(Callback):
         first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
         if first_attempt and trainer.global_rank == self.rank and trainer.global_step == self.step:
             print(f"[demo] rank {self.rank}: killing myself with SIGKILL at step {self.step}", flush=True)
+            get_event_log(trainer).write("fault_injected", kind="kill_at")  # the fault's time, for the report
             os.kill(os.getpid(), signal.SIGKILL)
 
 
