@@ -11,7 +11,10 @@ Checked against: torch 2.4.1 (imports) and 2.13.0 (CI); Lightning 2.4.0, 2.5.x a
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import random
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -48,6 +51,7 @@ __all__ = [
     "Replicate",
     "Shard",
     "StridedShard",
+    "torchsnapshot_take_hooks",
     "call_resume_start",
     "checkpoint_connector",
     "collect_rng_states",
@@ -59,6 +63,7 @@ __all__ = [
     "set_logger_version",
     "set_rng_states",
     "signal_connector",
+    "train_combined_loader_mode",
     "unwrap_optimizer",
     "update_dataloader",
 ]
@@ -104,6 +109,12 @@ def set_logger_version(logger: Any, version: str) -> bool:
         logger._version = version
         return True
     return False
+
+
+def train_combined_loader_mode(trainer: Any) -> str | None:
+    """The mode of the training ``CombinedLoader`` (``fit_loop._combined_loader._mode``: Lightning 2.4-2.6), if any."""
+    loader = getattr(getattr(trainer, "fit_loop", None), "_combined_loader", None)
+    return getattr(loader, "_mode", None)
 
 
 def checkpoint_connector(trainer: Any) -> Any:
@@ -194,3 +205,43 @@ class Patch:
     def __repr__(self) -> str:
         state = "installed" if self._installed else "not installed"
         return f"Patch({self.name!r}: {type(self.target).__name__}.{self.attribute}, {state})"
+
+
+# -- torchsnapshot ---------------------------------------------------------------------------------------------------
+_TAKE_LOCK = threading.Lock()
+_SNAPSHOT_IDS = random.Random()
+
+
+@contextmanager
+def torchsnapshot_take_hooks(plugin: Any) -> Iterator[None]:
+    """While ``Snapshot.take`` runs in this block, torchsnapshot writes through ``plugin`` and draws its snapshot id
+    from a private RNG. Both are undone when the block ends; takes in one process are serialised.
+
+    - ``torchsnapshot.snapshot.url_to_storage_plugin_in_event_loop``: torchsnapshot has no argument for a storage
+      plugin instance; ours (fsync, deferred errors) is handed over here.
+    - ``torchsnapshot.snapshot._generate_random_int64`` draws from Python's global ``random``, from the background
+      writer thread, at a time that depends on the write: that would shift the training process's random stream and
+      make a resume inexact. Checked against torchsnapshot-nightly 2024.7.26.
+    """
+    import torchsnapshot.snapshot as ts_snapshot
+
+    def plugin_factory(url_path: str, event_loop: Any, storage_options: Any = None) -> Any:
+        return plugin
+
+    with _TAKE_LOCK:
+        patches = [
+            Patch(ts_snapshot, "url_to_storage_plugin_in_event_loop", plugin_factory, name="lightning-ft storage"),
+            Patch(
+                ts_snapshot,
+                "_generate_random_int64",
+                lambda: _SNAPSHOT_IDS.randint(0, 2**63 - 1),
+                name="torchsnapshot snapshot id off the global RNG",
+            ),
+        ]
+        for patch in patches:
+            patch.install()
+        try:
+            yield
+        finally:
+            for patch in reversed(patches):
+                patch.undo()

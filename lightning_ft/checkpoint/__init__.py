@@ -3,6 +3,11 @@
 See docs/checkpointing.md. The strategy drives :class:`AsyncCheckpointer` and :func:`load_checkpoint`; auto-resume and
 retention use the discovery functions; the ``lightning-ft inspect`` and ``export`` commands use :func:`describe`,
 :func:`format_description` and :func:`export_state_dict`.
+
+Modules: ``async_checkpointer`` (the save: capture, background write, commit), ``staging`` (the capture),
+``ownership`` (which rank writes which region), ``agreement`` (raise on every rank if one failed), ``commit`` (the
+on-disk contract), ``snapshot_storage`` (the torchsnapshot seam), ``shard_reader`` and ``load`` (reading back),
+``discovery`` and ``retention`` (finding and deleting checkpoints), ``dtensor_geometry``, ``json_codec``, ``inspect``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,15 @@
 """Asynchronous, consistent, sharded checkpoint saves with an atomic commit.
 
 :class:`AsyncCheckpointer` is what the strategy calls at every checkpoint. ``save()`` blocks only while the state is
-captured into staging buffers (the "stall"); a background thread then writes every rank's shards through torchsnapshot on
-a process group of its own, fsyncs them, and rank 0 commits: metadata file, then the commit marker, last. At most one
+captured (the "stall"): it waits for the previous save, encodes the non-tensor state to JSON, decides which regions
+this rank writes (:mod:`~lightning_ft.checkpoint.ownership`; one small exchange on the checkpoint group when the state
+holds DTensors, none otherwise) and copies only those into staging buffers (:mod:`~lightning_ft.checkpoint.staging`).
+A background thread then writes every rank's shards through torchsnapshot on that process group of its own, fsyncs
+them, and rank 0 commits: metadata file, then the commit marker, last. Each collective step ends with
+:func:`~lightning_ft.checkpoint.agreement.agree`, so a failure on one rank fails the save on every rank. At most one
 save is in flight. A failure in the background is kept and raised once, at the next ``save()``, ``wait()`` or
-``close()``; a later error never replaces it, and a failed save never gets its marker.
+``close()``; ``save()`` raises it before starting anything, so a later save never runs while it is pending, and a
+failed save never gets its marker.
 """
 
 from __future__ import annotations
@@ -25,10 +30,14 @@ import torch
 import torch.distributed as dist
 
 from lightning_ft.checkpoint import json_codec
+from lightning_ft.checkpoint.agreement import agree, is_distributed
 from lightning_ft.checkpoint.commit import FORMAT_VERSION, uncommit, write_marker, write_metadata
 from lightning_ft.checkpoint.errors import CheckpointWriteError
+from lightning_ft.checkpoint.ownership import regions_to_write
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
-from lightning_ft.checkpoint.staging import Capture, Stager
+from lightning_ft.checkpoint.staging import Capture, Stager, encode_state
+
+__all__ = ["THREAD_NAME", "AsyncCheckpointer", "CommitInfo"]
 
 THREAD_NAME = "lightning-ft-checkpoint-writer"
 
@@ -59,17 +68,14 @@ class _Job:
     future: Future
 
 
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
 class AsyncCheckpointer:
     """Saves nested state asynchronously as a committed, sharded lightning-ft checkpoint.
 
     Args:
-        group: process group for checkpoint I/O collectives, used only from the background thread. ``None`` with
-            torch.distributed initialized creates a gloo group, so construction is then collective (every rank calls).
-            Never pass the training group: its collectives would interleave with the training loop's.
+        group: process group for checkpoint collectives: those of the background thread, and the exchange ``save()``
+            runs (while the background thread is idle) when the state holds DTensors. ``None`` with torch.distributed
+            initialized creates a gloo group, so construction is then collective (every rank calls). Never pass the
+            training group: its collectives would interleave with the training loop's.
         storage: the storage seam (tests pass a fake to inject I/O errors).
         on_commit: called on rank 0, in the background thread, after a checkpoint's marker is durable. An exception
             in it fails that save on every rank (raised at the next ``save()``/``wait()``/``close()``).
@@ -95,15 +101,15 @@ class AsyncCheckpointer:
         reuse_buffers: bool = True,
         timeout: timedelta | None = None,
     ) -> None:
-        self._owns_group = group is None and _distributed()
+        self._owns_group = group is None and is_distributed()
         if self._owns_group:
             group = dist.new_group(backend="gloo", timeout=timeout)
         self._group = group
         self._storage = storage or SnapshotStorage()
         self._on_commit = on_commit
         self._stager = Stager(reuse_buffers=reuse_buffers)
-        self._rank = dist.get_rank(group) if _distributed() else 0
-        self._world_size = dist.get_world_size(group) if _distributed() else 1
+        self._rank = dist.get_rank(group) if is_distributed() else 0
+        self._world_size = dist.get_world_size(group) if is_distributed() else 1
         self._queue: SimpleQueue[_Job | None] = SimpleQueue()
         self._current: _Job | None = None
         self._pending_error: BaseException | None = None
@@ -132,21 +138,29 @@ class AsyncCheckpointer:
     ) -> None:
         """Capture ``state`` now and write it to ``path`` in the background.
 
-        Collective: every rank calls it with the same ``state`` structure (rank 0's ``path`` and ``metadata`` win).
-        Raises a pending background error first (once), then waits for the previous save. Returns once the state is
-        captured; from then on the caller may mutate every tensor and container it passed.
+        Collective: every rank calls it with the same ``state`` structure: the same keys, and a DTensor where the
+        other ranks have one (rank 0's ``path`` and ``metadata`` win). Waits for the previous save, then raises its
+        background error if it failed (once, and nothing of this save is started). Returns once what this rank writes
+        is copied; from then on the caller may mutate every tensor and container it passed. ``rank_state`` is this
+        rank's own (no DTensor): every rank's is kept.
 
         Raises:
             RuntimeError: the checkpointer is closed.
             CheckpointError, OSError: a previous save failed in the background.
+            TypeError: ``rank_state`` holds a DTensor, or a DTensor placement cannot be checkpointed.
+            CheckpointWriteError: the state holds DTensors and finding their local regions failed on another rank (the
+                failing rank raises its own error); nothing of this save is written.
         """
         if self._closed:
             raise RuntimeError("AsyncCheckpointer.save() called after close()")
         started = time.perf_counter()
         self.wait()
         user_metadata = dict(metadata or {})
-        capture = self._stager.capture(state, rank_state, rank=self._rank, world_size=self._world_size)
         encoded_metadata = json_codec.encode(user_metadata, path="metadata")
+        encoded = encode_state(state, rank_state, rank=self._rank)
+        # The background thread is idle after wait(), so the exchange of DTensor regions may use the group here.
+        writes = regions_to_write(encoded.shared, rank=self._rank, world_size=self._world_size, group=self._group)
+        capture = self._stager.capture(encoded, writes)
         job = _Job(
             path=Path(path),
             capture=capture,
@@ -210,25 +224,12 @@ class AsyncCheckpointer:
             finally:
                 job.capture = None  # type: ignore[assignment]  # the staging buffers stay with the Stager
 
-    def _all_ok(self, error: BaseException | None, payload: Any = None) -> list[Any]:
-        """Exchange (error, payload) with every rank; raise on every rank if any rank failed."""
-        if not _distributed():
-            if error is not None:
-                raise error
-            return [payload]
-        gathered: list[Any] = [None] * self._world_size
-        message = None if error is None else f"{type(error).__name__}: {error}"
-        dist.all_gather_object(gathered, (message, payload), group=self._group)
-        if error is not None:
-            raise error
-        for rank, (message, _) in enumerate(gathered):
-            if message is not None:
-                raise CheckpointWriteError(f"checkpoint save failed on rank {rank}: {message}")
-        return [p for _, p in gathered]
+    def _agree(self, error: BaseException | None, payload: Any = None) -> list[Any]:
+        return agree(error, payload, group=self._group, what="checkpoint save", error_type=CheckpointWriteError)
 
     def _write(self, job: _Job) -> None:
         capture = job.capture
-        if _distributed():
+        if is_distributed():
             paths = [str(job.path)]
             dist.broadcast_object_list(paths, src=dist.get_global_rank(self._group, 0), group=self._group)
             job.path = Path(paths[0])
@@ -243,11 +244,11 @@ class AsyncCheckpointer:
                 path.mkdir(parents=True, exist_ok=True)
         except BaseException as e:  # noqa: BLE001
             error = e
-        self._all_ok(error)
+        self._agree(error)
 
         records, entries, error = [], {}, None
         try:
-            for shard in self._elect_dtensor_owners(capture):
+            for shard in capture.shards:
                 data = shard.data.reshape(-1).view(torch.uint8)
                 entries[shard.name] = data
                 records.append(
@@ -265,7 +266,7 @@ class AsyncCheckpointer:
         except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
             error = e
         payload = (records, capture.tensors if self._rank == 0 else _owned(capture, records), capture.rank_state_json)
-        gathered = self._all_ok(error, payload)
+        gathered = self._agree(error, payload)
 
         error = None
         if self._rank == 0:
@@ -276,43 +277,7 @@ class AsyncCheckpointer:
                     self._on_commit(info)
             except BaseException as e:  # noqa: BLE001
                 error = e
-        self._all_ok(error)
-
-    def _elect_dtensor_owners(self, capture: Capture) -> list[Any]:
-        """The staged shards this rank writes, after one exchange of which DTensor regions every rank holds.
-
-        A DTensor's placements only describe replicas inside its own mesh. A mesh that is a slice of the world (an
-        FSDP mesh over the data-parallel axis while tensor-parallel peers hold the same values, say) has identical
-        twins on other ranks that its placements cannot see; each region is written by one holder, chosen
-        deterministically and balanced by bytes.
-        """
-        shards = capture.shards
-        if not _distributed():
-            return shards
-        mine = [
-            (s.key, tuple(s.offset), s.data.numel() * s.data.element_size())
-            for s in shards
-            if capture.tensors[s.key].get("kind") == "dtensor"
-        ]
-        gathered: list[Any] = [None] * self._world_size
-        dist.all_gather_object(gathered, mine, group=self._group)
-        holders: dict[tuple[str, tuple[int, ...]], list[int]] = {}
-        sizes: dict[tuple[str, tuple[int, ...]], int] = {}
-        for rank, items in enumerate(gathered):
-            for key, offset, nbytes in items:
-                holders.setdefault((key, tuple(offset)), []).append(rank)
-                sizes[(key, tuple(offset))] = nbytes
-        load = [0] * self._world_size
-        owner: dict[tuple[str, tuple[int, ...]], int] = {}
-        for region in sorted(holders, key=lambda r: (-sizes[r], r)):
-            chosen = min(holders[region], key=lambda r: (load[r], r))
-            owner[region] = chosen
-            load[chosen] += sizes[region]
-        return [
-            s
-            for s in shards
-            if capture.tensors[s.key].get("kind") != "dtensor" or owner[(s.key, tuple(s.offset))] == self._rank
-        ]
+        self._agree(error)
 
     def _commit(self, job: _Job, gathered: list[Any]) -> CommitInfo:
         tensors: dict[str, dict[str, Any]] = {}

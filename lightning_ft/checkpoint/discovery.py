@@ -1,9 +1,11 @@
 """Finding, checking and tidying checkpoints in a folder.
 
 Auto-resume and retention use these: :func:`list_committed` and :func:`latest_committed` see only directories with a
-commit marker (never the ``last`` link or a half-written save), :func:`verify` reads every shard and checks it against
-the checksums recorded at save, :func:`cleanup_uncommitted` removes failed or interrupted saves, and
-:func:`repoint_last` moves the ``last`` link atomically so it always resolves to a committed checkpoint.
+commit marker (never the ``last`` link or a half-written save), :func:`verify` reads every shard through the
+:class:`~lightning_ft.checkpoint.shard_reader.ShardReader` and checks it against the checksums recorded at save,
+:func:`cleanup_uncommitted` removes failed or interrupted saves, and :func:`repoint_last` moves the ``last`` link
+atomically so it always resolves to a committed checkpoint. :func:`newest_alternative` names the newest committed
+checkpoint next to a refused one, for the loader's error messages. Nothing here is collective.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 from lightning_ft.checkpoint import json_codec
 from lightning_ft.checkpoint.commit import COMMIT_MARKER, read_document
 from lightning_ft.checkpoint.errors import CheckpointError
+from lightning_ft.checkpoint.shard_reader import ShardReader
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage, fsync_dir
 
 __all__ = [
@@ -108,8 +111,6 @@ def verify(path: str | os.PathLike) -> list[str]:
     Reads every shard and checks its crc32 against the one recorded at save; returns ``[]`` when all is well. Not
     collective; any single process may call it.
     """
-    from lightning_ft.checkpoint.load import ShardReader  # load imports discovery for its error messages
-
     path = Path(path)
     problems = []
     try:

@@ -5,14 +5,15 @@ missing or corrupt shard, naming the path, the tensor and the file. Tensors in t
 for a DTensor, its local region is computed from its own mesh and placements and assembled from whichever stored shards
 overlap it, so a checkpoint written with 2 ranks loads into 1 or 4 ranks (``Shard``/``Replicate`` placements) and an
 identical ``_StridedShard`` layout loads back bitwise. Non-tensor values come from the checkpoint's JSON; nothing is
-unpickled.
+unpickled. Shards are read and checked by :class:`~lightning_ft.checkpoint.shard_reader.ShardReader`. Loading ends with
+:func:`~lightning_ft.checkpoint.agreement.agree`: if any rank failed, every rank raises, so all ranks fall back to the
+same older checkpoint.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import zlib
 from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,19 +22,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lightning_ft._compat import DTensor
 from lightning_ft.checkpoint import json_codec
-from lightning_ft.checkpoint._dtensor import DTensor, local_region
+from lightning_ft.checkpoint.agreement import agree, is_distributed
 from lightning_ft.checkpoint.commit import read_document
 from lightning_ft.checkpoint.discovery import newest_alternative
-from lightning_ft.checkpoint.errors import (
-    CheckpointError,
-    CorruptCheckpointError,
-    UncommittedCheckpointError,
-    UnsafeCheckpointError,
-)
+from lightning_ft.checkpoint.dtensor_geometry import local_region
+from lightning_ft.checkpoint.errors import CheckpointError, CorruptCheckpointError, UncommittedCheckpointError
+from lightning_ft.checkpoint.shard_reader import ShardReader
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 
-__all__ = ["LoadedCheckpoint", "ShardReader", "load_checkpoint"]
+__all__ = ["LoadedCheckpoint", "load_checkpoint"]
 
 
 @dataclass(frozen=True)
@@ -50,73 +49,6 @@ class LoadedCheckpoint:
     """This rank modulo the saved world size: whose ``rank_state`` this is."""
     metadata: dict[str, Any]
     """The run metadata: ``format_version``, ``step``, ``world_size``, ``size_bytes`` and what the writer added."""
-
-
-def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise CorruptCheckpointError(f"unknown dtype {name!r} in the checkpoint index")
-    return dtype
-
-
-class ShardReader:
-    """Reads and checks the shards of one checkpoint; used by :func:`load_checkpoint` and ``verify``."""
-
-    def __init__(self, path: Path, document: dict[str, Any], storage: SnapshotStorage, *, verify_checksums: bool):
-        self.path = path
-        self.document = document
-        self.verify_checksums = verify_checksums
-        try:
-            self.reader = storage.reader(path)
-        except Exception as e:  # noqa: BLE001 - torchsnapshot reports a missing manifest as RuntimeError
-            raise CorruptCheckpointError(f"checkpoint {path}: torchsnapshot metadata unreadable ({e})") from e
-        unsafe = self.reader.unsafe_entries()
-        if unsafe:
-            raise UnsafeCheckpointError(
-                f"checkpoint {path} holds pickled payloads, which lightning-ft never loads: {', '.join(unsafe)}"
-            )
-
-    def read_shard(self, key: str, record: dict[str, Any], shard: dict[str, Any]) -> torch.Tensor:
-        """One stored shard of tensor ``key`` as a CPU tensor of the shard's shape, checksum checked."""
-        rank, name = shard["rank"], shard["entry"]
-        files = self.reader.files(rank, name)
-        where = f"tensor {key!r} (entry {rank}/{name}, file {', '.join(files) or 'absent from the manifest'})"
-        if not files:
-            raise CorruptCheckpointError(f"checkpoint {self.path}: missing shard of {where}")
-        out = torch.empty(shard["nbytes"], dtype=torch.uint8)
-        try:
-            self.reader.read(rank, name, out)
-        except FileNotFoundError as e:
-            raise CorruptCheckpointError(f"checkpoint {self.path}: missing shard file of {where}") from e
-        except Exception as e:  # noqa: BLE001 - torchsnapshot wraps short reads in various errors
-            raise CorruptCheckpointError(f"checkpoint {self.path}: unreadable shard of {where}: {e}") from e
-        if self.verify_checksums and zlib.crc32(out.numpy()) != shard["crc32"]:
-            raise CorruptCheckpointError(f"checkpoint {self.path}: checksum mismatch in shard of {where}")
-        return out.view(_dtype(record["dtype"])).reshape(shard["shape"])
-
-    def assemble(self, key: str, offset: list[int], shape: list[int]) -> torch.Tensor:
-        """The region ``[offset, offset + shape)`` of tensor ``key`` as a new CPU tensor, from overlapping shards."""
-        record = self.document["tensors"].get(key)
-        if record is None:
-            raise CorruptCheckpointError(f"checkpoint {self.path}: tensor {key!r} is missing from the index")
-        out = torch.empty(shape, dtype=_dtype(record["dtype"]))
-        covered = 0
-        for shard in record["shards"]:
-            lo = [max(a, b) for a, b in zip(offset, shard["offset"], strict=True)]
-            hi = [min(a + n, b + m) for a, n, b, m in zip(offset, shape, shard["offset"], shard["shape"], strict=True)]
-            if any(h <= low for low, h in zip(lo, hi, strict=True)):
-                continue
-            data = self.read_shard(key, record, shard)
-            src = tuple(slice(low - s, h - s) for low, h, s in zip(lo, hi, shard["offset"], strict=True))
-            dst = tuple(slice(low - o, h - o) for low, h, o in zip(lo, hi, offset, strict=True))
-            out[dst] = data[src]
-            covered += data[src].numel()
-        if covered != out.numel():
-            raise CorruptCheckpointError(
-                f"checkpoint {self.path}: the stored shards of tensor {key!r} cover {covered} of the "
-                f"{out.numel()} elements at offset {offset} shape {shape}"
-            )
-        return out
 
 
 def _template_tensors(obj: Any, path: str = "", out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
@@ -161,21 +93,6 @@ def _fill(reader: ShardReader, key: str, path: str, target: torch.Tensor | None)
     return target
 
 
-def _agree(error: BaseException | None, group: dist.ProcessGroup | None) -> None:
-    """Raise on every rank if any rank failed, so all ranks fall back together."""
-    if not (dist.is_available() and dist.is_initialized()):
-        if error is not None:
-            raise error
-        return
-    messages: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(messages, None if error is None else f"{type(error).__name__}: {error}", group=group)
-    if error is not None:
-        raise error
-    for rank, message in enumerate(messages):
-        if message is not None:
-            raise CheckpointError(f"loading failed on rank {rank}: {message}")
-
-
 def load_checkpoint(
     path: str | os.PathLike,
     state: Any = None,
@@ -198,7 +115,7 @@ def load_checkpoint(
         CheckpointError: the template does not match (shape), or another rank failed.
     """
     path = Path(path)
-    rank = dist.get_rank(group) if dist.is_available() and dist.is_initialized() else 0
+    rank = dist.get_rank(group) if is_distributed() else 0
     error: BaseException | None = None
     loaded = None
     try:
@@ -222,6 +139,6 @@ def load_checkpoint(
         error.__cause__ = e.__cause__
     except Exception as e:  # noqa: BLE001 - still agree with the other ranks before raising
         error = e
-    _agree(error, group)
+    agree(error, group=group, what="loading", error_type=CheckpointError)
     assert loaded is not None
     return loaded

@@ -1,14 +1,20 @@
 """Retention and the ``last`` link, safe against a save still in flight.
 
 Lightning's ``ModelCheckpoint`` deletes the checkpoint that fell out of its top-k right after asking for the new one,
-and asks for ``last*.ckpt`` as a second full save. With asynchronous saves both are races (Lightning #14035): a crash
-before the new checkpoint commits would leave nothing to resume from, and a link to the new one would point at a
-write in progress. :class:`Retention` defers both to the moment a checkpoint commits. It runs on rank 0 only; the
-strategy calls it from the training thread and from the checkpoint writer thread.
+and asks for ``last*.ckpt`` as a second save of the same state. With asynchronous saves both are races (Lightning
+#14035): a crash before the new checkpoint commits would leave nothing to resume from, and a link to the new one would
+point at a write in progress. :class:`Retention` defers both to the moment a checkpoint commits. It runs on rank 0
+only; the strategy calls it from the training thread and from the checkpoint writer thread.
+
+``last`` holds the newest state Lightning asked to save as last. When a checkpoint of that step is committed or being
+written in the same folder, ``last`` becomes an atomically repointed link to it (no second copy). Otherwise the state
+is written to a folder of lightning-ft's own beside the link, ``<link name>.step=<N>.lft``, and the link follows it when
+it commits; the superseded one is removed after that.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 from collections.abc import Callable
@@ -16,12 +22,26 @@ from pathlib import Path
 
 from lightning_ft.checkpoint import discovery
 
+_OWNED_LAST = re.compile(r"^(?P<link>.+)\.step=(?P<step>-?\d+|none)\.lft$")
+
+
+def last_data_path(link: Path, step: int | None) -> Path:
+    """Where the state of a ``last`` save at ``step`` is written when no checkpoint of that step exists."""
+    return link.with_name(f"{link.name}.step={step if step is not None else 'none'}.lft")
+
+
+def is_last_data(path: Path) -> bool:
+    """Whether ``path`` is a folder lightning-ft created to hold a ``last`` state (see :func:`last_data_path`)."""
+    return bool(_OWNED_LAST.match(path.name))
+
 
 class Retention:
-    """Deletes checkpoints and repoints ``last`` links, never touching the newest committed or the in-flight one.
+    """Deletes checkpoints and repoints ``last`` links, never touching the newest committed, the in-flight one or a
+    checkpoint a ``last`` link points at.
 
     Args:
         in_flight: returns the path of the checkpoint being written, or None.
+        in_flight_step: returns the global step of the checkpoint being written, or None.
 
     Example::
 
@@ -30,42 +50,92 @@ class Retention:
         retention.on_commit(Path("checkpoints/epoch=0-step=200.ckpt"))  # from the commit callback
     """
 
-    def __init__(self, *, in_flight: Callable[[], Path | None]) -> None:
+    def __init__(
+        self, *, in_flight: Callable[[], Path | None], in_flight_step: Callable[[], int | None] = lambda: None
+    ) -> None:
         self._in_flight = in_flight
+        self._in_flight_step = in_flight_step
         self._lock = threading.Lock()
-        self._links: set[Path] = set()
-        self._pending: list[Path] = []
+        self._pending_links: dict[Path, Path] = {}  # link -> the checkpoint it points at once that one commits
+        self._pending_removals: list[Path] = []
+        self._warned: set[Path] = set()
 
-    def request_last_link(self, link: Path) -> None:
-        """Keep ``link`` pointed at the newest committed checkpoint in its folder, from now on."""
+    def plan_last(self, link: Path, step: int | None) -> Path | None:
+        """Decide how the ``last`` save at ``step`` to ``link`` is kept.
+
+        Returns None when no write is needed: a checkpoint of that step in the link's folder is committed (the link
+        is repointed now) or being written (the link follows its commit). Otherwise returns the folder the caller
+        must write the state to; the link follows it when it commits.
+        """
+        if link.exists() and not link.is_symlink():
+            if link not in self._warned:
+                self._warned.add(link)
+                from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+                rank_zero_warn(
+                    f"{link} exists and is not a lightning-ft link (a file or folder another run wrote); it is left"
+                    " as it is, and this run keeps no `last` link there."
+                )
+            return None
+        in_flight = self._in_flight()
+        if in_flight is not None and in_flight.parent == link.parent and self._in_flight_step() == step:
+            self._follow(link, in_flight)
+            return None
+        for info in reversed(discovery.list_committed(link.parent)):
+            if info.step == step:
+                self._follow(link, None)
+                self._repoint(link, info.path)
+                return None
+        target = last_data_path(link, step)
+        self._follow(link, target)
+        return target
+
+    def _follow(self, link: Path, target: Path | None) -> None:
+        """Make ``link`` wait for ``target`` (None: for nothing); a state of ours it waited for is superseded."""
         with self._lock:
-            self._links.add(link)
-        if self._in_flight() is None:
-            latest = discovery.latest_committed(link.parent)
-            if latest is not None:
-                discovery.repoint_last(link.parent, latest.path, name=link.name)
+            superseded = self._pending_links.pop(link, None)
+            if target is not None:
+                self._pending_links[link] = target
+        if superseded is not None and superseded != target and is_last_data(superseded):
+            self.remove(superseded)  # still being written: removed after a later commit
 
     def on_commit(self, committed: Path) -> None:
-        """Call after ``committed``'s marker is durable: repoint its folder's links, run the deferred removals."""
+        """Call after ``committed``'s marker is durable: repoint the links waiting for it, run deferred removals."""
         with self._lock:
-            links = [link for link in self._links if link.parent == committed.parent]
-            pending, self._pending = self._pending, []
+            links = [link for link, target in self._pending_links.items() if target == committed]
+            for link in links:
+                del self._pending_links[link]
+            pending, self._pending_removals = self._pending_removals, []
         for link in links:
-            discovery.repoint_last(link.parent, committed, name=link.name)
+            self._repoint(link, committed)
         for path in pending:
             self.remove(path)
 
+    def _repoint(self, link: Path, target: Path) -> None:
+        previous = link.resolve() if link.is_symlink() else None
+        discovery.repoint_last(link.parent, target, name=link.name)
+        if previous is not None and previous != target.resolve() and is_last_data(previous):
+            self.remove(previous)  # a superseded state of our own
+
+    def _linked(self) -> set[Path]:
+        with self._lock:
+            pending = set(self._pending_links.values())
+        return {p.resolve() for p in pending}
+
     def remove(self, path: Path) -> None:
-        """Delete ``path`` now, or after the next commit if it is in flight or the newest committed checkpoint."""
+        """Delete ``path`` now, or after the next commit if it is in flight, the newest committed checkpoint of its
+        folder, or what a ``last`` link points at."""
         if path.is_symlink():
             path.unlink()
             return
         in_flight = self._in_flight()
         latest = discovery.latest_committed(path.parent)
         protected = {p.resolve() for p in (in_flight, latest.path if latest else None) if p is not None}
+        protected |= self._linked()
+        protected |= {c.resolve() for c in path.parent.iterdir() if c.is_symlink()} if path.parent.is_dir() else set()
         if path.resolve() in protected:
             with self._lock:
-                self._pending.append(path)
+                self._pending_removals.append(path)
             return
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)

@@ -21,14 +21,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torchsnapshot.snapshot as _ts_snapshot
 from torchsnapshot import Snapshot, StateDict
 from torchsnapshot.io_types import WriteIO
 from torchsnapshot.manifest import ChunkedTensorEntry, ObjectEntry, TensorEntry
 from torchsnapshot.storage_plugins.fs import FSStoragePlugin
 
+from lightning_ft import _compat
+
 _APP_KEY = "shards"
-_PLUGIN_OPTION = "lightning_ft_plugin"
 _SAFE_SERIALIZER = "buffer_protocol"
 
 
@@ -69,22 +69,6 @@ class _DurableFSPlugin(FSStoragePlugin):
             f.write(write_io.buf)
             f.flush()
             os.fsync(f.fileno())
-
-
-_original_plugin_factory = _ts_snapshot.url_to_storage_plugin_in_event_loop
-
-
-def _plugin_factory(url_path: str, event_loop: Any, storage_options: dict[str, Any] | None = None) -> Any:
-    # torchsnapshot has no argument for a storage plugin instance; this hook passes ours through storage_options and
-    # leaves every other caller of torchsnapshot untouched.
-    if storage_options and _PLUGIN_OPTION in storage_options:
-        return storage_options[_PLUGIN_OPTION]
-    return _original_plugin_factory(url_path=url_path, event_loop=event_loop, storage_options=storage_options)
-
-
-if not getattr(_ts_snapshot.url_to_storage_plugin_in_event_loop, "_lightning_ft", False):
-    _plugin_factory._lightning_ft = True  # type: ignore[attr-defined]
-    _ts_snapshot.url_to_storage_plugin_in_event_loop = _plugin_factory
 
 
 class SnapshotReader:
@@ -173,12 +157,8 @@ class SnapshotStorage:
         (a test fake) that fails on some ranks only must still take part in the collective write before raising.
         """
         plugin = _DurableFSPlugin(root=str(path))
-        Snapshot.take(
-            path=str(path),
-            app_state={_APP_KEY: StateDict(dict(entries))},
-            pg=group,
-            storage_options={_PLUGIN_OPTION: plugin},
-        )
+        with _compat.torchsnapshot_take_hooks(plugin):
+            Snapshot.take(path=str(path), app_state={_APP_KEY: StateDict(dict(entries))}, pg=group)
         if plugin.error is not None:
             raise plugin.error
         for directory in sorted(plugin.dirs, key=lambda p: len(p.parts), reverse=True):

@@ -1,27 +1,34 @@
 """Synchronous capture of the state to checkpoint: the part of a save that blocks the training loop.
 
-:class:`Stager` walks the nested state once, encodes everything that is not a tensor to JSON (so later mutation of dicts
-and lists cannot leak into the checkpoint) and copies every tensor this rank has to write into a staging buffer it owns:
-a pinned CPU buffer with a non-blocking copy for CUDA tensors, a plain CPU buffer for CPU tensors. Buffers are reused
-from one save to the next (at most one save is in flight, so the previous write has finished with them).
+A capture has two steps, with the ownership decision between them (:meth:`AsyncCheckpointer.save` runs all three):
 
-Ownership decides who writes what, without communication, because every rank sees the same state: a plain tensor is a
-replica and is written by exactly one rank, assigned greedily by size so the bytes spread over ranks; a DTensor's local
-shard is written by one rank among those holding an identical shard (the replicas along ``Replicate`` mesh dimensions),
-picked by a hash of the key. DTensors are never handed to torchsnapshot: each shard becomes a plain tensor with its
-global shape and offset recorded in our own index (``_StridedShard`` included).
+1. :func:`encode_state` walks the nested state once and encodes everything that is not a tensor to JSON, so later
+   mutation of dicts and lists cannot leak into the checkpoint. It lists the tensors of the shared state and of the
+   per-rank state and builds their index records (dtype, global shape, DTensor placements and mesh).
+2. :meth:`Stager.capture` copies what this rank writes, the regions chosen by
+   :func:`~lightning_ft.checkpoint.ownership.regions_to_write` plus every per-rank tensor, into staging buffers it
+   owns: a pinned CPU buffer with a non-blocking copy for CUDA tensors (then a synchronize), a plain CPU buffer for CPU
+   tensors. Buffers are reused from one save to the next (at most one save is in flight, so the previous write has
+   finished with them); a buffer this capture does not use is released.
+
+DTensors are never handed to torchsnapshot: each owned local shard becomes a plain tensor with its global offset
+recorded in our own index (``_StridedShard`` included).
 """
 
 from __future__ import annotations
 
-import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from lightning_ft._compat import DTensor
 from lightning_ft.checkpoint import json_codec
-from lightning_ft.checkpoint._dtensor import DTensor, Replicate, describe_placements, local_region
+from lightning_ft.checkpoint.dtensor_geometry import describe_placements
+from lightning_ft.checkpoint.ownership import Region
+
+__all__ = ["Capture", "EncodedState", "StagedShard", "Stager", "encode_state"]
 
 
 @dataclass
@@ -39,6 +46,20 @@ class StagedShard:
 
 
 @dataclass
+class EncodedState:
+    """The state and the per-rank state with every non-tensor value encoded to JSON, and their tensors listed."""
+
+    state_json: Any
+    rank_state_json: Any
+    tensors: dict[str, dict[str, Any]]
+    """Index records (dtype, global shape, kind, placements) for every logical tensor this rank knows."""
+    shared: list[tuple[str, torch.Tensor]]
+    """``(key, tensor)`` of the shared state's tensors (the caller's tensors, not copies)."""
+    per_rank: list[tuple[str, torch.Tensor]]
+    """``(key, tensor)`` of the per-rank state's tensors, written by this rank alone."""
+
+
+@dataclass
 class Capture:
     """Everything one save needs after :meth:`Stager.capture` returns; nothing in it aliases the caller's state."""
 
@@ -47,7 +68,12 @@ class Capture:
     tensors: dict[str, dict[str, Any]]
     """Index records (dtype, global shape, kind, placements) for every logical tensor this rank knows."""
     shards: list[StagedShard] = field(default_factory=list)
-    cuda_devices: set[int] = field(default_factory=set)
+    """The copies of everything this rank writes."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes staged by this capture (the bytes this rank writes)."""
+        return sum(s.data.numel() * s.data.element_size() for s in self.shards)
 
 
 def _unique_key(path: str, seen: set[str], prefix: str) -> str:
@@ -74,37 +100,45 @@ def _tensor_record(tensor: torch.Tensor) -> dict[str, Any]:
     return {"kind": "tensor", "dtype": str(tensor.dtype).removeprefix("torch."), "global_shape": list(tensor.shape)}
 
 
-def _dtensor_is_owned(tensor: DTensor, key: str) -> bool:
-    coordinate = tensor.device_mesh.get_coordinate()
-    if coordinate is None:
-        return False
-    replica_index, num_replicas = 0, 1
-    for dim, placement in enumerate(tensor.placements):
-        if isinstance(placement, Replicate):
-            replica_index = replica_index * tensor.device_mesh.size(dim) + coordinate[dim]
-            num_replicas *= tensor.device_mesh.size(dim)
-    # Partial placements hold unreduced values; the caller must reduce them first (they never occur in state dicts).
-    return replica_index == zlib.crc32(key.encode()) % num_replicas
+def encode_state(state: Any, rank_state: Any, *, rank: int) -> EncodedState:
+    """Encode ``state`` and ``rank_state`` (``None``: none) to JSON and list their tensors; copies no tensor data.
 
+    Per-rank tensors get keys under ``rank_state/<rank>/``, so every rank's keys are distinct.
 
-def assign_replicas(sizes: dict[str, int], world_size: int) -> dict[str, int]:
-    """Deterministic greedy assignment of replicated tensors to ranks, largest first, to the least-loaded rank."""
-    load = [0] * world_size
-    owners: dict[str, int] = {}
-    for key in sorted(sizes, key=lambda k: (-sizes[k], k)):
-        rank = min(range(world_size), key=lambda r: (load[r], r))
-        owners[key] = rank
-        load[rank] += sizes[key]
-    return owners
+    Raises:
+        TypeError: ``rank_state`` holds a DTensor, or a DTensor has a placement that cannot be checkpointed.
+    """
+    seen: set[str] = set()
+    shared: list[tuple[str, torch.Tensor]] = []
+    per_rank: list[tuple[str, torch.Tensor]] = []
+
+    def on_state_tensor(tensor: torch.Tensor, path: str) -> str:
+        key = _unique_key(path, seen, "")
+        shared.append((key, tensor))
+        return key
+
+    def on_rank_tensor(tensor: torch.Tensor, path: str) -> str:
+        key = _unique_key(path, seen, f"rank_state/{rank}/")
+        per_rank.append((key, tensor))
+        return key
+
+    state_json = json_codec.encode(state, on_state_tensor)
+    rank_state_json = json_codec.encode(rank_state, on_rank_tensor) if rank_state is not None else None
+    for key, tensor in per_rank:
+        if isinstance(tensor, DTensor):
+            raise TypeError(f"{key}: rank_state holds per-rank values; a DTensor belongs in state")
+    tensors = {key: _tensor_record(tensor) for key, tensor in (*shared, *per_rank)}
+    return EncodedState(state_json, rank_state_json, tensors, shared, per_rank)
 
 
 class Stager:
-    """Captures state into reusable staging buffers. Not thread-safe: one caller, one capture at a time.
+    """Copies what this rank writes into reusable staging buffers. Not thread-safe: one caller, one capture at a time.
 
     Example::
 
-        stager = Stager()
-        capture = stager.capture({"w": torch.ones(3)}, None, rank=0, world_size=1)
+        encoded = encode_state({"w": torch.ones(3)}, None, rank=0)
+        writes = regions_to_write(encoded.shared, rank=0, world_size=1, group=None)
+        capture = Stager().capture(encoded, writes)
     """
 
     def __init__(self, *, reuse_buffers: bool = True) -> None:
@@ -120,44 +154,17 @@ class Stager:
                 self._buffers[key] = buf
         return buf
 
-    def capture(self, state: Any, rank_state: Any, *, rank: int, world_size: int) -> Capture:
-        """Encode ``state`` and ``rank_state`` and copy the tensors this rank writes. Blocks until the copies are done."""
-        seen: set[str] = set()
-        found: list[tuple[str, torch.Tensor]] = []
-        rank_found: list[tuple[str, torch.Tensor]] = []
+    def capture(self, encoded: EncodedState, writes: Sequence[tuple[Region, torch.Tensor]]) -> Capture:
+        """Copy ``writes`` (regions of the shared state with their local values) and every per-rank tensor.
 
-        def on_state_tensor(tensor: torch.Tensor, path: str) -> str:
-            key = _unique_key(path, seen, "")
-            found.append((key, tensor))
-            return key
-
-        def on_rank_tensor(tensor: torch.Tensor, path: str) -> str:
-            key = _unique_key(path, seen, f"rank_state/{rank}/")
-            rank_found.append((key, tensor))
-            return key
-
-        state_json = json_codec.encode(state, on_state_tensor)
-        rank_state_json = json_codec.encode(rank_state, on_rank_tensor) if rank_state is not None else None
-
-        capture = Capture(state_json=state_json, rank_state_json=rank_state_json, tensors={})
-        replicas = {k: t.numel() * t.element_size() for k, t in found if not isinstance(t, DTensor)}
-        owners = assign_replicas(replicas, world_size)
-        to_copy: list[tuple[str, torch.Tensor, list[int]]] = []
-        for key, tensor in found:
-            capture.tensors[key] = _tensor_record(tensor)
-            if isinstance(tensor, DTensor):
-                local = tensor.to_local()
-                if _dtensor_is_owned(tensor, key):
-                    _, offset = local_region(tensor.shape, tensor.device_mesh, tensor.placements)
-                    to_copy.append((key, local, list(offset)))
-            elif owners[key] == rank:
-                to_copy.append((key, tensor, [0] * tensor.dim()))
-        for key, tensor in rank_found:
-            if isinstance(tensor, DTensor):
-                raise TypeError(f"rank_state/{key}: rank_state holds per-rank values; a DTensor belongs in state")
-            capture.tensors[key] = _tensor_record(tensor)
-            to_copy.append((key, tensor, [0] * tensor.dim()))
-
+        Blocks until the copies are done; from then on the caller may mutate every tensor it passed.
+        """
+        to_copy = [(region.key, value, list(region.offset)) for region, value in writes]
+        to_copy += [(key, tensor, [0] * tensor.dim()) for key, tensor in encoded.per_rank]
+        capture = Capture(
+            state_json=encoded.state_json, rank_state_json=encoded.rank_state_json, tensors=encoded.tensors
+        )
+        cuda_devices: set[int] = set()
         for n, (key, tensor, offset) in enumerate(to_copy):
             source = tensor.detach()
             if source.numel() == 0:
@@ -165,9 +172,13 @@ class Stager:
             buf = self._buffer_for(key, source)
             buf.copy_(source, non_blocking=source.is_cuda)
             if source.is_cuda:
-                capture.cuda_devices.add(source.device.index or 0)
+                cuda_devices.add(source.device.index or 0)
             capture.shards.append(StagedShard(key=key, name=f"t{n}", data=buf, offset=offset))
-        for device in capture.cuda_devices:
+        for device in cuda_devices:
             # The copies above are asynchronous; the caller may mutate the source as soon as we return.
             torch.cuda.synchronize(device)
+        if self._reuse:
+            # Ownership can move between saves; a buffer for a region this rank no longer writes is dead weight.
+            used = {shard.key for shard in capture.shards}
+            self._buffers = {key: buf for key, buf in self._buffers.items() if key in used}
         return capture

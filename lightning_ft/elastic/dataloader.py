@@ -16,6 +16,7 @@ batch is fetched, without a "dataloader is not resumable" warning.
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ from torch.utils.data import (
 )
 
 from lightning_ft import _compat
+from lightning_ft.elastic.data_rng import install_seeded_fetch
 from lightning_ft.elastic.resumable_sampler import ResumableSampler
 
 _info_cache = WarningCache()
@@ -170,20 +172,27 @@ def _make_stateful(dataloader: DataLoader, sampler: ResumableSampler, epoch: int
 
 
 class TrainingDataPosition:
-    """The resumable sampler of the training DataLoader, advanced by one global batch per training batch.
+    """The resumable samplers of the training DataLoaders, each advanced by its global batch per training batch.
 
     The strategy passes every dataloader through :meth:`prepare` (from ``Strategy.process_dataloader``) and calls
-    :meth:`advance` once per training batch on every rank. Not thread-safe; the training loop's.
+    :meth:`advance` once per training batch on every rank. Several training loaders (a list or dict, a
+    ``CombinedLoader``) are tracked each; in the modes where every training batch draws from every loader
+    (``"max_size_cycle"``, the default, ``"max_size"`` and ``"min_size"``). In ``"sequential"`` mode a batch comes from
+    one loader at a time and positions are not tracked (a one-time message says so). Not thread-safe.
     """
 
     def __init__(self) -> None:
-        self._sampler: ResumableSampler | None = None
-        self._global_batch = 1
+        # Loaders of earlier set-ups (reload_dataloaders_every_n_epochs) drop out when Lightning lets go of them.
+        self._tracked: weakref.WeakKeyDictionary[DataLoader, tuple[ResumableSampler, int]] = weakref.WeakKeyDictionary()
 
-    def prepare(self, dataloader: Any, *, training: bool, epoch: int, num_replicas: int, rank: int) -> Any:
-        """Give a DataLoader its own generator and, for training, swap in a :class:`ResumableSampler`.
+    def prepare(
+        self, dataloader: Any, *, training: bool, epoch: int, num_replicas: int, rank: int, mode: str | None = None
+    ) -> Any:
+        """Give a DataLoader its own generator and, for training, swap in a :class:`ResumableSampler` whose samples
+        are fetched with seeded RNGs (:mod:`lightning_ft.elastic.data_rng`).
 
-        ``num_replicas`` and ``rank`` are the data-parallel size and this rank's data-parallel index.
+        ``num_replicas`` and ``rank`` are the data-parallel size and this rank's data-parallel index; ``mode`` is the
+        training ``CombinedLoader``'s mode.
         """
         if not isinstance(dataloader, DataLoader):
             return dataloader
@@ -193,16 +202,22 @@ class TrainingDataPosition:
             dataloader.generator = torch.Generator().manual_seed(0)
         if not training:
             return dataloader
+        if mode == "sequential":
+            _info_cache.info(
+                "lightning-ft: the training loaders are combined in 'sequential' mode; their positions within an"
+                " epoch are not resumable."
+            )
+            return dataloader
         # The swapped-in loader is stateful, so Lightning saves and restores its position with the loop state.
         swapped = swap_in_resumable_sampler(dataloader, epoch=epoch, num_replicas=num_replicas, rank=rank)
         sampler = getattr(swapped, "sampler", None)
         if isinstance(sampler, ResumableSampler):
+            install_seeded_fetch(swapped.dataset)
             # The rebuilt loader keeps the generator set above; one batch consumes batch_size x dp global samples.
-            self._sampler = sampler
-            self._global_batch = (swapped.batch_size or 1) * num_replicas
+            self._tracked[swapped] = (sampler, (swapped.batch_size or 1) * num_replicas)
         return swapped
 
     def advance(self) -> None:
-        """One training batch was consumed on every data-parallel rank."""
-        if self._sampler is not None:
-            self._sampler.mark_consumed(self._global_batch)
+        """One training batch was consumed on every data-parallel rank, from every tracked loader."""
+        for sampler, global_batch in list(self._tracked.values()):
+            sampler.mark_consumed(global_batch)

@@ -14,6 +14,7 @@ from typing import Any
 from lightning.pytorch.callbacks import GradientAccumulationScheduler
 
 from lightning_ft.elastic.elastic_policy import ElasticPolicy
+from lightning_ft.parallel.validation import divisors
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -100,7 +101,7 @@ def plan_resume(
         per_accumulation_step = new_per_device_batch * new_dp_size
         if before % per_accumulation_step:
             # Data-parallel sizes that would work with this per-device batch: the divisors of before / batch.
-            compatible = _divisors(before // new_per_device_batch) if before % new_per_device_batch == 0 else []
+            compatible = divisors(before // new_per_device_batch) if before % new_per_device_batch == 0 else []
             hint = f" or a data-parallel size in {compatible}" if compatible else ""
             raise ValueError(
                 f"ElasticPolicy(batch='keep_global'): the saved global batch {before} (per-device batch"
@@ -141,11 +142,6 @@ def check_accumulation_scheduler(trainer: Any, policy: ElasticPolicy | None) -> 
                 f" with the {type(callback).__name__} callback; remove the callback or use"
                 f" ElasticPolicy(batch='keep_local')"
             )
-
-
-def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
 
 
 def plan_resume_from_metadata(

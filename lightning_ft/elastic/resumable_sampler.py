@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
+from lightning_ft.elastic.data_rng import SeededIndex, sample_seed
+
 _STATE_KEYS = ("epoch", "consumed", "seed", "shuffle", "drop_last", "dataset_len")
 
 
@@ -86,6 +88,11 @@ class ResumableSampler(Sampler[int]):
         self.drop_last = bool(drop_last)
         self.epoch = 0
         self.consumed = 0
+        # Set when an iterator has handed out the whole rest of the epoch: the next iter() is a new pass over the
+        # same epoch (CombinedLoader cycles a shorter loader), not a resume at `consumed`. DataLoader creates the
+        # sampler iterator twice per iterator with workers, so only issuing everything flips it, and consuming a
+        # batch of the new pass (or set_epoch, load_state_dict) clears it.
+        self._new_pass = False
 
     @property
     def num_samples(self) -> int:
@@ -109,24 +116,37 @@ class ResumableSampler(Sampler[int]):
         generator.manual_seed(self.seed + self.epoch)
         return torch.randperm(self.dataset_len, generator=generator).tolist()
 
-    def _remaining_stream(self) -> list[int]:
-        """The global stream of the current epoch from position ``consumed``, evened out over the current replicas."""
-        if self.consumed >= self.dataset_len or self.consumed >= self.total_size:
+    def _remaining_stream(self, start: int | None = None) -> list[tuple[int, int]]:
+        """``(index, position)`` of the global stream of the current epoch from position ``start`` (default:
+        ``consumed``), evened out over the current replicas."""
+        start = self.consumed if start is None else start
+        if start >= self.dataset_len or start >= self.total_size:
             return []
         order = self._global_order()
         stream = order[: self.total_size] if self.drop_last else _pad(order, self.total_size)
-        rest = stream[self.consumed :]
+        rest = list(zip(stream[start:], range(start, len(stream)), strict=True))
         uneven = len(rest) % self.num_replicas
         if uneven:
             # Only after a resume at another world size (or off a batch boundary): the rest no longer divides evenly,
-            # and replicas that yield different numbers of batches would hang the collectives.
-            rest = rest[: len(rest) - uneven] if self.drop_last else _pad(rest, len(rest) - uneven + self.num_replicas)
+            # and replicas that yield different numbers of batches would hang the collectives. Padding repeats the
+            # head of the rest at new positions, so a repeated sample gets a seed of its own.
+            if self.drop_last:
+                rest = rest[: len(rest) - uneven]
+            else:
+                extra = _pad(rest, len(rest) - uneven + self.num_replicas)[len(rest) :]
+                rest += [(index, len(stream) + i) for i, (index, _) in enumerate(extra)]
         return rest
 
     def __iter__(self) -> Iterator[int]:
         # Built eagerly, like DistributedSampler: the iterator is fixed when created, so a later mark_consumed (the
         # loop runs behind a prefetching DataLoader) does not shift the batches already being served.
-        return iter(self._remaining_stream()[self.rank :: self.num_replicas])
+        mine = self._remaining_stream(0 if self._new_pass else None)[self.rank :: self.num_replicas]
+        # Each index carries its sample's seed (see lightning_ft.elastic.data_rng); it is the same int otherwise.
+        return self._issue([SeededIndex(index, sample_seed(self.seed, self.epoch, pos)) for index, pos in mine])
+
+    def _issue(self, indices: list[SeededIndex]) -> Iterator[int]:
+        yield from indices
+        self._new_pass = True
 
     def remaining(self) -> int:
         """Samples this replica still yields in the current epoch (``len(list(iter(self)))``)."""
@@ -155,6 +175,10 @@ class ResumableSampler(Sampler[int]):
         """
         if isinstance(n_global_samples, bool) or not isinstance(n_global_samples, int) or n_global_samples < 0:
             raise ValueError(f"mark_consumed(n_global_samples={n_global_samples!r}): must be an int >= 0")
+        if self.consumed >= self.total_size > 0 and n_global_samples:
+            # The pass is complete and batches keep coming: a shorter loader cycled within the epoch starts over.
+            self.consumed = 0
+            self._new_pass = False
         self.consumed = min(self.consumed + n_global_samples, max(self.total_size, self.consumed))
 
     def set_epoch(self, epoch: int) -> None:
@@ -165,6 +189,7 @@ class ResumableSampler(Sampler[int]):
         if epoch != self.epoch:
             self.consumed = 0
         self.epoch = int(epoch)
+        self._new_pass = False
 
     def state_dict(self) -> dict[str, Any]:
         """Plain, world-size-independent state: ``epoch``, ``consumed`` (global samples), ``seed``, ``shuffle``,
@@ -200,6 +225,7 @@ class ResumableSampler(Sampler[int]):
             raise ValueError(f"ResumableSampler.load_state_dict: epoch and consumed must be >= 0, got {state!r}")
         self.epoch = int(state["epoch"])
         self.consumed = int(state["consumed"])
+        self._new_pass = False
         if self.remaining() == 0 and self.dataset_len > 0:
             # Saved on the last batch of an epoch: Lightning resumes with the next epoch, but may build the DataLoader
             # iterator (and, with workers, prefetch from this sampler) before it calls set_epoch. Starting the next

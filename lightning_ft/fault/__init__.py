@@ -5,7 +5,7 @@
 See docs/fault-tolerance.md.
 """
 
-from lightning_ft.fault.fault_handler import FaultHandler
+from lightning_ft.fault.fault_handler import FaultHandler, end_attempt
 from lightning_ft.fault.fault_policy import FaultPolicy
 from lightning_ft.fault.health import HealthCheckError
 from lightning_ft.fault.injector import FaultInjector, InjectedFault, checkpoint_storage
@@ -23,4 +23,5 @@ __all__ = [
     "attempt_end_fields",
     "checkpoint_and_stop",
     "checkpoint_storage",
+    "end_attempt",
 ]

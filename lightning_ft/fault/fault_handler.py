@@ -31,7 +31,7 @@ from lightning_ft.fault.agreement import StopAgreement, StopDecision
 from lightning_ft.fault.fault_policy import FaultPolicy
 from lightning_ft.fault.heartbeat import HeartbeatBoard, Progress
 from lightning_ft.fault.signals import PreemptionSignals
-from lightning_ft.fault.stop import checkpoint_and_stop, preempt_checkpoint_path
+from lightning_ft.fault.stop import attempt_end_fields, checkpoint_and_stop, preempt_checkpoint_path
 from lightning_ft.fault.watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -85,7 +85,14 @@ class FaultHandler(Callback):
         self.signals.install(trainer)
         trainer.callbacks.append(self)
 
-    def preflight(self, trainer: pl.Trainer, *, check_dir: Callable[[Path], None]) -> None:
+    def __getstate__(self) -> dict[str, Any]:
+        # A pickled strategy (a deep-copied Trainer, torch.save(model)) carries the configuration, not the run.
+        return {"policy": self.policy, "nvml": self.nvml}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["policy"], nvml=state["nvml"])  # type: ignore[misc]
+
+    def preflight(self, trainer: pl.Trainer, *, check_dir: Callable[[str], None]) -> None:
         """In the strategy's ``setup``, on every rank: start the watchdog, run the health checks, open the agreement.
 
         Collective. Raises ``ValueError`` or :class:`~lightning_ft.fault.health.HealthCheckError` on every rank when
@@ -149,11 +156,11 @@ class FaultHandler(Callback):
         )
         self.watchdog.start()
 
-    def _health_checks(self, trainer: pl.Trainer, check_dir: Callable[[Path], None]) -> None:
+    def _health_checks(self, trainer: pl.Trainer, check_dir: Callable[[str], None]) -> None:
         started = time.perf_counter()
         rank, strategy = trainer.global_rank, trainer.strategy
         callbacks = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath]
-        dirpaths = [Path(cb.dirpath) for cb in callbacks]
+        dirpaths = [cb.dirpath for cb in callbacks]
         retained = {Path(cb.dirpath): cb.save_top_k for cb in callbacks}
         model = strategy.lightning_module
         ckpt_bytes = health.estimate_checkpoint_bytes(model, list(strategy.optimizers)) if model is not None else 0
@@ -294,3 +301,20 @@ class FaultHandler(Callback):
             self.policy.exit_code,
         )
         checkpoint_and_stop(trainer, exit_code=self.policy.exit_code, reason="preempted", on_committed=committed)
+
+
+def end_attempt(
+    handler: FaultHandler | None,
+    trainer: pl.Trainer | None,
+    event_log: EventLog | None,
+    exception: BaseException | None,
+) -> None:
+    """At the strategy's teardown: undo ``handler``'s run (if any) and, after ``fit``, write ``attempt_end``.
+
+    ``exception`` is what ended ``fit`` (``None``: it returned); see :func:`~lightning_ft.fault.stop.attempt_end_fields`.
+    Written with or without a ``FaultPolicy``: the event log's account of attempts does not depend on it.
+    """
+    if handler is not None:
+        handler.uninstall(trainer, failed=exception is not None)
+    if trainer is not None and event_log is not None and trainer.state.fn == TrainerFn.FITTING:
+        event_log.write("attempt_end", **attempt_end_fields(exception))

@@ -15,6 +15,10 @@ from typing import Any
 # (`PContext.close(timeout=30)`, `LocalElasticAgent(shutdown_timeout=30)`); the preemption checkpoint must fit inside.
 TORCHRUN_SHUTDOWN_TIMEOUT_S = 30.0
 
+EXIT_CODE_TEMPFAIL = 75
+"""``EX_TEMPFAIL`` (sysexits.h): a temporary failure, to be retried. The exit code of a process that stopped after a
+preemption or straggler checkpoint: non-zero, so torchrun restarts the worker group and a scheduler requeues the job."""
+
 _UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
 
 
@@ -45,7 +49,7 @@ class FaultPolicy:
     or numbers. SIGTERM is what torchrun, Kubernetes and SLURM send first; SLURM's ``--signal=USR1@<s>`` sends
     SIGUSR1 ahead of time. Empty: no preemption handling."""
 
-    exit_code: int = 75
+    exit_code: int = EXIT_CODE_TEMPFAIL
     """Process exit code after a preemption checkpoint, 1-255. Non-zero, so torchrun counts the exit as a failure and
     restarts the worker group (while ``--max-restarts`` allow), and a scheduler does not record the job as done; an
     exit 0 reads as "training finished". 75 is ``EX_TEMPFAIL``: a temporary failure, to be retried."""

@@ -76,24 +76,25 @@ def estimate_checkpoint_bytes(module: torch.nn.Module, optimizers: Sequence[torc
 
 def check_checkpoint_dirs(
     rank: int,
-    dirpaths: Iterable[Path],
+    dirpaths: Iterable[str | Path],
     *,
     checkpoint_bytes: int,
     keep: Callable[[Path], int],
-    check_dir: Callable[[Path], None],
+    check_dir: Callable[[str], None],
 ) -> list[Failure]:
     """``checkpoint_dir`` and ``disk_space`` on this rank.
 
-    ``keep(dirpath)`` is how many checkpoints stay in it (``save_top_k``); ``check_dir`` raises ``ValueError`` for a
-    folder that cannot be written.
+    ``dirpaths`` as the user gave them; ``keep(dirpath)`` is how many more checkpoints will be retained in it;
+    ``check_dir`` raises ``ValueError`` for a folder that cannot be used (not writable, not a local path).
     """
     failures = []
-    for dirpath in dirpaths:
+    for raw in dirpaths:
         try:
-            check_dir(dirpath)
+            check_dir(str(raw))
         except ValueError as err:
             failures.append(Failure(rank, "checkpoint_dir", str(err), user_error=True))
             continue
+        dirpath = Path(raw)
         target = dirpath if dirpath.exists() else dirpath.parent
         free = shutil.disk_usage(target).free
         # The retained checkpoints, plus the one being written before retention removes the oldest.

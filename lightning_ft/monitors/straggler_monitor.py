@@ -29,6 +29,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_ft.events import get_event_log, open_event_log
+from lightning_ft.fault.fault_policy import EXIT_CODE_TEMPFAIL
 from lightning_ft.fault.stop import checkpoint_and_stop
 from lightning_ft.monitors._collectives import PendingRows, start_gather_rows
 from lightning_ft.monitors._timing import StepClock, percentile
@@ -36,8 +37,9 @@ from lightning_ft.monitors.straggler_detector import DetectorConfig, StragglerDe
 
 log = logging.getLogger(__name__)
 
-STRAGGLER_EXIT_CODE = 75
-"""Exit code after ``action="checkpoint_and_stop"``: ``EX_TEMPFAIL``, non-zero so torchrun or the scheduler restarts."""
+STRAGGLER_EXIT_CODE = EXIT_CODE_TEMPFAIL
+"""Exit code after ``action="checkpoint_and_stop"``: ``EX_TEMPFAIL`` (75), the same as after a preemption checkpoint;
+non-zero so torchrun or the scheduler restarts."""
 
 # Columns of the per-rank row gathered every interval.
 _FIELDS = ("own", "data", "compute", "backward", "step")

@@ -24,13 +24,14 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from lightning_ft._compat import DTensor
+from lightning_ft.parallel.schedules import PIPELINE_SCHEDULES
 
 SCHEDULES: dict[str, type] = {
-    "gpipe": ScheduleGPipe,
     "1f1b": Schedule1F1B,
+    "gpipe": ScheduleGPipe,
     "interleaved1f1b": ScheduleInterleaved1F1B,
 }
-"""Schedule names accepted by :class:`PipelineRunner`, as the user types them."""
+"""The ``torch.distributed.pipelining`` class of each name in :data:`~lightning_ft.parallel.schedules.PIPELINE_SCHEDULES`."""
 
 # Module -> runner attached to it; weak, so that a module never keeps process groups alive through its runner.
 _RUNNERS: weakref.WeakKeyDictionary[nn.Module, PipelineRunner] = weakref.WeakKeyDictionary()
@@ -161,8 +162,8 @@ class PipelineRunner:
                     f"Pipeline parallelism needs {type(module).__name__}.{hook}(); see docs/parallelism.md "
                     "(pipeline_blocks() returns the layers in order, pipeline_loss(output, target) the loss)"
                 )
-        if schedule not in SCHEDULES:
-            raise ValueError(f"pipeline_schedule={schedule!r}: choose one of {sorted(SCHEDULES)}")
+        if schedule not in PIPELINE_SCHEDULES:
+            raise ValueError(f"pipeline_schedule={schedule!r}: choose one of {', '.join(PIPELINE_SCHEDULES)}")
         if num_microbatches < 1:
             raise ValueError(f"num_microbatches={num_microbatches}: must be at least 1")
         if stages_per_rank < 1 or (stages_per_rank > 1) != (schedule == "interleaved1f1b"):

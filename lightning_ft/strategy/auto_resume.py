@@ -46,8 +46,34 @@ def resolve_explicit_ckpt_path(path: Path) -> Path:
 
 
 def checkpoint_dirpaths(trainer: pl.Trainer) -> list[Path]:
-    """The ``dirpath`` of every checkpoint callback that has one."""
-    return [Path(cb.dirpath) for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)]
+    """The ``dirpath`` of every checkpoint callback that has one (once, in callback order)."""
+    seen: dict[Path, None] = {}
+    for cb in trainer.checkpoint_callbacks:
+        if getattr(cb, "dirpath", None):
+            seen.setdefault(Path(cb.dirpath), None)
+    return list(seen)
+
+
+def resume_candidates(dirpaths: list[Path]) -> list[Path]:
+    """Committed checkpoints under ``dirpaths`` that hold the full training state, newest first.
+
+    Newest is the highest step, then the latest commit; a checkpoint without a step sorts last. A checkpoint saved
+    with ``save_weights_only=True`` (no optimizer or loop state: Lightning cannot resume training from it) is not a
+    candidate, nor is one whose metadata cannot be read (loading it would fail anyway).
+    """
+    found: list[discovery.CheckpointInfo] = []
+    for dirpath in dirpaths:
+        found.extend(discovery.list_committed(dirpath))
+    found.sort(key=lambda c: (c.step is not None, c.step or 0, c.mtime), reverse=True)
+    candidates = []
+    for info in found:
+        try:
+            full = discovery.read_metadata(info.path).get("full_state", True)  # 0.1.0 saved no flag: full saves only
+        except CheckpointError:
+            full = True  # let the load reject it with its reason, and fall back from there
+        if full:
+            candidates.append(info.path)
+    return candidates
 
 
 class AutoResume:
@@ -55,10 +81,12 @@ class AutoResume:
 
     Args:
         enabled: resume by itself when ``fit`` gets no ``ckpt_path`` (``ElasticFT3D(auto_resume=...)``).
+        broadcast: the strategy's ``broadcast(obj, src=0)``: rank 0 chooses, every rank resumes from its choice.
     """
 
-    def __init__(self, *, enabled: bool) -> None:
+    def __init__(self, *, enabled: bool, broadcast: Callable[[Any], Any]) -> None:
         self.enabled = enabled
+        self._broadcast = broadcast
         self._candidates: list[Path] = []
         self._patch: _compat.Patch | None = None
 
@@ -82,16 +110,14 @@ class AutoResume:
             self._patch = None
 
     def select(self, trainer: pl.Trainer, ckpt_path: Any) -> Any:
-        """The checkpoint to resume from: the user's (checked), else the newest committed one, else ``None``."""
+        """The checkpoint to resume from: the user's (checked), else the newest committed one with the full training
+        state, else ``None``. Collective: every rank calls it; rank 0 lists the candidates for all."""
         if ckpt_path is not None:
             return resolve_explicit_ckpt_path(Path(ckpt_path))
         if not self.enabled:
             return None
-        candidates: list[discovery.CheckpointInfo] = []
-        for dirpath in checkpoint_dirpaths(trainer):
-            candidates.extend(discovery.list_committed(dirpath))
-        candidates.sort(key=lambda c: (c.step, c.mtime))
-        self._candidates = [c.path for c in reversed(candidates)]
+        names = resume_candidates(checkpoint_dirpaths(trainer)) if trainer.global_rank == 0 else None
+        self._candidates = [Path(p) for p in self._broadcast([str(p) for p in names] if names is not None else None)]
         return self._candidates[0] if self._candidates else None
 
     def take_fallbacks(self, chosen: Path) -> list[Path]:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import fsspec
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
@@ -54,8 +55,21 @@ def is_lightning_ft_checkpoint(path: Path) -> bool:
     return any((path / name).exists() for name in names) or any(p.name.isdigit() for p in path.iterdir())
 
 
-def check_writable_dir(dirpath: Path) -> None:
-    """Raise ``ValueError`` unless ``dirpath`` is a writable folder or can be created as one in an existing parent."""
+def check_checkpoint_dirpath(dirpath: str) -> None:
+    """Raise ``ValueError`` unless ``dirpath`` is a local folder that is writable, or can be created in an existing
+    parent. Object-store URLs (``s3://``, ``gs://``, ``memory://``) are refused with that reason: lightning-ft's
+    commit protocol needs a filesystem with atomic rename and fsync."""
+    protocol = fsspec.core.split_protocol(str(dirpath))[0]
+    if protocol not in (None, "file", "local"):
+        raise ValueError(
+            f"ModelCheckpoint(dirpath={str(dirpath)!r}): ElasticFT3D writes checkpoints to a local or shared"
+            f" filesystem (a path all nodes see); {protocol}:// object storage is not supported. Use a mounted path"
+            " and copy finished checkpoints to object storage, or use another strategy for this run."
+        )
+    _check_writable_dir(Path(fsspec.core.strip_protocol(str(dirpath)) if protocol else dirpath))
+
+
+def _check_writable_dir(dirpath: Path) -> None:
     target = dirpath if dirpath.exists() else dirpath.parent
     if dirpath.exists() and not dirpath.is_dir():
         raise ValueError(f"ModelCheckpoint(dirpath={str(dirpath)!r}): exists and is not a folder")
@@ -110,6 +124,8 @@ def run_metadata(
     return {
         "step": checkpoint.get("global_step"),
         "epoch": checkpoint.get("epoch"),
+        # Lightning resumes training only from a full save; save_weights_only=True leaves out optimizers and loops.
+        "full_state": "optimizer_states" in checkpoint and "loops" in checkpoint,
         "world_size": world_size,
         "mesh": mesh,
         "parallelized": parallelized,
@@ -142,13 +158,24 @@ class StrategyCheckpoints:
         event_log: returns the event log (``None`` before it is open).
     """
 
-    def __init__(self, *, global_rank: int, event_log: Callable[[], EventLog | None]) -> None:
+    def __init__(
+        self, *, global_rank: int, event_log: Callable[[], EventLog | None], broadcast: Callable[[Any], Any]
+    ) -> None:
         self._rank = global_rank
         self._event_log = event_log
+        self._broadcast = broadcast
         self._writer: AsyncCheckpointer | None = None
         self._lock = threading.Lock()
         self._unaccounted_stall_s = 0.0
-        self.retention = Retention(in_flight=lambda: self._writer.in_flight if self._writer else None)
+        self._last_save: tuple[Path, int | None] | None = None
+        self.retention = Retention(in_flight=self._in_flight, in_flight_step=self._in_flight_step)
+
+    def _in_flight(self) -> Path | None:
+        return self._writer.in_flight if self._writer is not None else None
+
+    def _in_flight_step(self) -> int | None:
+        in_flight, last = self._in_flight(), self._last_save
+        return last[1] if in_flight is not None and last is not None and last[0] == in_flight else None
 
     @property
     def writer(self) -> AsyncCheckpointer | None:
@@ -169,11 +196,18 @@ class StrategyCheckpoints:
 
     def save(self, path: Path, state: dict[str, Any], rank_state: dict[str, Any], metadata: dict[str, Any]) -> None:
         """Collective: capture now, write and commit in the background (committed before returning outside fit).
-        A save Lightning routes to ``last*.ckpt`` writes nothing: the ``last`` link follows the newest commit."""
+
+        A save Lightning routes to ``last*.ckpt`` becomes a link to the checkpoint of the same step when one is
+        committed or in flight; otherwise the state is written beside the link and the link follows its commit.
+        """
         if is_last_path(path):
-            if self._rank == 0:
-                self.retention.request_last_link(path)
-            return
+            step = metadata.get("step")
+            target = self.retention.plan_last(path, step) if self._rank == 0 else None
+            target = self._broadcast(str(target) if target is not None else None)
+            if target is None:
+                return
+            path = Path(target)
+        self._last_save = (path, metadata.get("step"))
         start = time.perf_counter()
         if self._writer is None:
             # No background writer outside fit: nothing would ever wait for it, so save and commit now.

@@ -26,7 +26,6 @@ import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch.optim import Optimizer
 from typing_extensions import override
@@ -41,14 +40,16 @@ from lightning_ft.elastic import (
     plan_resume_from_metadata,
 )
 from lightning_ft.events import EventLog, open_event_log
-from lightning_ft.fault import FaultHandler, FaultPolicy, attempt_end_fields, checkpoint_storage
+from lightning_ft.fault import FaultHandler, FaultPolicy, checkpoint_storage, end_attempt
 from lightning_ft.parallel.layout import build_device_mesh
 from lightning_ft.parallel.parallel_config import ParallelConfig
-from lightning_ft.strategy import process_group
-from lightning_ft.strategy.auto_resume import AutoResume, checkpoint_dirpaths
+from lightning_ft.parallel.schedules import PIPELINE_SCHEDULES
+from lightning_ft.parallel.validation import check_positive_int
+from lightning_ft.strategy import per_rank_state, process_group
+from lightning_ft.strategy.auto_resume import AutoResume, checkpoint_dirpaths, resolve_explicit_ckpt_path
 from lightning_ft.strategy.checkpoint_io import (
     StrategyCheckpoints,
-    check_writable_dir,
+    check_checkpoint_dirpath,
     is_lightning_ft_checkpoint,
     load_foreign_checkpoint,
     run_metadata,
@@ -60,16 +61,6 @@ from lightning_ft.strategy.tracker import TrainingTracker
 if TYPE_CHECKING:
     import lightning.pytorch as pl
     from torch.distributed.device_mesh import DeviceMesh
-
-_PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved1f1b")
-
-
-def _check_size(name: str, value: Any, allow_auto: bool) -> None:
-    if allow_auto and value == "auto":
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        rule = 'a positive integer or "auto"' if allow_auto else "a positive integer"
-        raise ValueError(f"ElasticFT3D({name}={value!r}): must be {rule}")
 
 
 class ElasticFT3D(DDPStrategy):
@@ -90,8 +81,9 @@ class ElasticFT3D(DDPStrategy):
         find_unused_parameters: passed to ``DistributedDataParallel`` when the model is not parallelized.
 
     Raises:
-        ValueError: a size, schedule or policy is invalid (at construction), or the sizes do not multiply to the
-            world size, or tensor parallelism would cross a node (before any process group starts).
+        TypeError: a size is not an int (or ``"auto"`` where allowed), or a policy is of the wrong type.
+        ValueError: a size is below 1 or the schedule is unknown (at construction), or the sizes do not multiply to
+            the world size, or tensor parallelism would cross a node (before any process group starts).
 
     Example::
 
@@ -119,15 +111,15 @@ class ElasticFT3D(DDPStrategy):
         timeout: timedelta | None = default_pg_timeout,
         find_unused_parameters: bool = False,
     ) -> None:
-        _check_size("data_parallel_size", data_parallel_size, allow_auto=True)
-        _check_size("tensor_parallel_size", tensor_parallel_size, allow_auto=True)
-        _check_size("pipeline_parallel_size", pipeline_parallel_size, allow_auto=False)
-        if pipeline_schedule not in _PIPELINE_SCHEDULES:
+        check_positive_int("ElasticFT3D", "data_parallel_size", data_parallel_size, allow_auto=True)
+        check_positive_int("ElasticFT3D", "tensor_parallel_size", tensor_parallel_size, allow_auto=True)
+        check_positive_int("ElasticFT3D", "pipeline_parallel_size", pipeline_parallel_size)
+        if pipeline_schedule not in PIPELINE_SCHEDULES:
             raise ValueError(
-                f"ElasticFT3D(pipeline_schedule={pipeline_schedule!r}): must be one of {', '.join(_PIPELINE_SCHEDULES)}"
+                f"ElasticFT3D(pipeline_schedule={pipeline_schedule!r}): must be one of {', '.join(PIPELINE_SCHEDULES)}"
             )
         if num_microbatches is not None:
-            _check_size("num_microbatches", num_microbatches, allow_auto=False)
+            check_positive_int("ElasticFT3D", "num_microbatches", num_microbatches)
         if elastic is not None and not isinstance(elastic, ElasticPolicy):
             raise TypeError(f"ElasticFT3D(elastic={elastic!r}): must be an ElasticPolicy or None")
         if fault is not None and not isinstance(fault, FaultPolicy):
@@ -149,7 +141,7 @@ class ElasticFT3D(DDPStrategy):
         self._mode: DataParallelMode = DataParallelMode(self)
         self._attempt_start_time = time.time()
         self._checkpoints: StrategyCheckpoints | None = None
-        self._auto_resume = AutoResume(enabled=auto_resume)
+        self._auto_resume = AutoResume(enabled=auto_resume, broadcast=self.broadcast)
         self._tracker: TrainingTracker | None = None
         self._data_position = TrainingDataPosition()
         self._lr_scale = LRScale()
@@ -254,8 +246,9 @@ class ElasticFT3D(DDPStrategy):
     def setup(self, trainer: pl.Trainer) -> None:
         assert self.model is not None and self.parallel_config is not None
         if self._fault is None or not self._fault.runs_health_checks:
-            for dirpath in checkpoint_dirpaths(trainer):
-                check_writable_dir(dirpath)
+            for cb in trainer.checkpoint_callbacks:
+                if getattr(cb, "dirpath", None):
+                    check_checkpoint_dirpath(cb.dirpath)
         check_accumulation_scheduler(trainer, self.elastic)
         self._parallelized = has_dtensor_parameters(self.model)
         cfg = self.parallel_config
@@ -273,7 +266,7 @@ class ElasticFT3D(DDPStrategy):
             self._mode = DataParallelMode(self)
         self._mode.setup(trainer)
         if self._fault is not None:  # collective: watchdog, health checks (all ranks start or none), agreement group
-            self._fault.preflight(trainer, check_dir=check_writable_dir)
+            self._fault.preflight(trainer, check_dir=check_checkpoint_dirpath)
         self.barrier("ElasticFT3D.setup")
 
     @override
@@ -320,7 +313,9 @@ class ElasticFT3D(DDPStrategy):
 
     def _checkpoint_manager(self) -> StrategyCheckpoints:
         if self._checkpoints is None:
-            self._checkpoints = StrategyCheckpoints(global_rank=self.global_rank, event_log=lambda: self.event_log)
+            self._checkpoints = StrategyCheckpoints(
+                global_rank=self.global_rank, event_log=lambda: self.event_log, broadcast=self.broadcast
+            )
         return self._checkpoints
 
     @override
@@ -336,6 +331,8 @@ class ElasticFT3D(DDPStrategy):
         path = Path(self.broadcast(str(filepath)))
         state, rank_state = split_checkpoint(checkpoint)
         self._mode.move_rank_state(state, rank_state)
+        params = {name for name, _ in self.lightning_module.named_parameters()} if self.lightning_module else set()
+        state = per_rank_state.separate(state, rank_state, parameter_names=params)
         self._checkpoint_manager().save(path, state, rank_state, self._checkpoint_metadata(checkpoint))
 
     def _checkpoint_metadata(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
@@ -368,17 +365,19 @@ class ElasticFT3D(DDPStrategy):
     @override
     def load_checkpoint(self, checkpoint_path: _compat.PATH, weights_only: bool | None = None) -> dict[str, Any]:
         started = time.perf_counter()
-        path = Path(self.broadcast(str(checkpoint_path)))
+        # validate/test/predict reach here without the auto-resume check; a missing path is a FileNotFoundError.
+        path = resolve_explicit_ckpt_path(Path(self.broadcast(str(checkpoint_path))))
         if not is_lightning_ft_checkpoint(path):
             return load_foreign_checkpoint(path, parallelized=self._parallelized)
         loaded = self._checkpoint_manager().load(
             path, fallbacks=self._auto_resume.take_fallbacks(path), template=self._mode.load_template()
         )
-        checkpoint = dict(loaded.state)
+        same_world = loaded.metadata.get("world_size") == self.world_size
+        checkpoint = per_rank_state.restore_own(dict(loaded.state), loaded.rank_state, same_world=same_world)
         checkpoint["callbacks"] = loaded.rank_state.get("callbacks", {})
         self._mode.apply_loaded(loaded.path, checkpoint, loaded.rank_state, loaded.metadata)
         rng = loaded.rank_state.get("rng")
-        if rng and loaded.metadata.get("world_size") == self.world_size and self._tracker is not None:
+        if rng and same_world and self._tracker is not None:
             self._tracker.restore_rng_at_next_batch(rng)
         self._resume_elastically(loaded.path, loaded.metadata, load_s=time.perf_counter() - started)
         return checkpoint
@@ -431,10 +430,28 @@ class ElasticFT3D(DDPStrategy):
             dataloader,
             training=trainer.training,
             epoch=trainer.fit_loop.epoch_progress.current.processed,
+            mode=_compat.train_combined_loader_mode(trainer),
             **self.distributed_sampler_kwargs,
         )
 
     # ------------------------------------------------------------------ teardown
+
+    def __getstate__(self) -> dict[str, Any]:
+        # What a run holds (the writer thread and its locks, the open event log, the tracker's callbacks) is not
+        # part of the strategy's configuration: a pickled or deep-copied Trainer (or `torch.save(model)`) gets a
+        # strategy that sets them up again when it runs.
+        state = dict(self.__dict__)
+        for name in ("_checkpoints", "_tracker", "event_log", "_auto_resume", "_data_position"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._checkpoints = None
+        self._tracker = None
+        self.event_log = None
+        self._auto_resume = AutoResume(enabled=self.auto_resume, broadcast=self.broadcast)
+        self._data_position = TrainingDataPosition()
 
     @override
     def on_exception(self, exception: BaseException) -> None:
@@ -443,22 +460,17 @@ class ElasticFT3D(DDPStrategy):
 
     @override
     def teardown(self) -> None:
-        close_error: BaseException | None = None
         try:
             if self._checkpoints is not None:
                 self._checkpoints.close()
         except BaseException as err:
-            close_error = err
+            self._exception = self._exception or err
             raise
         finally:
             self._auto_resume.uninstall()
             self._mode.teardown()
             trainer = self.lightning_module.trainer if self.lightning_module is not None else None
-            ended_by = self._exception or close_error
-            if self._fault is not None:
-                self._fault.uninstall(trainer, failed=ended_by is not None)
-            if trainer is not None and self.event_log is not None and trainer.state.fn == TrainerFn.FITTING:
-                self.event_log.write("attempt_end", **attempt_end_fields(ended_by))
+            end_attempt(self._fault, trainer, self.event_log, self._exception)  # fault handling off, attempt_end
             if trainer is not None and self._tracker is not None and self._tracker in trainer.callbacks:
                 trainer.callbacks.remove(self._tracker)
             super().teardown()

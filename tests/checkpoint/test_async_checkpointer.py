@@ -1,10 +1,9 @@
-"""AsyncCheckpointer in one process: consistency, error surfacing, one save in flight, commit order."""
+"""AsyncCheckpointer in one process: consistency, error surfacing, one save in flight, replacing a checkpoint."""
 
 from __future__ import annotations
 
 import errno
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +11,6 @@ import torch
 
 from lightning_ft.checkpoint import (
     AsyncCheckpointer,
-    SnapshotStorage,
     is_committed,
     load_checkpoint,
     read_metadata,
@@ -20,38 +18,7 @@ from lightning_ft.checkpoint import (
 )
 from lightning_ft.checkpoint import snapshot_storage as storage_module
 from lightning_ft.checkpoint.async_checkpointer import THREAD_NAME
-
-
-class FlakyStorage(SnapshotStorage):
-    """Real storage, except that the next writes fail with the queued errors (a full disk, an I/O error)."""
-
-    def __init__(self) -> None:
-        self.failures: list[OSError] = []
-
-    def write(self, path, entries, *, group):
-        if self.failures:
-            raise self.failures.pop(0)
-        super().write(path, entries, group=group)
-
-
-class GatedStorage(SnapshotStorage):
-    """Real storage whose writes wait for a gate, recording the order of write starts and ends."""
-
-    def __init__(self) -> None:
-        self.gate = threading.Event()
-        self.started = threading.Event()
-        self.log: list[str] = []
-
-    def write(self, path, entries, *, group):
-        self.log.append(f"start {Path(path).name}")
-        self.started.set()
-        self.gate.wait()
-        super().write(path, entries, group=group)
-        self.log.append(f"end {Path(path).name}")
-
-
-def enospc() -> OSError:
-    return OSError(errno.ENOSPC, "No space left on device")
+from tests.checkpoint.support import FlakyStorage, GatedStorage, enospc
 
 
 def test_tensors_mutated_in_place_after_save_returns_do_not_reach_the_checkpoint(tmp_path):
@@ -166,17 +133,24 @@ def test_a_background_failure_is_raised_by_the_next_save_which_then_writes_nothi
     assert not is_committed(tmp_path / "step=1")
 
 
-def test_close_raises_a_background_error_once_and_the_first_one_wins(tmp_path):
+def test_close_raises_a_background_error_once_and_no_later_failure_comes_before_the_first(tmp_path):
     storage = FlakyStorage()
     storage.failures += [enospc(), OSError(errno.EIO, "Input/output error")]
     checkpointer = AsyncCheckpointer(storage=storage)
     checkpointer.save(tmp_path / "step=1", {"w": torch.ones(2)})
+    # The first failure is raised before the next save starts anything, so that save cannot fail (with EIO) first.
+    with pytest.raises(OSError) as raised:
+        checkpointer.save(tmp_path / "step=2", {"w": torch.ones(2)})
+    assert raised.value.errno == errno.ENOSPC
+    assert [e.errno for e in storage.failures] == [errno.EIO]
+    checkpointer.save(tmp_path / "step=3", {"w": torch.ones(2)})
     with pytest.raises(OSError) as raised:
         checkpointer.close()
-    assert raised.value.errno == errno.ENOSPC
+    assert raised.value.errno == errno.EIO
     checkpointer.close()  # idempotent, and the error was raised once
     with pytest.raises(RuntimeError, match="after close"):
-        checkpointer.save(tmp_path / "step=2", {"w": torch.ones(2)})
+        checkpointer.save(tmp_path / "step=4", {"w": torch.ones(2)})
+    assert not any(is_committed(tmp_path / f"step={n}") for n in (1, 2, 3))
 
 
 def test_a_failing_on_commit_callback_is_raised_at_the_next_save(tmp_path):

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from lightning_ft._compat import Replicate, Shard
 from lightning_ft.checkpoint import (
     METADATA_FILE,
     AsyncCheckpointer,
@@ -19,7 +20,6 @@ from lightning_ft.checkpoint import (
     verify,
 )
 from lightning_ft.checkpoint import snapshot_storage as storage_module
-from lightning_ft.checkpoint._dtensor import Replicate, Shard
 from tests.helpers import run_distributed
 
 try:

@@ -20,8 +20,8 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+from lightning_ft._compat import DTensor
 from lightning_ft.checkpoint import AsyncCheckpointer, load_checkpoint
-from lightning_ft.checkpoint._dtensor import DTensor
 from tests.helpers import run_distributed
 
 try:

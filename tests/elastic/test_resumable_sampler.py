@@ -156,12 +156,23 @@ def test_a_new_epoch_shuffles_differently_and_the_same_seed_repeats_it():
     assert list(a) == list(b) != first
 
 
-def test_consumed_stops_at_the_end_of_the_epoch():
+def test_consumed_stops_at_the_end_of_the_epoch_and_a_cycled_loader_starts_a_new_pass():
     sampler = ResumableSampler(10, num_replicas=3, rank=0)  # 12 stream positions with padding
-    for _ in range(5):
-        sampler.mark_consumed(3 * 2)
+    first_pass = list(sampler)
+    for _ in range(2):
+        sampler.mark_consumed(3 * 3)  # the second batch is short: the count stops at the end
     assert sampler.state_dict()["consumed"] == 12
-    assert list(sampler) == []
+    state = sampler.state_dict()
+    # CombinedLoader cycles a shorter loader within the epoch: iter() again is a new pass over the same order.
+    assert list(sampler) == first_pass
+    sampler.mark_consumed(3 * 2)
+    assert sampler.state_dict()["consumed"] == 6
+    resumed = ResumableSampler(10, num_replicas=3, rank=0)
+    resumed.load_state_dict(sampler.state_dict())
+    assert list(resumed) == first_pass[2:]
+    done = ResumableSampler(10, num_replicas=3, rank=0)
+    done.load_state_dict(state)  # saved on the pass's last batch: the epoch is over for a loader of its own
+    assert done.state_dict()["epoch"] == 1
 
 
 @pytest.mark.parametrize("drop_last_batch", [False, True])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -151,3 +152,54 @@ def test_configs_with_equal_sizes_compare_equal_whoever_built_them():
     a = ParallelConfig(tensor_parallel_size="auto", devices_per_node=4, owner="ElasticFT3D")
     b = ParallelConfig(data_parallel_size=1, tensor_parallel_size=4, devices_per_node=4)
     assert a == b
+
+
+def test_config_holds_the_cluster_it_is_given_and_reads_its_shape_through_it():
+    cluster = ClusterShape(num_nodes=2, devices_per_node=4, intra_node_bandwidth_bytes_per_s=300e9)
+    config = ParallelConfig(tensor_parallel_size=4, cluster=cluster)
+    assert config.cluster is cluster
+    assert (config.num_nodes, config.devices_per_node, config.world_size) == (2, 4, 8)
+    assert config.intra_node_bandwidth_bytes_per_s == 300e9
+    assert config.inter_node_bandwidth_bytes_per_s == cluster.inter_node_bandwidth_bytes_per_s
+    assert config == ParallelConfig.for_cluster(cluster, tensor_parallel_size=4)
+
+
+def test_a_cluster_given_by_its_parts_equals_the_same_cluster_given_whole():
+    by_parts = ParallelConfig(
+        tensor_parallel_size=2, num_nodes=2, devices_per_node=4, inter_node_bandwidth_bytes_per_s=25e9
+    )
+    whole = ParallelConfig(
+        tensor_parallel_size=2,
+        cluster=ClusterShape(num_nodes=2, devices_per_node=4, inter_node_bandwidth_bytes_per_s=25e9),
+    )
+    assert by_parts == whole and hash(by_parts) == hash(whole)
+    assert by_parts.cluster == whole.cluster
+    assert ParallelConfig(devices_per_node=8).cluster == ClusterShape(num_nodes=1, devices_per_node=8)
+
+
+def test_the_shape_is_stored_once_so_replace_can_move_a_config_to_another_cluster():
+    config = ParallelConfig(tensor_parallel_size=2, num_nodes=1, devices_per_node=4)
+    bigger = dataclasses.replace(
+        config, data_parallel_size="auto", cluster=ClusterShape(num_nodes=2, devices_per_node=4)
+    )
+    assert (bigger.num_nodes, bigger.world_size, bigger.data_parallel_size) == (2, 8, 4)
+    assert "num_nodes" not in {f.name for f in dataclasses.fields(ParallelConfig)}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.cluster = bigger.cluster  # type: ignore[misc]
+
+
+def test_cluster_given_both_whole_and_by_parts_or_not_at_all_is_refused():
+    cluster = ClusterShape(devices_per_node=4)
+    with pytest.raises(TypeError, match=r"ElasticFT3D\(cluster=.*num_nodes=2\): give the cluster either as"):
+        ParallelConfig(cluster=cluster, num_nodes=2, owner="ElasticFT3D")
+    with pytest.raises(TypeError, match=r"missing devices_per_node"):
+        ParallelConfig(tensor_parallel_size=2)
+    with pytest.raises(
+        TypeError, match=r"ParallelConfig\(cluster=\{'devices_per_node': 4\}\): expected a ClusterShape"
+    ):
+        ParallelConfig(cluster={"devices_per_node": 4})
+
+
+def test_a_bad_bandwidth_part_names_the_owner_the_user_called():
+    with pytest.raises(ValueError, match=r"^ElasticFT3D\(intra_node_bandwidth_bytes_per_s=-1\.0\): must be a positive"):
+        ParallelConfig(devices_per_node=4, intra_node_bandwidth_bytes_per_s=-1.0, owner="ElasticFT3D")

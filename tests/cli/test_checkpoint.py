@@ -1,15 +1,11 @@
-"""The ``lightning-ft`` console script on checkpoints written by a real Trainer."""
+"""``lightning-ft inspect`` and ``export`` on checkpoints written by a real Trainer."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
 
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_ft.cli import main
-from tests.helpers import subprocess_env
 from tests.strategy.conftest import _release_lightning_process_group  # noqa: F401 - autouse in this module too
 from tests.strategy.models import TinyRegressor, make_trainer
 
@@ -54,16 +50,3 @@ def test_export_writes_a_file_load_from_checkpoint_accepts(tmp_path):
         assert torch.equal(restored.state_dict()[k], v), k
     plain = torch.load(out, weights_only=True)
     assert plain["global_step"] == 3
-
-
-def test_console_script_entry_point_runs():
-    proc = subprocess.run(
-        [sys.executable, "-m", "lightning_ft.cli", "--help"],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        timeout=120,
-    )
-    assert proc.returncode == 0
-    for command in ("plan", "inspect", "export", "report"):
-        assert command in proc.stdout

@@ -1,8 +1,8 @@
-"""DTensor names and shard geometry across torch versions (torch>=2.4 imports; torch 2.13 is what CI tests).
+"""Where a DTensor's local shard sits in the global tensor, and how its placements are recorded in the index.
 
-Everything the checkpoint needs from DTensor is here: where this rank's local shard sits in the global tensor, and a
-JSON description of the placements for the index and for ``lightning-ft inspect``. ``_StridedShard`` (FSDP2 over tensor
-parallel) is handled by torch's own ``compute_local_shape_and_global_offset``, which knows its layout.
+The DTensor classes themselves come from :mod:`lightning_ft._compat` (their import path moved between torch 2.4 and
+2.5). ``_StridedShard`` (FSDP2 over tensor parallel) is handled by torch's own ``compute_local_shape_and_global_offset``,
+which knows its layout.
 """
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_ft._compat import DTensor, Replicate, Shard, compute_local_shape_and_global_offset
-from lightning_ft._compat import StridedShard as _StridedShard
+from lightning_ft._compat import Replicate, Shard, StridedShard, compute_local_shape_and_global_offset
 
-__all__ = ["DTensor", "Replicate", "Shard", "describe_placements", "local_region"]
+__all__ = ["describe_placements", "local_region"]
 
 
 def local_region(global_shape: Sequence[int], mesh: Any, placements: Sequence[Any]) -> tuple[list[int], list[int]]:
@@ -23,10 +22,15 @@ def local_region(global_shape: Sequence[int], mesh: Any, placements: Sequence[An
 
 
 def describe_placements(placements: Sequence[Any]) -> list[dict[str, Any]]:
-    """JSON description of DTensor placements, e.g. ``[{"type": "shard", "dim": 0}, {"type": "replicate"}]``."""
+    """JSON description of DTensor placements, e.g. ``[{"type": "shard", "dim": 0}, {"type": "replicate"}]``.
+
+    Raises:
+        TypeError: a placement other than ``Shard``, ``_StridedShard`` or ``Replicate`` (``Partial`` holds unreduced
+            values, which a state dict never holds).
+    """
     out: list[dict[str, Any]] = []
     for placement in placements:
-        if _StridedShard is not None and isinstance(placement, _StridedShard):
+        if StridedShard is not None and isinstance(placement, StridedShard):
             out.append({"type": "strided_shard", "dim": placement.dim, "split_factor": placement.split_factor})
         elif isinstance(placement, Shard):
             out.append({"type": "shard", "dim": placement.dim})

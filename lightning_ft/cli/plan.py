@@ -1,15 +1,17 @@
 """``lightning-ft plan``: rank the 3D-parallel layouts of a model on a cluster and print them as a table.
 
-The console script owns the subcommand; this module supplies its arguments (:func:`add_plan_arguments`) and its body
-(:func:`run_plan`), which calls :func:`~lightning_ft.parallel.planner.plan_parallelism` and prints the ranked plans.
+:func:`register` adds the subcommand with its arguments (:func:`add_plan_arguments`); its body (:func:`run_plan`)
+calls :func:`~lightning_ft.parallel.plan_parallelism` and prints the ranked plans. The planner is imported with this
+module: its presets are the options' choices.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
+from lightning_ft.cli.errors import EXIT_NO, EXIT_OK, CLIError
 from lightning_ft.parallel.planner import (
     DEVICE_PRESETS,
     GIB,
@@ -22,7 +24,21 @@ from lightning_ft.parallel.planner import (
     plan_parallelism,
 )
 
+__all__ = ["add_plan_arguments", "register", "run_plan"]
+
 _SHAPE_OPTIONS = ("layers", "hidden", "heads")
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``plan`` subcommand to ``subparsers`` (from ``add_subparsers``)."""
+    plan = subparsers.add_parser(
+        "plan",
+        help="rank 3D-parallel layouts for a model and a cluster",
+        epilog="exit codes: 0 at least one layout fits; 1 none fits (the closest are printed with the reason); "
+        "2 a usage error",
+    )
+    add_plan_arguments(plan)
+    plan.set_defaults(func=run_plan)
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,8 +84,10 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Run ``lightning-ft plan``: print the ranked table to ``out`` (stdout).
 
     Returns:
-        0 if at least one plan is feasible, 1 if none is (the closest ones are printed with their reasons), 2 on a
-        usage error (printed to stderr).
+        0 if at least one plan is feasible, 1 if none is (the closest ones are printed with their reasons).
+
+    Raises:
+        CLIError: an option is missing, malformed or refused by the planner (exit code 2).
     """
     out = out if out is not None else sys.stdout
     try:
@@ -105,8 +123,8 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None) -> int:
             allow_cross_node_tensor_parallel=args.allow_cross_node_tp,
         )
     except (TypeError, ValueError) as error:
-        print(f"lightning-ft plan: error: {error}", file=sys.stderr)
-        return 2
+        # The planner names the option and the rule; the user typed the option, so it is a usage error.
+        raise CLIError(str(error)) from None
     feasible = [plan for plan in plans if plan.feasible]
     print(
         f"{model.name}: {model.num_parameters / 1e9:.2f}B parameters, {model.num_layers} layers, hidden "
@@ -122,7 +140,7 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None) -> int:
         print("no layout fits; the closest, with the reason:", file=out)
         shown = plans
     _print_table(shown[: args.top], out)
-    return 0 if feasible else 1
+    return EXIT_OK if feasible else EXIT_NO
 
 
 def _model(args: argparse.Namespace) -> ModelSpec:

@@ -1,19 +1,15 @@
-"""``lightning-ft plan``: the ranked table printed by run_plan."""
+"""``lightning-ft plan``: the ranked table it prints, and its exit codes."""
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
-from lightning_ft.parallel.plan_cli import add_plan_arguments, run_plan
+from lightning_ft.cli import main
 from lightning_ft.parallel.planner import DEVICE_PRESETS, MODEL_PRESETS, ClusterSpec, plan_parallelism
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[str], str]:
-    parser = argparse.ArgumentParser(prog="lightning-ft plan")
-    add_plan_arguments(parser)
-    code = run_plan(parser.parse_args(list(argv)))
+    code = main(["plan", *argv])
     captured = capsys.readouterr()
     return code, captured.out.splitlines(), captured.err
 
@@ -111,6 +107,7 @@ def test_plan_for_a_model_that_cannot_fit_exits_1_and_shows_why(capsys):
     ],
 )
 def test_plan_usage_errors_exit_2_with_a_message(capsys, argv, message):
-    code, _, err = _run(capsys, *argv)
+    code, out, err = _run(capsys, *argv)
     assert code == 2
     assert err.startswith("lightning-ft plan: error:") and message in err
+    assert err.count("\n") == 1 and "Traceback" not in err and not out

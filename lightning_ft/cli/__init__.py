@@ -1,0 +1,52 @@
+"""``lightning-ft``: plan a 3D layout, inspect or export a checkpoint, summarise a run's event logs.
+
+Each subcommand is a thin shell over a library function, so everything it prints can also be had from Python. One
+module per subcommand registers its parser and runs it (:mod:`~lightning_ft.cli.plan`,
+:mod:`~lightning_ft.cli.checkpoint` for ``inspect`` and ``export``, :mod:`~lightning_ft.cli.report`); each imports
+the library it wraps only when it runs.
+
+A failure the user can act on is printed as one line on stderr, ``lightning-ft <command>: error: <what to do>``, and
+the process exits with a documented code (:mod:`~lightning_ft.cli.errors`): 0 done, 1 done and the answer is no,
+2 could not run as asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from lightning_ft.cli.errors import EXIT_CODES_HELP, CLIError
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``lightning-ft`` parser with every subcommand; ``args.func(args)`` runs the chosen one."""
+    from lightning_ft.cli import checkpoint, plan, report
+
+    parser = argparse.ArgumentParser(
+        prog="lightning-ft",
+        description=__doc__.splitlines()[0],
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    plan.register(sub)
+    checkpoint.register(sub)
+    report.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``lightning-ft`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit code.
+
+    A :class:`~lightning_ft.cli.errors.CLIError` from the subcommand is printed as one line on stderr and its exit
+    code returned; argparse's own usage errors exit with 2 (``SystemExit``), as argparse does.
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except CLIError as error:
+        print(f"lightning-ft {args.command}: error: {error}", file=sys.stderr)
+        return error.exit_code

@@ -1,0 +1,74 @@
+"""``lightning-ft inspect PATH`` and ``lightning-ft export PATH OUT``: what a checkpoint holds, and one plain file of it.
+
+Both wrap :mod:`lightning_ft.checkpoint`: :func:`~lightning_ft.checkpoint.describe` and
+:func:`~lightning_ft.checkpoint.format_description` for ``inspect``, :func:`~lightning_ft.checkpoint.export_state_dict`
+for ``export``. A path that does not exist is a usage error (exit code 2), checked before anything is read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from lightning_ft.cli.errors import EXIT_NO, EXIT_OK, CLIError, require_path
+
+__all__ = ["register", "run_export", "run_inspect"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``inspect`` and ``export`` subcommands to ``subparsers`` (from ``add_subparsers``)."""
+    inspect = subparsers.add_parser(
+        "inspect",
+        help="what a checkpoint holds and whether it is intact",
+        epilog="exit codes: 0 committed and every checksum matches; 1 not committed or a checksum wrong; "
+        "2 no such checkpoint",
+    )
+    inspect.add_argument("path", help="a checkpoint directory, e.g. checkpoints/epoch=0-step=100.ckpt")
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    inspect.set_defaults(func=run_inspect)
+
+    export = subparsers.add_parser(
+        "export",
+        help="write one plain state dict for load_from_checkpoint or plain PyTorch",
+        epilog="exit codes: 0 written; 1 the checkpoint cannot be read (not committed, corrupt); "
+        "2 no such checkpoint, or OUT's folder does not exist",
+    )
+    export.add_argument("path", help="a committed checkpoint directory")
+    export.add_argument("out", help="the file to write (its folder must exist)")
+    export.set_defaults(func=run_export)
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    """Print what checkpoint ``args.path`` holds. Returns 0 if it is committed and every checksum matches, else 1.
+
+    Raises:
+        CLIError: nothing exists at ``args.path``.
+    """
+    require_path(args.path, "checkpoint")
+    from lightning_ft.checkpoint import describe, format_description
+
+    desc = describe(args.path)
+    print(json.dumps(desc, indent=2, default=str) if args.json else format_description(desc))
+    return EXIT_OK if desc.get("committed") and desc.get("checksums_ok", True) else EXIT_NO
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """Write checkpoint ``args.path`` as one plain ``torch.save`` file at ``args.out``. Returns 0.
+
+    Raises:
+        CLIError: nothing exists at ``args.path`` or ``args.out``'s folder does not exist (exit code 2), or the
+            checkpoint cannot be read (exit code 1).
+    """
+    require_path(args.path, "checkpoint")
+    require_path(Path(args.out).absolute().parent, "folder for OUT")
+    from lightning_ft.checkpoint import CheckpointError, export_state_dict
+
+    try:
+        out = export_state_dict(args.path, args.out)
+    except CheckpointError as error:
+        # The library's message names the checkpoint and what is wrong with it; no traceback adds to that.
+        raise CLIError(f"cannot export: {error}", exit_code=EXIT_NO) from None
+    print(f"wrote {out}")
+    return EXIT_OK

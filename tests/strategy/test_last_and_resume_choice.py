@@ -1,0 +1,159 @@
+"""`last` holds the newest state Lightning asked for; auto-resume picks the newest *full* state, on every rank alike."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_ft import ElasticFT3D
+from lightning_ft.checkpoint import AsyncCheckpointer, is_committed, list_committed, read_metadata
+from lightning_ft.events import read_events
+from lightning_ft.strategy.checkpoint_io import check_checkpoint_dirpath
+from tests.strategy.models import TinyRegressor, make_trainer
+
+
+class _MonitoredRegressor(TinyRegressor):
+    """Logs a metric that stops improving after step 2, so top-k keeps step 2 while training goes on."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("score", float(min(self.global_step, 2)))  # logged before the step counter moves: 0, 1, 2, 2, ...
+        return loss
+
+
+def _fit(tmp_path, max_steps, *, model=None, ckpt_path=None, callbacks=None, **ckpt_kwargs):
+    callbacks = callbacks if callbacks is not None else [ModelCheckpoint(dirpath=tmp_path / "ckpt", **ckpt_kwargs)]
+    trainer = make_trainer(tmp_path, callbacks=callbacks, max_steps=max_steps)
+    model = model or TinyRegressor()
+    trainer.fit(model, ckpt_path=ckpt_path)
+    return trainer, model
+
+
+def test_last_holds_the_newest_state_when_top_k_keeps_an_older_one(tmp_path):
+    trainer, model = _fit(
+        tmp_path,
+        6,
+        model=_MonitoredRegressor(),
+        every_n_train_steps=1,
+        save_top_k=1,
+        monitor="score",
+        mode="max",
+        save_last=True,
+    )
+    last = tmp_path / "ckpt" / "last.ckpt"
+    assert last.is_symlink() and is_committed(last.resolve())
+    assert read_metadata(last.resolve())["step"] == 6
+    # Resuming from "last" continues at step 6, not at the best (older) checkpoint.
+    trainer2, model2 = _fit(
+        tmp_path,
+        6,
+        model=_MonitoredRegressor(),
+        ckpt_path="last",
+        every_n_train_steps=1,
+        save_top_k=1,
+        monitor="score",
+        mode="max",
+        save_last=True,
+    )
+    assert trainer2.global_step == 6
+    for k, v in model.state_dict().items():
+        assert torch.equal(model2.state_dict()[k], v), k
+    # Superseded copies of `last` were cleaned up: one for the newest step at most, besides top-k's.
+    leftovers = [p.name for p in (tmp_path / "ckpt").iterdir() if p.name.endswith(".lft")]
+    assert len(leftovers) <= 1, leftovers
+
+
+def test_save_last_without_top_k_still_saves_a_resumable_state(tmp_path):
+    _fit(tmp_path, 4, every_n_train_steps=2, save_top_k=0, save_last=True)
+    last = tmp_path / "ckpt" / "last.ckpt"
+    assert last.is_symlink() and is_committed(last.resolve())
+    assert read_metadata(last.resolve())["step"] == 4
+    trainer2, _ = _fit(tmp_path, 4, every_n_train_steps=2, save_top_k=0, save_last=True)  # auto-resume finds it
+    assert trainer2.global_step == 4
+    assert [e["step"] for e in read_events(tmp_path) if e["event"] == "resumed"] == [4]
+
+
+def test_an_explicit_save_to_last_ckpt_is_written(tmp_path):
+    trainer, model = _fit(tmp_path, 3, every_n_train_steps=100)
+    trainer.save_checkpoint(tmp_path / "ckpt" / "last.ckpt")
+    last = tmp_path / "ckpt" / "last.ckpt"
+    assert is_committed(last.resolve()) and read_metadata(last.resolve())["step"] == 3
+
+
+def test_auto_resume_skips_a_newer_weights_only_checkpoint(tmp_path):
+    full = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1, filename="full-{step}")
+    weights = ModelCheckpoint(
+        dirpath=tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1, save_weights_only=True, filename="w-{step}"
+    )
+    _fit(tmp_path, 3, callbacks=[full, weights])
+    steps = {p.path.name: p.step for p in list_committed(tmp_path / "ckpt")}
+    assert steps == {"full-step=2.ckpt": 2, "w-step=3.ckpt": 3}
+    trainer2, _ = _fit(tmp_path, 4, every_n_train_steps=2, save_top_k=-1, filename="full-{step}")
+    assert [e["path"].rsplit("/", 1)[-1] for e in read_events(tmp_path) if e["event"] == "resumed"] == [
+        "full-step=2.ckpt"
+    ]
+    assert trainer2.global_step == 4
+
+
+def test_a_committed_checkpoint_without_a_step_does_not_break_auto_resume(tmp_path):
+    _fit(tmp_path, 2, every_n_train_steps=2, save_top_k=-1)
+    writer = AsyncCheckpointer()
+    writer.save(tmp_path / "ckpt" / "foreign-tool", {"w": torch.ones(2)}, metadata={})
+    writer.close()
+    trainer2, _ = _fit(tmp_path, 4, every_n_train_steps=2, save_top_k=-1)
+    assert [e["step"] for e in read_events(tmp_path) if e["event"] == "resumed"] == [2]
+
+
+def test_a_trainer_can_be_pickled_and_deep_copied_and_a_trained_model_saved_whole(tmp_path):
+    trainer = make_trainer(tmp_path, callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt")], max_steps=2)
+    clone = pickle.loads(pickle.dumps(trainer))
+    assert isinstance(clone.strategy, ElasticFT3D)
+    copy.deepcopy(trainer)
+    model = TinyRegressor()
+    trainer.fit(model)
+    # After fit the strategy holds a writer, its locks and an open event log: none of it travels. (Lightning's own
+    # optimizer wrappers make a strategy with optimizers unpicklable under any strategy, so they are left out here.)
+    trainer.strategy.optimizers = []
+    clone = pickle.loads(pickle.dumps(trainer.strategy))
+    assert clone.event_log is None and clone._checkpoints is None
+    copy.deepcopy(trainer.strategy)
+    torch.save(model, tmp_path / "model.pt")
+    assert isinstance(torch.load(tmp_path / "model.pt", weights_only=False), TinyRegressor)
+
+
+def test_an_object_store_dirpath_is_refused_before_training_with_the_reason(tmp_path):
+    trainer = make_trainer(
+        tmp_path, callbacks=[ModelCheckpoint(dirpath="memory://ckpt", every_n_train_steps=1)], max_steps=2
+    )
+    with pytest.raises(ValueError, match=r"dirpath='memory://ckpt'.*memory:// object storage is not supported"):
+        trainer.fit(TinyRegressor())
+    assert trainer.global_step == 0
+    with pytest.raises(ValueError, match=r"s3:// object storage is not supported"):
+        check_checkpoint_dirpath("s3://bucket/ckpt")
+    check_checkpoint_dirpath(f"file://{tmp_path}")
+
+
+@pytest.mark.parametrize("stage", ["validate", "test", "predict"])
+def test_a_missing_ckpt_path_outside_fit_is_a_file_not_found_error(tmp_path, stage):
+    class _Eval(TinyRegressor):
+        def validation_step(self, batch, batch_idx):
+            return None
+
+        def test_step(self, batch, batch_idx):
+            return None
+
+        def predict_step(self, batch, batch_idx):
+            return batch[0]
+
+        def val_dataloader(self):
+            return self.train_dataloader()
+
+        test_dataloader = predict_dataloader = val_dataloader
+
+    trainer = make_trainer(tmp_path, max_steps=1)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        getattr(trainer, stage)(_Eval(), ckpt_path=str(tmp_path / "nope.ckpt"))
