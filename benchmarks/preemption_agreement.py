@@ -5,8 +5,10 @@ boundary, one of:
 
 - ``sync all_reduce``: a blocking all-reduce (MIN) of one float64, the simplest agreement;
 - ``sync all_gather``: a blocking all-gather of two float64 per rank (signal time and number);
-- ``pipelined (ours)``: :class:`lightning_ft.fault.agreement.StopAgreement.poll`, the all-gather started at one
-  boundary and read at the next;
+- ``pipelined, every step``: :class:`lightning_ft.fault.agreement.StopAgreement` checking at every boundary, the
+  all-gather started at one boundary and read at the next;
+- ``ours``: ``StopAgreement`` as ``ElasticFT3D`` uses it: checks about a second of training apart, at most every 10
+  steps (every step here would be 2 ms apart, so every tenth);
 - ``sync every 10``: the blocking all-gather at every tenth boundary only.
 
 It prints, per variant, the time spent inside the agreement call per step on rank 0 (median and mean, microseconds),
@@ -30,14 +32,17 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-VARIANTS = ("none", "sync all_reduce", "sync all_gather", "pipelined (ours)", "sync every 10")
+VARIANTS = ("none", "sync all_reduce", "sync all_gather", "pipelined, every step", "ours", "sync every 10")
 
 
 def _loop(variant: str, args: argparse.Namespace, rank: int, world_size: int) -> tuple[float, list[float]]:
     from lightning_ft.fault.agreement import StopAgreement
     from lightning_ft.fault.signals import PreemptionSignals
 
-    agreement = StopAgreement(PreemptionSignals((signal.SIGUSR1,))) if variant == "pipelined (ours)" else None
+    agreement = None
+    if variant in ("pipelined, every step", "ours"):
+        max_interval = 1 if variant == "pipelined, every step" else 10
+        agreement = StopAgreement(PreemptionSignals((signal.SIGUSR1,)), max_interval=max_interval)
     gather = [torch.empty(2, dtype=torch.float64) for _ in range(world_size)]
     row = torch.tensor([math.nan, 0.0], dtype=torch.float64)
     inside: list[float] = []

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _STORE_TIMEOUT = timedelta(seconds=30)
+AGREEMENT_BUDGET_S = 1.0
+"""Training time between two preemption checks, about (see :mod:`~lightning_ft.fault.agreement`)."""
 
 
 class FaultHandler(Callback):
@@ -104,7 +106,10 @@ class FaultHandler(Callback):
         if self.policy.health_checks:
             self._health_checks(trainer, check_dir)
         timeout = timedelta(seconds=self.policy.first_step_timeout_s + self.policy.grace_s)
-        self.agreement = StopAgreement(self.signals, timeout=timeout)
+        # Checks about once a second (a twentieth of the grace period if that is shorter): a signal is acted upon
+        # within about two of them, well inside grace_s.
+        budget_s = min(AGREEMENT_BUDGET_S, self.policy.grace_s / 20.0)
+        self.agreement = StopAgreement(self.signals, timeout=timeout, budget_s=budget_s)
 
     def uninstall(self, trainer: pl.Trainer | None, *, failed: bool) -> None:
         """At teardown: put the signal handlers back, stop the watchdog, release the agreement group. Idempotent."""

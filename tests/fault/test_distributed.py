@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -21,20 +22,25 @@ def _writable(dirpath: Path) -> None:
 
 
 def _agree_and_check(rank: int, world_size: int, tmp: str) -> None:
+    import torch.distributed as dist
+
     signals = PreemptionSignals((signal.SIGUSR1,))
     signals.register()
     try:
-        agreement = StopAgreement(signals)
-        decisions = []
-        for step in range(10):
-            if rank == 1 and step == 3:
-                os.kill(os.getpid(), signal.SIGUSR1)  # arrives at rank 1 only, before its step-3 boundary
-            decisions.append(agreement.poll())
-            if decisions[-1] is not None:
+        agreement = StopAgreement(signals, budget_s=0.05, max_interval=4)
+        stopped_at = None
+        for boundary in range(1, 60):
+            time.sleep(0.002 if rank == 0 else 0.004)  # the ranks' step times differ: the schedule must not
+            if rank == 1 and boundary == 7:
+                os.kill(os.getpid(), signal.SIGUSR1)  # arrives at rank 1 only
+            if agreement.poll() is not None:
+                stopped_at = boundary
                 break
-        # Pipelined: the gather started at boundary 3 carries the flag and is read at boundary 4, on both ranks.
-        assert len(decisions) == 5 and decisions[:4] == [None] * 4, decisions
-        assert decisions[-1].signal_ranks == (1,) and decisions[-1].signum == signal.SIGUSR1
+        both: list = [None, None]
+        dist.all_gather_object(both, (stopped_at, agreement.interval))
+        assert both[0] == both[1], both  # the same boundary and the same schedule on every rank
+        assert stopped_at is not None and 7 <= stopped_at <= 7 + 2 * 4, stopped_at  # within two checks
+        assert agreement.decision.signal_ranks == (1,) and agreement.decision.signum == signal.SIGUSR1
         agreement.close()
     finally:
         signals.uninstall()

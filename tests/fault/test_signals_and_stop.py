@@ -61,6 +61,55 @@ def test_on_one_process_the_agreement_is_the_local_flag():
     agreement.close()
 
 
+class TwoRanks:
+    """A gather for one process that plays two ranks: rank 1's rows are scripted."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple] = []
+        self.peer = (math.nan, 0.0, 10.0)
+
+    def __call__(self, row):
+        self.started.append(row)
+        rows = [tuple(row), self.peer]
+        return lambda: rows
+
+
+def test_checks_are_spaced_by_the_slowest_proposal_and_a_peer_flag_stops_within_two_checks():
+    clock = [0.0]
+    gather = TwoRanks()
+    agreement = StopAgreement(
+        PreemptionSignals((signal.SIGTERM,)), budget_s=1.0, max_interval=10, gather=gather, clock=lambda: clock[0]
+    )
+
+    def step(seconds: float) -> object:
+        clock[0] += seconds
+        return agreement.poll()
+
+    for _ in range(3):
+        assert step(0.25) is None  # first checks at every boundary, until a step time is known
+    assert agreement.interval == 4  # this rank proposes 1 s / 0.25 s; the peer proposed 10: the smaller wins
+    checks = len(gather.started)
+    for _ in range(4):
+        assert step(0.25) is None
+    assert len(gather.started) == checks + 1  # one check in four boundaries
+    gather.peer = (123.0, float(signal.SIGUSR1), 10.0)  # rank 1 receives SIGUSR1
+    boundaries = 0
+    while (decision := step(0.25)) is None:
+        boundaries += 1
+    assert boundaries < 2 * agreement.interval
+    assert decision.signal_ranks == (1,) and decision.signal_time == 123.0 and decision.signum == signal.SIGUSR1
+    assert step(0.25) is decision  # decided once, for good
+
+
+def test_now_reads_the_pending_gather_and_one_more():
+    gather = TwoRanks()
+    agreement = StopAgreement(PreemptionSignals((signal.SIGTERM,)), gather=gather)
+    assert agreement.poll() is None and len(gather.started) == 1
+    assert agreement.now() is None and len(gather.started) == 2
+    gather.peer = (5.0, float(signal.SIGTERM), 1.0)
+    assert agreement.now().signal_ranks == (1,)
+
+
 def test_attempt_end_says_how_the_attempt_ended():
     assert attempt_end_fields(None) == {"reason": "finished", "exit_code": 0}
     stop = CheckpointedStop(75, reason="preempted", checkpoint_path=Path("/c/preempt-step=4"))
