@@ -41,7 +41,7 @@ from lightning_ft.elastic import (
     plan_resume_from_metadata,
 )
 from lightning_ft.events import EventLog, open_event_log
-from lightning_ft.fault import FaultPolicy
+from lightning_ft.fault import FaultHandler, FaultPolicy, checkpoint_storage, end_attempt
 from lightning_ft.parallel.layout import build_device_mesh
 from lightning_ft.parallel.parallel_config import ParallelConfig
 from lightning_ft.parallel.schedules import PIPELINE_SCHEDULES
@@ -150,6 +150,7 @@ class ElasticFT3D(DDPStrategy):
         self._tracker: TrainingTracker | None = None
         self._data_position = TrainingDataPosition()
         self._lr_scale = LRScale()
+        self._fault = FaultHandler(fault) if fault is not None else None
         self._exception: BaseException | None = None
 
     @classmethod
@@ -235,7 +236,10 @@ class ElasticFT3D(DDPStrategy):
         if self.event_log is None:  # one attempt per process, whatever fit/validate/test calls follow
             self.event_log = open_event_log(trainer, mesh=self.mesh_shape())
             self.event_log.claim("progress")
-        self._checkpoint_manager().open()
+        self._exception = None
+        if self._fault is not None:
+            self._fault.install(trainer, self.event_log)  # fit only: signal handlers, watchdog hooks
+        self._checkpoint_manager().open(storage=checkpoint_storage(trainer))
         if self._tracker is None:
             self._tracker = TrainingTracker(
                 event_log=lambda: self.event_log,
@@ -260,9 +264,10 @@ class ElasticFT3D(DDPStrategy):
     @override
     def setup(self, trainer: pl.Trainer) -> None:
         assert self.model is not None and self.parallel_config is not None
-        for cb in trainer.checkpoint_callbacks:
-            if getattr(cb, "dirpath", None):
-                check_checkpoint_dirpath(cb.dirpath)
+        if self._fault is None or not self._fault.runs_health_checks:
+            for cb in trainer.checkpoint_callbacks:
+                if getattr(cb, "dirpath", None):
+                    check_checkpoint_dirpath(cb.dirpath)
         check_accumulation_scheduler(trainer, self.elastic)
         self._parallelized = has_dtensor_parameters(self.model)
         cfg = self.parallel_config
@@ -279,6 +284,8 @@ class ElasticFT3D(DDPStrategy):
         else:
             self._mode = DataParallelMode(self)
         self._mode.setup(trainer)
+        if self._fault is not None:  # collective: watchdog, health checks (all ranks start or none), agreement group
+            self._fault.preflight(trainer, check_dir=check_checkpoint_dirpath)
         self.barrier("ElasticFT3D.setup")
 
     @override
@@ -375,6 +382,7 @@ class ElasticFT3D(DDPStrategy):
 
     @override
     def load_checkpoint(self, checkpoint_path: _compat.PATH, weights_only: bool | None = None) -> dict[str, Any]:
+        started = time.perf_counter()
         # validate/test/predict reach here without the auto-resume check; a missing path is a FileNotFoundError.
         path = resolve_explicit_ckpt_path(Path(self.broadcast(str(checkpoint_path))))
         if not is_lightning_ft_checkpoint(path):
@@ -393,10 +401,10 @@ class ElasticFT3D(DDPStrategy):
         rng = loaded.rank_state.get("rng")
         if rng and same_world and self._tracker is not None:
             self._tracker.restore_rng_at_next_batch(rng)
-        self._resume_elastically(loaded.path, loaded.metadata)
+        self._resume_elastically(loaded.path, loaded.metadata, load_s=time.perf_counter() - started)
         return checkpoint
 
-    def _resume_elastically(self, path: Path, metadata: dict[str, Any]) -> None:
+    def _resume_elastically(self, path: Path, metadata: dict[str, Any], *, load_s: float) -> None:
         trainer = self.lightning_module.trainer
         decision = plan_resume_from_metadata(
             self.elastic, metadata, new_dp_size=self.data_parallel_size, new_world_size=self.world_size
@@ -414,6 +422,7 @@ class ElasticFT3D(DDPStrategy):
                 world_size=self.world_size,
                 accumulate_grad_batches=decision.accumulate_grad_batches,
                 lr_scale=decision.lr_scale,
+                load_s=load_s,
             )
         rank_zero_info(resume_message(path, metadata, decision=decision, world_size=self.world_size))
 
@@ -469,7 +478,7 @@ class ElasticFT3D(DDPStrategy):
     @override
     def on_exception(self, exception: BaseException) -> None:
         super().on_exception(exception)
-        self._exception = exception  # teardown follows; it must not hide this error
+        self._exception = exception  # teardown follows; it must not hide this error, and records how it ended
 
     @override
     def teardown(self) -> None:
@@ -480,9 +489,10 @@ class ElasticFT3D(DDPStrategy):
             steps.run(self._checkpoints.close, "waiting for the checkpoint in flight")
         steps.run(self._auto_resume.uninstall, "undoing the auto-resume patch")
         steps.run(self._mode.teardown, f"tearing down the {self._mode.name} mode")
-        steps.run(
-            lambda: remove_callback(attached_trainer(self.lightning_module), self._tracker), "removing the tracker"
-        )
+        trainer = attached_trainer(self.lightning_module)
+        ended_by = self._exception or (steps.errors[0][1] if steps.errors else None)
+        steps.run(lambda: end_attempt(self._fault, trainer, self.event_log, ended_by), "recording the attempt's end")
+        steps.run(lambda: remove_callback(trainer, self._tracker), "removing the tracker")
         steps.run(super().teardown, "running DDPStrategy.teardown")
         self._exception = None  # the next run of this strategy starts clean
         steps.finish()
