@@ -6,8 +6,10 @@ retention use the discovery functions; the ``lightning-ft inspect`` and ``export
 
 Modules: ``async_checkpointer`` (the save: capture, background write, commit), ``staging`` (the capture),
 ``ownership`` (which rank writes which region), ``agreement`` (raise on every rank if one failed), ``commit`` (the
-on-disk contract), ``snapshot_storage`` (the torchsnapshot seam), ``shard_reader`` and ``load`` (reading back),
-``discovery`` and ``retention`` (finding and deleting checkpoints), ``dtensor_geometry``, ``json_codec``, ``inspect``.
+on-disk contract), ``coverage`` (the index check at commit and in ``verify``), ``in_progress`` (what lightning-ft may
+delete: the in-progress record, saves in flight), ``swap`` (replacing a committed checkpoint, and recovery after a
+crash), ``snapshot_storage`` (the torchsnapshot seam), ``shard_reader`` and ``load`` (reading back), ``discovery`` and
+``retention`` (finding and deleting checkpoints), ``dtensor_geometry``, ``json_codec``, ``inspect``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from lightning_ft.checkpoint.discovery import (
     latest_committed,
     list_committed,
     read_metadata,
+    recover_interrupted_swaps,
     repoint_last,
     verify,
 )
@@ -33,6 +36,7 @@ from lightning_ft.checkpoint.errors import (
     UncommittedCheckpointError,
     UnsafeCheckpointError,
 )
+from lightning_ft.checkpoint.in_progress import IN_PROGRESS_RECORD
 from lightning_ft.checkpoint.inspect import describe, export_state_dict, format_description
 from lightning_ft.checkpoint.load import LoadedCheckpoint, load_checkpoint
 from lightning_ft.checkpoint.retention import Retention
@@ -48,6 +52,7 @@ __all__ = [
     "CorruptCheckpointError",
     "FORMAT_VERSION",
     "FormatVersionError",
+    "IN_PROGRESS_RECORD",
     "LoadedCheckpoint",
     "METADATA_FILE",
     "Retention",
@@ -63,6 +68,7 @@ __all__ = [
     "list_committed",
     "load_checkpoint",
     "read_metadata",
+    "recover_interrupted_swaps",
     "repoint_last",
     "verify",
 ]

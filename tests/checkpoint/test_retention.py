@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from lightning_ft.checkpoint import Retention, is_committed
+import pytest
+
+from lightning_ft.checkpoint import Retention, is_committed, repoint_last
 from tests.checkpoint.support import save
 
 
@@ -53,15 +55,15 @@ def test_removing_a_checkpoint_that_is_still_being_written_waits_for_its_commit(
 def test_the_last_link_follows_the_newest_commit_and_never_points_at_a_save_in_flight(tmp_path):
     first, second = save(tmp_path / "step=1", 1), tmp_path / "step=2"
     writing = InFlight()
-    retention = Retention(in_flight=writing)
+    step_in_flight = {"step": None}
+    retention = Retention(in_flight=writing, in_flight_step=lambda: step_in_flight["step"])
     link = tmp_path / "last.ckpt"
 
-    retention.request_last_link(link)
+    assert retention.plan_last(link, 1) is None  # a committed checkpoint of that step exists: linked, nothing written
     assert os.readlink(link) == "step=1"
 
-    writing.path = second  # the next save is being written: the link stays on the committed one
-    second.mkdir()
-    retention.request_last_link(link)
+    writing.path, step_in_flight["step"] = second, 2  # the save of step 2 is being written: the link stays
+    assert retention.plan_last(link, 2) is None
     assert os.readlink(link) == "step=1"
 
     save(second, 2)
@@ -75,7 +77,35 @@ def test_removing_a_link_deletes_the_link_and_leaves_its_target(tmp_path):
     target = save(tmp_path / "step=1", 1)
     retention = Retention(in_flight=InFlight())
     link = tmp_path / "last.ckpt"
-    retention.request_last_link(link)
+    retention.plan_last(link, 1)
     retention.remove(link)
     assert not link.exists() and not link.is_symlink()
     assert is_committed(target)
+
+
+def test_retention_leaves_alone_what_lightning_asks_to_remove_but_lightning_ft_did_not_write(tmp_path):
+    save(tmp_path / "step=3", 3)
+    old_file = tmp_path / "epoch=0-step=1.ckpt"  # written by an earlier run under another strategy
+    old_file.write_bytes(b"a Lightning checkpoint")
+    foreign = tmp_path / "epoch=0-step=2.ckpt"
+    foreign.mkdir()
+    (foreign / "data.bin").write_bytes(b"another tool's")
+    retention = Retention(in_flight=InFlight())
+    with pytest.warns(UserWarning, match="not a checkpoint lightning-ft wrote"):
+        retention.remove(old_file)
+        retention.remove(foreign)
+    assert old_file.read_bytes() == b"a Lightning checkpoint"
+    assert (foreign / "data.bin").read_bytes() == b"another tool's"
+
+
+def test_the_last_link_never_replaces_a_file_or_folder_that_is_not_a_link(tmp_path):
+    target = save(tmp_path / "step=1", 1)
+    (tmp_path / "last.ckpt").write_bytes(b"a Lightning last.ckpt")
+    with pytest.raises(FileExistsError, match="not a link"):
+        repoint_last(tmp_path, target, name="last.ckpt")
+    assert (tmp_path / "last.ckpt").read_bytes() == b"a Lightning last.ckpt"
+    (tmp_path / "last-v1.ckpt").mkdir()
+    with pytest.raises(FileExistsError, match="not a link"):
+        repoint_last(tmp_path, target, name="last-v1.ckpt")
+    assert (tmp_path / "last-v1.ckpt").is_dir()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
