@@ -25,6 +25,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from lightning_ft import _compat
 from lightning_ft.checkpoint import (
     COMMIT_MARKER,
+    IN_PROGRESS_RECORD,
     METADATA_FILE,
     AsyncCheckpointer,
     CheckpointError,
@@ -48,10 +49,11 @@ def is_last_path(path: Path) -> bool:
 
 
 def is_lightning_ft_checkpoint(path: Path) -> bool:
-    """A folder that lightning-ft wrote (committed or not): it holds our metadata, our marker or snapshot data."""
+    """A folder that lightning-ft wrote (committed or not): it holds our metadata, our marker, our in-progress record
+    or snapshot data."""
     if not path.is_dir():
         return False
-    names = (METADATA_FILE, COMMIT_MARKER, ".snapshot_metadata", "batched")
+    names = (METADATA_FILE, COMMIT_MARKER, IN_PROGRESS_RECORD, ".snapshot_metadata", "batched")
     return any((path / name).exists() for name in names) or any(p.name.isdigit() for p in path.iterdir())
 
 

@@ -16,10 +16,12 @@ from lightning_ft.checkpoint import (
     AsyncCheckpointer,
     CheckpointError,
     CheckpointWriteError,
+    CorruptCheckpointError,
     describe,
     format_description,
     is_committed,
     list_committed,
+    load_checkpoint,
     verify,
 )
 from lightning_ft.checkpoint.coverage import coverage_problems
@@ -75,6 +77,8 @@ def test_verify_and_inspect_report_a_committed_index_whose_shards_do_not_cover_a
     desc = describe(path)
     assert desc["coverage_ok"] is False and not desc["checksums_ok"]
     assert "coverage        INCOMPLETE" in format_description(desc)
+    with pytest.raises(CorruptCheckpointError, match="cover 4 of its 8 elements"):
+        load_checkpoint(path)
 
 
 def _document(shards, global_shape, *, dtype="float32", rank_states=None, state=None):
