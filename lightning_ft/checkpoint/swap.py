@@ -233,4 +233,5 @@ def recover_interrupted_swaps(dirpath: str | os.PathLike, *, keep: Iterable[str 
             continue
         if _settle(target, members):
             settled.append(target)
+            log.warning("lightning-ft: settled a replacement of %s that was interrupted (a crash, a kill)", target)
     return settled
