@@ -306,7 +306,7 @@ class ElasticFT3D(DDPStrategy):
     def _checkpoint_manager(self) -> StrategyCheckpoints:
         if self._checkpoints is None:
             self._checkpoints = StrategyCheckpoints(
-                global_rank=self.global_rank, event_log=lambda: self.event_log, broadcast=self.broadcast
+                global_rank=lambda: self.global_rank, event_log=lambda: self.event_log, broadcast=self.broadcast
             )
         return self._checkpoints
 
@@ -344,8 +344,7 @@ class ElasticFT3D(DDPStrategy):
     def remove_checkpoint(self, filepath: _compat.PATH) -> None:
         """Retention (``save_top_k``) goes through here. A checkpoint still being written, or the newest committed
         one, is never deleted: its removal waits until a newer checkpoint is committed."""
-        if self._checkpoints is not None:
-            self._checkpoints.remove(Path(filepath))
+        self._checkpoint_manager().remove(Path(filepath))
 
     def checkpoint_wait(self) -> None:
         """Block until the in-flight checkpoint is committed; re-raise a background failure. Every rank calls it."""
@@ -428,13 +427,13 @@ class ElasticFT3D(DDPStrategy):
         # What a run holds (the writer thread and its locks, the open event log, the tracker's callbacks) is not
         # part of the strategy's configuration: a pickled or deep-copied Trainer (or `torch.save(model)`) gets a
         # strategy that sets them up again when it runs.
-        state = dict(self.__dict__)
+        state = super().__getstate__()  # Lightning's drops its optimizer wrappers
         for name in ("_checkpoints", "_tracker", "event_log", "_auto_resume", "_data_position"):
             state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        super().__setstate__(state)
         self._checkpoints = None
         self._tracker = None
         self.event_log = None
