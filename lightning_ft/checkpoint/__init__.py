@@ -7,8 +7,10 @@ retention use the discovery functions; the ``lightning-ft inspect`` and ``export
 
 Modules: ``async_checkpointer`` (the save: capture, background write, commit), ``staging`` (the capture),
 ``ownership`` (which rank writes which region), ``agreement`` (raise on every rank if one failed), ``commit`` (the
-on-disk contract), ``snapshot_storage`` (the torchsnapshot seam), ``shard_reader`` and ``load`` (reading back),
-``discovery`` and ``retention`` (finding and deleting checkpoints), ``dtensor_geometry``, ``json_codec``, ``inspect``,
+on-disk contract), ``coverage`` (the index check at commit and in ``verify``), ``in_progress`` (what lightning-ft may
+delete: the in-progress record, saves in flight), ``swap`` (replacing a committed checkpoint, and recovery after a
+crash), ``snapshot_storage`` (the torchsnapshot seam), ``shard_reader`` and ``load`` (reading back), ``discovery`` and
+``retention`` (finding and deleting checkpoints), ``dtensor_geometry``, ``json_codec``, ``inspect``,
 ``module_loader`` (into a ``LightningModule``).
 """
 
@@ -24,6 +26,7 @@ from lightning_ft.checkpoint.discovery import (
     latest_committed,
     list_committed,
     read_metadata,
+    recover_interrupted_swaps,
     repoint_last,
     verify,
 )
@@ -36,6 +39,7 @@ from lightning_ft.checkpoint.errors import (
     UncommittedCheckpointError,
     UnsafeCheckpointError,
 )
+from lightning_ft.checkpoint.in_progress import IN_PROGRESS_RECORD
 from lightning_ft.checkpoint.inspect import describe, export_state_dict, exported_checkpoint, format_description
 from lightning_ft.checkpoint.load import LoadedCheckpoint, load_checkpoint
 from lightning_ft.checkpoint.module_loader import load_from_checkpoint
@@ -53,6 +57,7 @@ __all__ = [
     "CorruptCheckpointError",
     "FORMAT_VERSION",
     "FormatVersionError",
+    "IN_PROGRESS_RECORD",
     "LoadedCheckpoint",
     "METADATA_FILE",
     "Retention",
@@ -70,6 +75,7 @@ __all__ = [
     "load_checkpoint",
     "load_from_checkpoint",
     "read_metadata",
+    "recover_interrupted_swaps",
     "repoint_last",
     "verify",
 ]

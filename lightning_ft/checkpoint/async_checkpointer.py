@@ -4,17 +4,28 @@
 captured (the "stall"): it waits for the previous save, encodes the non-tensor state to JSON, decides which regions
 this rank writes (:mod:`~lightning_ft.checkpoint.ownership`; one small exchange on the checkpoint group when the state
 holds DTensors, none otherwise) and copies only those into staging buffers (:mod:`~lightning_ft.checkpoint.staging`).
-A background thread then writes every rank's shards through torchsnapshot on that process group of its own, fsyncs
-them, and rank 0 commits: metadata file, then the commit marker, last. Each collective step ends with
-:func:`~lightning_ft.checkpoint.agreement.agree`, so a failure on one rank fails the save on every rank. At most one
-save is in flight. A failure in the background is kept and raised once, at the next ``save()``, ``wait()`` or
-``close()``; ``save()`` raises it before starting anything, so a later save never runs while it is pending, and a
-failed save never gets its marker.
+A background thread then runs the save in three collective steps, each ended by
+:func:`~lightning_ft.checkpoint.agreement.agree` so that a failure on one rank fails the save on every rank:
+
+1. rank 0 creates the folder the save writes into and, before any data, its in-progress record
+   (:func:`~lightning_ft.checkpoint.swap.prepare`): the checkpoint path itself, or a staging folder beside it when the
+   path holds a committed checkpoint, which is never touched before its replacement is committed;
+2. every rank writes its shards through torchsnapshot on a process group of its own and fsyncs them;
+3. rank 0 commits: it checks that the shards cover every tensor of the index
+   (:mod:`~lightning_ft.checkpoint.coverage`), writes the metadata file, then the commit marker, removes the
+   in-progress record, swaps a staged checkpoint into place (:class:`~lightning_ft.checkpoint.swap.Swap`) and runs
+   ``on_commit``. If anything after the marker fails (the swap, the callback), the save is undone: its marker is
+   removed, the checkpoint it replaced is put back, and the save fails like any other. A save reported as failed is
+   never committed.
+
+A failed save's folder is deleted by rank 0 (it holds our in-progress record). At most one save is in flight. A failure
+in the background is kept and raised once, at the next ``save()``, ``wait()`` or ``close()``; ``save()`` raises it
+before starting anything, so a later save never runs while it is pending.
 """
 
 from __future__ import annotations
 
-import shutil
+import logging
 import threading
 import time
 import zlib
@@ -31,15 +42,20 @@ import torch.distributed as dist
 
 from lightning_ft.checkpoint import json_codec
 from lightning_ft.checkpoint.agreement import agree, is_distributed
-from lightning_ft.checkpoint.commit import FORMAT_VERSION, uncommit, write_marker, write_metadata
-from lightning_ft.checkpoint.errors import CheckpointWriteError
+from lightning_ft.checkpoint.commit import FORMAT_VERSION, write_marker, write_metadata
+from lightning_ft.checkpoint.coverage import coverage_problems
+from lightning_ft.checkpoint.errors import CheckpointError, CheckpointWriteError
+from lightning_ft.checkpoint.in_progress import discard, mark_in_flight, remove_record, unmark_in_flight
 from lightning_ft.checkpoint.ownership import regions_to_write
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 from lightning_ft.checkpoint.staging import Capture, Stager, encode_state
+from lightning_ft.checkpoint.swap import Swap, prepare
 
 __all__ = ["THREAD_NAME", "AsyncCheckpointer", "CommitInfo"]
 
 THREAD_NAME = "lightning-ft-checkpoint-writer"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -66,6 +82,12 @@ class _Job:
     started: float
     stall_s: float
     future: Future
+    registered: Path | None = None
+    """The path marked in flight in this process by ``save()``."""
+    folder: Path | None = None
+    """The folder the data goes to: ``path``, or a staging folder beside it."""
+    committed: bool = False
+    """Whether the marker exists and the save was not undone."""
 
 
 class AsyncCheckpointer:
@@ -77,8 +99,10 @@ class AsyncCheckpointer:
             initialized creates a gloo group, so construction is then collective (every rank calls). Never pass the
             training group: its collectives would interleave with the training loop's.
         storage: the storage seam (tests pass a fake to inject I/O errors).
-        on_commit: called on rank 0, in the background thread, after a checkpoint's marker is durable. An exception
-            in it fails that save on every rank (raised at the next ``save()``/``wait()``/``close()``).
+        on_commit: called on rank 0, in the background thread, once a checkpoint's marker is durable and it stands at
+            its path. An exception in it undoes the save (the marker is removed, a checkpoint it replaced is put back)
+            and fails it on every rank (raised at the next ``save()``/``wait()``/``close()``), so ``on_commit`` must
+            do what cannot be undone (deleting other checkpoints) last, after everything that can fail.
         reuse_buffers: keep the staging buffers between saves (no allocation after the first save, but one copy of
             this rank's share of the state stays in host memory).
         timeout: collective timeout of the gloo group created when ``group`` is ``None`` (default: torch's default);
@@ -142,12 +166,18 @@ class AsyncCheckpointer:
         other ranks have one (rank 0's ``path`` and ``metadata`` win). Waits for the previous save, then raises its
         background error if it failed (once, and nothing of this save is started). Returns once what this rank writes
         is copied; from then on the caller may mutate every tensor and container it passed. ``rank_state`` is this
-        rank's own (no DTensor): every rank's is kept.
+        rank's own (no DTensor): every rank's is kept. ``metadata["step"]`` and a boolean ``metadata["full_state"]``
+        are repeated in the commit marker; ``metadata["run_id"]`` goes into the in-progress record.
+
+        A save to a path that holds a committed checkpoint writes beside it and replaces it only once committed. A
+        path holding anything lightning-ft cannot prove it wrote (a file, a link, a foreign folder) fails the save in
+        the background (``CheckpointError``) and is left as it is.
 
         Raises:
             RuntimeError: the checkpointer is closed.
             CheckpointError, OSError: a previous save failed in the background.
-            TypeError: ``rank_state`` holds a DTensor, or a DTensor placement cannot be checkpointed.
+            TypeError: ``rank_state`` holds a DTensor, a DTensor placement cannot be checkpointed, or a tensor holds
+                no plain bytes (quantized, nested, meta); the message names its key. Nothing of this save started.
             CheckpointWriteError: the state holds DTensors and finding their local regions failed on another rank (the
                 failing rank raises its own error); nothing of this save is written.
         """
@@ -161,14 +191,22 @@ class AsyncCheckpointer:
         # The background thread is idle after wait(), so the exchange of DTensor regions may use the group here.
         writes = regions_to_write(encoded.shared, rank=self._rank, world_size=self._world_size, group=self._group)
         capture = self._stager.capture(encoded, writes)
+        full_state, run_id = user_metadata.get("full_state"), user_metadata.get("run_id")
         job = _Job(
             path=Path(path),
             capture=capture,
-            metadata={"user": encoded_metadata, "step": user_metadata.get("step")},
+            metadata={
+                "user": encoded_metadata,
+                "step": user_metadata.get("step"),
+                "full_state": full_state if isinstance(full_state, bool) else None,
+                "run_id": run_id if isinstance(run_id, str) else None,
+            },
             started=started,
             stall_s=time.perf_counter() - started,
             future=Future(),
+            registered=Path(path),
         )
+        mark_in_flight(job.path)
         self._current = job
         self._queue.put(job)
 
@@ -218,37 +256,47 @@ class AsyncCheckpointer:
             except BaseException as e:  # noqa: BLE001 - kept and raised in the caller's thread
                 if self._pending_error is None:  # never overwrite the first error
                     self._pending_error = e
+                self._release(job)
                 job.future.set_exception(e)
             else:
+                self._release(job)
                 job.future.set_result(None)
-            finally:
-                job.capture = None  # type: ignore[assignment]  # the staging buffers stay with the Stager
+
+    def _release(self, job: _Job) -> None:
+        job.capture = None  # type: ignore[assignment]  # the staging buffers stay with the Stager
+        if job.registered is not None:
+            unmark_in_flight(job.registered)
+            job.registered = None
 
     def _agree(self, error: BaseException | None, payload: Any = None) -> list[Any]:
         return agree(error, payload, group=self._group, what="checkpoint save", error_type=CheckpointWriteError)
 
     def _write(self, job: _Job) -> None:
-        capture = job.capture
-        if is_distributed():
-            paths = [str(job.path)]
-            dist.broadcast_object_list(paths, src=dist.get_global_rank(self._group, 0), group=self._group)
-            job.path = Path(paths[0])
-        path = job.path
-        error: BaseException | None = None
         try:
-            if self._rank == 0 and path.exists():
-                # Replacing a checkpoint: it stops being committed before any of its files go.
-                uncommit(path)
-                shutil.rmtree(path)
-            if self._rank == 0:
-                path.mkdir(parents=True, exist_ok=True)
-        except BaseException as e:  # noqa: BLE001
-            error = e
-        self._agree(error)
+            self._write_steps(job)
+        except BaseException:
+            if self._rank == 0 and job.folder is not None and not job.committed:
+                # Every rank is past the exchange that reported the failure, so nobody writes into it any more.
+                _discard_quietly(job.folder, "the folder of a failed save")
+            raise
 
+    def _write_steps(self, job: _Job) -> None:
+        # 1. Rank 0 creates the folder, with the in-progress record, before any byte of data; its path wins.
+        error: BaseException | None = None
+        prepared = None
+        if self._rank == 0:
+            try:
+                job.folder = prepare(job.path, step=job.metadata["step"], run_id=job.metadata["run_id"])
+                prepared = (str(job.path), str(job.folder))
+            except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
+                error = e
+        path, folder = self._agree(error, prepared)[0]
+        job.path, job.folder = Path(path), Path(folder)
+
+        # 2. Every rank writes its shards; the exchange shows every rank's data durable.
         records, entries, error = [], {}, None
         try:
-            for shard in capture.shards:
+            for shard in job.capture.shards:
                 data = shard.data.reshape(-1).view(torch.uint8)
                 entries[shard.name] = data
                 records.append(
@@ -262,24 +310,24 @@ class AsyncCheckpointer:
                         "crc32": zlib.crc32(data.numpy()),
                     }
                 )
-            self._storage.write(path, entries, group=self._group)
+            self._storage.write(job.folder, entries, group=self._group)
         except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
             error = e
+        capture = job.capture
         payload = (records, capture.tensors if self._rank == 0 else _owned(capture, records), capture.rank_state_json)
         gathered = self._agree(error, payload)
 
+        # 3. Rank 0 commits; the exchange tells every rank whether it did. Should that exchange itself fail (a peer
+        # died after its data was durable), the checkpoint, complete by then, stays committed.
         error = None
         if self._rank == 0:
             try:
-                info = self._commit(job, gathered)
-                if self._on_commit is not None:
-                    # Before the exchange, so that a failing callback fails this save on every rank alike.
-                    self._on_commit(info)
-            except BaseException as e:  # noqa: BLE001
+                self._commit(job, gathered)
+            except BaseException as e:  # noqa: BLE001 - before the exchange, so every rank fails this save alike
                 error = e
         self._agree(error)
 
-    def _commit(self, job: _Job, gathered: list[Any]) -> CommitInfo:
+    def _document(self, job: _Job, gathered: list[Any]) -> tuple[dict[str, Any], int]:
         tensors: dict[str, dict[str, Any]] = {}
         for _, known, _ in gathered:
             for key, record in known.items():
@@ -304,15 +352,59 @@ class AsyncCheckpointer:
             "rank_states": [rank_state for _, _, rank_state in gathered],
             "tensors": tensors,
         }
-        crc = write_metadata(job.path, document)
-        write_marker(job.path, step=job.metadata["step"], metadata_crc32=crc)
-        return CommitInfo(
-            path=job.path,
-            step=job.metadata["step"],
-            stall_s=job.stall_s,
-            total_s=time.perf_counter() - job.started,
-            size_bytes=size_bytes,
-        )
+        return document, size_bytes
+
+    def _commit(self, job: _Job, gathered: list[Any]) -> None:
+        assert job.folder is not None
+        document, size_bytes = self._document(job, gathered)
+        problems = coverage_problems(document)
+        if problems:
+            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+            raise CheckpointError(
+                f"checkpoint {job.path} not committed: it could not be loaded back: {'; '.join(problems[:3])}{more}"
+            )
+        crc = write_metadata(job.folder, document)
+        write_marker(job.folder, step=job.metadata["step"], metadata_crc32=crc, full_state=job.metadata["full_state"])
+        job.committed = True
+        swap = Swap(job.folder, job.path) if job.folder != job.path else None
+        try:
+            remove_record(job.folder)
+            if swap is not None:
+                swap.swap()
+            if self._on_commit is not None:
+                self._on_commit(
+                    CommitInfo(
+                        path=job.path,
+                        step=job.metadata["step"],
+                        stall_s=job.stall_s,
+                        total_s=time.perf_counter() - job.started,
+                        size_bytes=size_bytes,
+                    )
+                )
+        except BaseException:
+            # A save reported as failed must not stay committed; a checkpoint it replaced comes back.
+            try:
+                if swap is not None:
+                    swap.undo()
+                else:
+                    discard(job.folder)
+            except Exception as undo_error:  # noqa: BLE001 - the first error is the one raised
+                log.warning(
+                    "lightning-ft: undoing the failed save %s failed too (%s); the next start settles it",
+                    job.path,
+                    undo_error,
+                )
+            job.committed = False
+            raise
+        if swap is not None:
+            _discard_quietly(swap.old, "the checkpoint it replaced")
+
+
+def _discard_quietly(folder: Path, what: str) -> None:
+    try:
+        discard(folder)
+    except Exception as e:  # noqa: BLE001 - a leftover of ours is removed by the next cleanup instead
+        log.warning("lightning-ft: could not delete %s (%s): %s; the next cleanup removes it", what, folder, e)
 
 
 def _owned(capture: Capture, records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -5,9 +5,12 @@ A lightning-ft checkpoint is a torchsnapshot directory plus two files of ours:
 - ``lightning_ft_metadata.json``: format version, the run's metadata (step, world size, mesh, ...), the JSON-encoded
   non-tensor state, every rank's ``rank_state``, and the tensor index (dtype, global shape, placements, and per shard:
   writer rank, entry name, offset, shape, byte size, crc32 of the bytes).
-- ``lightning_ft.committed``: the commit marker. Rank 0 writes it last, after a barrier showing that every rank's data
-  is durable and after the metadata file is durable; it records the metadata file's crc32 so a damaged metadata file is
-  detected. A directory without it is never loaded.
+- ``lightning_ft.committed``: the commit marker. Rank 0 writes it last, after an exchange showing that every rank's data
+  is durable, after the index was checked to cover every tensor, and after the metadata file is durable. It records
+  ``format_version``, ``step``, ``full_state`` (whether the checkpoint holds the full training state; absent when the
+  writer did not say), ``time`` and the metadata file's crc32, so that listing checkpoints reads only markers and a
+  damaged metadata file is detected. A directory without it is never loaded.
+- ``lightning_ft.in_progress`` (:mod:`~lightning_ft.checkpoint.in_progress`): present only while a save is written.
 
 Both are written atomically: a temporary file, fsync, ``os.replace``, fsync of the directory.
 """
@@ -50,9 +53,12 @@ def write_metadata(path: Path, document: dict[str, Any]) -> int:
     return zlib.crc32(data)
 
 
-def write_marker(path: Path, *, step: int | None, metadata_crc32: int) -> None:
+def write_marker(path: Path, *, step: int | None, metadata_crc32: int, full_state: bool | None = None) -> None:
     """Commit checkpoint ``path``. Call last, once everything else in it is durable."""
-    marker = {"format_version": FORMAT_VERSION, "step": step, "time": time.time(), "metadata_crc32": metadata_crc32}
+    marker: dict[str, Any] = {"format_version": FORMAT_VERSION, "step": step}
+    if full_state is not None:
+        marker["full_state"] = full_state
+    marker.update(time=time.time(), metadata_crc32=metadata_crc32)
     atomic_write(path / COMMIT_MARKER, json.dumps(marker).encode())
 
 

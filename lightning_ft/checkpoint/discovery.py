@@ -1,18 +1,21 @@
 """Finding, checking and tidying checkpoints in a folder.
 
 Auto-resume and retention use these: :func:`list_committed` and :func:`latest_committed` see only directories with a
-commit marker (never the ``last`` link or a half-written save), :func:`verify` reads every shard through the
-:class:`~lightning_ft.checkpoint.shard_reader.ShardReader` and checks it against the checksums recorded at save,
-:func:`cleanup_uncommitted` removes failed or interrupted saves, and :func:`repoint_last` moves the ``last`` link
-atomically so it always resolves to a committed checkpoint. :func:`newest_alternative` names the newest committed
-checkpoint next to a refused one, for the loader's error messages. Nothing here is collective.
+commit marker (never the ``last`` link, a half-written save, or the staging and replaced folders of a replacement in
+progress), :func:`verify` reads every shard through the :class:`~lightning_ft.checkpoint.shard_reader.ShardReader`,
+checks it against the checksums recorded at save and checks that the shards cover every tensor,
+:func:`cleanup_uncommitted` settles interrupted replacements and removes the saves of ours that never finished (and
+nothing else), and :func:`repoint_last` moves the ``last`` link atomically so it always resolves to a committed
+checkpoint. :func:`newest_alternative` names the newest committed checkpoint next to a refused one, for the loader's
+error messages. Nothing here is collective.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-import shutil
+import threading
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -21,9 +24,12 @@ from typing import Any
 
 from lightning_ft.checkpoint import json_codec
 from lightning_ft.checkpoint.commit import COMMIT_MARKER, read_document
+from lightning_ft.checkpoint.coverage import coverage_problems
 from lightning_ft.checkpoint.errors import CheckpointError
+from lightning_ft.checkpoint.in_progress import discard, has_record, in_flight_paths
 from lightning_ft.checkpoint.shard_reader import ShardReader
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage, fsync_dir
+from lightning_ft.checkpoint.swap import parse_swap_name, recover_interrupted_swaps, swap_target
 
 __all__ = [
     "COMMIT_MARKER",
@@ -33,9 +39,14 @@ __all__ = [
     "latest_committed",
     "list_committed",
     "read_metadata",
+    "recover_interrupted_swaps",
     "repoint_last",
     "verify",
 ]
+
+log = logging.getLogger(__name__)
+_reported_lock = threading.Lock()
+_reported_foreign: set[Path] = set()
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,9 @@ class CheckpointInfo:
     """Global step recorded in its metadata (``metadata["step"]``); ``None`` if the writer recorded none."""
     mtime: float
     """Modification time of its commit marker, Unix seconds; breaks ties between equal steps."""
+    full_state: bool | None = None
+    """Whether it holds the full training state (its marker's ``full_state``); ``None`` if the marker does not say
+    (written by lightning-ft 0.1.0, or by a caller of :class:`AsyncCheckpointer` that passed no ``full_state``)."""
 
 
 def is_committed(path: str | os.PathLike) -> bool:
@@ -67,23 +81,32 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
 def list_committed(dirpath: str | os.PathLike) -> list[CheckpointInfo]:
     """Committed checkpoints directly under ``dirpath``, by step ascending (``None`` first, then marker time).
 
-    Symlinks (such as ``last``) and directories without a readable marker are skipped.
+    Symlinks (such as ``last``), directories without a readable marker, and the staging and replaced folders of a
+    replacement (``.<name>.lft-new-*``, ``.<name>.lft-old-*``: see :func:`recover_interrupted_swaps`) are skipped.
     """
     dirpath = Path(dirpath)
     if not dirpath.is_dir():
         return []
     found = []
     for child in dirpath.iterdir():
-        if child.is_symlink() or not child.is_dir() or not is_committed(child):
+        if child.is_symlink() or not child.is_dir() or parse_swap_name(child.name) or not is_committed(child):
             continue
         try:
-            # The marker repeats the step, so listing a folder of large checkpoints reads only small files.
-            marker = child / COMMIT_MARKER
-            step = json.loads(marker.read_bytes()).get("step")
-            mtime = marker.stat().st_mtime
+            # The marker repeats the step and full_state, so listing a folder of large checkpoints reads small files.
+            marker_file = child / COMMIT_MARKER
+            marker = json.loads(marker_file.read_bytes())
+            step, full_state = marker.get("step"), marker.get("full_state")
+            mtime = marker_file.stat().st_mtime
         except (ValueError, UnicodeDecodeError, AttributeError, OSError):
             continue
-        found.append(CheckpointInfo(path=child, step=step if isinstance(step, int) else None, mtime=mtime))
+        found.append(
+            CheckpointInfo(
+                path=child,
+                step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+                mtime=mtime,
+                full_state=full_state if isinstance(full_state, bool) else None,
+            )
+        )
     return sorted(found, key=lambda c: (c.step is not None, c.step or 0, c.mtime, c.path.name))
 
 
@@ -106,7 +129,8 @@ def newest_alternative(path: str | os.PathLike) -> str:
 
 
 def verify(path: str | os.PathLike) -> list[str]:
-    """Problems found in checkpoint ``path``: no marker, bad metadata, pickled entries, missing or corrupt shards.
+    """Problems found in checkpoint ``path``: no marker, bad metadata, pickled entries, missing or corrupt shards,
+    shards that do not cover every tensor of the index (see :mod:`~lightning_ft.checkpoint.coverage`).
 
     Reads every shard and checks its crc32 against the one recorded at save; returns ``[]`` when all is well. Not
     collective; any single process may call it.
@@ -119,6 +143,7 @@ def verify(path: str | os.PathLike) -> list[str]:
         return [str(e)]
     if not is_committed(path):
         problems.append(f"checkpoint {path} has no commit marker {COMMIT_MARKER}")
+    problems += [f"checkpoint {path}: {problem}" for problem in coverage_problems(document)]
     try:
         reader = ShardReader(path, document, SnapshotStorage(), verify_checksums=True)
     except CheckpointError as e:
@@ -132,23 +157,49 @@ def verify(path: str | os.PathLike) -> list[str]:
     return problems
 
 
-def cleanup_uncommitted(dirpath: str | os.PathLike, *, keep: Iterable[str | os.PathLike] = ()) -> list[Path]:
-    """Remove the directories under ``dirpath`` that have no commit marker, except those in ``keep``.
+def _report_foreign(dirpath: Path, foreign: list[Path]) -> None:
+    key = Path(os.path.abspath(dirpath))
+    with _reported_lock:
+        if key in _reported_foreign:
+            return
+        _reported_foreign.add(key)
+    names = ", ".join(p.name for p in foreign[:10]) + (f" and {len(foreign) - 10} more" if len(foreign) > 10 else "")
+    log.warning(
+        "lightning-ft: %s holds %d folder(s) without a lightning-ft commit marker or in-progress record (%s): not"
+        " written by lightning-ft as far as it can prove, so they are left alone. A checkpoint dirpath of its own keeps"
+        " checkpoints apart from other files.",
+        dirpath,
+        len(foreign),
+        names,
+    )
 
-    Pass the in-flight save's path in ``keep``. Symlinks and plain files are left alone. Returns the removed paths.
+
+def cleanup_uncommitted(dirpath: str | os.PathLike, *, keep: Iterable[str | os.PathLike] = ()) -> list[Path]:
+    """Settle interrupted replacements (:func:`recover_interrupted_swaps`), then remove the saves of ours under
+    ``dirpath`` that never finished: folders holding our in-progress record and no commit marker.
+
+    Rank 0 only. Never touches a save in flight: those in ``keep`` (with their staging folders) and every save in
+    flight in this process. Never touches what lightning-ft cannot prove it wrote: links, files, and folders without
+    our record or marker (user files, a ``.git``, another tool's checkpoint, lightning-ft's event log) are left alone,
+    and said so once per ``dirpath`` in the log (logger ``lightning_ft.checkpoint.discovery``, level WARNING).
+    Returns the removed paths.
     """
     dirpath = Path(dirpath)
-    kept = {Path(p).resolve() for p in keep}
-    removed = []
     if not dirpath.is_dir():
-        return removed
+        return []
+    kept = {Path(os.path.abspath(p)) for p in keep} | in_flight_paths()
+    recover_interrupted_swaps(dirpath, keep=kept)
+    removed, foreign = [], []
     for child in sorted(dirpath.iterdir()):
-        if child.is_symlink() or not child.is_dir() or is_committed(child) or child.resolve() in kept:
+        if child.is_symlink() or not child.is_dir() or is_committed(child):
             continue
-        shutil.rmtree(child, ignore_errors=True)
-        removed.append(child)
-    if removed:
-        fsync_dir(dirpath)
+        if not has_record(child):
+            foreign.append(child)
+        elif Path(os.path.abspath(swap_target(child))) not in kept:
+            discard(child)
+            removed.append(child)
+    if foreign:
+        _report_foreign(dirpath, foreign)
     return removed
 
 
@@ -156,9 +207,15 @@ def repoint_last(dirpath: str | os.PathLike, target: str | os.PathLike, name: st
     """Atomically point the link ``dirpath/name`` at ``target`` (a relative link); returns the link's path.
 
     A reader resolving the link at any moment sees either the old target or the new one, never a missing link.
+
+    Raises:
+        FileExistsError: ``dirpath/name`` exists and is not a link (a file or folder lightning-ft did not make); it is
+            left as it is.
     """
     dirpath, target = Path(dirpath), Path(target)
     link = dirpath / name
+    if link.exists() and not link.is_symlink():
+        raise FileExistsError(f"{link} exists and is not a link; lightning-ft does not replace it with one")
     # A relative target is taken relative to the current directory, like any path, unless only dirpath/target exists.
     if not target.is_absolute() and not target.exists():
         target = dirpath / target

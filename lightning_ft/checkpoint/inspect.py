@@ -1,7 +1,7 @@
 """What a checkpoint holds, and a one-file export of it, for the ``lightning-ft inspect`` and ``export`` commands.
 
-:func:`describe` reports step, world size, mesh, bytes, whether the checkpoint is committed and whether every shard
-matches its checksum (it reads all the data). :func:`export_state_dict` assembles the full model tensors from their shards
+:func:`describe` reports step, world size, mesh, bytes, whether the checkpoint is committed, whether its shards cover
+every tensor of its index, and whether every shard matches its checksum (it reads all the data). :func:`export_state_dict` assembles the full model tensors from their shards
 into one plain ``torch.save`` file that ``LightningModule.load_from_checkpoint`` and ``torch.load(weights_only=True)``
 both accept, so a checkpoint leaves lightning-ft without it.
 """
@@ -20,6 +20,7 @@ import torch
 
 from lightning_ft.checkpoint import json_codec
 from lightning_ft.checkpoint.commit import read_document
+from lightning_ft.checkpoint.coverage import coverage_problems
 from lightning_ft.checkpoint.discovery import is_committed, verify
 from lightning_ft.checkpoint.errors import CheckpointError
 from lightning_ft.checkpoint.load import load_checkpoint
@@ -41,9 +42,10 @@ def _mesh(metadata: dict[str, Any], tensors: dict[str, Any]) -> dict[str, int] |
 
 
 def describe(path: str | os.PathLike) -> dict[str, Any]:
-    """A summary of checkpoint ``path``: always ``path``, ``committed``, ``checksums_ok`` and ``problems``; plus
-    ``format_version``, ``step``, ``epoch``, ``world_size``, ``mesh``, ``size_bytes``, ``tensors`` and ``shards`` when the
-    metadata is readable. Reads every shard to check checksums. Not collective.
+    """A summary of checkpoint ``path``: always ``path``, ``committed``, ``checksums_ok`` (no problem found at all) and
+    ``problems``; plus ``format_version``, ``step``, ``full_state``, ``epoch``, ``world_size``, ``mesh``, ``size_bytes``,
+    ``tensors``, ``shards`` and ``coverage_ok`` (the shards cover every tensor of the index) when the metadata is
+    readable. Reads every shard to check checksums. Not collective.
     """
     path = Path(path)
     problems = verify(path)
@@ -62,12 +64,14 @@ def describe(path: str | os.PathLike) -> dict[str, Any]:
     desc.update(
         format_version=document["format_version"],
         step=metadata.get("step"),
+        full_state=metadata.get("full_state"),
         epoch=metadata.get("epoch"),
         world_size=metadata.get("world_size"),
         mesh=_mesh(metadata, tensors),
         size_bytes=metadata.get("size_bytes"),
         tensors=len(tensors),
         shards=sum(len(r["shards"]) for r in tensors.values()),
+        coverage_ok=not coverage_problems(document),
     )
     return desc
 
@@ -78,6 +82,7 @@ def format_description(desc: dict[str, Any]) -> str:
     labels = [
         ("format_version", "format version"),
         ("step", "step"),
+        ("full_state", "full state"),
         ("epoch", "epoch"),
         ("world_size", "world size"),
         ("mesh", "mesh"),
@@ -86,11 +91,13 @@ def format_description(desc: dict[str, Any]) -> str:
         ("shards", "shards"),
     ]
     for key, label in labels:
-        if key in desc:
+        if key in desc and not (key == "full_state" and desc[key] is None):
             value = desc[key]
             if key == "size_bytes" and isinstance(value, int):
                 value = f"{value} ({value / 2**20:.1f} MiB)"
             lines.append(f"{label:<15} {value}")
+    if "coverage_ok" in desc:
+        lines.append(f"coverage        {'ok' if desc['coverage_ok'] else 'INCOMPLETE (cannot load)'}")
     lines.append(f"checksums       {'ok' if desc['checksums_ok'] else 'FAILED'}")
     lines += [f"  problem: {p}" for p in desc["problems"]]
     return "\n".join(lines)

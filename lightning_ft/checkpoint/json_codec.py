@@ -9,6 +9,10 @@ Supported beyond plain JSON: dicts with non-string keys (optimizer state uses ``
 nan/inf, ``bytes``, numpy arrays and scalars (bit-exact, so ``np.random.get_state()`` round-trips), ``argparse.Namespace``,
 dataclass instances (restored as dicts), ``pathlib.Path``, enums (restored as the enum member when its class is already
 imported, else as its value), ``torch.dtype``, ``torch.device`` and ``torch.Size``.
+
+A sparse tensor (COO, CSR, CSC, BSR, BSC) is stored as its dense parts (indices and values, each handed to
+``on_tensor``) plus its layout and size, and comes back as a sparse tensor of the same layout, checked for the sparse
+invariants. An uncoalesced COO tensor is stored coalesced (duplicate entries summed: the same tensor value).
 """
 
 from __future__ import annotations
@@ -29,6 +33,15 @@ import torch
 
 TAG = "__lft__"
 """The key that marks an encoded non-JSON value; a user dict holding this key is encoded in the tagged item form."""
+
+_SPARSE_LAYOUTS = {
+    torch.sparse_coo: "coo",
+    torch.sparse_csr: "csr",
+    torch.sparse_csc: "csc",
+    torch.sparse_bsr: "bsr",
+    torch.sparse_bsc: "bsc",
+}
+_LAYOUTS_BY_NAME = {name: layout for layout, name in _SPARSE_LAYOUTS.items()}
 
 EncodeTensor = Callable[[torch.Tensor, str], str]
 """``(tensor, path) -> key``: stores the tensor elsewhere and returns the reference key written into the JSON."""
@@ -70,6 +83,8 @@ def encode(obj: Any, on_tensor: EncodeTensor | None = None, path: str = "") -> A
             raise TypeError(
                 f"{path or 'value'}: tensors are not allowed here (got a tensor of shape {list(obj.shape)})"
             )
+        if obj.layout != torch.strided:
+            return _encode_sparse(obj, on_tensor, path)
         return {TAG: "tensor", "key": on_tensor(obj, path)}
     if isinstance(obj, dict):
         if all(isinstance(k, str) for k in obj) and TAG not in obj:
@@ -110,6 +125,56 @@ def encode(obj: Any, on_tensor: EncodeTensor | None = None, path: str = "") -> A
         stacklevel=2,
     )
     return {TAG: "repr", "type": _qualname(obj), "repr": repr(obj)}
+
+
+def _sparse_parts(tensor: torch.Tensor, layout: str) -> dict[str, torch.Tensor]:
+    if layout == "coo":
+        tensor = tensor.coalesce()  # indices() exists only on a coalesced tensor
+        return {"indices": tensor.indices(), "values": tensor.values()}
+    if layout in ("csr", "bsr"):
+        return {
+            "compressed_indices": tensor.crow_indices(),
+            "plain_indices": tensor.col_indices(),
+            "values": tensor.values(),
+        }
+    return {
+        "compressed_indices": tensor.ccol_indices(),
+        "plain_indices": tensor.row_indices(),
+        "values": tensor.values(),
+    }
+
+
+def _encode_sparse(tensor: torch.Tensor, on_tensor: EncodeTensor, path: str) -> dict[str, Any]:
+    layout = _SPARSE_LAYOUTS.get(tensor.layout)
+    if layout is None:
+        raise TypeError(
+            f"{path or 'value'}: a tensor with layout {tensor.layout} cannot be checkpointed; store it as a dense or "
+            "sparse (COO, CSR, CSC, BSR, BSC) tensor"
+        )
+    parts = _sparse_parts(tensor.detach(), layout)
+    refs = {name: {TAG: "tensor", "key": on_tensor(part, f"{path}@{name}")} for name, part in parts.items()}
+    return {TAG: "sparse", "layout": layout, "size": list(tensor.shape), "parts": refs}
+
+
+def _decode_sparse(obj: dict[str, Any], on_tensor: DecodeTensor | None, path: str) -> Any:
+    parts = {name: decode(ref, on_tensor, f"{path}@{name}") for name, ref in obj["parts"].items()}
+    if on_tensor is None:
+        return parts  # tensor references kept as keys, as for dense tensors
+    layout, size = obj["layout"], obj["size"]
+    if layout == "coo":
+        return torch.sparse_coo_tensor(
+            parts["indices"], parts["values"], size, is_coalesced=True, check_invariants=True
+        )
+    if layout not in _LAYOUTS_BY_NAME:
+        raise ValueError(f"{path or 'value'}: unknown sparse layout {layout!r} (written by a newer lightning-ft?)")
+    return torch.sparse_compressed_tensor(
+        parts["compressed_indices"],
+        parts["plain_indices"],
+        parts["values"],
+        size,
+        layout=_LAYOUTS_BY_NAME[layout],
+        check_invariants=True,
+    )
 
 
 def _decode_enum(type_name: str, value: Any) -> Any:
@@ -172,6 +237,8 @@ def decode(obj: Any, on_tensor: DecodeTensor | None = None, path: str = "") -> A
         return dtype
     if tag == "device":
         return torch.device(obj["value"])
+    if tag == "sparse":
+        return _decode_sparse(obj, on_tensor, path)
     if tag == "repr":
         return obj["repr"]
     raise ValueError(f"{path or 'value'}: unknown encoded type {tag!r} (written by a newer lightning-ft?)")

@@ -26,6 +26,7 @@ from lightning_ft._compat import DTensor
 from lightning_ft.checkpoint import json_codec
 from lightning_ft.checkpoint.agreement import agree, is_distributed
 from lightning_ft.checkpoint.commit import read_document
+from lightning_ft.checkpoint.coverage import coverage_problems
 from lightning_ft.checkpoint.discovery import newest_alternative
 from lightning_ft.checkpoint.dtensor_geometry import local_region
 from lightning_ft.checkpoint.errors import (
@@ -119,7 +120,8 @@ def load_checkpoint(
         UncommittedCheckpointError: ``path`` is not a directory or has no commit marker.
         FormatVersionError: unknown format version.
         UnsafeCheckpointError: the checkpoint holds pickled payloads.
-        CorruptCheckpointError: a shard is missing or fails its checksum (the tensor key and file are named).
+        CorruptCheckpointError: a shard is missing or fails its checksum (the tensor key and file are named), or the
+            stored shards do not cover a tensor of the index.
         CheckpointError: the template does not match (shape), or another rank failed.
     """
     path = Path(path)
@@ -132,6 +134,9 @@ def load_checkpoint(
         if not path.is_dir():
             raise UncommittedCheckpointError(f"checkpoint {path} is a file, not a lightning-ft checkpoint directory")
         document = read_document(path)
+        problems = coverage_problems(document)
+        if problems:
+            raise CorruptCheckpointError(f"checkpoint {path} cannot be loaded: {'; '.join(problems)}")
         reader = ShardReader(path, document, storage or SnapshotStorage(), verify_checksums=verify_checksums)
         templates = _template_tensors(state) if state is not None else {}
         state_out = json_codec.decode(

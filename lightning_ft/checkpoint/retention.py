@@ -10,17 +10,26 @@ only; the strategy calls it from the training thread and from the checkpoint wri
 written in the same folder, ``last`` becomes an atomically repointed link to it (no second copy). Otherwise the state
 is written to a folder of lightning-ft's own beside the link, ``<link name>.step=<N>.lft``, and the link follows it when
 it commits; the superseded one is removed after that.
+
+Only what lightning-ft can prove it wrote is deleted (:func:`~lightning_ft.checkpoint.in_progress.is_ours`): a file or
+folder Lightning asks to remove that holds neither our commit marker nor our in-progress record (a ``.ckpt`` file of an
+earlier run under another strategy, say) is left alone, with a warning; a link is removed (it holds no data). After a
+commit, the links are repointed first and checkpoints deleted last, and a failed deletion is a warning, never an error:
+a failure of the commit callback undoes the commit, which must never follow a deletion.
 """
 
 from __future__ import annotations
 
+import logging
 import re
-import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from lightning_ft.checkpoint import discovery
+from lightning_ft.checkpoint.in_progress import discard, is_ours
+
+log = logging.getLogger(__name__)
 
 _OWNED_LAST = re.compile(r"^(?P<link>.+)\.step=(?P<step>-?\d+|none)\.lft$")
 
@@ -60,6 +69,14 @@ class Retention:
         self._pending_removals: list[Path] = []
         self._warned: set[Path] = set()
 
+    def _warn_once(self, path: Path, message: str) -> None:
+        if path in self._warned:
+            return
+        self._warned.add(path)
+        from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+        rank_zero_warn(message)
+
     def plan_last(self, link: Path, step: int | None) -> Path | None:
         """Decide how the ``last`` save at ``step`` to ``link`` is kept.
 
@@ -68,14 +85,7 @@ class Retention:
         must write the state to; the link follows it when it commits.
         """
         if link.exists() and not link.is_symlink():
-            if link not in self._warned:
-                self._warned.add(link)
-                from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-
-                rank_zero_warn(
-                    f"{link} exists and is not a lightning-ft link (a file or folder another run wrote); it is left"
-                    " as it is, and this run keeps no `last` link there."
-                )
+            self._warn_not_a_link(link)
             return None
         in_flight = self._in_flight()
         if in_flight is not None and in_flight.parent == link.parent and self._in_flight_step() == step:
@@ -99,23 +109,39 @@ class Retention:
         if superseded is not None and superseded != target and is_last_data(superseded):
             self.remove(superseded)  # still being written: removed after a later commit
 
+    def _warn_not_a_link(self, link: Path) -> None:
+        self._warn_once(
+            link,
+            f"{link} exists and is not a lightning-ft link (a file or folder another run wrote); it is left as it is,"
+            " and this run keeps no `last` link there.",
+        )
+
     def on_commit(self, committed: Path) -> None:
-        """Call after ``committed``'s marker is durable: repoint the links waiting for it, run deferred removals."""
+        """Call after ``committed``'s marker is durable: repoint the links waiting for it, then run the removals that
+        waited for a commit. Raises only if a link cannot be repointed, and then before deleting anything."""
         with self._lock:
             links = [link for link, target in self._pending_links.items() if target == committed]
             for link in links:
                 del self._pending_links[link]
+        superseded = [previous for link in links if (previous := self._repoint(link, committed, remove=False))]
+        with self._lock:
             pending, self._pending_removals = self._pending_removals, []
-        for link in links:
-            self._repoint(link, committed)
-        for path in pending:
+        for path in (*superseded, *pending):
             self.remove(path)
 
-    def _repoint(self, link: Path, target: Path) -> None:
+    def _repoint(self, link: Path, target: Path, *, remove: bool = True) -> Path | None:
+        """Point ``link`` at ``target``; the superseded ``last`` state of ours it pointed at is removed (``remove``)
+        or returned."""
+        if link.exists() and not link.is_symlink():
+            self._warn_not_a_link(link)  # appeared since the save was planned: never replaced
+            return None
         previous = link.resolve() if link.is_symlink() else None
         discovery.repoint_last(link.parent, target, name=link.name)
         if previous is not None and previous != target.resolve() and is_last_data(previous):
+            if not remove:
+                return previous
             self.remove(previous)  # a superseded state of our own
+        return None
 
     def _linked(self) -> set[Path]:
         with self._lock:
@@ -124,11 +150,25 @@ class Retention:
 
     def remove(self, path: Path) -> None:
         """Delete ``path`` now, or after the next commit if it is in flight, the newest committed checkpoint of its
-        folder, or what a ``last`` link points at."""
+        folder, or what a ``last`` link points at. A link is unlinked; a file or folder that is not ours is left alone
+        (a warning says so, once). Never raises for a deletion that fails: it warns."""
         if path.is_symlink():
             path.unlink()
             return
         in_flight = self._in_flight()
+        if in_flight is not None and path.resolve() == in_flight.resolve():
+            with self._lock:
+                self._pending_removals.append(path)
+            return
+        if not path.exists():
+            return
+        if not is_ours(path):
+            self._warn_once(
+                path,
+                f"{path} is not a checkpoint lightning-ft wrote (no commit marker, no in-progress record); it is left"
+                " as it is, although Lightning asked to remove it.",
+            )
+            return
         latest = discovery.latest_committed(path.parent)
         protected = {p.resolve() for p in (in_flight, latest.path if latest else None) if p is not None}
         protected |= self._linked()
@@ -137,7 +177,7 @@ class Retention:
             with self._lock:
                 self._pending_removals.append(path)
             return
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+        try:
+            discard(path)
+        except (OSError, ValueError) as e:
+            log.warning("lightning-ft: could not delete checkpoint %s (%s); it is left as it is", path, e)

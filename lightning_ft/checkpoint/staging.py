@@ -12,7 +12,9 @@ A capture has two steps, with the ownership decision between them (:meth:`AsyncC
    finished with them); a buffer this capture does not use is released.
 
 DTensors are never handed to torchsnapshot: each owned local shard becomes a plain tensor with its global offset
-recorded in our own index (``_StridedShard`` included).
+recorded in our own index (``_StridedShard`` included). A sparse tensor is stored as its dense parts
+(:mod:`~lightning_ft.checkpoint.json_codec`); a tensor that holds no plain bytes (quantized, nested, on the meta device)
+is refused by :func:`encode_state`, naming its key, before anything is copied.
 """
 
 from __future__ import annotations
@@ -100,24 +102,42 @@ def _tensor_record(tensor: torch.Tensor) -> dict[str, Any]:
     return {"kind": "tensor", "dtype": str(tensor.dtype).removeprefix("torch."), "global_shape": list(tensor.shape)}
 
 
+def _check_storable(tensor: torch.Tensor, path: str) -> None:
+    if isinstance(tensor, DTensor):
+        return
+    what = path or "<root>"
+    if tensor.is_quantized:
+        raise TypeError(
+            f"{what}: a quantized tensor cannot be checkpointed; save its int_repr() and quantization parameters"
+        )
+    if tensor.is_nested:
+        raise TypeError(f"{what}: a nested tensor cannot be checkpointed; save its components (unbind()) instead")
+    if tensor.is_meta:
+        raise TypeError(f"{what}: a tensor on the meta device holds no data; materialize it before saving")
+
+
 def encode_state(state: Any, rank_state: Any, *, rank: int) -> EncodedState:
     """Encode ``state`` and ``rank_state`` (``None``: none) to JSON and list their tensors; copies no tensor data.
 
     Per-rank tensors get keys under ``rank_state/<rank>/``, so every rank's keys are distinct.
 
     Raises:
-        TypeError: ``rank_state`` holds a DTensor, or a DTensor has a placement that cannot be checkpointed.
+        TypeError: ``rank_state`` holds a DTensor, a DTensor has a placement that cannot be checkpointed, or a tensor
+            holds no plain bytes (quantized, nested, meta, or a layout other than dense and sparse); the message
+            names its key.
     """
     seen: set[str] = set()
     shared: list[tuple[str, torch.Tensor]] = []
     per_rank: list[tuple[str, torch.Tensor]] = []
 
     def on_state_tensor(tensor: torch.Tensor, path: str) -> str:
+        _check_storable(tensor, path)
         key = _unique_key(path, seen, "")
         shared.append((key, tensor))
         return key
 
     def on_rank_tensor(tensor: torch.Tensor, path: str) -> str:
+        _check_storable(tensor, path)
         key = _unique_key(path, seen, f"rank_state/{rank}/")
         per_rank.append((key, tensor))
         return key

@@ -67,7 +67,9 @@ def resume_candidates(dirpaths: list[Path]) -> list[Path]:
 
     Newest is the highest step, then the latest commit; a checkpoint without a step sorts last. A checkpoint saved
     with ``save_weights_only=True`` (no optimizer or loop state: Lightning cannot resume training from it) is not a
-    candidate, nor is one whose metadata cannot be read (loading it would fail anyway).
+    candidate. Whether a checkpoint holds the full state is read from its commit marker; only for a marker that does
+    not say (lightning-ft 0.1.0) is its metadata file read, and one whose metadata cannot be read stays a candidate
+    (the load then rejects it with its reason, and falls back from there).
     """
     found: list[discovery.CheckpointInfo] = []
     for dirpath in dirpaths:
@@ -75,10 +77,12 @@ def resume_candidates(dirpaths: list[Path]) -> list[Path]:
     found.sort(key=lambda c: (c.step is not None, c.step or 0, c.mtime), reverse=True)
     candidates = []
     for info in found:
-        try:
-            full = discovery.read_metadata(info.path).get("full_state", True)  # 0.1.0 saved no flag: full saves only
-        except CheckpointError:
-            full = True  # let the load reject it with its reason, and fall back from there
+        full = info.full_state
+        if full is None:
+            try:
+                full = discovery.read_metadata(info.path).get("full_state", True)  # 0.1.0 saved no flag: full saves
+            except CheckpointError:
+                full = True
         if full:
             candidates.append(info.path)
     return candidates
@@ -119,13 +123,24 @@ class AutoResume:
 
     def select(self, trainer: pl.Trainer, ckpt_path: Any) -> Any:
         """The checkpoint to resume from: the user's (checked), else the newest committed one with the full training
-        state, else ``None``. Collective: every rank calls it; rank 0 lists the candidates for all."""
+        state, else ``None``. Collective: every rank calls it; rank 0 first settles the replacements a crash
+        interrupted (:func:`~lightning_ft.checkpoint.recover_interrupted_swaps`) in the checkpoint folders, then lists
+        the candidates for all."""
+        if ckpt_path is None and not self.enabled:
+            return None
+        folders = checkpoint_dirpaths(trainer)
+        if ckpt_path is not None and Path(ckpt_path).parent not in folders:
+            folders.append(Path(ckpt_path).parent)
+        names = None
+        if trainer.global_rank == 0:
+            for folder in folders:
+                discovery.recover_interrupted_swaps(folder)
+            names = resume_candidates(checkpoint_dirpaths(trainer)) if ckpt_path is None else []
+        # Also the barrier after the recovery: no rank looks at the folders before rank 0 has settled them.
+        names = self._broadcast([str(p) for p in names] if names is not None else None)
         if ckpt_path is not None:
             return resolve_explicit_ckpt_path(Path(ckpt_path))
-        if not self.enabled:
-            return None
-        names = resume_candidates(checkpoint_dirpaths(trainer)) if trainer.global_rank == 0 else None
-        self._candidates = [Path(p) for p in self._broadcast([str(p) for p in names] if names is not None else None)]
+        self._candidates = [Path(p) for p in names]
         return self._candidates[0] if self._candidates else None
 
     def take_fallbacks(self, chosen: Path) -> list[Path]:

@@ -26,6 +26,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from lightning_ft import _compat
 from lightning_ft.checkpoint import (
     COMMIT_MARKER,
+    IN_PROGRESS_RECORD,
     METADATA_FILE,
     AsyncCheckpointer,
     CheckpointError,
@@ -53,10 +54,11 @@ def is_last_path(path: Path) -> bool:
 
 
 def is_lightning_ft_checkpoint(path: Path) -> bool:
-    """A folder that lightning-ft wrote (committed or not): it holds our metadata, our marker or snapshot data."""
+    """A folder that lightning-ft wrote (committed or not): it holds our metadata, our marker, our in-progress record
+    or snapshot data."""
     if not path.is_dir():
         return False
-    names = (METADATA_FILE, COMMIT_MARKER, ".snapshot_metadata", "batched")
+    names = (METADATA_FILE, COMMIT_MARKER, IN_PROGRESS_RECORD, ".snapshot_metadata", "batched")
     return any((path / name).exists() for name in names) or any(p.name.isdigit() for p in path.iterdir())
 
 
@@ -253,12 +255,24 @@ class StrategyCheckpoints:
 
     def remove(self, path: Path) -> None:
         """Retention (``save_top_k``): a checkpoint in flight or the newest committed one is removed only after the
-        next commit."""
+        next commit; what lightning-ft did not write is never removed."""
         if self._rank() == 0:
             self.retention.remove(path)
 
+    def cleanup_leftovers(self, dirpaths: list[Path]) -> list[Path]:
+        """Rank 0, at train start: settle replacements a crash interrupted and remove the saves of ours that never
+        committed under ``dirpaths``; never the save in flight, never a folder lightning-ft did not write. Returns the
+        removed paths."""
+        in_flight = self._in_flight()
+        removed: list[Path] = []
+        for dirpath in dirpaths:
+            removed += discovery.cleanup_uncommitted(dirpath, keep=[in_flight] if in_flight is not None else [])
+        return removed
+
     def _on_commit(self, info: CommitInfo) -> None:
-        """Runs on rank 0 in the checkpoint writer thread, after the commit marker is durable."""
+        """Runs on rank 0 in the checkpoint writer thread, once the commit marker is durable. An error here undoes the
+        commit, so what can fail (the event line, repointing links) comes first and deletions last (they never
+        raise)."""
         log = self._event_log()
         if log is not None:
             log.write(

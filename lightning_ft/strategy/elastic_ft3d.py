@@ -433,12 +433,10 @@ class ElasticFT3D(DDPStrategy):
         # A resume at another data-parallel or batch size counted its batches in the old size.
         align_batch_progress(trainer)
         if self.global_rank == 0:
-            from lightning_ft.checkpoint import discovery
-
-            # Leftovers of saves that never committed (a crash mid-write). Only now: an explicit ckpt_path naming one
-            # has been refused with its name by then, rather than silently deleted.
-            for dirpath in checkpoint_dirpaths(trainer):
-                discovery.cleanup_uncommitted(dirpath)
+            # Leftovers of our saves that never committed (a crash mid-write). Only now: an explicit ckpt_path naming
+            # one has been refused with its name by then, rather than silently deleted. Never the save in flight (one
+            # issued from an on_train_start hook) and never what lightning-ft did not write.
+            self._checkpoint_manager().cleanup_leftovers(checkpoint_dirpaths(trainer))
 
     # ------------------------------------------------------------------ data
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import errno
+import os
+import signal
 import threading
 from pathlib import Path
 
 import torch
 
-from lightning_ft.checkpoint import COMMIT_MARKER, METADATA_FILE, AsyncCheckpointer, SnapshotStorage
+from lightning_ft.checkpoint import COMMIT_MARKER, METADATA_FILE, AsyncCheckpointer, SnapshotStorage, in_progress
 
 
 class FlakyStorage(SnapshotStorage):
@@ -43,26 +45,30 @@ def enospc() -> OSError:
     return OSError(errno.ENOSPC, "No space left on device")
 
 
-def save(path: Path, step: int, state: dict | None = None) -> Path:
-    """A committed checkpoint at ``path`` holding ``state`` (default: ``{"w": full((4,), step)}``)."""
+def save(path: Path, step: int, state: dict | None = None, *, metadata: dict | None = None) -> Path:
+    """A committed checkpoint at ``path`` holding ``state`` (default: ``{"w": full((4,), step)}``); ``metadata``
+    defaults to ``{"step": step}``."""
     checkpointer = AsyncCheckpointer()
     try:
-        checkpointer.save(path, state or {"w": torch.full((4,), float(step))}, metadata={"step": step})
+        state = state or {"w": torch.full((4,), float(step))}
+        checkpointer.save(path, state, metadata={"step": step} if metadata is None else metadata)
     finally:
         checkpointer.close()
     return path
 
 
 def uncommitted(path: Path, step: int) -> Path:
-    """A complete checkpoint at ``path`` whose commit marker is gone (an interrupted save)."""
+    """A complete checkpoint at ``path`` whose commit marker was never written (a save interrupted just before it):
+    it still holds its in-progress record."""
     save(path, step)
+    in_progress.write_record(path, target=path, step=step, run_id=None)
     (path / COMMIT_MARKER).unlink()
     return path
 
 
 def data_files(path: Path) -> list[Path]:
     """The tensor data files of checkpoint ``path``, smallest first."""
-    ours = {COMMIT_MARKER, METADATA_FILE, ".snapshot_metadata"}
+    ours = {COMMIT_MARKER, METADATA_FILE, in_progress.IN_PROGRESS_RECORD, ".snapshot_metadata"}
     return sorted((p for p in path.rglob("*") if p.is_file() and p.name not in ours), key=lambda p: p.stat().st_size)
 
 
@@ -74,3 +80,25 @@ class CreatesFileWhenUnpickled:
 
     def __reduce__(self):
         return (open, (str(self.target), "w"))
+
+
+def in_forked_child(fn) -> int:
+    """Run ``fn`` in a forked copy of this process and return its wait status (``fn`` may kill it).
+
+    The copy never returns to the caller's code: it exits right after ``fn`` (status 0, or 1 if ``fn`` raised).
+    """
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 1
+        try:
+            fn()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return status
+
+
+def kill_this_process() -> None:
+    """Die at once, as under ``kill -9``: nothing after this line runs, no cleanup, no ``finally``."""
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -153,8 +153,11 @@ def test_close_raises_a_background_error_once_and_no_later_failure_comes_before_
     assert not any(is_committed(tmp_path / f"step={n}") for n in (1, 2, 3))
 
 
-def test_a_failing_on_commit_callback_is_raised_at_the_next_save(tmp_path):
+def test_a_save_whose_commit_callback_fails_is_raised_at_the_next_save_and_not_committed(tmp_path):
+    committed_when_called = []
+
     def on_commit(info):
+        committed_when_called.append(is_committed(info.path))  # the callback runs once the marker is durable
         raise ValueError(f"event log full at {info.path.name}")
 
     checkpointer = AsyncCheckpointer(on_commit=on_commit)
@@ -164,8 +167,9 @@ def test_a_failing_on_commit_callback_is_raised_at_the_next_save(tmp_path):
             checkpointer.save(tmp_path / "step=2", {"w": torch.ones(2)})
     finally:
         checkpointer.close()
-    assert is_committed(tmp_path / "step=1")  # the callback runs after the marker is durable
-    assert not (tmp_path / "step=2").exists()
+    assert committed_when_called == [True]
+    assert not is_committed(tmp_path / "step=1")  # reported as failed, so not committed
+    assert not (tmp_path / "step=1").exists() and not (tmp_path / "step=2").exists()
 
 
 def test_a_disk_error_inside_torchsnapshot_is_raised_and_nothing_is_committed(tmp_path, monkeypatch):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 
 from lightning_ft.checkpoint import (
     COMMIT_MARKER,
+    METADATA_FILE,
     cleanup_uncommitted,
     is_committed,
     latest_committed,
@@ -37,7 +39,7 @@ def test_verify_finds_nothing_wrong_in_a_sound_checkpoint_and_reports_a_missing_
     assert verify(tmp_path / "missing") != []
 
 
-def test_cleanup_removes_uncommitted_directories_except_those_kept(tmp_path):
+def test_cleanup_removes_interrupted_saves_of_ours_except_those_kept(tmp_path):
     save(tmp_path / "done", 1)
     uncommitted(tmp_path / "crashed", 2)
     uncommitted(tmp_path / "in-flight", 3)
@@ -45,6 +47,19 @@ def test_cleanup_removes_uncommitted_directories_except_those_kept(tmp_path):
     removed = cleanup_uncommitted(tmp_path, keep=[tmp_path / "in-flight"])
     assert removed == [tmp_path / "crashed"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["done", "in-flight", "last"]
+
+
+def test_the_marker_says_whether_the_checkpoint_holds_the_full_state_so_listing_reads_only_markers(tmp_path):
+    save(tmp_path / "full", 2, metadata={"step": 2, "full_state": True})
+    save(tmp_path / "weights", 3, metadata={"step": 3, "full_state": False})
+    save(tmp_path / "unsaid", 1)
+    save(tmp_path / "no-step", 0, metadata={})
+    for name in ("full", "weights", "unsaid", "no-step"):
+        (tmp_path / name / METADATA_FILE).write_text("unreadable")  # listing must not need it
+    found = [(c.path.name, c.step, c.full_state) for c in list_committed(tmp_path)]
+    assert found == [("no-step", None, None), ("unsaid", 1, None), ("full", 2, True), ("weights", 3, False)]
+    marker = json.loads((tmp_path / "weights" / COMMIT_MARKER).read_text())
+    assert marker["step"] == 3 and marker["full_state"] is False
 
 
 def test_repoint_last_is_atomic_so_the_link_always_resolves_to_a_committed_checkpoint(tmp_path):

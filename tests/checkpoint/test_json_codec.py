@@ -111,3 +111,57 @@ def test_tensors_are_replaced_by_references_and_resolved_on_decode():
 def test_a_tensor_where_none_is_allowed_is_a_type_error():
     with pytest.raises(TypeError, match="metadata/x"):
         json_codec.encode({"x": torch.ones(1)}, None, "metadata")
+
+
+def _sparse_examples() -> dict[str, torch.Tensor]:
+    dense = torch.tensor([[0.0, 1.5, 0.0, 0.0], [2.0, 0.0, 0.0, -3.0], [0.0, 0.0, 0.0, 0.0], [4.0, 0.0, 5.0, 0.0]])
+    uncoalesced = torch.sparse_coo_tensor([[0, 0, 1], [1, 1, 0]], [1.0, 2.0, 3.0], (2, 2))
+    hybrid = torch.sparse_coo_tensor([[0, 2]], torch.arange(6.0).reshape(2, 3), (4, 3))  # a dense trailing dim
+    return {
+        "coo": dense.to_sparse(),
+        "uncoalesced": uncoalesced,
+        "hybrid": hybrid,
+        "csr": dense.to_sparse_csr(),
+        "csc": dense.to_sparse_csc(),
+        "bsr": dense.to_sparse_bsr((2, 2)),
+        "bsc": dense.to_sparse_bsc((2, 2)),
+        "int_csr": dense.to(torch.int64).to_sparse_csr(),
+    }
+
+
+def test_sparse_tensors_are_saved_and_restored_with_their_layout_and_values(tmp_path):
+    from lightning_ft.checkpoint import AsyncCheckpointer, load_checkpoint
+
+    state = {"embedding": _sparse_examples(), "dense": torch.ones(3)}
+    rank_state = {"mask": torch.eye(3).to_sparse()}
+    checkpointer = AsyncCheckpointer()
+    try:
+        checkpointer.save(tmp_path / "c", state, rank_state=rank_state, metadata={"step": 1})
+    finally:
+        checkpointer.close()
+    loaded = load_checkpoint(tmp_path / "c")
+    for name, expected in _sparse_examples().items():
+        restored = loaded.state["embedding"][name]
+        assert restored.layout == expected.layout and restored.dtype == expected.dtype, name
+        assert restored.shape == expected.shape, name
+        assert torch.equal(restored.to_dense(), expected.to_dense()), name
+    assert loaded.rank_state["mask"].layout == torch.sparse_coo
+    assert torch.equal(loaded.rank_state["mask"].to_dense(), torch.eye(3))
+
+
+def test_tensors_without_plain_bytes_are_refused_at_the_save_call_naming_their_key(tmp_path):
+    from lightning_ft.checkpoint import AsyncCheckpointer
+
+    refused = {
+        "quantized": torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8),
+        "on_meta": torch.empty(4, device="meta"),
+        "nested": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
+    }
+    checkpointer = AsyncCheckpointer()
+    try:
+        for name, tensor in refused.items():
+            with pytest.raises(TypeError, match=f"model/{name}"):
+                checkpointer.save(tmp_path / name, {"model": {name: tensor, "ok": torch.ones(2)}})
+            assert not (tmp_path / name).exists()  # refused before any work
+    finally:
+        checkpointer.close()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_ft.checkpoint import Retention, is_committed
+from lightning_ft.checkpoint import Retention, is_committed, repoint_last
 from tests.checkpoint.support import save
 
 
@@ -62,7 +62,6 @@ def test_the_last_link_waits_for_the_save_of_its_step_and_never_points_at_a_save
     assert os.readlink(link) == "step=1"
 
     writing.path = second  # step 2 is being written: the link stays on the committed one until it commits
-    second.mkdir()
     assert retention.plan_last(link, 2) is None
     assert os.readlink(link) == "step=1"
 
@@ -106,3 +105,31 @@ def test_removing_a_link_deletes_the_link_and_leaves_its_target(tmp_path):
     retention.remove(link)
     assert not link.exists() and not link.is_symlink()
     assert is_committed(target)
+
+
+def test_retention_leaves_alone_what_lightning_asks_to_remove_but_lightning_ft_did_not_write(tmp_path):
+    save(tmp_path / "step=3", 3)
+    old_file = tmp_path / "epoch=0-step=1.ckpt"  # written by an earlier run under another strategy
+    old_file.write_bytes(b"a Lightning checkpoint")
+    foreign = tmp_path / "epoch=0-step=2.ckpt"
+    foreign.mkdir()
+    (foreign / "data.bin").write_bytes(b"another tool's")
+    retention = Retention(in_flight=InFlight())
+    with pytest.warns(UserWarning, match="not a checkpoint lightning-ft wrote"):
+        retention.remove(old_file)
+        retention.remove(foreign)
+    assert old_file.read_bytes() == b"a Lightning checkpoint"
+    assert (foreign / "data.bin").read_bytes() == b"another tool's"
+
+
+def test_the_last_link_never_replaces_a_file_or_folder_that_is_not_a_link(tmp_path):
+    target = save(tmp_path / "step=1", 1)
+    (tmp_path / "last.ckpt").write_bytes(b"a Lightning last.ckpt")
+    with pytest.raises(FileExistsError, match="not a link"):
+        repoint_last(tmp_path, target, name="last.ckpt")
+    assert (tmp_path / "last.ckpt").read_bytes() == b"a Lightning last.ckpt"
+    (tmp_path / "last-v1.ckpt").mkdir()
+    with pytest.raises(FileExistsError, match="not a link"):
+        repoint_last(tmp_path, target, name="last-v1.ckpt")
+    assert (tmp_path / "last-v1.ckpt").is_dir()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_ft import ElasticFT3D
-from lightning_ft.checkpoint import CheckpointError, is_committed, list_committed
+from lightning_ft.checkpoint import IN_PROGRESS_RECORD, CheckpointError, is_committed, list_committed
 from lightning_ft.events import read_events
 from tests.strategy.models import TinyRegressor, make_trainer
 
@@ -46,15 +46,21 @@ def test_save_top_k_keeps_the_newest_committed_checkpoints_only(tmp_path):
 
 def test_fit_without_ckpt_path_resumes_from_the_highest_committed_step(tmp_path):
     _fit(tmp_path, 6, every_n_train_steps=2, save_top_k=-1)
-    # An uncommitted leftover with a higher step must be ignored (and cleaned up).
+    # Uncommitted leftovers with a higher step must be ignored; the one lightning-ft can prove it wrote (its
+    # in-progress record) is cleaned up, the other is left alone.
     leftover = tmp_path / "ckpt" / "epoch=0-step=99.ckpt"
     leftover.mkdir()
     (leftover / "batched").mkdir()
+    (leftover / IN_PROGRESS_RECORD).write_text('{"step": 99}')
+    unproven = tmp_path / "ckpt" / "epoch=0-step=98.ckpt"
+    unproven.mkdir()
+    (unproven / "batched").mkdir()
     trainer, _ = _fit(tmp_path, 8, every_n_train_steps=2, save_top_k=-1)
     assert trainer.global_step == 8
     resumed = [e for e in read_events(tmp_path) if e["event"] == "resumed"]
     assert [e["step"] for e in resumed] == [6]
     assert not leftover.exists()
+    assert (unproven / "batched").is_dir()
 
 
 def test_auto_resume_skips_a_corrupt_newest_checkpoint_and_logs_the_rejection(tmp_path):

@@ -1,0 +1,140 @@
+"""What lightning-ft may delete: folders it can prove it wrote, never a save in flight.
+
+A checkpoint folder is lightning-ft's when it holds one of two files of ours:
+
+- the commit marker (``lightning_ft.committed``): a committed checkpoint;
+- the in-progress record (``lightning_ft.in_progress``): rank 0 writes it durably into the folder before any byte of
+  data, naming the run, the step, the host and the process, and removes it once the marker is durable. A folder holding
+  the record and no marker is a save that never finished (a crash, a kill, a full disk).
+
+Nothing else is ours: a folder without either file (user files, a ``.git``, another tool's checkpoint, lightning-ft's
+own event log) is never deleted, whatever its name. :func:`discard` deletes a folder of ours so that it never looks
+committed while half deleted: it writes the record first, then removes the marker, then the files.
+
+The saves in flight in this process are registered here (:func:`mark_in_flight`), so that cleanup and recovery skip
+them whatever their caller passes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from lightning_ft.checkpoint.commit import COMMIT_MARKER, atomic_write, uncommit
+from lightning_ft.checkpoint.snapshot_storage import fsync_dir
+
+__all__ = [
+    "IN_PROGRESS_RECORD",
+    "discard",
+    "has_record",
+    "in_flight_paths",
+    "is_ours",
+    "mark_in_flight",
+    "read_record",
+    "remove_record",
+    "unmark_in_flight",
+    "write_record",
+]
+
+IN_PROGRESS_RECORD = "lightning_ft.in_progress"
+"""File name of the in-progress record inside a checkpoint folder being written."""
+
+_lock = threading.Lock()
+_in_flight: Counter[Path] = Counter()
+
+
+def write_record(folder: Path, *, target: Path, step: int | None, run_id: str | None) -> None:
+    """Write the in-progress record into ``folder``, durably (file and folder entry). Rank 0, before any data."""
+    record = {
+        "target": target.name,
+        "step": step,
+        "run_id": run_id,
+        "time": time.time(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
+    atomic_write(folder / IN_PROGRESS_RECORD, json.dumps(record).encode())
+
+
+def read_record(folder: Path) -> dict[str, Any] | None:
+    """The in-progress record of ``folder``, or ``None`` if it has none (an unreadable record counts as one)."""
+    try:
+        data = (folder / IN_PROGRESS_RECORD).read_bytes()
+    except OSError:
+        return None
+    try:
+        record = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def has_record(folder: Path) -> bool:
+    """Whether ``folder`` holds an in-progress record."""
+    return (folder / IN_PROGRESS_RECORD).is_file()
+
+
+def remove_record(folder: Path) -> None:
+    """Remove the in-progress record of ``folder`` (after its marker is durable)."""
+    (folder / IN_PROGRESS_RECORD).unlink(missing_ok=True)
+    fsync_dir(folder)
+
+
+def is_ours(path: Path) -> bool:
+    """Whether ``path`` is a folder (not a link) holding our commit marker or our in-progress record."""
+    if path.is_symlink() or not path.is_dir():
+        return False
+    return (path / COMMIT_MARKER).is_file() or has_record(path)
+
+
+def discard(folder: Path) -> None:
+    """Delete ``folder``, a folder of ours, so that no moment of it looks committed: record, no marker, no files.
+
+    Does nothing if ``folder`` does not exist. A crash in the middle leaves a folder holding the record, which the next
+    cleanup removes.
+
+    Raises:
+        ValueError: ``folder`` is not ours (see :func:`is_ours`).
+        OSError: the filesystem refused.
+    """
+    if not folder.exists() and not folder.is_symlink():
+        return
+    if not is_ours(folder):
+        raise ValueError(f"{folder} is not a lightning-ft checkpoint folder; it is left alone")
+    if not has_record(folder):
+        write_record(folder, target=folder, step=None, run_id=None)
+    uncommit(folder)
+    shutil.rmtree(folder)
+    fsync_dir(folder.parent)
+
+
+def _key(path: str | os.PathLike) -> Path:
+    return Path(os.path.abspath(path))
+
+
+def mark_in_flight(path: str | os.PathLike) -> None:
+    """Register ``path`` as the target of a save in flight in this process (until :func:`unmark_in_flight`)."""
+    with _lock:
+        _in_flight[_key(path)] += 1
+
+
+def unmark_in_flight(path: str | os.PathLike) -> None:
+    """Undo one :func:`mark_in_flight` of ``path``."""
+    with _lock:
+        key = _key(path)
+        _in_flight[key] -= 1
+        if _in_flight[key] <= 0:
+            del _in_flight[key]
+
+
+def in_flight_paths() -> set[Path]:
+    """Absolute target paths of the saves in flight in this process."""
+    with _lock:
+        return set(_in_flight)
