@@ -298,7 +298,7 @@ class FaultInjector(Callback):
 
     def _on_data_read(self) -> None:
         # Runs inside the dataloader's fetch, which Lightning does one batch ahead: at step s it reads batch s + 1.
-        for fault in self._due("hang_at", step=self._step, exact=False, where="data"):
+        for fault in self._due("hang_at", step=self._step, where="data"):
             self._fire(fault)
 
     def _on_storage_write(self, path: Any) -> Callable[[], None]:

@@ -37,7 +37,7 @@ def test_demo_survives_a_killed_rank_a_preemption_and_a_hang_through_torchrun_re
     # Attempt 2: rank 1 hangs in a data read; the watchdog names it and torchrun restarts the group.
     hangs = [e for e in events if e["event"] == "hang"]
     assert hangs and all(e["ranks"] == [1] and e["attempt"] == 2 for e in hangs)
-    assert resumed[2]["step"] <= 27 and resumed[2]["attempt"] == 3
+    assert 35 <= resumed[2]["step"] <= 42 and resumed[2]["attempt"] == 3
     assert max(e["step"] for e in events if e["event"] == "checkpoint_committed") == 90
     # The injected thermal incident on rank 1 is seen by ThermalMonitor and, through its slower steps, by
     # StragglerMonitor, and no other rank is named.
