@@ -40,6 +40,11 @@ except ImportError:
         StridedShard = None  # type: ignore[assignment,misc]
 
 try:  # torch >= 2.5
+    from torch.distributed.tensor import distribute_tensor
+except ImportError:  # torch 2.4
+    from torch.distributed._tensor import distribute_tensor  # type: ignore[no-redef]
+
+try:  # torch >= 2.5
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 except ImportError:  # torch 2.4
     from torch.distributed._tensor._utils import compute_local_shape_and_global_offset  # type: ignore[no-redef]
@@ -56,8 +61,10 @@ __all__ = [
     "checkpoint_connector",
     "collect_rng_states",
     "compute_local_shape_and_global_offset",
+    "dcp_metadata_globals",
     "destroy_dist_connection",
     "init_optim_state",
+    "local_shard_of_full",
     "materialize_distributed_module",
     "optimizers_to_device",
     "set_logger_version",
@@ -73,6 +80,18 @@ materialize_distributed_module = _materialize_distributed_module
 optimizers_to_device = _optimizers_to_device
 set_rng_states = _set_rng_states
 update_dataloader = _update_dataloader
+
+
+def local_shard_of_full(full: torch.Tensor, like: Any) -> torch.Tensor:
+    """This rank's local shard of the full tensor ``full`` laid out as the DTensor ``like``, without communication.
+
+    ``distribute_tensor(..., src_data_rank=None)`` (torch >= 2.6) cuts every placement, ``_StridedShard`` included;
+    older torch slices the box ``compute_local_shape_and_global_offset`` gives (exact for ``Shard``/``Replicate``).
+    """
+    if _accepts(distribute_tensor, "src_data_rank"):
+        return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None).to_local()
+    shape, offset = compute_local_shape_and_global_offset(list(full.shape), like.device_mesh, list(like.placements))
+    return full[tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))]
 
 
 def collect_rng_states() -> dict[str, Any]:
@@ -234,3 +253,50 @@ def torchsnapshot_take_hooks(plugin: Any) -> Iterator[None]:
         finally:
             for patch in reversed(patches):
                 patch.undo()
+
+
+# -- torch.distributed.checkpoint ------------------------------------------------------------------------------------
+
+
+def dcp_metadata_globals() -> dict[tuple[str, str], Any]:
+    """The globals a DCP ``.metadata`` file names, by ``(module, name)``: the only ones its restricted reader resolves.
+
+    DCP pickles its ``Metadata`` dataclass tree; besides the public dataclasses it names ``_StorageInfo``
+    (``torch.distributed.checkpoint.filesystem``), ``_MEM_FORMAT_ENCODING`` (``...checkpoint.metadata``) and
+    ``torch.serialization._get_layout``. Checked against torch 2.4-2.13.
+    """
+    import pathlib
+
+    import torch.distributed.checkpoint.filesystem as dcp_fs
+    import torch.distributed.checkpoint.metadata as dcp_meta
+    import torch.serialization
+
+    found: dict[tuple[str, str], Any] = {}
+    for module, names in (
+        (
+            dcp_meta,
+            (
+                "Metadata",
+                "TensorStorageMetadata",
+                "BytesStorageMetadata",
+                "ChunkStorageMetadata",
+                "TensorProperties",
+                "MetadataIndex",
+                "StorageMeta",
+                "_MEM_FORMAT_ENCODING",
+            ),
+        ),
+        (dcp_fs, ("_StorageInfo",)),
+        (torch.serialization, ("_get_layout",)),
+    ):
+        for name in names:
+            if hasattr(module, name):
+                found[(module.__name__, name)] = getattr(module, name)
+    found[("torch", "Size")] = torch.Size
+    for name in dir(torch):
+        value = getattr(torch, name, None)
+        if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+            found[("torch", name)] = value
+    for cls in (pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath, pathlib.PureWindowsPath):
+        found[("pathlib", cls.__name__)] = cls
+    return found

@@ -4,8 +4,8 @@
 dict into the state every rank shares, the state of each rank (callbacks, RNG, a pipeline stage) and the run's
 metadata; hands it to the :class:`~lightning_ft.checkpoint.AsyncCheckpointer`; routes ``last*.ckpt`` saves and
 ``save_top_k`` removals to :class:`~lightning_ft.checkpoint.Retention`; and loads a checkpoint on every rank,
-falling back to older committed ones when the newest is refused. A foreign file (a Lightning ``.ckpt``) is imported,
-never through unrestricted unpickling.
+falling back to older committed ones when the newest is refused. Checkpoints of other strategies are imported by
+:mod:`~lightning_ft.strategy.foreign_import`.
 """
 
 from __future__ import annotations
@@ -86,26 +86,6 @@ def _check_writable_dir(dirpath: Path) -> None:
     except OSError as err:
         raise ValueError(
             f"ModelCheckpoint(dirpath={str(dirpath)!r}): cannot write into {str(target)!r} ({err.strerror})"
-        ) from err
-
-
-def load_foreign_checkpoint(path: Path, *, parallelized: bool) -> dict[str, Any]:
-    """Import a Lightning ``.ckpt`` file, never through unrestricted unpickling."""
-    if path.is_dir():
-        raise CheckpointError(
-            f"ckpt_path={str(path)!r} is a folder but not a lightning-ft checkpoint (no metadata file found)"
-        )
-    if parallelized:
-        raise CheckpointError(
-            f"ckpt_path={str(path)!r}: importing a single-file Lightning checkpoint into a parallelized (DTensor)"
-            " model is not supported; export it with `lightning-ft export` from a lightning-ft checkpoint instead"
-        )
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # UnpicklingError and friends: refuse, never fall back to full unpickling
-        raise CheckpointError(
-            f"ckpt_path={str(path)!r} could not be loaded with weights_only=True ({type(err).__name__}: {err});"
-            " lightning-ft never loads checkpoints through unrestricted unpickling"
         ) from err
 
 

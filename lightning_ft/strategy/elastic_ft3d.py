@@ -26,6 +26,7 @@ import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch.optim import Optimizer
 from typing_extensions import override
@@ -51,10 +52,10 @@ from lightning_ft.strategy.checkpoint_io import (
     StrategyCheckpoints,
     check_checkpoint_dirpath,
     is_lightning_ft_checkpoint,
-    load_foreign_checkpoint,
     run_metadata,
     split_checkpoint,
 )
+from lightning_ft.strategy.foreign_import import import_foreign_checkpoint, not_carried_over, position_sampler
 from lightning_ft.strategy.parallel_modes import DataParallelMode, DTensorMode, PipelineMode, has_dtensor_parameters
 from lightning_ft.strategy.tracker import TrainingTracker
 
@@ -145,6 +146,7 @@ class ElasticFT3D(DDPStrategy):
         self._tracker: TrainingTracker | None = None
         self._data_position = TrainingDataPosition()
         self._lr_scale = LRScale()
+        self._foreign_batches_into_epoch = 0
 
     # ------------------------------------------------------------------ mesh and process groups
 
@@ -358,20 +360,54 @@ class ElasticFT3D(DDPStrategy):
     def load_checkpoint(self, checkpoint_path: _compat.PATH, weights_only: bool | None = None) -> dict[str, Any]:
         # validate/test/predict reach here without the auto-resume check; a missing path is a FileNotFoundError.
         path = resolve_explicit_ckpt_path(Path(self.broadcast(str(checkpoint_path))))
+        fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
         if not is_lightning_ft_checkpoint(path):
-            return load_foreign_checkpoint(path, parallelized=self._parallelized)
+            return self._import_foreign(path, fitting=fitting)
         loaded = self._checkpoint_manager().load(
-            path, fallbacks=self._auto_resume.take_fallbacks(path), template=self._mode.load_template()
+            path,
+            fallbacks=[p for p in self._auto_resume.take_fallbacks(path) if is_lightning_ft_checkpoint(p)],
+            template=self._mode.load_template(),
         )
         same_world = loaded.metadata.get("world_size") == self.world_size
         checkpoint = per_rank_state.restore_own(dict(loaded.state), loaded.rank_state, same_world=same_world)
         checkpoint["callbacks"] = loaded.rank_state.get("callbacks", {})
         self._mode.apply_loaded(loaded.path, checkpoint, loaded.rank_state, loaded.metadata)
+        if not fitting:
+            return checkpoint  # validate/test/predict: weights only, no training state to rescale or random stream
         rng = loaded.rank_state.get("rng")
         if rng and same_world and self._tracker is not None:
             self._tracker.restore_rng_at_next_batch(rng)
         self._resume_elastically(loaded.path, loaded.metadata)
         return checkpoint
+
+    def _import_foreign(self, path: Path, *, fitting: bool) -> dict[str, Any]:
+        imported = import_foreign_checkpoint(
+            path,
+            model=self.model,
+            optimizers=self.optimizers if fitting else [],
+            parallelized=self._parallelized,
+            pipelined=isinstance(self._mode, PipelineMode),
+        )
+        notes = not_carried_over(imported, fitting=fitting)
+        if fitting and self.global_rank == 0 and self.event_log is not None:
+            trainer = self.lightning_module.trainer
+            self.event_log.write(
+                "resumed",
+                step=imported.checkpoint.get("global_step"),
+                path=str(path),
+                saved_world_size=None,
+                world_size=self.world_size,
+                accumulate_grad_batches=trainer.accumulate_grad_batches,
+                lr_scale=1.0,
+            )
+        if notes:
+            self._foreign_batches_into_epoch = imported.batches_into_epoch
+            rank_zero_warn(
+                f"lightning-ft: imported the {imported.kind} {path} (step {imported.checkpoint.get('global_step')}):"
+                " weights, optimizer and scheduler states, loop progress and callback states carried over. Not carried"
+                " over: " + "; ".join(notes) + "."
+            )
+        return imported.checkpoint
 
     def _resume_elastically(self, path: Path, metadata: dict[str, Any]) -> None:
         trainer = self.lightning_module.trainer
@@ -399,6 +435,9 @@ class ElasticFT3D(DDPStrategy):
         super().on_train_start()
         trainer = self.lightning_module.trainer
         # A resume at another data-parallel or batch size counted its batches in the old size.
+        if self._foreign_batches_into_epoch:
+            position_sampler(trainer, self._foreign_batches_into_epoch, data_parallel_size=self.data_parallel_size)
+            self._foreign_batches_into_epoch = 0
         align_batch_progress(trainer)
         if self.global_rank == 0:
             from lightning_ft.checkpoint import discovery
