@@ -23,6 +23,7 @@ from lightning.fabric.utilities.init import _materialize_distributed_module  # L
 from lightning.fabric.utilities.optimizer import _optimizers_to_device  # Lightning 2.4-2.6
 from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states  # Lightning 2.4-2.6
 from lightning.fabric.utilities.types import _PATH  # Lightning 2.4-2.6
+from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher  # Lightning 2.4-2.6
 from lightning.pytorch.utilities.data import _update_dataloader  # Lightning 2.4-2.6
 
 # -- DTensor ---------------------------------------------------------------------------------------------------------
@@ -58,11 +59,13 @@ __all__ = [
     "StridedShard",
     "torchsnapshot_take_hooks",
     "call_resume_start",
+    "ckpt_path_parser_patch",
     "checkpoint_connector",
     "collect_rng_states",
     "compute_local_shape_and_global_offset",
     "dcp_metadata_globals",
     "destroy_dist_connection",
+    "hook_launcher",
     "init_optim_state",
     "local_shard_of_full",
     "materialize_distributed_module",
@@ -138,6 +141,43 @@ def train_combined_loader_mode(trainer: Any) -> str | None:
 def checkpoint_connector(trainer: Any) -> Any:
     """The trainer's checkpoint connector (``Trainer._checkpoint_connector``: Lightning 2.4-2.6)."""
     return trainer._checkpoint_connector
+
+
+def ckpt_path_parser_patch(trainer: Any, wrapper: Callable[..., Any], *, name: str) -> Patch:
+    """A :class:`Patch` (not installed) of the trainer's ``_checkpoint_connector._parse_ckpt_path``, which turns
+    ``"best"`` and ``"last"`` into a path before any strategy code runs (Lightning 2.4-2.6). The replacement calls
+    ``wrapper(original, state_fn, ckpt_path, model_provided, model_connected)``."""
+    connector = trainer._checkpoint_connector
+    original = connector._parse_ckpt_path
+
+    def parse(state_fn: Any, ckpt_path: Any, model_provided: bool, model_connected: bool) -> Any:
+        return wrapper(original, state_fn, ckpt_path, model_provided, model_connected)
+
+    return Patch(connector, "_parse_ckpt_path", parse, name=name)
+
+
+class _HookedLauncher(_SubprocessScriptLauncher):
+    """Lightning's script launcher that enters ``before_launch(trainer)`` (a context manager) around every launch."""
+
+    def __init__(self, inner: _SubprocessScriptLauncher, before_launch: Callable[[Any], Any]) -> None:
+        self.__dict__.update(inner.__dict__)
+        self.before_launch = before_launch
+
+    def launch(self, function: Callable, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
+        with self.before_launch(trainer):
+            return super().launch(function, *args, trainer=trainer, **kwargs)
+
+
+def hook_launcher(strategy: Any, before_launch: Callable[[Any], Any]) -> None:
+    """Make ``strategy``'s launcher enter ``before_launch(trainer)`` around ``fit``/``validate``/``test``/``predict``.
+
+    The launcher is the first object of a strategy that sees the trainer in those calls, before Lightning resolves
+    ``ckpt_path``. Call it from ``_configure_launcher`` after Lightning's own (``strategy._launcher``: Lightning
+    2.4-2.6); a launcher other than the script launcher DDP uses is left as it is.
+    """
+    launcher = strategy._launcher
+    if type(launcher) is _SubprocessScriptLauncher:
+        strategy._launcher = _HookedLauncher(launcher, before_launch)
 
 
 def call_resume_start(original: Callable[..., None], checkpoint_path: Any, weights_only: Any) -> None:

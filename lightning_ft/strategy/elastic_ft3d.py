@@ -48,6 +48,7 @@ from lightning_ft.parallel.schedules import PIPELINE_SCHEDULES
 from lightning_ft.parallel.validation import check_positive_int
 from lightning_ft.strategy import per_rank_state, process_group
 from lightning_ft.strategy.auto_resume import AutoResume, checkpoint_dirpaths, resolve_explicit_ckpt_path
+from lightning_ft.strategy.best_path import resolving_best
 from lightning_ft.strategy.checkpoint_io import (
     StrategyCheckpoints,
     check_checkpoint_dirpath,
@@ -55,7 +56,7 @@ from lightning_ft.strategy.checkpoint_io import (
     run_metadata,
     split_checkpoint,
 )
-from lightning_ft.strategy.foreign_import import import_foreign_checkpoint, not_carried_over, position_sampler
+from lightning_ft.strategy.foreign_import import import_foreign_checkpoint, position_sampler, report_import
 from lightning_ft.strategy.parallel_modes import DataParallelMode, DTensorMode, PipelineMode, has_dtensor_parameters
 from lightning_ft.strategy.tracker import TrainingTracker
 
@@ -149,6 +150,11 @@ class ElasticFT3D(DDPStrategy):
         self._foreign_batches_into_epoch = 0
 
     # ------------------------------------------------------------------ mesh and process groups
+
+    @override
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        _compat.hook_launcher(self, resolving_best)  # ckpt_path="best" in a fresh process
 
     @property
     def device_mesh(self) -> DeviceMesh:
@@ -388,25 +394,13 @@ class ElasticFT3D(DDPStrategy):
             parallelized=self._parallelized,
             pipelined=isinstance(self._mode, PipelineMode),
         )
-        notes = not_carried_over(imported, fitting=fitting)
-        if fitting and self.global_rank == 0 and self.event_log is not None:
-            trainer = self.lightning_module.trainer
-            self.event_log.write(
-                "resumed",
-                step=imported.checkpoint.get("global_step"),
-                path=str(path),
-                saved_world_size=None,
-                world_size=self.world_size,
-                accumulate_grad_batches=trainer.accumulate_grad_batches,
-                lr_scale=1.0,
-            )
-        if notes:
-            self._foreign_batches_into_epoch = imported.batches_into_epoch
-            rank_zero_warn(
-                f"lightning-ft: imported the {imported.kind} {path} (step {imported.checkpoint.get('global_step')}):"
-                " weights, optimizer and scheduler states, loop progress and callback states carried over. Not carried"
-                " over: " + "; ".join(notes) + "."
-            )
+        self._foreign_batches_into_epoch = report_import(
+            imported,
+            path,
+            fitting=fitting,
+            event_log=self.event_log if self.global_rank == 0 else None,
+            trainer=self.lightning_module.trainer,
+        )
         return imported.checkpoint
 
     def _resume_elastically(self, path: Path, metadata: dict[str, Any]) -> None:

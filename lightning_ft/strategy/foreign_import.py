@@ -19,16 +19,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_ft import _compat
 from lightning_ft.checkpoint import CheckpointError
 from lightning_ft.checkpoint.dcp_folder import is_dcp_folder, load_dcp, read_lightning_dcp_meta
 from lightning_ft.checkpoint.safe_load import load_torch_file
 
-__all__ = ["ForeignImport", "import_foreign_checkpoint", "not_carried_over", "position_sampler"]
+if TYPE_CHECKING:
+    from lightning_ft.events import EventLog
+
+__all__ = ["ForeignImport", "import_foreign_checkpoint", "not_carried_over", "position_sampler", "report_import"]
 
 
 @dataclass
@@ -189,6 +193,31 @@ def not_carried_over(imported: ForeignImport, *, fitting: bool) -> list[str]:
             " DistributedSampler"
         )
     return notes
+
+
+def report_import(
+    imported: ForeignImport, path: Path, *, fitting: bool, event_log: EventLog | None, trainer: Any
+) -> int:
+    """Log a ``resumed`` event (``fit`` only, to ``event_log`` if given: rank 0's) and warn once about what was not
+    carried over. Returns the batches per process to skip in the current epoch (0 outside ``fit``)."""
+    if not fitting:
+        return 0
+    if event_log is not None:
+        event_log.write(
+            "resumed",
+            step=imported.checkpoint.get("global_step"),
+            path=str(path),
+            saved_world_size=None,
+            world_size=trainer.world_size,
+            accumulate_grad_batches=trainer.accumulate_grad_batches,
+            lr_scale=1.0,
+        )
+    rank_zero_warn(
+        f"lightning-ft: imported the {imported.kind} {path} (step {imported.checkpoint.get('global_step')}):"
+        " weights, optimizer and scheduler states, loop progress and callback states carried over. Not carried"
+        " over: " + "; ".join(not_carried_over(imported, fitting=fitting)) + "."
+    )
+    return imported.batches_into_epoch
 
 
 def position_sampler(trainer: Any, batches: int, *, data_parallel_size: int) -> int:
