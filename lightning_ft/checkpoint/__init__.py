@@ -7,7 +7,10 @@ retention use the discovery functions; the ``lightning-ft inspect`` and ``export
 Modules: ``async_checkpointer`` (the save: capture, background write, commit), ``staging`` (the capture),
 ``ownership`` (which rank writes which region), ``agreement`` (raise on every rank if one failed), ``commit`` (the
 on-disk contract), ``snapshot_storage`` (the torchsnapshot seam), ``shard_reader`` and ``load`` (reading back),
-``discovery`` and ``retention`` (finding and deleting checkpoints), ``dtensor_geometry``, ``json_codec``, ``inspect``.
+``discovery`` and ``retention`` (finding and deleting checkpoints), ``dtensor_geometry``, ``json_codec``, ``inspect``;
+interoperability: ``export`` and ``torch_file`` (a plain Lightning file out, streamed), ``safe_load`` (Lightning files in,
+without unrestricted unpickling), ``dcp_folder`` (``ModelParallelStrategy`` folders in), ``foreign_discovery``,
+``rank_state``.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from lightning_ft.checkpoint.errors import (
     UncommittedCheckpointError,
     UnsafeCheckpointError,
 )
-from lightning_ft.checkpoint.inspect import describe, export_state_dict, format_description
+from lightning_ft.checkpoint.export import export_checkpoint, export_state_dict
+from lightning_ft.checkpoint.inspect import describe, format_description
 from lightning_ft.checkpoint.load import LoadedCheckpoint, load_checkpoint
 from lightning_ft.checkpoint.retention import Retention
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
@@ -56,6 +60,7 @@ __all__ = [
     "UnsafeCheckpointError",
     "cleanup_uncommitted",
     "describe",
+    "export_checkpoint",
     "export_state_dict",
     "format_description",
     "is_committed",

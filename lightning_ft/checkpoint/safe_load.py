@@ -137,7 +137,10 @@ def load_torch_file(path: str | os.PathLike, *, mmap: bool = False) -> Any:
     try:
         allowed, blocked = safe_globals_for(path)
     except ValueError as e:  # not a zip file: a legacy or foreign pickle, which weights_only loading refuses anyway
-        raise UnsafeCheckpointError(f"{path}: not a torch.save file that can be loaded safely ({e})") from e
+        raise UnsafeCheckpointError(
+            f"{path} is not a torch.save zip file: lightning-ft loads checkpoint files only with"
+            f" torch.load(weights_only=True), never through unrestricted unpickling ({e})"
+        ) from e
     if blocked:
         raise _refusal(path, blocked)
     try:

@@ -134,3 +134,36 @@ def test_a_pickle_that_is_not_a_torch_save_file_is_refused_without_unpickling(tm
     path.write_bytes(pickle.dumps({"state_dict": {}}))
     with pytest.raises(CheckpointError):
         make_trainer(tmp_path, max_steps=1).fit(TinyRegressor(), ckpt_path=str(path))
+
+
+def test_ddp_file_to_elasticft3d_and_back_through_export_to_ddp_strategy(tmp_path):
+    from lightning_ft.cli import main
+
+    ddp = _ddp_trainer(tmp_path, 4)
+    ddp.fit(ConfiguredRegressor(**_hparams()))
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ft", every_n_train_steps=2, save_top_k=-1)
+    ft = make_trainer(tmp_path, callbacks=[ckpt], max_steps=6)
+    model = ConfiguredRegressor(**_hparams())
+    ft.fit(model, ckpt_path=str(tmp_path / "ddp" / "epoch=0-step=4.ckpt"))
+    out = tmp_path / "exported.ckpt"
+    assert main(["export", "--full", "--no-progress", str(tmp_path / "ft" / "epoch=0-step=6.ckpt"), str(out)]) == 0
+
+    plain = torch.load(out, weights_only=True, mmap=True)  # plain PyTorch, nothing allowed beyond its defaults
+    assert plain["global_step"] == 6 and plain["hyper_parameters"]["activation"] == "tanh"
+    assert not any(k.startswith("lightning_ft") for k in plain["callbacks"])
+    assert ConfiguredRegressor.load_from_checkpoint(out, weights_only=True).hparams.widths == {"hidden": 16}
+
+    back = _ddp_trainer(tmp_path / "back", 6)
+    restored = ConfiguredRegressor(**_hparams())
+    back.fit(restored, ckpt_path=str(out))  # resumes at step 6 == max_steps: restores and stops
+    assert back.global_step == 6
+    for k, v in _weights(model).items():
+        assert torch.equal(restored.state_dict()[k], v), k
+    expected_opt = ft.optimizers[0].state_dict()
+    got_opt = back.optimizers[0].state_dict()
+    assert got_opt["param_groups"] == expected_opt["param_groups"]
+    for pid, values in expected_opt["state"].items():
+        for name, t in values.items():
+            assert torch.equal(got_opt["state"][pid][name], t), (pid, name)
+    assert back.lr_scheduler_configs[0].scheduler.state_dict() == ft.lr_scheduler_configs[0].scheduler.state_dict()
+    _ddp_trainer(tmp_path / "back", 8).fit(ConfiguredRegressor(**_hparams()), ckpt_path=str(out))  # and trains on
