@@ -31,7 +31,7 @@ from lightning_ft.checkpoint import json_codec
 from lightning_ft.checkpoint.commit import read_document
 from lightning_ft.checkpoint.errors import CheckpointError, CorruptCheckpointError, UncommittedCheckpointError
 from lightning_ft.checkpoint.shard_reader import ShardReader
-from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
+from lightning_ft.checkpoint.storage.registry import storage_for_path
 from lightning_ft.checkpoint.torch_file import TensorSlot, can_stream, save_streaming
 
 __all__ = ["export_checkpoint", "export_state_dict"]
@@ -126,7 +126,7 @@ def export_checkpoint(
     if not path.is_dir():
         raise UncommittedCheckpointError(f"checkpoint {path} does not exist")
     document = read_document(path)
-    reader = ShardReader(path, document, SnapshotStorage(), verify_checksums=True)
+    reader = ShardReader(path, document, storage_for_path(path), verify_checksums=True)
     records = document["tensors"]
 
     def slot(key: str, _: str) -> TensorSlot:

@@ -18,6 +18,7 @@ from lightning_ft.checkpoint.commit import COMMIT_MARKER, METADATA_FILE
 from lightning_ft.checkpoint.dcp_folder import LIGHTNING_META, is_dcp_folder
 from lightning_ft.checkpoint.errors import CheckpointError
 from lightning_ft.checkpoint.safe_load import load_torch_file
+from lightning_ft.checkpoint.storage.dcp_storage import ENTRIES_FILE
 
 __all__ = ["ForeignCheckpointInfo", "list_foreign"]
 
@@ -37,7 +38,7 @@ class ForeignCheckpointInfo:
 
 
 def _is_ours(path: Path) -> bool:
-    return (path / COMMIT_MARKER).exists() or (path / METADATA_FILE).exists()
+    return any((path / name).exists() for name in (COMMIT_MARKER, METADATA_FILE, ENTRIES_FILE))
 
 
 def list_foreign(dirpath: str | os.PathLike) -> list[ForeignCheckpointInfo]:

@@ -31,6 +31,7 @@ from lightning_ft.checkpoint.dtensor_geometry import local_region
 from lightning_ft.checkpoint.errors import CheckpointError, CorruptCheckpointError, UncommittedCheckpointError
 from lightning_ft.checkpoint.shard_reader import ShardReader
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
+from lightning_ft.checkpoint.storage.registry import storage_for_path
 
 __all__ = ["LoadedCheckpoint", "load_checkpoint"]
 
@@ -122,7 +123,7 @@ def load_checkpoint(
         if not path.is_dir():
             raise UncommittedCheckpointError(f"checkpoint {path} does not exist")
         document = read_document(path)
-        reader = ShardReader(path, document, storage or SnapshotStorage(), verify_checksums=verify_checksums)
+        reader = ShardReader(path, document, storage or storage_for_path(path), verify_checksums=verify_checksums)
         templates = _template_tensors(state) if state is not None else {}
         state_out = json_codec.decode(
             document["state"], lambda key, p: _fill(reader, key, p, templates.get(p) if p in templates else None)

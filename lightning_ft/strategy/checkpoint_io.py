@@ -33,6 +33,8 @@ from lightning_ft.checkpoint import (
     discovery,
     load_checkpoint,
 )
+from lightning_ft.checkpoint.storage import storage_named
+from lightning_ft.checkpoint.storage.dcp_storage import ENTRIES_FILE
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -51,7 +53,7 @@ def is_lightning_ft_checkpoint(path: Path) -> bool:
     """A folder that lightning-ft wrote (committed or not): it holds our metadata, our marker or snapshot data."""
     if not path.is_dir():
         return False
-    names = (METADATA_FILE, COMMIT_MARKER, ".snapshot_metadata", "batched")
+    names = (METADATA_FILE, COMMIT_MARKER, ".snapshot_metadata", "batched", ENTRIES_FILE)
     return any((path / name).exists() for name in names) or any(p.name.isdigit() for p in path.iterdir())
 
 
@@ -136,12 +138,19 @@ class StrategyCheckpoints:
     Args:
         global_rank: this process's rank (rank 0 commits, repoints ``last`` and deletes).
         event_log: returns the event log (``None`` before it is open).
+        checkpoint_format: the storage new checkpoints are written with (``"torchsnapshot"`` or ``"dcp"``).
     """
 
     def __init__(
-        self, *, global_rank: int, event_log: Callable[[], EventLog | None], broadcast: Callable[[Any], Any]
+        self,
+        *,
+        global_rank: int,
+        event_log: Callable[[], EventLog | None],
+        broadcast: Callable[[Any], Any],
+        checkpoint_format: str = "torchsnapshot",
     ) -> None:
         self._rank = global_rank
+        self._format = checkpoint_format
         self._event_log = event_log
         self._broadcast = broadcast
         self._writer: AsyncCheckpointer | None = None
@@ -165,7 +174,7 @@ class StrategyCheckpoints:
     def open(self) -> None:
         """Start the background writer. Collective: it creates a process group of its own."""
         if self._writer is None:
-            self._writer = AsyncCheckpointer(on_commit=self._on_commit)
+            self._writer = AsyncCheckpointer(on_commit=self._on_commit, storage=storage_named(self._format))
 
     def close(self) -> None:
         """Wait for the save in flight and stop the writer; re-raise a background failure. Every rank calls it."""
@@ -190,7 +199,7 @@ class StrategyCheckpoints:
         start = time.perf_counter()
         if self._writer is None:
             # No background writer outside fit: nothing would ever wait for it, so save and commit now.
-            one_shot = AsyncCheckpointer(on_commit=self._on_commit)
+            one_shot = AsyncCheckpointer(on_commit=self._on_commit, storage=storage_named(self._format))
             try:
                 one_shot.save(path, state, rank_state=rank_state, metadata=metadata)
             finally:

@@ -32,6 +32,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_ft import _compat
+from lightning_ft.checkpoint.storage import storage_named
 from lightning_ft.elastic import (
     ElasticPolicy,
     LRScale,
@@ -81,6 +82,8 @@ class ElasticFT3D(DDPStrategy):
         process_group_backend: ``"nccl"``, ``"gloo"``, ...; ``None`` = the default for the device.
         timeout: timeout of the training process group.
         find_unused_parameters: passed to ``DistributedDataParallel`` when the model is not parallelized.
+        checkpoint_format: ``"torchsnapshot"`` (default) or ``"dcp"`` (PyTorch's distributed checkpoint layout); the
+            commit marker, checksums, retention and fallback are the same. Loading recognizes either.
 
     Raises:
         TypeError: a size is not an int (or ``"auto"`` where allowed), or a policy is of the wrong type.
@@ -112,6 +115,7 @@ class ElasticFT3D(DDPStrategy):
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
         find_unused_parameters: bool = False,
+        checkpoint_format: str = "torchsnapshot",
     ) -> None:
         check_positive_int("ElasticFT3D", "data_parallel_size", data_parallel_size, allow_auto=True)
         check_positive_int("ElasticFT3D", "tensor_parallel_size", tensor_parallel_size, allow_auto=True)
@@ -126,6 +130,7 @@ class ElasticFT3D(DDPStrategy):
             raise TypeError(f"ElasticFT3D(elastic={elastic!r}): must be an ElasticPolicy or None")
         if fault is not None and not isinstance(fault, FaultPolicy):
             raise TypeError(f"ElasticFT3D(fault={fault!r}): must be a FaultPolicy or None")
+        storage_named(checkpoint_format, owner="ElasticFT3D")
         kwargs = {"find_unused_parameters": True} if find_unused_parameters else {}
         super().__init__(process_group_backend=process_group_backend, timeout=timeout, **kwargs)
         self._data_parallel_size = data_parallel_size
@@ -134,6 +139,7 @@ class ElasticFT3D(DDPStrategy):
         self.elastic = elastic
         self.fault = fault
         self.auto_resume = auto_resume
+        self.checkpoint_format = checkpoint_format
         self.pipeline_schedule = pipeline_schedule
         self.num_microbatches = num_microbatches
         self.parallel_config: ParallelConfig | None = None
@@ -314,7 +320,10 @@ class ElasticFT3D(DDPStrategy):
     def _checkpoint_manager(self) -> StrategyCheckpoints:
         if self._checkpoints is None:
             self._checkpoints = StrategyCheckpoints(
-                global_rank=self.global_rank, event_log=lambda: self.event_log, broadcast=self.broadcast
+                global_rank=self.global_rank,
+                event_log=lambda: self.event_log,
+                broadcast=self.broadcast,
+                checkpoint_format=self.checkpoint_format,
             )
         return self._checkpoints
 
