@@ -88,9 +88,11 @@ class ResumableSampler(Sampler[int]):
         self.drop_last = bool(drop_last)
         self.epoch = 0
         self.consumed = 0
-        # The next iter() resumes at `consumed` (after construction, set_epoch or load_state_dict); any later iter()
-        # without one of those is a new pass over the same epoch (a shorter loader cycled by CombinedLoader).
-        self._resume_at_next_iter = True
+        # Set when an iterator has handed out the whole rest of the epoch: the next iter() is a new pass over the
+        # same epoch (CombinedLoader cycles a shorter loader), not a resume at `consumed`. DataLoader creates the
+        # sampler iterator twice per iterator with workers, so only issuing everything flips it, and consuming a
+        # batch of the new pass (or set_epoch, load_state_dict) clears it.
+        self._new_pass = False
 
     @property
     def num_samples(self) -> int:
@@ -138,11 +140,13 @@ class ResumableSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         # Built eagerly, like DistributedSampler: the iterator is fixed when created, so a later mark_consumed (the
         # loop runs behind a prefetching DataLoader) does not shift the batches already being served.
-        start = None if self._resume_at_next_iter else 0
-        self._resume_at_next_iter = False
-        mine = self._remaining_stream(start)[self.rank :: self.num_replicas]
+        mine = self._remaining_stream(0 if self._new_pass else None)[self.rank :: self.num_replicas]
         # Each index carries its sample's seed (see lightning_ft.elastic.data_rng); it is the same int otherwise.
-        return iter([SeededIndex(index, sample_seed(self.seed, self.epoch, pos)) for index, pos in mine])
+        return self._issue([SeededIndex(index, sample_seed(self.seed, self.epoch, pos)) for index, pos in mine])
+
+    def _issue(self, indices: list[SeededIndex]) -> Iterator[int]:
+        yield from indices
+        self._new_pass = True
 
     def remaining(self) -> int:
         """Samples this replica still yields in the current epoch (``len(list(iter(self)))``)."""
@@ -174,6 +178,7 @@ class ResumableSampler(Sampler[int]):
         if self.consumed >= self.total_size > 0 and n_global_samples:
             # The pass is complete and batches keep coming: a shorter loader cycled within the epoch starts over.
             self.consumed = 0
+            self._new_pass = False
         self.consumed = min(self.consumed + n_global_samples, max(self.total_size, self.consumed))
 
     def set_epoch(self, epoch: int) -> None:
@@ -184,7 +189,7 @@ class ResumableSampler(Sampler[int]):
         if epoch != self.epoch:
             self.consumed = 0
         self.epoch = int(epoch)
-        self._resume_at_next_iter = True
+        self._new_pass = False
 
     def state_dict(self) -> dict[str, Any]:
         """Plain, world-size-independent state: ``epoch``, ``consumed`` (global samples), ``seed``, ``shuffle``,
@@ -220,7 +225,7 @@ class ResumableSampler(Sampler[int]):
             raise ValueError(f"ResumableSampler.load_state_dict: epoch and consumed must be >= 0, got {state!r}")
         self.epoch = int(state["epoch"])
         self.consumed = int(state["consumed"])
-        self._resume_at_next_iter = True
+        self._new_pass = False
         if self.remaining() == 0 and self.dataset_len > 0:
             # Saved on the last batch of an epoch: Lightning resumes with the next epoch, but may build the DataLoader
             # iterator (and, with workers, prefetch from this sampler) before it calls set_epoch. Starting the next

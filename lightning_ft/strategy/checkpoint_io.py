@@ -45,8 +45,9 @@ _LAST_NAME = re.compile(r"^last(-v?\d+)?$")
 
 
 def is_last_path(path: Path) -> bool:
-    """Whether Lightning routes a save to ``path`` as its ``last`` checkpoint (``last.ckpt``, ``last-v1.ckpt``)."""
-    return bool(_LAST_NAME.match(path.name.removesuffix(".ckpt")))
+    """Whether Lightning routes a save to ``path`` as its ``last`` checkpoint (``last.ckpt``, ``last-v1.ckpt``, with
+    any ``ModelCheckpoint.FILE_EXTENSION``)."""
+    return bool(_LAST_NAME.match(path.name.removesuffix(".ckpt")) or _LAST_NAME.match(path.stem))
 
 
 def is_lightning_ft_checkpoint(path: Path) -> bool:
@@ -136,7 +137,8 @@ class StrategyCheckpoints:
     """Saves, removes and loads checkpoints for the strategy; one per strategy, opened at set-up.
 
     Args:
-        global_rank: this process's rank (rank 0 commits, repoints ``last`` and deletes).
+        global_rank: returns this process's rank (rank 0 commits, repoints ``last`` and deletes); read at each use,
+            so the object can exist before the strategy knows its rank.
         event_log: returns the event log (``None`` before it is open).
         checkpoint_format: the storage new checkpoints are written with (``"torchsnapshot"`` or ``"dcp"``).
     """
@@ -144,7 +146,7 @@ class StrategyCheckpoints:
     def __init__(
         self,
         *,
-        global_rank: int,
+        global_rank: Callable[[], int],
         event_log: Callable[[], EventLog | None],
         broadcast: Callable[[Any], Any],
         checkpoint_format: str = "torchsnapshot",
@@ -190,7 +192,7 @@ class StrategyCheckpoints:
         """
         if is_last_path(path):
             step = metadata.get("step")
-            target = self.retention.plan_last(path, step) if self._rank == 0 else None
+            target = self.retention.plan_last(path, step) if self._rank() == 0 else None
             target = self._broadcast(str(target) if target is not None else None)
             if target is None:
                 return
@@ -222,7 +224,7 @@ class StrategyCheckpoints:
     def remove(self, path: Path) -> None:
         """Retention (``save_top_k``): a checkpoint in flight or the newest committed one is removed only after the
         next commit."""
-        if self._rank == 0:
+        if self._rank() == 0:
             self.retention.remove(path)
 
     def _on_commit(self, info: CommitInfo) -> None:
@@ -262,7 +264,7 @@ class StrategyCheckpoints:
                 if not fallbacks:
                     raise
                 log = self._event_log()
-                if self._rank == 0 and log is not None:
+                if self._rank() == 0 and log is not None:
                     step = (discovery.read_metadata(path) or {}).get("step") if discovery.is_committed(path) else None
                     log.write("checkpoint_rejected", step=step, path=str(path), reason=str(err))
                 rank_zero_warn(f"Skipping checkpoint {path}: {err}. Falling back to {fallbacks[0]}.")

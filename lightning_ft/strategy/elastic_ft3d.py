@@ -57,7 +57,7 @@ from lightning_ft.strategy.checkpoint_io import (
     run_metadata,
     split_checkpoint,
 )
-from lightning_ft.strategy.foreign_import import import_foreign_checkpoint, position_sampler, report_import
+from lightning_ft.strategy.foreign_import import import_for_strategy, position_sampler
 from lightning_ft.strategy.parallel_modes import DataParallelMode, DTensorMode, PipelineMode, has_dtensor_parameters
 from lightning_ft.strategy.tracker import TrainingTracker
 
@@ -320,7 +320,7 @@ class ElasticFT3D(DDPStrategy):
     def _checkpoint_manager(self) -> StrategyCheckpoints:
         if self._checkpoints is None:
             self._checkpoints = StrategyCheckpoints(
-                global_rank=self.global_rank,
+                global_rank=lambda: self.global_rank,
                 event_log=lambda: self.event_log,
                 broadcast=self.broadcast,
                 checkpoint_format=self.checkpoint_format,
@@ -361,8 +361,7 @@ class ElasticFT3D(DDPStrategy):
     def remove_checkpoint(self, filepath: _compat.PATH) -> None:
         """Retention (``save_top_k``) goes through here. A checkpoint still being written, or the newest committed
         one, is never deleted: its removal waits until a newer checkpoint is committed."""
-        if self._checkpoints is not None:
-            self._checkpoints.remove(Path(filepath))
+        self._checkpoint_manager().remove(Path(filepath))
 
     def checkpoint_wait(self) -> None:
         """Block until the in-flight checkpoint is committed; re-raise a background failure. Every rank calls it."""
@@ -377,7 +376,8 @@ class ElasticFT3D(DDPStrategy):
         path = resolve_explicit_ckpt_path(Path(self.broadcast(str(checkpoint_path))))
         fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
         if not is_lightning_ft_checkpoint(path):
-            return self._import_foreign(path, fitting=fitting)
+            checkpoint, self._foreign_batches_into_epoch = import_for_strategy(self, path, fitting=fitting)
+            return checkpoint
         loaded = self._checkpoint_manager().load(
             path,
             fallbacks=[p for p in self._auto_resume.take_fallbacks(path) if is_lightning_ft_checkpoint(p)],
@@ -394,23 +394,6 @@ class ElasticFT3D(DDPStrategy):
             self._tracker.restore_rng_at_next_batch(rng)
         self._resume_elastically(loaded.path, loaded.metadata)
         return checkpoint
-
-    def _import_foreign(self, path: Path, *, fitting: bool) -> dict[str, Any]:
-        imported = import_foreign_checkpoint(
-            path,
-            model=self.model,
-            optimizers=self.optimizers if fitting else [],
-            parallelized=self._parallelized,
-            pipelined=isinstance(self._mode, PipelineMode),
-        )
-        self._foreign_batches_into_epoch = report_import(
-            imported,
-            path,
-            fitting=fitting,
-            event_log=self.event_log if self.global_rank == 0 else None,
-            trainer=self.lightning_module.trainer,
-        )
-        return imported.checkpoint
 
     def _resume_elastically(self, path: Path, metadata: dict[str, Any]) -> None:
         trainer = self.lightning_module.trainer
@@ -472,13 +455,13 @@ class ElasticFT3D(DDPStrategy):
         # What a run holds (the writer thread and its locks, the open event log, the tracker's callbacks) is not
         # part of the strategy's configuration: a pickled or deep-copied Trainer (or `torch.save(model)`) gets a
         # strategy that sets them up again when it runs.
-        state = dict(self.__dict__)
+        state = super().__getstate__()  # Lightning's drops its optimizer wrappers
         for name in ("_checkpoints", "_tracker", "event_log", "_auto_resume", "_data_position"):
             state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        super().__setstate__(state)
         self._checkpoints = None
         self._tracker = None
         self.event_log = None

@@ -31,8 +31,16 @@ from lightning_ft.checkpoint.safe_load import load_torch_file
 
 if TYPE_CHECKING:
     from lightning_ft.events import EventLog
+    from lightning_ft.strategy.elastic_ft3d import ElasticFT3D
 
-__all__ = ["ForeignImport", "import_foreign_checkpoint", "not_carried_over", "position_sampler", "report_import"]
+__all__ = [
+    "ForeignImport",
+    "import_for_strategy",
+    "import_foreign_checkpoint",
+    "not_carried_over",
+    "position_sampler",
+    "report_import",
+]
 
 
 @dataclass
@@ -218,6 +226,23 @@ def report_import(
         " over: " + "; ".join(not_carried_over(imported, fitting=fitting)) + "."
     )
     return imported.batches_into_epoch
+
+
+def import_for_strategy(strategy: ElasticFT3D, path: Path, *, fitting: bool) -> tuple[dict[str, Any], int]:
+    """``ElasticFT3D.load_checkpoint`` for a checkpoint of another strategy: the checkpoint dict Lightning restores
+    the rest from, and the batches per process to skip in the current epoch (:func:`position_sampler`)."""
+    from lightning_ft.strategy.parallel_modes import PipelineMode
+
+    imported = import_foreign_checkpoint(
+        path,
+        model=strategy.model,
+        optimizers=strategy.optimizers if fitting else [],
+        parallelized=strategy._parallelized,
+        pipelined=isinstance(strategy._mode, PipelineMode),
+    )
+    log = strategy.event_log if strategy.global_rank == 0 else None
+    trainer = strategy.lightning_module.trainer
+    return imported.checkpoint, report_import(imported, path, fitting=fitting, event_log=log, trainer=trainer)
 
 
 def position_sampler(trainer: Any, batches: int, *, data_parallel_size: int) -> int:

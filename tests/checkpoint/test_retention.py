@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from lightning_ft.checkpoint import Retention, is_committed
 from tests.checkpoint.support import save
 
@@ -50,18 +52,18 @@ def test_removing_a_checkpoint_that_is_still_being_written_waits_for_its_commit(
     assert in_flight.exists()
 
 
-def test_the_last_link_follows_the_newest_commit_and_never_points_at_a_save_in_flight(tmp_path):
+def test_the_last_link_waits_for_the_save_of_its_step_and_never_points_at_a_save_in_flight(tmp_path):
     first, second = save(tmp_path / "step=1", 1), tmp_path / "step=2"
     writing = InFlight()
-    retention = Retention(in_flight=writing)
+    retention = Retention(in_flight=writing, in_flight_step=lambda: 2 if writing.path == second else None)
     link = tmp_path / "last.ckpt"
 
-    retention.request_last_link(link)
+    assert retention.plan_last(link, 1) is None  # a committed checkpoint of that step: linked now
     assert os.readlink(link) == "step=1"
 
-    writing.path = second  # the next save is being written: the link stays on the committed one
+    writing.path = second  # step 2 is being written: the link stays on the committed one until it commits
     second.mkdir()
-    retention.request_last_link(link)
+    assert retention.plan_last(link, 2) is None
     assert os.readlink(link) == "step=1"
 
     save(second, 2)
@@ -71,11 +73,36 @@ def test_the_last_link_follows_the_newest_commit_and_never_points_at_a_save_in_f
     assert is_committed(first)
 
 
+def test_a_last_save_with_no_checkpoint_of_its_step_is_written_beside_the_link_and_replaces_the_previous(tmp_path):
+    save(tmp_path / "step=1", 1)
+    retention = Retention(in_flight=InFlight())
+    link = tmp_path / "last.ckpt"
+    first = retention.plan_last(link, 3)
+    assert first == tmp_path / "last.ckpt.step=3.lft" and not link.exists()  # the caller writes there
+    save(first, 3)
+    retention.on_commit(first)
+    assert os.readlink(link) == first.name
+    second = retention.plan_last(link, 5)
+    save(second, 5)
+    retention.on_commit(second)
+    retention.on_commit(second)  # a later commit runs the removal deferred while `first` was the newest
+    assert os.readlink(link) == second.name and not first.exists()
+
+
+def test_a_last_file_that_is_not_our_link_is_left_alone(tmp_path):
+    foreign = tmp_path / "last.ckpt"
+    foreign.write_bytes(b"a Lightning file of another run")
+    retention = Retention(in_flight=InFlight())
+    with pytest.warns(UserWarning, match="not a lightning-ft link"):
+        assert retention.plan_last(foreign, 4) is None
+    assert foreign.read_bytes() == b"a Lightning file of another run"
+
+
 def test_removing_a_link_deletes_the_link_and_leaves_its_target(tmp_path):
     target = save(tmp_path / "step=1", 1)
     retention = Retention(in_flight=InFlight())
     link = tmp_path / "last.ckpt"
-    retention.request_last_link(link)
+    retention.plan_last(link, 1)
     retention.remove(link)
     assert not link.exists() and not link.is_symlink()
     assert is_committed(target)

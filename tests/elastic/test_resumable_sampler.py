@@ -160,7 +160,7 @@ def test_consumed_stops_at_the_end_of_the_epoch_and_a_cycled_loader_starts_a_new
     sampler = ResumableSampler(10, num_replicas=3, rank=0)  # 12 stream positions with padding
     first_pass = list(sampler)
     for _ in range(2):
-        sampler.mark_consumed(3 * 5)  # the second batch is short: the count stops at the end
+        sampler.mark_consumed(3 * 3)  # the second batch is short: the count stops at the end
     assert sampler.state_dict()["consumed"] == 12
     state = sampler.state_dict()
     # CombinedLoader cycles a shorter loader within the epoch: iter() again is a new pass over the same order.

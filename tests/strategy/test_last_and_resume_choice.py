@@ -115,9 +115,7 @@ def test_a_trainer_can_be_pickled_and_deep_copied_and_a_trained_model_saved_whol
     copy.deepcopy(trainer)
     model = TinyRegressor()
     trainer.fit(model)
-    # After fit the strategy holds a writer, its locks and an open event log: none of it travels. (Lightning's own
-    # optimizer wrappers make a strategy with optimizers unpicklable under any strategy, so they are left out here.)
-    trainer.strategy.optimizers = []
+    # After fit the strategy holds a writer, its locks and an open event log: none of it travels.
     clone = pickle.loads(pickle.dumps(trainer.strategy))
     assert clone.event_log is None and clone._checkpoints is None
     copy.deepcopy(trainer.strategy)
@@ -157,3 +155,16 @@ def test_a_missing_ckpt_path_outside_fit_is_a_file_not_found_error(tmp_path, sta
     trainer = make_trainer(tmp_path, max_steps=1)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         getattr(trainer, stage)(_Eval(), ckpt_path=str(tmp_path / "nope.ckpt"))
+
+
+def test_remove_checkpoint_works_before_the_strategy_is_set_up_and_keeps_the_newest(tmp_path):
+    # ModelCheckpoint can ask for a removal outside a run (Lightning's own tests do); nothing is left undone.
+    for step in (1, 2):
+        writer = AsyncCheckpointer()
+        writer.save(tmp_path / f"step={step}", {"w": torch.ones(2)}, metadata={"step": step})
+        writer.close()
+    strategy = ElasticFT3D()
+    strategy.remove_checkpoint(tmp_path / "step=1")
+    strategy.remove_checkpoint(tmp_path / "step=2")
+    assert not (tmp_path / "step=1").exists()
+    assert is_committed(tmp_path / "step=2"), "the newest committed checkpoint was deleted"
