@@ -19,6 +19,7 @@ import collections
 import io
 import os
 import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +139,9 @@ def load_dcp(path: str | os.PathLike, state: dict[str, Any]) -> None:
     import torch.distributed.checkpoint as dcp
 
     try:
-        dcp.load(state, storage_reader=_SafeReader(str(path)), planner=_SafePlanner(), no_dist=True)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # no_dist is what we ask for
+            dcp.load(state, storage_reader=_SafeReader(str(path)), planner=_SafePlanner(), no_dist=True)
     except (UnsafeCheckpointError, CorruptCheckpointError):
         raise
     except Exception as e:  # noqa: BLE001 - DCP wraps per-rank failures in CheckpointException

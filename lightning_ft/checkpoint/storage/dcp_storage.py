@@ -20,6 +20,7 @@ import io
 import json
 import os
 import struct
+import warnings
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -165,13 +166,16 @@ class DcpStorage:
             where[f"{rank}/{name}"] = (fqn, offset)
         import torch.distributed.checkpoint as dcp
 
-        metadata = dcp.save(
-            {},  # the planner writes the entries; DCP's state dict walk has nothing to add
-            storage_writer=FileSystemWriter(str(path), sync_files=True, overwrite=True),
-            planner=_EntryPlanner(chunks, paths),
-            process_group=group,
-            no_dist=not distributed,
-        )
+        with warnings.catch_warnings():
+            # Without torch.distributed DCP warns that it saves in one process, which is what no_dist asks for.
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            metadata = dcp.save(
+                {},  # the planner writes the entries; DCP's state dict walk has nothing to add
+                storage_writer=FileSystemWriter(str(path), sync_files=True, overwrite=True),
+                planner=_EntryPlanner(chunks, paths),
+                process_group=group,
+                no_dist=not distributed,
+            )
         gathered: list[Any] = [where]
         if distributed:
             gathered = [None] * dist.get_world_size(group)
