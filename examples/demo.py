@@ -1,12 +1,15 @@
-"""lightning-ft demo: a small GPT on synthetic tokens, 2 CPU ranks under torchrun, one rank killed mid-run.
+"""lightning-ft demo: a small GPT on synthetic tokens, 2 CPU ranks under torchrun: a killed rank, a preemption, a hang.
 
 Run it with the README's first command (``bash scripts/demo.sh``), or directly::
 
-    torchrun --standalone --nproc-per-node=2 --max-restarts=2 examples/demo.py --root demo_run
+    torchrun --standalone --nproc-per-node=2 --max-restarts=3 examples/demo.py --root demo_run
 
 What happens: checkpoints are written asynchronously every few steps; at ``--kill-at-step`` rank 1 kills itself with
 SIGKILL on the first attempt; torchrun tears the group down and starts it again; ``trainer.fit`` finds the newest
-committed checkpoint by itself and training continues. TensorBoard logs go to ``<root>/tb``, event logs to
+committed checkpoint by itself and training continues. On the second attempt rank 0 receives SIGTERM (a preemption):
+every rank commits ``preempt-step=<N>`` and exits with code 75, and the next attempt resumes from it. On the third,
+rank 1 hangs in a data read: the hang watchdog names it, dumps the stacks and exits, and torchrun restarts the group.
+TensorBoard logs go to ``<root>/tb``, event logs to
 ``<root>/lightning-ft/events``; rank 0 prints a short summary at the end.
 """
 
@@ -28,7 +31,9 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from examples.gpt import GPT, SyntheticTokens  # noqa: E402
-from lightning_ft import ElasticFT3D  # noqa: E402
+from lightning_ft import ElasticFT3D, FaultPolicy  # noqa: E402
+from lightning_ft.events import get_event_log  # noqa: E402
+from lightning_ft.fault import FaultInjector  # noqa: E402
 
 
 class KillRankOnce(Callback):
@@ -42,13 +47,24 @@ class KillRankOnce(Callback):
         first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
         if first_attempt and trainer.global_rank == self.rank and trainer.global_step == self.step:
             print(f"[demo] rank {self.rank}: killing myself with SIGKILL at step {self.step}", flush=True)
+            get_event_log(trainer).write("fault_injected", kind="kill_at")  # the fault's time, for the report
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def build_callbacks(args: argparse.Namespace, ckpt_dir: Path) -> list[Callback]:
+def fault_injector(args: argparse.Namespace) -> FaultInjector:
+    """The second and third incidents: a preemption signal on attempt 1, a rank stuck in a data read on attempt 2."""
+    return (
+        FaultInjector()
+        .signal_at(rank=0, step=args.preempt_at_step, sig="SIGTERM", attempt=1)
+        .hang_at(rank=1, step=args.hang_at_step, where="data", attempt=2)
+    )
+
+
+def build_callbacks(args: argparse.Namespace, ckpt_dir: Path, injector: FaultInjector) -> list[Callback]:
     callbacks: list[Callback] = [
         ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.ckpt_every, save_top_k=-1, save_last=True),
         KillRankOnce(rank=1, step=args.kill_at_step),
+        injector,
     ]
     from examples.demo_monitors import monitor_callbacks
 
@@ -63,6 +79,9 @@ def main() -> None:
     parser.add_argument("--incident-step", type=int, default=30, help="thermal incident on rank 1 after the restart")
     parser.add_argument("--ckpt-every", type=int, default=5)
     parser.add_argument("--kill-at-step", type=int, default=17)
+    parser.add_argument("--preempt-at-step", type=int, default=20, help="SIGTERM at rank 0 on the second attempt")
+    parser.add_argument("--hang-at-step", type=int, default=27, help="rank 1 hangs in a data read on the third")
+    parser.add_argument("--hang-timeout", type=float, default=12.0, help="FaultPolicy(hang_timeout_s=...)")
     parser.add_argument("--batch-size", type=int, default=8)
     args = parser.parse_args()
 
@@ -72,22 +91,25 @@ def main() -> None:
     root.mkdir(parents=True, exist_ok=True)
     ckpt_dir = root / "checkpoints"
     started = time.time()
+    injector = fault_injector(args)
 
     trainer = L.Trainer(
         accelerator="cpu",
         devices=int(os.environ.get("LOCAL_WORLD_SIZE", "2")),
-        strategy=ElasticFT3D(),
+        strategy=ElasticFT3D(fault=FaultPolicy(hang_timeout_s=args.hang_timeout, first_step_timeout_s=120.0)),
         max_steps=args.max_steps,
         default_root_dir=root,
         logger=TensorBoardLogger(root, name="tb"),
-        callbacks=build_callbacks(args, ckpt_dir),
+        callbacks=build_callbacks(args, ckpt_dir, injector),
         log_every_n_steps=5,
         enable_progress_bar=False,
         enable_model_summary=False,
     )
     model = GPT(vocab_size=128, dim=64, n_heads=4, n_layers=2, seq_len=32)
     data = DataLoader(
-        SyntheticTokens(num_samples=512, seq_len=32, vocab_size=128), batch_size=args.batch_size, shuffle=True
+        injector.wrap_dataset(SyntheticTokens(num_samples=512, seq_len=32, vocab_size=128)),
+        batch_size=args.batch_size,
+        shuffle=True,
     )
     trainer.fit(model, train_dataloaders=data)
 
@@ -100,6 +122,8 @@ def main() -> None:
         stragglers = [e for e in events if e["event"] == "straggler"]
         thermal = [e for e in events if e["event"] == "thermal" and e.get("throttled", True)]
         commits = [e for e in events if e["event"] == "checkpoint_committed"]
+        preempted = [e for e in events if e["event"] == "preempted" and e["rank"] == 0]
+        hangs = [e for e in events if e["event"] == "hang"]
         print("\n[demo] summary")
         print(f"  attempts            : {len(restarts)} (torchrun restarted the group {len(restarts) - 1} time(s))")
         for e in resumed:
@@ -110,6 +134,17 @@ def main() -> None:
             print(
                 f"  checkpoints         : {len(commits)} committed, median stall {stall * 1e3:.1f} ms,"
                 f" median total {total * 1e3:.1f} ms, {commits[-1]['size_bytes'] / 1e6:.2f} MB each"
+            )
+        for e in preempted[:1]:
+            print(
+                f"  preemption          : {e['signal']} at rank(s) {e['signal_ranks']}, every rank committed"
+                f" {Path(e['checkpoint_path']).name} {e['time'] - e['signal_time']:.1f} s after the signal,"
+                f" exit code {e['exit_code']}"
+            )
+        for e in hangs[:1]:
+            print(
+                f"  hang                : rank(s) {e['ranks']} stopped after step {e['heartbeats'][str(e['first_rank'])]['step']},"
+                f" named by rank {e['rank']}'s watchdog after {e['idle_s']:.0f} s; stacks in {e['stacks_path']}"
             )
         for e in thermal[:1]:
             print(

@@ -22,6 +22,7 @@ _EXPORTS = {
     "Plan": "lightning_ft.parallel",
     "StragglerMonitor": "lightning_ft.monitors",
     "ThermalMonitor": "lightning_ft.monitors",
+    "load_from_checkpoint": "lightning_ft.checkpoint",
     "pipeline_step": "lightning_ft.parallel",
     "plan_parallelism": "lightning_ft.parallel",
 }
@@ -35,11 +36,13 @@ __all__ = [
     "Plan",
     "StragglerMonitor",
     "ThermalMonitor",
+    "load_from_checkpoint",
     "pipeline_step",
     "plan_parallelism",
 ]
 
 if TYPE_CHECKING:
+    from lightning_ft.checkpoint import load_from_checkpoint
     from lightning_ft.elastic import ElasticPolicy
     from lightning_ft.fault import FaultPolicy
     from lightning_ft.monitors import GoodputMonitor, StragglerMonitor, ThermalMonitor

@@ -72,6 +72,7 @@ __all__ = [
     "optimizers_to_device",
     "set_logger_version",
     "set_rng_states",
+    "signal_connector",
     "train_combined_loader_mode",
     "unwrap_optimizer",
     "update_dataloader",
@@ -178,6 +179,16 @@ def hook_launcher(strategy: Any, before_launch: Callable[[Any], Any]) -> None:
     launcher = strategy._launcher
     if type(launcher) is _SubprocessScriptLauncher:
         strategy._launcher = _HookedLauncher(launcher, before_launch)
+
+
+def signal_connector(trainer: Any) -> Any:
+    """The trainer's signal connector (``Trainer._signal_connector``: Lightning 2.4-2.6).
+
+    ``Trainer._run`` calls its ``register_signal_handlers()`` right before ``_run_stage()`` (after the restore) and its
+    ``teardown()`` in ``Trainer._teardown``; both methods exist with these names and no arguments in 2.4.0, 2.5.x and
+    2.6.6. Its SIGTERM handler broadcasts from rank 0 inside the handler (2.6) and its loops check rank 0's flag.
+    """
+    return trainer._signal_connector
 
 
 def call_resume_start(original: Callable[..., None], checkpoint_path: Any, weights_only: Any) -> None:

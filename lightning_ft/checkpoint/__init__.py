@@ -2,7 +2,8 @@
 
 See docs/checkpointing.md. The strategy drives :class:`AsyncCheckpointer` and :func:`load_checkpoint`; auto-resume and
 retention use the discovery functions; the ``lightning-ft inspect`` and ``export`` commands use :func:`describe`,
-:func:`format_description` and :func:`export_state_dict`.
+:func:`format_description` and :func:`export_state_dict`; :func:`load_from_checkpoint` puts a checkpoint into a
+``LightningModule`` for inference.
 
 Modules: ``async_checkpointer`` (the save: capture, background write, commit), ``staging`` (the capture),
 ``ownership`` (which rank writes which region), ``agreement`` (raise on every rank if one failed), ``commit`` (the
@@ -10,7 +11,7 @@ on-disk contract), ``snapshot_storage`` (the torchsnapshot seam), ``shard_reader
 ``discovery`` and ``retention`` (finding and deleting checkpoints), ``dtensor_geometry``, ``json_codec``, ``inspect``;
 interoperability: ``export`` and ``torch_file`` (a plain Lightning file out, streamed), ``safe_load`` (Lightning files in,
 without unrestricted unpickling), ``dcp_folder`` (``ModelParallelStrategy`` folders in), ``foreign_discovery``,
-``rank_state``.
+``rank_state``; ``module_loader`` (into a ``LightningModule``); ``storage`` (the DCP format, object storage).
 """
 
 from __future__ import annotations
@@ -30,15 +31,17 @@ from lightning_ft.checkpoint.discovery import (
 )
 from lightning_ft.checkpoint.errors import (
     CheckpointError,
+    CheckpointNotFoundError,
     CheckpointWriteError,
     CorruptCheckpointError,
     FormatVersionError,
     UncommittedCheckpointError,
     UnsafeCheckpointError,
 )
-from lightning_ft.checkpoint.export import export_checkpoint, export_state_dict
+from lightning_ft.checkpoint.export import export_checkpoint, export_state_dict, exported_checkpoint
 from lightning_ft.checkpoint.inspect import describe, format_description
 from lightning_ft.checkpoint.load import LoadedCheckpoint, load_checkpoint
+from lightning_ft.checkpoint.module_loader import load_from_checkpoint
 from lightning_ft.checkpoint.retention import Retention
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 
@@ -47,6 +50,7 @@ __all__ = [
     "COMMIT_MARKER",
     "CheckpointError",
     "CheckpointInfo",
+    "CheckpointNotFoundError",
     "CheckpointWriteError",
     "CommitInfo",
     "CorruptCheckpointError",
@@ -62,11 +66,13 @@ __all__ = [
     "describe",
     "export_checkpoint",
     "export_state_dict",
+    "exported_checkpoint",
     "format_description",
     "is_committed",
     "latest_committed",
     "list_committed",
     "load_checkpoint",
+    "load_from_checkpoint",
     "read_metadata",
     "repoint_last",
     "verify",

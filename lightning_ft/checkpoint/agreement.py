@@ -13,6 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from lightning_ft.checkpoint import errors
 from lightning_ft.checkpoint.errors import CheckpointError
 
 __all__ = ["agree", "is_distributed"]
@@ -30,6 +31,7 @@ def agree(
     group: dist.ProcessGroup | None,
     what: str,
     error_type: type[CheckpointError] = CheckpointError,
+    keep_type: bool = False,
 ) -> list[Any]:
     """Exchange ``(error, payload)`` with every rank of ``group``; raise on every rank if any rank failed.
 
@@ -42,7 +44,9 @@ def agree(
     Raises:
         BaseException: ``error`` itself, on the rank that passed it (its own error wins over other ranks' messages).
         CheckpointError: ``error_type(f"{what} failed on rank {r}: ...")`` on every other rank, naming the lowest
-            failing rank ``r`` of ``group`` and its error's type and message.
+            failing rank ``r`` of ``group`` and its error's type and message. With ``keep_type``, a failing rank's
+            own ``CheckpointError`` subclass (``CorruptCheckpointError``, say) is raised instead of ``error_type``,
+            so that every rank raises the same type.
 
     Example::
 
@@ -53,11 +57,18 @@ def agree(
             raise error
         return [payload]
     gathered: list[Any] = [None] * dist.get_world_size(group)
-    message = None if error is None else f"{type(error).__name__}: {error}"
-    dist.all_gather_object(gathered, (message, payload), group=group)
+    kind = None if error is None else type(error).__name__
+    message = None if error is None else f"{kind}: {error}"
+    dist.all_gather_object(gathered, (message, payload, kind), group=group)
     if error is not None:
         raise error
-    for rank, (message, _) in enumerate(gathered):
+    for rank, (message, _, kind) in enumerate(gathered):
         if message is not None:
-            raise error_type(f"{what} failed on rank {rank}: {message}")
-    return [p for _, p in gathered]
+            raise _error_type(kind, error_type, keep_type)(f"{what} failed on rank {rank}: {message}")
+    return [p for _, p, _ in gathered]
+
+
+def _error_type(kind: str | None, default: type[CheckpointError], keep_type: bool) -> type[CheckpointError]:
+    """The failing rank's ``CheckpointError`` subclass named ``kind`` when ``keep_type``, else ``default``."""
+    own = getattr(errors, kind, None) if keep_type and kind else None
+    return own if isinstance(own, type) and issubclass(own, default) else default

@@ -2,7 +2,9 @@
 
 Every refusal to load or to commit a checkpoint is a :class:`CheckpointError`, so callers such as auto-resume can catch one
 type, log a ``checkpoint_rejected`` event and fall back to an older checkpoint. The subclasses say why; their messages name
-the checkpoint path and, where one exists, the newest committed alternative in the same folder.
+the checkpoint path and, where one exists, the newest committed alternative in the same folder. The same types reach the
+user through ``trainer.fit(ckpt_path=...)`` (and ``validate``/``test``/``predict``) and through
+:func:`~lightning_ft.checkpoint.load_from_checkpoint`; docs/checkpointing.md lists which situation raises which.
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ class CheckpointError(RuntimeError):
 
 class UncommittedCheckpointError(CheckpointError):
     """The directory has no commit marker (its save never finished), or is not a lightning-ft checkpoint at all."""
+
+
+class CheckpointNotFoundError(UncommittedCheckpointError, FileNotFoundError):
+    """Nothing exists at the checkpoint path. Also a ``FileNotFoundError``, so either ``except`` clause catches it."""
 
 
 class FormatVersionError(CheckpointError):

@@ -30,11 +30,12 @@ import torch
 from lightning_ft.checkpoint import json_codec
 from lightning_ft.checkpoint.commit import read_document
 from lightning_ft.checkpoint.errors import CheckpointError, CorruptCheckpointError, UncommittedCheckpointError
+from lightning_ft.checkpoint.load import load_checkpoint
 from lightning_ft.checkpoint.shard_reader import ShardReader
 from lightning_ft.checkpoint.storage.registry import storage_for_path
 from lightning_ft.checkpoint.torch_file import TensorSlot, can_stream, save_streaming
 
-__all__ = ["export_checkpoint", "export_state_dict"]
+__all__ = ["export_checkpoint", "export_state_dict", "exported_checkpoint"]
 
 _MODEL_KEYS = ("state_dict", "model")
 _OWN_CALLBACKS = ("lightning_ft.",)
@@ -206,6 +207,42 @@ def _materialize(obj: Any, produce: Any) -> Any:
         items = [_materialize(v, produce) for v in obj]
         return tuple(items) if isinstance(obj, tuple) else items
     return obj
+
+
+def exported_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Committed checkpoint ``path`` as one plain Lightning checkpoint dict, in memory.
+
+    It holds ``state_dict`` (full model tensors, assembled from their shards, on CPU), ``hyper_parameters``,
+    ``pytorch-lightning_version``, ``epoch`` and ``global_step`` (and ``hparams_name`` when saved): what
+    ``LightningModule.load_from_checkpoint`` reads. Not collective: one process reads every shard it needs.
+
+    Raises:
+        CheckpointError: as :func:`load_checkpoint`, or the checkpoint holds no model state (no ``state_dict`` key).
+    """
+    import lightning
+
+    loaded = load_checkpoint(path, collective=False)
+    state = loaded.state if isinstance(loaded.state, dict) else {}
+    model = next((state[k] for k in _MODEL_KEYS if isinstance(state.get(k), dict)), None)
+    metadata = loaded.metadata
+    if model is None:
+        mesh = metadata.get("mesh") or {}
+        why = (
+            "a pipeline-parallel checkpoint keeps each stage's weights with the ranks of that stage"
+            if (mesh.get("pipeline_parallel") or 1) > 1
+            else f"looked for keys {list(_MODEL_KEYS)}"
+        )
+        raise CheckpointError(f"checkpoint {path}: no model state found ({why})")
+    exported = {
+        "state_dict": {str(k): v for k, v in model.items() if isinstance(v, torch.Tensor)},
+        "hyper_parameters": _plain(state.get("hyper_parameters", metadata.get("hyper_parameters", {}))),
+        "pytorch-lightning_version": str(state.get("pytorch-lightning_version", lightning.__version__)),
+        "epoch": _plain(state.get("epoch", metadata.get("epoch", 0))),
+        "global_step": _plain(state.get("global_step", metadata.get("step", 0))),
+    }
+    if "hparams_name" in state:
+        exported["hparams_name"] = _plain(state["hparams_name"])
+    return exported
 
 
 def export_state_dict(path: str | os.PathLike, out: str | os.PathLike) -> Path:

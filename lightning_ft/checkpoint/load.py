@@ -28,7 +28,12 @@ from lightning_ft.checkpoint.agreement import agree, is_distributed
 from lightning_ft.checkpoint.commit import read_document
 from lightning_ft.checkpoint.discovery import newest_alternative
 from lightning_ft.checkpoint.dtensor_geometry import local_region
-from lightning_ft.checkpoint.errors import CheckpointError, CorruptCheckpointError, UncommittedCheckpointError
+from lightning_ft.checkpoint.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    UncommittedCheckpointError,
+)
 from lightning_ft.checkpoint.shard_reader import ShardReader
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 from lightning_ft.checkpoint.storage.registry import storage_for_path
@@ -101,15 +106,18 @@ def load_checkpoint(
     group: dist.ProcessGroup | None = None,
     verify_checksums: bool = True,
     storage: SnapshotStorage | None = None,
+    collective: bool = True,
 ) -> LoadedCheckpoint:
     """Load committed checkpoint ``path``, filling the tensors of the template ``state`` in place.
 
     Collective over ``group`` (default: the default group) when torch.distributed is initialized: every rank calls,
     and if any rank fails, every rank raises. Do not call it while an :class:`AsyncCheckpointer` save on the same group is
-    in flight.
+    in flight. ``collective=False`` loads in this process alone (any one rank may call it).
 
     Raises:
-        UncommittedCheckpointError: ``path`` does not exist or has no commit marker.
+        CheckpointNotFoundError: nothing exists at ``path`` (an ``UncommittedCheckpointError`` and a
+            ``FileNotFoundError``).
+        UncommittedCheckpointError: ``path`` is not a directory or has no commit marker.
         FormatVersionError: unknown format version.
         UnsafeCheckpointError: the checkpoint holds pickled payloads.
         CorruptCheckpointError: a shard is missing or fails its checksum (the tensor key and file are named).
@@ -120,8 +128,10 @@ def load_checkpoint(
     error: BaseException | None = None
     loaded = None
     try:
+        if not path.exists():
+            raise CheckpointNotFoundError(f"checkpoint {path} does not exist")
         if not path.is_dir():
-            raise UncommittedCheckpointError(f"checkpoint {path} does not exist")
+            raise UncommittedCheckpointError(f"checkpoint {path} is a file, not a lightning-ft checkpoint directory")
         document = read_document(path)
         reader = ShardReader(path, document, storage or storage_for_path(path), verify_checksums=verify_checksums)
         templates = _template_tensors(state) if state is not None else {}
@@ -140,6 +150,10 @@ def load_checkpoint(
         error.__cause__ = e.__cause__
     except Exception as e:  # noqa: BLE001 - still agree with the other ranks before raising
         error = e
-    agree(error, group=group, what="loading", error_type=CheckpointError)
+    if not collective:
+        if error is not None:
+            raise error
+    else:
+        agree(error, group=group, what="loading", error_type=CheckpointError, keep_type=True)
     assert loaded is not None
     return loaded

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_ft.checkpoint.errors import UnsafeCheckpointError
+from lightning_ft.checkpoint.errors import CorruptCheckpointError, UnsafeCheckpointError
 
 __all__ = ["default_safe_globals", "load_torch_file", "safe_globals_for"]
 
@@ -130,8 +130,9 @@ def load_torch_file(path: str | os.PathLike, *, mmap: bool = False) -> Any:
     With ``mmap=True`` tensors stay in the file until touched (cheap for reading ``global_step``).
 
     Raises:
-        UnsafeCheckpointError: the file needs a global that is not allowed (each one is named), or is not a
-            ``torch.save`` file at all.
+        UnsafeCheckpointError: the file needs a global that is not allowed (each one is named), or is a pickle that is
+            not a ``torch.save`` zip file.
+        CorruptCheckpointError: a ``torch.save`` file that cannot be read (truncated, damaged).
     """
     path = Path(path)
     try:
@@ -141,6 +142,8 @@ def load_torch_file(path: str | os.PathLike, *, mmap: bool = False) -> Any:
             f"{path} is not a torch.save zip file: lightning-ft loads checkpoint files only with"
             f" torch.load(weights_only=True), never through unrestricted unpickling ({e})"
         ) from e
+    except Exception as e:  # noqa: BLE001 - a zip file torch's reader cannot open: damaged or truncated
+        raise CorruptCheckpointError(f"{path} is not a readable torch.save file ({type(e).__name__}: {e})") from e
     if blocked:
         raise _refusal(path, blocked)
     try:
@@ -149,5 +152,5 @@ def load_torch_file(path: str | os.PathLike, *, mmap: bool = False) -> Any:
     except Exception as e:  # noqa: BLE001 - a global pushed dynamically is only found while loading
         found = _BLOCKED_GLOBAL.search(str(e))
         if found is None:
-            raise
+            raise CorruptCheckpointError(f"{path} is not a readable torch.save file ({type(e).__name__}: {e})") from e
         raise _refusal(path, [found.group(1)]) from e

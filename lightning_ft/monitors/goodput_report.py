@@ -1,6 +1,6 @@
 """Goodput of a run from its event log: where the wall time of every attempt went, as numbers and as a timeline.
 
-Pure functions over the events of :func:`~lightning_ft.events.read_events` (DESIGN.md, "Event log").
+Pure functions over the events of :func:`~lightning_ft.events.read_events` (docs/strategy.md, "Event log").
 :class:`~lightning_ft.monitors.goodput_monitor.GoodputMonitor` uses them live; ``lightning-ft report LOGDIR`` prints
 :func:`format_report` of :func:`summarize` and can draw :func:`plot_timeline`.
 

@@ -24,8 +24,12 @@ READING_FIELDS = (
     "power_violation_ns",
     "ecc_corrected",
     "ecc_uncorrected",
+    "retired_pages_pending",
+    "remapped_rows_pending",
+    "remapped_rows_failure",
 )
-"""Keys of a reading. Violation times are NVML's cumulative counters (nanoseconds); ECC counts are volatile totals."""
+"""Keys of a reading. Violation times are NVML's cumulative counters (nanoseconds); ECC counts are volatile totals;
+the last three are 1.0 when a retired page or a row remap awaits a reset, or a remap failed (else 0.0)."""
 
 # Bit values of NVML's clock-event reasons (``nvmlClocksEventReason*``, formerly ``nvmlClocksThrottleReason*``).
 # Spelled out so that decoding does not depend on the installed bindings' names.
@@ -138,6 +142,10 @@ class NVML:
             "ecc_uncorrected": lambda: nv.nvmlDeviceGetTotalEccErrors(
                 h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC
             ),
+            # Pre-Ampere boards retire pages, Ampere and later remap rows; each answers NotSupported for the other.
+            "retired_pages_pending": lambda: nv.nvmlDeviceGetRetiredPagesPendingStatus(h),
+            "remapped_rows_pending": lambda: nv.nvmlDeviceGetRemappedRows(h)[2],
+            "remapped_rows_failure": lambda: nv.nvmlDeviceGetRemappedRows(h)[3],
         }
         reading: dict[str, float | None] = {}
         for name, query in queries.items():
@@ -186,6 +194,9 @@ class FakeNVML:
         "power_violation_ns": 0.0,
         "ecc_corrected": 0.0,
         "ecc_uncorrected": 0.0,
+        "retired_pages_pending": 0.0,
+        "remapped_rows_pending": 0.0,
+        "remapped_rows_failure": 0.0,
     }
 
     def __init__(self, *, device_count: int = 8, available: bool = True, unsupported: Iterable[str] = ()) -> None:
@@ -229,8 +240,9 @@ class FakeNVML:
         """Back to a healthy, unthrottled reading (cumulative counters keep their values)."""
         with self._lock:
             state = self._state[index]
+            memory = ("ecc_corrected", "ecc_uncorrected", "retired_pages_pending", "remapped_rows_pending")
             keep = {
-                k: state[k] for k in ("thermal_violation_ns", "power_violation_ns", "ecc_corrected", "ecc_uncorrected")
+                k: state[k] for k in ("thermal_violation_ns", "power_violation_ns", *memory, "remapped_rows_failure")
             }
             self._state[index] = {**self.HEALTHY, **keep}
 

@@ -20,17 +20,17 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_ft.events import get_event_log, open_event_log
 from lightning_ft.fault.fault_policy import EXIT_CODE_TEMPFAIL
+from lightning_ft.fault.stop import checkpoint_and_stop
 from lightning_ft.monitors._collectives import PendingRows, start_gather_rows
 from lightning_ft.monitors._timing import StepClock, percentile
 from lightning_ft.monitors.straggler_detector import DetectorConfig, StragglerDetector, median
@@ -279,19 +279,4 @@ class StragglerMonitor(Callback):
         if callable(self.action):
             self.action(trainer, rank, ratio)
             return
-        path = os.path.join(_checkpoint_dir(trainer), f"preempt-step={trainer.global_step}")
-        if trainer.is_global_zero:
-            log.warning("StragglerMonitor: saving %s and exiting with code %d", path, STRAGGLER_EXIT_CODE)
-        trainer.save_checkpoint(path)
-        wait = getattr(trainer.strategy, "checkpoint_wait", None)
-        if callable(wait):
-            wait()
-        trainer.strategy.barrier("lightning_ft_straggler_stop")
-        raise SystemExit(STRAGGLER_EXIT_CODE)
-
-
-def _checkpoint_dir(trainer: pl.Trainer) -> str:
-    callback = trainer.checkpoint_callback
-    if isinstance(callback, ModelCheckpoint) and callback.dirpath:
-        return str(callback.dirpath)
-    return os.path.join(trainer.default_root_dir, "checkpoints")
+        checkpoint_and_stop(trainer, exit_code=STRAGGLER_EXIT_CODE, reason="stopped")

@@ -17,7 +17,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_ft import _compat
-from lightning_ft.checkpoint import CheckpointError, discovery
+from lightning_ft.checkpoint import CheckpointError, CheckpointNotFoundError, UncommittedCheckpointError, discovery
 from lightning_ft.checkpoint.foreign_discovery import list_foreign
 from lightning_ft.strategy.checkpoint_io import is_lightning_ft_checkpoint
 
@@ -26,20 +26,28 @@ if TYPE_CHECKING:
 
 
 def resolve_explicit_ckpt_path(path: Path) -> Path:
-    """Check a ``ckpt_path`` the user gave (after Lightning resolved ``"last"``/``"best"``) before anything loads."""
+    """Check a ``ckpt_path`` the user gave (after Lightning resolved ``"last"``/``"best"``) before anything loads.
+
+    Raises:
+        CheckpointNotFoundError: nothing exists at ``path`` (also a ``FileNotFoundError``).
+        UncommittedCheckpointError: ``path`` is a lightning-ft checkpoint without its commit marker, or a ``last`` link
+            to one while no committed checkpoint exists beside it.
+    """
     if path.is_symlink():
         target = path.resolve()
         if target.exists() and discovery.is_committed(target):
             return target
         latest = discovery.latest_committed(path.parent)
         if latest is None:
-            raise CheckpointError(f"ckpt_path={str(path)!r} points at {str(target)!r}, which is not committed")
+            raise UncommittedCheckpointError(
+                f"ckpt_path={str(path)!r} points at {str(target)!r}, which is not committed"
+            )
         rank_zero_warn(f"{path} points at an uncommitted checkpoint; resuming from {latest.path} instead")
         return latest.path
     if not path.exists():
-        raise FileNotFoundError(f"ckpt_path={str(path)!r} does not exist{discovery.newest_alternative(path)}")
+        raise CheckpointNotFoundError(f"ckpt_path={str(path)!r} does not exist{discovery.newest_alternative(path)}")
     if is_lightning_ft_checkpoint(path) and not discovery.is_committed(path):
-        raise CheckpointError(
+        raise UncommittedCheckpointError(
             f"ckpt_path={str(path)!r} is a lightning-ft checkpoint without its commit marker (its save never"
             f" finished){discovery.newest_alternative(path)}"
         )

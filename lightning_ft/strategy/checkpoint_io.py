@@ -173,10 +173,11 @@ class StrategyCheckpoints:
         """The background writer, while open (between set-up and teardown of ``fit``)."""
         return self._writer
 
-    def open(self) -> None:
-        """Start the background writer. Collective: it creates a process group of its own."""
+    def open(self, *, storage: Any = None) -> None:
+        """Start the background writer. Collective: it creates a process group of its own. ``storage``: the storage
+        seam to write through (``None``: ``SnapshotStorage``; a fault injector passes a wrapper)."""
         if self._writer is None:
-            self._writer = AsyncCheckpointer(on_commit=self._on_commit, storage=storage_named(self._format))
+            self._writer = AsyncCheckpointer(on_commit=self._on_commit, storage=storage or storage_named(self._format))
 
     def close(self) -> None:
         """Wait for the save in flight and stop the writer; re-raise a background failure. Every rank calls it."""

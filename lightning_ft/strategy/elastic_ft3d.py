@@ -42,7 +42,7 @@ from lightning_ft.elastic import (
     plan_resume_from_metadata,
 )
 from lightning_ft.events import EventLog, open_event_log
-from lightning_ft.fault import FaultPolicy
+from lightning_ft.fault import FaultHandler, FaultPolicy, checkpoint_storage, end_attempt
 from lightning_ft.parallel.layout import build_device_mesh
 from lightning_ft.parallel.parallel_config import ParallelConfig
 from lightning_ft.parallel.schedules import PIPELINE_SCHEDULES
@@ -59,6 +59,10 @@ from lightning_ft.strategy.checkpoint_io import (
 )
 from lightning_ft.strategy.foreign_import import import_for_strategy, position_sampler
 from lightning_ft.strategy.parallel_modes import DataParallelMode, DTensorMode, PipelineMode, has_dtensor_parameters
+from lightning_ft.strategy.registry import register_strategy_names
+from lightning_ft.strategy.resume_message import loaded_message, resume_message
+from lightning_ft.strategy.teardown import TeardownSteps, attached_trainer, remove_callback
+from lightning_ft.strategy.torchrun_world import follow_torchrun
 from lightning_ft.strategy.tracker import TrainingTracker
 
 if TYPE_CHECKING:
@@ -99,7 +103,7 @@ class ElasticFT3D(DDPStrategy):
         trainer.fit(model)  # resumes by itself after a crash or a restart at another world size
     """
 
-    strategy_name = "elastic_ft_3d"
+    strategy_name = "elastic_ft3d"
 
     def __init__(
         self,
@@ -154,6 +158,14 @@ class ElasticFT3D(DDPStrategy):
         self._data_position = TrainingDataPosition()
         self._lr_scale = LRScale()
         self._foreign_batches_into_epoch = 0
+        self._fault = FaultHandler(fault) if fault is not None else None
+        self._exception: BaseException | None = None
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        # Not DDPStrategy's: that one would register "ddp" and its variants for this class.
+        register_strategy_names(cls, strategy_registry)
 
     # ------------------------------------------------------------------ mesh and process groups
 
@@ -196,6 +208,14 @@ class ElasticFT3D(DDPStrategy):
         return self._mode.lightning_restores_optimizer
 
     @override
+    def set_world_ranks(self) -> None:
+        # Lightning calls this once the Trainer has set devices and num_nodes; under torchrun they follow torchrun.
+        changed = follow_torchrun(self)
+        if changed:
+            rank_zero_info(changed)
+        super().set_world_ranks()
+
+    @override
     def setup_distributed(self) -> None:
         self.set_world_ranks()
         # Validate the layout before any process group starts, so a wrong size never costs a rendezvous.
@@ -229,7 +249,10 @@ class ElasticFT3D(DDPStrategy):
         if self.event_log is None:  # one attempt per process, whatever fit/validate/test calls follow
             self.event_log = open_event_log(trainer, mesh=self.mesh_shape())
             self.event_log.claim("progress")
-        self._checkpoint_manager().open()
+        self._exception = None
+        if self._fault is not None:
+            self._fault.install(trainer, self.event_log)  # fit only: signal handlers, watchdog hooks
+        self._checkpoint_manager().open(storage=checkpoint_storage(trainer))
         if self._tracker is None:
             self._tracker = TrainingTracker(
                 event_log=lambda: self.event_log,
@@ -254,9 +277,10 @@ class ElasticFT3D(DDPStrategy):
     @override
     def setup(self, trainer: pl.Trainer) -> None:
         assert self.model is not None and self.parallel_config is not None
-        for cb in trainer.checkpoint_callbacks:
-            if getattr(cb, "dirpath", None):
-                check_checkpoint_dirpath(cb.dirpath)
+        if self._fault is None or not self._fault.runs_health_checks:
+            for cb in trainer.checkpoint_callbacks:
+                if getattr(cb, "dirpath", None):
+                    check_checkpoint_dirpath(cb.dirpath)
         check_accumulation_scheduler(trainer, self.elastic)
         self._parallelized = has_dtensor_parameters(self.model)
         cfg = self.parallel_config
@@ -273,6 +297,8 @@ class ElasticFT3D(DDPStrategy):
         else:
             self._mode = DataParallelMode(self)
         self._mode.setup(trainer)
+        if self._fault is not None:  # collective: watchdog, health checks (all ranks start or none), agreement group
+            self._fault.preflight(trainer, check_dir=check_checkpoint_dirpath)
         self.barrier("ElasticFT3D.setup")
 
     @override
@@ -372,6 +398,7 @@ class ElasticFT3D(DDPStrategy):
 
     @override
     def load_checkpoint(self, checkpoint_path: _compat.PATH, weights_only: bool | None = None) -> dict[str, Any]:
+        started = time.perf_counter()
         # validate/test/predict reach here without the auto-resume check; a missing path is a FileNotFoundError.
         path = resolve_explicit_ckpt_path(Path(self.broadcast(str(checkpoint_path))))
         fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
@@ -387,15 +414,17 @@ class ElasticFT3D(DDPStrategy):
         checkpoint = per_rank_state.restore_own(dict(loaded.state), loaded.rank_state, same_world=same_world)
         checkpoint["callbacks"] = loaded.rank_state.get("callbacks", {})
         self._mode.apply_loaded(loaded.path, checkpoint, loaded.rank_state, loaded.metadata)
-        if not fitting:
-            return checkpoint  # validate/test/predict: weights only, no training state to rescale or random stream
+        trainer = self.lightning_module.trainer
+        if trainer.state.fn != TrainerFn.FITTING:  # validate/test/predict load weights; nothing is resumed
+            rank_zero_info(loaded_message(loaded.path, loaded.metadata, stage=trainer.state.fn.value))
+            return checkpoint
         rng = loaded.rank_state.get("rng")
         if rng and same_world and self._tracker is not None:
             self._tracker.restore_rng_at_next_batch(rng)
-        self._resume_elastically(loaded.path, loaded.metadata)
+        self._resume_elastically(loaded.path, loaded.metadata, load_s=time.perf_counter() - started)
         return checkpoint
 
-    def _resume_elastically(self, path: Path, metadata: dict[str, Any]) -> None:
+    def _resume_elastically(self, path: Path, metadata: dict[str, Any], *, load_s: float) -> None:
         trainer = self.lightning_module.trainer
         decision = plan_resume_from_metadata(
             self.elastic, metadata, new_dp_size=self.data_parallel_size, new_world_size=self.world_size
@@ -413,8 +442,9 @@ class ElasticFT3D(DDPStrategy):
                 world_size=self.world_size,
                 accumulate_grad_batches=decision.accumulate_grad_batches,
                 lr_scale=decision.lr_scale,
+                load_s=load_s,
             )
-        rank_zero_info(f"lightning-ft: resumed from {path} (step {metadata.get('step')})")
+        rank_zero_info(resume_message(path, metadata, decision=decision, world_size=self.world_size))
 
     @override
     def on_train_start(self) -> None:
@@ -469,14 +499,23 @@ class ElasticFT3D(DDPStrategy):
         self._data_position = TrainingDataPosition()
 
     @override
+    def on_exception(self, exception: BaseException) -> None:
+        super().on_exception(exception)
+        self._exception = exception  # teardown follows; it must not hide this error, and records how it ended
+
+    @override
     def teardown(self) -> None:
-        try:
-            if self._checkpoints is not None:
-                self._checkpoints.close()
-        finally:
-            self._auto_resume.uninstall()
-            self._mode.teardown()
-            trainer = self.lightning_module.trainer if self.lightning_module is not None else None
-            if trainer is not None and self._tracker is not None and self._tracker in trainer.callbacks:
-                trainer.callbacks.remove(self._tracker)
-            super().teardown()
+        """Safe at every stage of a failed set-up: every step runs; while a run fails, their errors are logged and the
+        run's own error propagates; otherwise the first error (a failed background save, say) is raised."""
+        steps = TeardownSteps(failure=self._exception)
+        if self._checkpoints is not None:
+            steps.run(self._checkpoints.close, "waiting for the checkpoint in flight")
+        steps.run(self._auto_resume.uninstall, "undoing the auto-resume patch")
+        steps.run(self._mode.teardown, f"tearing down the {self._mode.name} mode")
+        trainer = attached_trainer(self.lightning_module)
+        ended_by = self._exception or (steps.errors[0][1] if steps.errors else None)
+        steps.run(lambda: end_attempt(self._fault, trainer, self.event_log, ended_by), "recording the attempt's end")
+        steps.run(lambda: remove_callback(trainer, self._tracker), "removing the tracker")
+        steps.run(super().teardown, "running DDPStrategy.teardown")
+        self._exception = None  # the next run of this strategy starts clean
+        steps.finish()

@@ -25,7 +25,7 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_ft import _compat
-from lightning_ft.checkpoint import CheckpointError
+from lightning_ft.checkpoint import CheckpointError, UncommittedCheckpointError
 from lightning_ft.checkpoint.dcp_folder import is_dcp_folder, load_dcp, read_lightning_dcp_meta
 from lightning_ft.checkpoint.safe_load import load_torch_file
 
@@ -145,7 +145,7 @@ def import_foreign_checkpoint(
     optimizers = [_compat.unwrap_optimizer(opt) for opt in optimizers]
     if path.is_dir():
         if not is_dcp_folder(path):
-            raise CheckpointError(
+            raise UncommittedCheckpointError(
                 f"ckpt_path={str(path)!r} is a folder but neither a lightning-ft checkpoint nor a distributed checkpoint"
                 " (no .metadata file)"
             )

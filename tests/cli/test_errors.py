@@ -22,7 +22,7 @@ def _assert_one_line(err: str, expected: str) -> None:
 
 
 def _write_events(folder) -> None:
-    """A one-attempt run in the event-log format of DESIGN.md, written where read_events looks for it."""
+    """A one-attempt run in the event-log format of docs/strategy.md, written where read_events looks for it."""
     folder.mkdir(parents=True)
     lines = [
         {

@@ -1,4 +1,5 @@
-"""The README's demo under real torchrun: a rank is SIGKILLed, torchrun restarts the group, training resumes."""
+"""The README's demo under real torchrun: a rank is SIGKILLed, a rank is preempted, a rank hangs; torchrun restarts
+the group after each and training resumes."""
 
 from __future__ import annotations
 
@@ -15,20 +16,28 @@ from tests.helpers import REPO_ROOT, subprocess_env
 pytestmark = pytest.mark.slow
 
 
-def test_demo_survives_a_killed_rank_through_a_torchrun_restart(tmp_path):
+def test_demo_survives_a_killed_rank_a_preemption_and_a_hang_through_torchrun_restarts(tmp_path):
     root = tmp_path / "demo"
     demo = Path(REPO_ROOT) / "examples" / "demo.py"
-    proc = torchrun("--root", str(root), script=demo, max_restarts=2, timeout=300)
+    proc = torchrun("--root", str(root), script=demo, max_restarts=3, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "killing myself with SIGKILL" in proc.stdout
     assert "[demo] summary" in proc.stdout
 
     events = read_events(root)
     starts = [e for e in events if e["event"] == "attempt_start"]
-    assert sorted({e["attempt"] for e in starts}) == [0, 1]
-    assert {e["torchrun_restart"] for e in starts} == {0, 1}
+    assert sorted({e["attempt"] for e in starts}) == [0, 1, 2, 3]
+    assert {e["torchrun_restart"] for e in starts} == {0, 1, 2, 3}
     resumed = [e for e in events if e["event"] == "resumed"]
-    assert len(resumed) == 1 and 0 < resumed[0]["step"] < 17
+    assert len(resumed) == 3 and 0 < resumed[0]["step"] < 17
+    # Attempt 1: SIGTERM at rank 0; every rank commits preempt-step=<N> and attempt 2 resumes from it.
+    preempted = [e for e in events if e["event"] == "preempted"]
+    assert sorted(e["rank"] for e in preempted) == [0, 1] and {e["attempt"] for e in preempted} == {1}
+    assert resumed[1]["path"] == preempted[0]["checkpoint_path"] and preempted[0]["exit_code"] == 75
+    # Attempt 2: rank 1 hangs in a data read; the watchdog names it and torchrun restarts the group.
+    hangs = [e for e in events if e["event"] == "hang"]
+    assert hangs and all(e["ranks"] == [1] and e["attempt"] == 2 for e in hangs)
+    assert resumed[2]["step"] <= 27 and resumed[2]["attempt"] == 3
     assert max(e["step"] for e in events if e["event"] == "checkpoint_committed") == 90
     # The injected thermal incident on rank 1 is seen by ThermalMonitor and, through its slower steps, by
     # StragglerMonitor, and no other rank is named.

@@ -1,4 +1,4 @@
-"""ElasticPolicy: defaults from DESIGN.md, validation that names the option, construction from YAML by class path."""
+"""ElasticPolicy: defaults from docs/elastic.md, validation that names the option, construction from YAML by class path."""
 
 from __future__ import annotations
 

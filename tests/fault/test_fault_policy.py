@@ -1,4 +1,4 @@
-"""FaultPolicy: defaults from DESIGN.md, signal names accepted, validation that names the option, YAML by class path."""
+"""FaultPolicy: the defaults its fields document, signal names accepted, validation that names the option, YAML by class path."""
 
 from __future__ import annotations
 

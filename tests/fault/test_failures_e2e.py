@@ -1,0 +1,119 @@
+"""Crashes under real torchrun: a hung rank, a full disk, a corrupted shard, SIGKILL at random points (mid-write
+included), an unwritable checkpoint folder. After each, nothing committed is lost and the run resumes from the newest
+valid checkpoint."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from lightning_ft.checkpoint import is_committed, verify
+from lightning_ft.fault import HANG_EXIT_CODE
+from tests.fault._launch import events, output, torchrun
+
+pytestmark = pytest.mark.slow
+
+
+def _committed_paths(root: Path) -> list[str]:
+    return sorted({e["path"] for e in events(root, "checkpoint_committed")})
+
+
+def _largest_shard(checkpoint: Path) -> Path:
+    files = [p for p in checkpoint.rglob("*") if p.is_file() and not p.name.startswith(".") and p.suffix != ".json"]
+    return max(files, key=lambda p: p.stat().st_size)
+
+
+def test_a_hung_rank_a_full_disk_and_a_corrupted_shard_each_end_in_a_resume_from_the_newest_valid_checkpoint(tmp_path):
+    root = tmp_path / "run"
+    faults = "hang_at:rank=1,step=3,where=data,attempt=0;storage_error_at:rank=0,step=4,errno=ENOSPC,attempt=1"
+    proc = torchrun(
+        "--root", str(root), "--max-steps", "8", "--faults", faults,
+        "--hang-timeout", "10", "--first-step-timeout", "120",
+        max_restarts=2,
+    )  # fmt: skip
+    assert proc.returncode == 0, output(proc)
+
+    # Attempt 0: rank 1 sleeps in a data read after step 3; rank 0 waits for it in the all-reduce of step 4.
+    hangs = events(root, "hang", 0)
+    assert hangs and all(e["ranks"] == [1] and e["first_rank"] == 1 for e in hangs), hangs
+    assert all(e["idle_s"] >= 10.0 and e["heartbeats"]["1"]["point"] == "batch_end" for e in hangs)
+    own = [e for e in hangs if e["rank"] == 1]
+    if own:  # rank 1's own stacks show where it stopped
+        assert "_on_data_read" in Path(own[0]["stacks_path"]).read_text()
+    assert {e["reason"] for e in events(root, "attempt_end", 0)} <= {"hung", "crashed"}
+    assert any(e["reason"] == "hung" and e["exit_code"] == HANG_EXIT_CODE for e in events(root, "attempt_end", 0))
+    (resumed1,) = events(root, "resumed", 1)
+    assert resumed1["step"] == 2  # the newest checkpoint committed before the hang
+
+    # Attempt 1: the save of step 4 finds the disk full on rank 0; the run stops at the next save.
+    ends = events(root, "attempt_end", 1)
+    assert {e["reason"] for e in ends} == {"crashed"} and any("No space left" in e["error"] for e in ends), ends
+    (resumed2,) = events(root, "resumed", 2)
+    assert resumed2["step"] == 2  # step 4 never committed; nothing committed was lost
+    assert json.loads((root / "done.json").read_text())["step"] == 8
+    committed = _committed_paths(root)
+    assert all(is_committed(p) and verify(p) == [] for p in committed)
+
+    # A truncated shard in the newest checkpoint: the next launch falls back to the one before.
+    newest = root / "ckpt" / "epoch=0-step=8.ckpt"
+    shard = _largest_shard(newest)
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    again = torchrun("--root", str(root), "--max-steps", "10")
+    assert again.returncode == 0, output(again)
+    (rejected,) = events(root, "checkpoint_rejected", 3)
+    assert rejected["path"] == str(newest)
+    (resumed3,) = events(root, "resumed", 3)
+    assert resumed3["step"] == 6
+    assert json.loads((root / "done.json").read_text())["step"] == 10
+
+
+def _kill_plan(seed: int, trials: int) -> tuple[str, int, list[int]]:
+    rng = random.Random(seed)
+    faults, kill_steps, step = [], [], 0
+    for attempt in range(trials):
+        step += rng.randint(2, 3)
+        rank = rng.randint(0, 1)
+        if rng.random() < 0.5:
+            step += step % 2  # checkpoints are written at even steps
+            delay = rng.choice([0.0, 0.01, 0.05])
+            faults.append(f"kill_at:rank={rank},step={step},during=write,delay_s={delay},attempt={attempt}")
+        else:
+            faults.append(f"kill_at:rank={rank},step={step},attempt={attempt}")
+        kill_steps.append(step)
+    return ";".join(faults), step + 2, kill_steps
+
+
+@pytest.mark.parametrize("seed", [20240])
+def test_sigkill_of_one_rank_at_random_points_never_loses_a_committed_checkpoint(tmp_path, seed):
+    trials = 5
+    faults, max_steps, kill_steps = _kill_plan(seed, trials)
+    root = tmp_path / "run"
+    proc = torchrun("--root", str(root), "--max-steps", str(max_steps), "--faults", faults, max_restarts=trials)
+    assert proc.returncode == 0, f"plan {faults}\n" + output(proc)
+    assert proc.stdout.count("[fault] SIGKILL") == trials
+    for attempt in range(trials):
+        start = min(e["time"] for e in events(root, "attempt_start", attempt + 1))
+        before = [e["step"] for e in events(root, "checkpoint_committed") if e["time"] < start]
+        (resumed,) = events(root, "resumed", attempt + 1)
+        # The newest checkpoint whose commit was recorded, or a newer one whose marker made it just before the kill.
+        assert max(before) <= resumed["step"] <= kill_steps[attempt], (faults, attempt, before, resumed)
+        assert is_committed(resumed["path"])
+    committed = _committed_paths(root)
+    assert all(is_committed(p) and verify(p) == [] for p in committed)
+    leftovers = [p for p in (root / "ckpt").iterdir() if not is_committed(p)]
+    assert leftovers == []  # half-written saves of the killed attempts were cleaned up
+    assert json.loads((root / "done.json").read_text())["step"] == max_steps
+
+
+def test_an_unwritable_checkpoint_folder_stops_every_rank_before_training_with_one_report(tmp_path):
+    root = tmp_path / "run"
+    proc = torchrun("--root", str(root), "--ckpt-dir", "/sys/lightning_ft_ckpt")
+    assert proc.returncode != 0
+    assert "pre-flight health check failed on 2 of 2 rank(s) [0, 1]" in proc.stderr, output(proc)
+    assert "rank 0 checkpoint_dir" in proc.stderr and "rank 1 checkpoint_dir" in proc.stderr
+    assert events(root, "first_step") == []
+    (failed,) = events(root, "health_check_failed")
+    assert sorted(c["rank"] for c in failed["checks"]) == [0, 1]

@@ -1,0 +1,191 @@
+"""What ``trainer.fit(ckpt_path=...)`` raises for each bad checkpoint is exactly what docs/checkpointing.md names.
+
+The table in the docs is read by this test, so the two cannot drift apart: every row has a case here that builds the
+situation for real and drives it through ``fit``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import yaml
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_ft import checkpoint as lft_checkpoint
+from lightning_ft.checkpoint import COMMIT_MARKER, METADATA_FILE
+from tests.helpers import REPO_ROOT
+from tests.strategy.models import TinyRegressor, make_trainer
+
+DOC = Path(REPO_ROOT) / "docs" / "checkpointing.md"
+
+
+def documented_errors() -> dict[str, str]:
+    """situation -> error class name, from the table under "Checksums and refusals"."""
+    section = DOC.read_text().split("## Checksums and refusals", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (.+?) \| `(\w+)`.*\|$", section, flags=re.M)
+    return {situation: error for situation, error in rows if situation != "situation"}
+
+
+class ShardedRegressor(TinyRegressor):
+    def configure_model(self) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(self.net, mesh=self.device_mesh["data_parallel"])
+
+
+class Unpickled:
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A committed checkpoint at step 2 (and ``last`` pointing at it), written by a real Trainer."""
+    root = tmp_path_factory.mktemp("trained")
+    env_before = dict(os.environ)
+    ckpt = ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=2, save_last=True)
+    make_trainer(root, callbacks=[ckpt], max_steps=2).fit(TinyRegressor())
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    for key in set(os.environ) - set(env_before):
+        del os.environ[key]
+    return root / "ckpt"
+
+
+def _data_files(path: Path) -> list[Path]:
+    return sorted(p for p in (path / "batched").rglob("*") if p.is_file())
+
+
+def _rewrite_metadata(path: Path, change) -> None:
+    document = json.loads((path / METADATA_FILE).read_text())
+    change(document)
+    data = json.dumps(document).encode()
+    (path / METADATA_FILE).write_bytes(data)
+    marker = json.loads((path / COMMIT_MARKER).read_text())
+    marker["metadata_crc32"] = zlib.crc32(data)
+    (path / COMMIT_MARKER).write_text(json.dumps(marker))
+
+
+def _missing(ckpt: Path) -> Path:
+    return ckpt / "epoch=0-step=9.ckpt"
+
+
+def _uncommitted(ckpt: Path) -> Path:
+    path = ckpt / "epoch=0-step=2.ckpt"
+    (path / COMMIT_MARKER).unlink()
+    return path
+
+
+def _last_to_uncommitted(ckpt: Path) -> Path:
+    _uncommitted(ckpt)
+    return ckpt / "last.ckpt"
+
+
+def _foreign_folder(ckpt: Path) -> Path:
+    path = ckpt / "someone-elses.ckpt"
+    path.mkdir()
+    (path / "README").write_text("not a checkpoint")
+    return path
+
+
+def _unknown_format(ckpt: Path) -> Path:
+    path = ckpt / "epoch=0-step=2.ckpt"
+    _rewrite_metadata(path, lambda document: document.update(format_version=99))
+    return path
+
+
+def _bad_checksum(ckpt: Path) -> Path:
+    path = ckpt / "epoch=0-step=2.ckpt"
+    shard = _data_files(path)[-1]
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    return path
+
+
+def _bad_metadata(ckpt: Path) -> Path:
+    path = ckpt / "epoch=0-step=2.ckpt"
+    (path / METADATA_FILE).write_bytes(b"{ not json")
+    return path
+
+
+def _pickled_entry(ckpt: Path) -> Path:
+    path = ckpt / "epoch=0-step=2.ckpt"
+    (path / "0").mkdir(exist_ok=True)
+    (path / "0" / "evil").write_bytes(pickle.dumps(Unpickled(str(ckpt / "pwned"))))
+    manifest = yaml.safe_load((path / ".snapshot_metadata").read_text())
+    manifest["manifest"]["0/shards/evil"] = {
+        "type": "object",
+        "location": "0/evil",
+        "serializer": "torch_save",
+        "obj_type": "builtins.object",
+        "replicated": False,
+    }
+    (path / ".snapshot_metadata").write_text(json.dumps(manifest))
+    return path
+
+
+def _unsafe_file(ckpt: Path) -> Path:
+    path = ckpt / "evil.ckpt"
+    path.write_bytes(pickle.dumps({"state_dict": Unpickled(str(ckpt / "pwned"))}))
+    return path
+
+
+def _unreadable_file(ckpt: Path) -> Path:
+    path = ckpt / "damaged.ckpt"
+    torch.save({"state_dict": TinyRegressor().state_dict()}, path)
+    path.write_bytes(path.read_bytes()[:100])
+    return path
+
+
+def _file_for_dtensor_model(ckpt: Path) -> Path:
+    path = ckpt / "plain.ckpt"
+    torch.save({"state_dict": TinyRegressor(dim=4).state_dict()}, path)  # the model takes 8 inputs
+    return path
+
+
+CASES = {
+    "nothing exists at the path": _missing,
+    "a lightning-ft checkpoint without its commit marker (its save never finished)": _uncommitted,
+    "a `last` link to an uncommitted checkpoint, and no committed checkpoint beside it": _last_to_uncommitted,
+    "a folder that lightning-ft did not write": _foreign_folder,
+    "a format version this release does not know": _unknown_format,
+    "a shard file missing, truncated, or failing its checksum (names the tensor key and the file)": _bad_checksum,
+    "the metadata file unreadable or not matching the marker": _bad_metadata,
+    "a pickled payload (a torchsnapshot object entry, a `torch.save`d entry)": _pickled_entry,
+    "a Lightning `.ckpt` file that needs more than `torch.load(weights_only=True)`": _unsafe_file,
+    "a Lightning `.ckpt` file that is not a readable `torch.save` file": _unreadable_file,
+    "a Lightning `.ckpt` file whose tensors do not fit a parallelized (DTensor) model": _file_for_dtensor_model,
+}
+
+
+def test_every_documented_situation_has_a_case():
+    assert set(documented_errors()) == set(CASES)
+
+
+@pytest.mark.parametrize("situation", list(CASES))
+def test_fit_with_a_bad_ckpt_path_raises_the_documented_error(trained, tmp_path, situation):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(trained, ckpt, symlinks=True)
+    bad = CASES[situation](ckpt)
+    model = ShardedRegressor() if "DTensor" in situation else TinyRegressor()
+    trainer = make_trainer(tmp_path, callbacks=[ModelCheckpoint(dirpath=ckpt, every_n_train_steps=2)], max_steps=4)
+    expected = getattr(lft_checkpoint, documented_errors()[situation])
+    with pytest.raises(expected) as raised:
+        trainer.fit(model, ckpt_path=str(bad))
+    assert type(raised.value) is expected, f"{type(raised.value).__name__}: {raised.value}"
+    assert bad.name in str(raised.value)
+    assert trainer.global_step == 0
+    assert not (ckpt / "pwned").exists()
