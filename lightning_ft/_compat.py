@@ -23,6 +23,7 @@ from lightning.fabric.utilities.init import _materialize_distributed_module  # L
 from lightning.fabric.utilities.optimizer import _optimizers_to_device  # Lightning 2.4-2.6
 from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states  # Lightning 2.4-2.6
 from lightning.fabric.utilities.types import _PATH  # Lightning 2.4-2.6
+from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher  # Lightning 2.4-2.6
 from lightning.pytorch.utilities.data import _update_dataloader  # Lightning 2.4-2.6
 
 # -- DTensor ---------------------------------------------------------------------------------------------------------
@@ -40,6 +41,11 @@ except ImportError:
         StridedShard = None  # type: ignore[assignment,misc]
 
 try:  # torch >= 2.5
+    from torch.distributed.tensor import distribute_tensor
+except ImportError:  # torch 2.4
+    from torch.distributed._tensor import distribute_tensor  # type: ignore[no-redef]
+
+try:  # torch >= 2.5
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 except ImportError:  # torch 2.4
     from torch.distributed._tensor._utils import compute_local_shape_and_global_offset  # type: ignore[no-redef]
@@ -53,11 +59,15 @@ __all__ = [
     "StridedShard",
     "torchsnapshot_take_hooks",
     "call_resume_start",
+    "ckpt_path_parser_patch",
     "checkpoint_connector",
     "collect_rng_states",
     "compute_local_shape_and_global_offset",
+    "dcp_metadata_globals",
     "destroy_dist_connection",
+    "hook_launcher",
     "init_optim_state",
+    "local_shard_of_full",
     "materialize_distributed_module",
     "optimizers_to_device",
     "set_logger_version",
@@ -74,6 +84,18 @@ materialize_distributed_module = _materialize_distributed_module
 optimizers_to_device = _optimizers_to_device
 set_rng_states = _set_rng_states
 update_dataloader = _update_dataloader
+
+
+def local_shard_of_full(full: torch.Tensor, like: Any) -> torch.Tensor:
+    """This rank's local shard of the full tensor ``full`` laid out as the DTensor ``like``, without communication.
+
+    ``distribute_tensor(..., src_data_rank=None)`` (torch >= 2.6) cuts every placement, ``_StridedShard`` included;
+    older torch slices the box ``compute_local_shape_and_global_offset`` gives (exact for ``Shard``/``Replicate``).
+    """
+    if _accepts(distribute_tensor, "src_data_rank"):
+        return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None).to_local()
+    shape, offset = compute_local_shape_and_global_offset(list(full.shape), like.device_mesh, list(like.placements))
+    return full[tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))]
 
 
 def collect_rng_states() -> dict[str, Any]:
@@ -120,6 +142,43 @@ def train_combined_loader_mode(trainer: Any) -> str | None:
 def checkpoint_connector(trainer: Any) -> Any:
     """The trainer's checkpoint connector (``Trainer._checkpoint_connector``: Lightning 2.4-2.6)."""
     return trainer._checkpoint_connector
+
+
+def ckpt_path_parser_patch(trainer: Any, wrapper: Callable[..., Any], *, name: str) -> Patch:
+    """A :class:`Patch` (not installed) of the trainer's ``_checkpoint_connector._parse_ckpt_path``, which turns
+    ``"best"`` and ``"last"`` into a path before any strategy code runs (Lightning 2.4-2.6). The replacement calls
+    ``wrapper(original, state_fn, ckpt_path, model_provided, model_connected)``."""
+    connector = trainer._checkpoint_connector
+    original = connector._parse_ckpt_path
+
+    def parse(state_fn: Any, ckpt_path: Any, model_provided: bool, model_connected: bool) -> Any:
+        return wrapper(original, state_fn, ckpt_path, model_provided, model_connected)
+
+    return Patch(connector, "_parse_ckpt_path", parse, name=name)
+
+
+class _HookedLauncher(_SubprocessScriptLauncher):
+    """Lightning's script launcher that enters ``before_launch(trainer)`` (a context manager) around every launch."""
+
+    def __init__(self, inner: _SubprocessScriptLauncher, before_launch: Callable[[Any], Any]) -> None:
+        self.__dict__.update(inner.__dict__)
+        self.before_launch = before_launch
+
+    def launch(self, function: Callable, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
+        with self.before_launch(trainer):
+            return super().launch(function, *args, trainer=trainer, **kwargs)
+
+
+def hook_launcher(strategy: Any, before_launch: Callable[[Any], Any]) -> None:
+    """Make ``strategy``'s launcher enter ``before_launch(trainer)`` around ``fit``/``validate``/``test``/``predict``.
+
+    The launcher is the first object of a strategy that sees the trainer in those calls, before Lightning resolves
+    ``ckpt_path``. Call it from ``_configure_launcher`` after Lightning's own (``strategy._launcher``: Lightning
+    2.4-2.6); a launcher other than the script launcher DDP uses is left as it is.
+    """
+    launcher = strategy._launcher
+    if type(launcher) is _SubprocessScriptLauncher:
+        strategy._launcher = _HookedLauncher(launcher, before_launch)
 
 
 def signal_connector(trainer: Any) -> Any:
@@ -245,3 +304,50 @@ def torchsnapshot_take_hooks(plugin: Any) -> Iterator[None]:
         finally:
             for patch in reversed(patches):
                 patch.undo()
+
+
+# -- torch.distributed.checkpoint ------------------------------------------------------------------------------------
+
+
+def dcp_metadata_globals() -> dict[tuple[str, str], Any]:
+    """The globals a DCP ``.metadata`` file names, by ``(module, name)``: the only ones its restricted reader resolves.
+
+    DCP pickles its ``Metadata`` dataclass tree; besides the public dataclasses it names ``_StorageInfo``
+    (``torch.distributed.checkpoint.filesystem``), ``_MEM_FORMAT_ENCODING`` (``...checkpoint.metadata``) and
+    ``torch.serialization._get_layout``. Checked against torch 2.4-2.13.
+    """
+    import pathlib
+
+    import torch.distributed.checkpoint.filesystem as dcp_fs
+    import torch.distributed.checkpoint.metadata as dcp_meta
+    import torch.serialization
+
+    found: dict[tuple[str, str], Any] = {}
+    for module, names in (
+        (
+            dcp_meta,
+            (
+                "Metadata",
+                "TensorStorageMetadata",
+                "BytesStorageMetadata",
+                "ChunkStorageMetadata",
+                "TensorProperties",
+                "MetadataIndex",
+                "StorageMeta",
+                "_MEM_FORMAT_ENCODING",
+            ),
+        ),
+        (dcp_fs, ("_StorageInfo",)),
+        (torch.serialization, ("_get_layout",)),
+    ):
+        for name in names:
+            if hasattr(module, name):
+                found[(module.__name__, name)] = getattr(module, name)
+    found[("torch", "Size")] = torch.Size
+    for name in dir(torch):
+        value = getattr(torch, name, None)
+        if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+            found[("torch", name)] = value
+    for cls in (pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath, pathlib.PureWindowsPath):
+        found[("pathlib", cls.__name__)] = cls
+    return found

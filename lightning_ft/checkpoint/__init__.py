@@ -10,8 +10,10 @@ Modules: ``async_checkpointer`` (the save: capture, background write, commit), `
 on-disk contract), ``coverage`` (the index check at commit and in ``verify``), ``in_progress`` (what lightning-ft may
 delete: the in-progress record, saves in flight), ``swap`` (replacing a committed checkpoint, and recovery after a
 crash), ``snapshot_storage`` (the torchsnapshot seam), ``shard_reader`` and ``load`` (reading back), ``discovery`` and
-``retention`` (finding and deleting checkpoints), ``dtensor_geometry``, ``json_codec``, ``inspect``,
-``module_loader`` (into a ``LightningModule``).
+``retention`` (finding and deleting checkpoints), ``dtensor_geometry``, ``json_codec``, ``inspect``; interoperability:
+``export`` and ``torch_file`` (a plain Lightning file out, streamed), ``safe_load`` (Lightning files in, without
+unrestricted unpickling), ``dcp_folder`` (``ModelParallelStrategy`` folders in), ``foreign_discovery``, ``rank_state``;
+``module_loader`` (into a ``LightningModule``); ``storage`` (the DCP format, object storage).
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ from lightning_ft.checkpoint.errors import (
     UncommittedCheckpointError,
     UnsafeCheckpointError,
 )
+from lightning_ft.checkpoint.export import export_checkpoint, export_state_dict, exported_checkpoint
 from lightning_ft.checkpoint.in_progress import IN_PROGRESS_RECORD
-from lightning_ft.checkpoint.inspect import describe, export_state_dict, exported_checkpoint, format_description
+from lightning_ft.checkpoint.inspect import describe, format_description
 from lightning_ft.checkpoint.load import LoadedCheckpoint, load_checkpoint
 from lightning_ft.checkpoint.module_loader import load_from_checkpoint
 from lightning_ft.checkpoint.retention import Retention
@@ -66,6 +69,7 @@ __all__ = [
     "UnsafeCheckpointError",
     "cleanup_uncommitted",
     "describe",
+    "export_checkpoint",
     "export_state_dict",
     "exported_checkpoint",
     "format_description",

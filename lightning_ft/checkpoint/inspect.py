@@ -1,33 +1,23 @@
-"""What a checkpoint holds, and a one-file export of it, for the ``lightning-ft inspect`` and ``export`` commands.
+"""What a checkpoint holds, for the ``lightning-ft inspect`` command.
 
 :func:`describe` reports step, world size, mesh, bytes, whether the checkpoint is committed, whether its shards cover
-every tensor of its index, and whether every shard matches its checksum (it reads all the data). :func:`export_state_dict` assembles the full model tensors from their shards
-into one plain ``torch.save`` file that ``LightningModule.load_from_checkpoint`` and ``torch.load(weights_only=True)``
-both accept, so a checkpoint leaves lightning-ft without it.
+every tensor of its index, and whether every shard matches its checksum (it reads all the data). The export lives in
+:mod:`~lightning_ft.checkpoint.export`.
 """
 
 from __future__ import annotations
 
-import argparse
-import enum
 import os
-import pathlib
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-import torch
 
 from lightning_ft.checkpoint import json_codec
 from lightning_ft.checkpoint.commit import read_document
 from lightning_ft.checkpoint.coverage import coverage_problems
 from lightning_ft.checkpoint.discovery import is_committed, verify
 from lightning_ft.checkpoint.errors import CheckpointError
-from lightning_ft.checkpoint.load import load_checkpoint
 
-__all__ = ["describe", "export_state_dict", "exported_checkpoint", "format_description"]
-
-_MODEL_KEYS = ("state_dict", "model")
+__all__ = ["describe", "format_description"]
 
 
 def _mesh(metadata: dict[str, Any], tensors: dict[str, Any]) -> dict[str, int] | None:
@@ -101,77 +91,3 @@ def format_description(desc: dict[str, Any]) -> str:
     lines.append(f"checksums       {'ok' if desc['checksums_ok'] else 'FAILED'}")
     lines += [f"  problem: {p}" for p in desc["problems"]]
     return "\n".join(lines)
-
-
-def _plain(obj: Any) -> Any:
-    """Values that ``torch.load(weights_only=True)`` accepts: containers, primitives, tensors."""
-    if isinstance(obj, (str, int, float, bool, type(None), torch.Tensor)):
-        return obj
-    if isinstance(obj, argparse.Namespace):
-        return _plain(vars(obj))
-    if isinstance(obj, dict):
-        return {_plain(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        items = [_plain(v) for v in obj]
-        return tuple(items) if isinstance(obj, tuple) else items
-    if isinstance(obj, enum.Enum):
-        return _plain(obj.value)
-    if isinstance(obj, pathlib.PurePath):
-        return str(obj)
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, np.generic):
-        return obj.item()
-    return str(obj)
-
-
-def exported_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Committed checkpoint ``path`` as one plain Lightning checkpoint dict, in memory.
-
-    It holds ``state_dict`` (full model tensors, assembled from their shards, on CPU), ``hyper_parameters``,
-    ``pytorch-lightning_version``, ``epoch`` and ``global_step`` (and ``hparams_name`` when saved): what
-    ``LightningModule.load_from_checkpoint`` reads. Not collective: one process reads every shard it needs.
-
-    Raises:
-        CheckpointError: as :func:`load_checkpoint`, or the checkpoint holds no model state (no ``state_dict`` key).
-    """
-    import lightning
-
-    loaded = load_checkpoint(path, collective=False)
-    state = loaded.state if isinstance(loaded.state, dict) else {}
-    model = next((state[k] for k in _MODEL_KEYS if isinstance(state.get(k), dict)), None)
-    metadata = loaded.metadata
-    if model is None:
-        mesh = metadata.get("mesh") or {}
-        why = (
-            "a pipeline-parallel checkpoint keeps each stage's weights with the ranks of that stage"
-            if (mesh.get("pipeline_parallel") or 1) > 1
-            else f"looked for keys {list(_MODEL_KEYS)}"
-        )
-        raise CheckpointError(f"checkpoint {path}: no model state found ({why})")
-    exported = {
-        "state_dict": {str(k): v for k, v in model.items() if isinstance(v, torch.Tensor)},
-        "hyper_parameters": _plain(state.get("hyper_parameters", metadata.get("hyper_parameters", {}))),
-        "pytorch-lightning_version": str(state.get("pytorch-lightning_version", lightning.__version__)),
-        "epoch": _plain(state.get("epoch", metadata.get("epoch", 0))),
-        "global_step": _plain(state.get("global_step", metadata.get("step", 0))),
-    }
-    if "hparams_name" in state:
-        exported["hparams_name"] = _plain(state["hparams_name"])
-    return exported
-
-
-def export_state_dict(path: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Write committed checkpoint ``path`` as one plain ``torch.save`` file at ``out``; returns ``out``.
-
-    The file holds what :func:`exported_checkpoint` returns. Not collective: run it in one process (any rank may).
-
-    Raises:
-        CheckpointError: as :func:`exported_checkpoint`.
-    """
-    exported = exported_checkpoint(path)
-    out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    torch.save(exported, tmp)
-    os.replace(tmp, out)
-    return out

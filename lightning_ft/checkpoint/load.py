@@ -37,6 +37,7 @@ from lightning_ft.checkpoint.errors import (
 )
 from lightning_ft.checkpoint.shard_reader import ShardReader
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
+from lightning_ft.checkpoint.storage.registry import storage_for_path
 
 __all__ = ["LoadedCheckpoint", "load_checkpoint"]
 
@@ -137,7 +138,7 @@ def load_checkpoint(
         problems = coverage_problems(document)
         if problems:
             raise CorruptCheckpointError(f"checkpoint {path} cannot be loaded: {'; '.join(problems)}")
-        reader = ShardReader(path, document, storage or SnapshotStorage(), verify_checksums=verify_checksums)
+        reader = ShardReader(path, document, storage or storage_for_path(path), verify_checksums=verify_checksums)
         templates = _template_tensors(state) if state is not None else {}
         state_out = json_codec.decode(
             document["state"], lambda key, p: _fill(reader, key, p, templates.get(p) if p in templates else None)

@@ -18,7 +18,7 @@ import torch
 
 from lightning_ft.checkpoint.discovery import is_committed
 from lightning_ft.checkpoint.errors import UncommittedCheckpointError
-from lightning_ft.checkpoint.inspect import exported_checkpoint
+from lightning_ft.checkpoint.export import exported_checkpoint
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl

@@ -1,7 +1,7 @@
 """``lightning-ft inspect PATH`` and ``lightning-ft export PATH OUT``: what a checkpoint holds, and one plain file of it.
 
 Both wrap :mod:`lightning_ft.checkpoint`: :func:`~lightning_ft.checkpoint.describe` and
-:func:`~lightning_ft.checkpoint.format_description` for ``inspect``, :func:`~lightning_ft.checkpoint.export_state_dict`
+:func:`~lightning_ft.checkpoint.format_description` for ``inspect``, :func:`~lightning_ft.checkpoint.export_checkpoint`
 for ``export``. A path that does not exist is a usage error (exit code 2), checked before anything is read.
 """
 
@@ -31,12 +31,20 @@ def register(subparsers: Any) -> None:
 
     export = subparsers.add_parser(
         "export",
-        help="write one plain state dict for load_from_checkpoint or plain PyTorch",
+        help="write one plain Lightning .ckpt file (full tensors) for load_from_checkpoint, plain PyTorch or another"
+        " strategy",
         epilog="exit codes: 0 written; 1 the checkpoint cannot be read (not committed, corrupt); "
         "2 no such checkpoint, or OUT's folder does not exist",
     )
     export.add_argument("path", help="a committed checkpoint directory")
     export.add_argument("out", help="the file to write (its folder must exist)")
+    export.add_argument(
+        "--full",
+        action="store_true",
+        help="also write optimizer, LR scheduler, loop and callback state, so that Trainer.fit(ckpt_path=OUT) resumes"
+        " under another strategy (DDPStrategy)",
+    )
+    export.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
     export.set_defaults(func=run_export)
 
 
@@ -55,7 +63,8 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    """Write checkpoint ``args.path`` as one plain ``torch.save`` file at ``args.out``. Returns 0.
+    """Write checkpoint ``args.path`` as one plain Lightning ``.ckpt`` file at ``args.out`` (with ``--full``: the whole
+    training state), one tensor at a time with a progress bar on stderr. Returns 0.
 
     Raises:
         CLIError: nothing exists at ``args.path`` or ``args.out``'s folder does not exist (exit code 2), or the
@@ -63,10 +72,10 @@ def run_export(args: argparse.Namespace) -> int:
     """
     require_path(args.path, "checkpoint")
     require_path(Path(args.out).absolute().parent, "folder for OUT")
-    from lightning_ft.checkpoint import CheckpointError, export_state_dict
+    from lightning_ft.checkpoint import CheckpointError, export_checkpoint
 
     try:
-        out = export_state_dict(args.path, args.out)
+        out = export_checkpoint(args.path, args.out, full=args.full, progress=not args.no_progress)
     except CheckpointError as error:
         # The library's message names the checkpoint and what is wrong with it; no traceback adds to that.
         raise CLIError(f"cannot export: {error}", exit_code=EXIT_NO) from None

@@ -18,6 +18,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_ft import _compat
 from lightning_ft.checkpoint import CheckpointError, CheckpointNotFoundError, UncommittedCheckpointError, discovery
+from lightning_ft.checkpoint.foreign_discovery import list_foreign
 from lightning_ft.strategy.checkpoint_io import is_lightning_ft_checkpoint
 
 if TYPE_CHECKING:
@@ -63,29 +64,33 @@ def checkpoint_dirpaths(trainer: pl.Trainer) -> list[Path]:
 
 
 def resume_candidates(dirpaths: list[Path]) -> list[Path]:
-    """Committed checkpoints under ``dirpaths`` that hold the full training state, newest first.
+    """Checkpoints under ``dirpaths`` that hold the full training state, newest first.
 
-    Newest is the highest step, then the latest commit; a checkpoint without a step sorts last. A checkpoint saved
-    with ``save_weights_only=True`` (no optimizer or loop state: Lightning cannot resume training from it) is not a
-    candidate. Whether a checkpoint holds the full state is read from its commit marker; only for a marker that does
-    not say (lightning-ft 0.1.0) is its metadata file read, and one whose metadata cannot be read stays a candidate
-    (the load then rejects it with its reason, and falls back from there).
+    Newest is the highest step, then a lightning-ft checkpoint before another strategy's file of the same step, then
+    the latest commit (or file time); a checkpoint without a step sorts last. Candidates are the committed lightning-ft
+    checkpoints and the checkpoints of other Lightning strategies (``.ckpt`` files, ``ModelParallelStrategy`` folders),
+    which are imported. A checkpoint saved with ``save_weights_only=True`` (no optimizer or loop state: Lightning
+    cannot resume training from it) is not a candidate. Whether a lightning-ft checkpoint holds the full state is read
+    from its commit marker; only for a marker that does not say (lightning-ft 0.1.0) is its metadata file read, and one
+    whose metadata cannot be read stays a candidate (the load then rejects it with its reason, and falls back from
+    there).
     """
-    found: list[discovery.CheckpointInfo] = []
+    found: list[tuple[tuple[bool, int, int, float], Path]] = []
     for dirpath in dirpaths:
-        found.extend(discovery.list_committed(dirpath))
-    found.sort(key=lambda c: (c.step is not None, c.step or 0, c.mtime), reverse=True)
-    candidates = []
-    for info in found:
-        full = info.full_state
-        if full is None:
-            try:
-                full = discovery.read_metadata(info.path).get("full_state", True)  # 0.1.0 saved no flag: full saves
-            except CheckpointError:
-                full = True
-        if full:
-            candidates.append(info.path)
-    return candidates
+        for info in discovery.list_committed(dirpath):
+            full = info.full_state
+            if full is None:
+                try:
+                    full = discovery.read_metadata(info.path).get("full_state", True)  # 0.1.0 saved no flag: full only
+                except CheckpointError:
+                    full = True  # let the load reject it with its reason, and fall back from there
+            if full:
+                found.append(((info.step is not None, info.step or 0, 1, info.mtime), info.path))
+        for foreign in list_foreign(dirpath):
+            if foreign.full_state:
+                found.append(((foreign.step is not None, foreign.step or 0, 0, foreign.mtime), foreign.path))
+    found.sort(key=lambda item: item[0], reverse=True)
+    return [path for _, path in found]
 
 
 class AutoResume:

@@ -4,13 +4,12 @@
 dict into the state every rank shares, the state of each rank (callbacks, RNG, a pipeline stage) and the run's
 metadata; hands it to the :class:`~lightning_ft.checkpoint.AsyncCheckpointer`; routes ``last*.ckpt`` saves and
 ``save_top_k`` removals to :class:`~lightning_ft.checkpoint.Retention`; and loads a checkpoint on every rank,
-falling back to older committed ones when the newest is refused. A foreign file (a Lightning ``.ckpt``) is imported,
-never through unrestricted unpickling.
+falling back to older committed ones when the newest is refused. Checkpoints of other strategies are imported by
+:mod:`~lightning_ft.strategy.foreign_import`.
 """
 
 from __future__ import annotations
 
-import pickle
 import re
 import tempfile
 import threading
@@ -31,13 +30,12 @@ from lightning_ft.checkpoint import (
     AsyncCheckpointer,
     CheckpointError,
     CommitInfo,
-    CorruptCheckpointError,
     Retention,
-    UncommittedCheckpointError,
-    UnsafeCheckpointError,
     discovery,
     load_checkpoint,
 )
+from lightning_ft.checkpoint.storage import storage_named
+from lightning_ft.checkpoint.storage.dcp_storage import ENTRIES_FILE
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -58,7 +56,7 @@ def is_lightning_ft_checkpoint(path: Path) -> bool:
     or snapshot data."""
     if not path.is_dir():
         return False
-    names = (METADATA_FILE, COMMIT_MARKER, IN_PROGRESS_RECORD, ".snapshot_metadata", "batched")
+    names = (METADATA_FILE, COMMIT_MARKER, IN_PROGRESS_RECORD, ".snapshot_metadata", "batched", ENTRIES_FILE)
     return any((path / name).exists() for name in names) or any(p.name.isdigit() for p in path.iterdir())
 
 
@@ -93,36 +91,6 @@ def _check_writable_dir(dirpath: Path) -> None:
     except OSError as err:
         raise ValueError(
             f"ModelCheckpoint(dirpath={str(dirpath)!r}): cannot write into {str(target)!r} ({err.strerror})"
-        ) from err
-
-
-def load_foreign_checkpoint(path: Path, *, parallelized: bool) -> dict[str, Any]:
-    """Import a Lightning ``.ckpt`` file, never through unrestricted unpickling.
-
-    Raises:
-        UncommittedCheckpointError: ``path`` is a folder that lightning-ft did not write.
-        CheckpointError: the model is parallelized (a single file cannot be imported into DTensors).
-        UnsafeCheckpointError: the file needs unpickling beyond ``torch.load(weights_only=True)``.
-        CorruptCheckpointError: the file cannot be read as a ``torch.save`` file at all.
-    """
-    if path.is_dir():
-        raise UncommittedCheckpointError(
-            f"ckpt_path={str(path)!r} is a folder but not a lightning-ft checkpoint (no metadata file found)"
-        )
-    if parallelized:
-        raise CheckpointError(
-            f"ckpt_path={str(path)!r}: importing a single-file Lightning checkpoint into a parallelized (DTensor)"
-            " model is not supported; export it with `lightning-ft export` from a lightning-ft checkpoint instead"
-        )
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # UnpicklingError and friends: refuse, never fall back to full unpickling
-        # torch names a refused global "Weights only load failed"; anything else means the file is damaged.
-        unsafe = isinstance(err, pickle.UnpicklingError) and "weights only" in str(err).lower()
-        kind = UnsafeCheckpointError if unsafe else CorruptCheckpointError
-        raise kind(
-            f"ckpt_path={str(path)!r} could not be loaded with weights_only=True ({type(err).__name__}: {err});"
-            " lightning-ft never loads checkpoints through unrestricted unpickling"
         ) from err
 
 
@@ -174,6 +142,7 @@ class StrategyCheckpoints:
         global_rank: returns this process's rank (rank 0 commits, repoints ``last`` and deletes); read at each use,
             so the object can exist before the strategy knows its rank.
         event_log: returns the event log (``None`` before it is open).
+        checkpoint_format: the storage new checkpoints are written with (``"torchsnapshot"`` or ``"dcp"``).
     """
 
     def __init__(
@@ -182,8 +151,10 @@ class StrategyCheckpoints:
         global_rank: Callable[[], int],
         event_log: Callable[[], EventLog | None],
         broadcast: Callable[[Any], Any],
+        checkpoint_format: str = "torchsnapshot",
     ) -> None:
         self._rank = global_rank
+        self._format = checkpoint_format
         self._event_log = event_log
         self._broadcast = broadcast
         self._writer: AsyncCheckpointer | None = None
@@ -208,7 +179,7 @@ class StrategyCheckpoints:
         """Start the background writer. Collective: it creates a process group of its own. ``storage``: the storage
         seam to write through (``None``: ``SnapshotStorage``; a fault injector passes a wrapper)."""
         if self._writer is None:
-            self._writer = AsyncCheckpointer(on_commit=self._on_commit, storage=storage)
+            self._writer = AsyncCheckpointer(on_commit=self._on_commit, storage=storage or storage_named(self._format))
 
     def close(self) -> None:
         """Wait for the save in flight and stop the writer; re-raise a background failure. Every rank calls it."""
@@ -233,7 +204,7 @@ class StrategyCheckpoints:
         start = time.perf_counter()
         if self._writer is None:
             # No background writer outside fit: nothing would ever wait for it, so save and commit now.
-            one_shot = AsyncCheckpointer(on_commit=self._on_commit)
+            one_shot = AsyncCheckpointer(on_commit=self._on_commit, storage=storage_named(self._format))
             try:
                 one_shot.save(path, state, rank_state=rank_state, metadata=metadata)
             finally:

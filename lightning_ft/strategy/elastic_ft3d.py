@@ -32,6 +32,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_ft import _compat
+from lightning_ft.checkpoint.storage import storage_named
 from lightning_ft.elastic import (
     ElasticPolicy,
     LRScale,
@@ -48,14 +49,15 @@ from lightning_ft.parallel.schedules import PIPELINE_SCHEDULES
 from lightning_ft.parallel.validation import check_positive_int
 from lightning_ft.strategy import per_rank_state, process_group
 from lightning_ft.strategy.auto_resume import AutoResume, checkpoint_dirpaths, resolve_explicit_ckpt_path
+from lightning_ft.strategy.best_path import resolving_best
 from lightning_ft.strategy.checkpoint_io import (
     StrategyCheckpoints,
     check_checkpoint_dirpath,
     is_lightning_ft_checkpoint,
-    load_foreign_checkpoint,
     run_metadata,
     split_checkpoint,
 )
+from lightning_ft.strategy.foreign_import import import_for_strategy, position_sampler
 from lightning_ft.strategy.parallel_modes import DataParallelMode, DTensorMode, PipelineMode, has_dtensor_parameters
 from lightning_ft.strategy.registry import register_strategy_names
 from lightning_ft.strategy.resume_message import loaded_message, resume_message
@@ -84,6 +86,8 @@ class ElasticFT3D(DDPStrategy):
         process_group_backend: ``"nccl"``, ``"gloo"``, ...; ``None`` = the default for the device.
         timeout: timeout of the training process group.
         find_unused_parameters: passed to ``DistributedDataParallel`` when the model is not parallelized.
+        checkpoint_format: ``"torchsnapshot"`` (default) or ``"dcp"`` (PyTorch's distributed checkpoint layout); the
+            commit marker, checksums, retention and fallback are the same. Loading recognizes either.
 
     Raises:
         TypeError: a size is not an int (or ``"auto"`` where allowed), or a policy is of the wrong type.
@@ -115,6 +119,7 @@ class ElasticFT3D(DDPStrategy):
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
         find_unused_parameters: bool = False,
+        checkpoint_format: str = "torchsnapshot",
     ) -> None:
         check_positive_int("ElasticFT3D", "data_parallel_size", data_parallel_size, allow_auto=True)
         check_positive_int("ElasticFT3D", "tensor_parallel_size", tensor_parallel_size, allow_auto=True)
@@ -129,6 +134,7 @@ class ElasticFT3D(DDPStrategy):
             raise TypeError(f"ElasticFT3D(elastic={elastic!r}): must be an ElasticPolicy or None")
         if fault is not None and not isinstance(fault, FaultPolicy):
             raise TypeError(f"ElasticFT3D(fault={fault!r}): must be a FaultPolicy or None")
+        storage_named(checkpoint_format, owner="ElasticFT3D")
         kwargs = {"find_unused_parameters": True} if find_unused_parameters else {}
         super().__init__(process_group_backend=process_group_backend, timeout=timeout, **kwargs)
         self._data_parallel_size = data_parallel_size
@@ -137,6 +143,7 @@ class ElasticFT3D(DDPStrategy):
         self.elastic = elastic
         self.fault = fault
         self.auto_resume = auto_resume
+        self.checkpoint_format = checkpoint_format
         self.pipeline_schedule = pipeline_schedule
         self.num_microbatches = num_microbatches
         self.parallel_config: ParallelConfig | None = None
@@ -150,6 +157,7 @@ class ElasticFT3D(DDPStrategy):
         self._tracker: TrainingTracker | None = None
         self._data_position = TrainingDataPosition()
         self._lr_scale = LRScale()
+        self._foreign_batches_into_epoch = 0
         self._fault = FaultHandler(fault) if fault is not None else None
         self._exception: BaseException | None = None
 
@@ -160,6 +168,11 @@ class ElasticFT3D(DDPStrategy):
         register_strategy_names(cls, strategy_registry)
 
     # ------------------------------------------------------------------ mesh and process groups
+
+    @override
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        _compat.hook_launcher(self, resolving_best)  # ckpt_path="best" in a fresh process
 
     @property
     def device_mesh(self) -> DeviceMesh:
@@ -333,7 +346,10 @@ class ElasticFT3D(DDPStrategy):
     def _checkpoint_manager(self) -> StrategyCheckpoints:
         if self._checkpoints is None:
             self._checkpoints = StrategyCheckpoints(
-                global_rank=lambda: self.global_rank, event_log=lambda: self.event_log, broadcast=self.broadcast
+                global_rank=lambda: self.global_rank,
+                event_log=lambda: self.event_log,
+                broadcast=self.broadcast,
+                checkpoint_format=self.checkpoint_format,
             )
         return self._checkpoints
 
@@ -385,10 +401,14 @@ class ElasticFT3D(DDPStrategy):
         started = time.perf_counter()
         # validate/test/predict reach here without the auto-resume check; a missing path is a FileNotFoundError.
         path = resolve_explicit_ckpt_path(Path(self.broadcast(str(checkpoint_path))))
+        fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
         if not is_lightning_ft_checkpoint(path):
-            return load_foreign_checkpoint(path, parallelized=self._parallelized)
+            checkpoint, self._foreign_batches_into_epoch = import_for_strategy(self, path, fitting=fitting)
+            return checkpoint
         loaded = self._checkpoint_manager().load(
-            path, fallbacks=self._auto_resume.take_fallbacks(path), template=self._mode.load_template()
+            path,
+            fallbacks=[p for p in self._auto_resume.take_fallbacks(path) if is_lightning_ft_checkpoint(p)],
+            template=self._mode.load_template(),
         )
         same_world = loaded.metadata.get("world_size") == self.world_size
         checkpoint = per_rank_state.restore_own(dict(loaded.state), loaded.rank_state, same_world=same_world)
@@ -431,6 +451,9 @@ class ElasticFT3D(DDPStrategy):
         super().on_train_start()
         trainer = self.lightning_module.trainer
         # A resume at another data-parallel or batch size counted its batches in the old size.
+        if self._foreign_batches_into_epoch:
+            position_sampler(trainer, self._foreign_batches_into_epoch, data_parallel_size=self.data_parallel_size)
+            self._foreign_batches_into_epoch = 0
         align_batch_progress(trainer)
         if self.global_rank == 0:
             # Leftovers of our saves that never committed (a crash mid-write). Only now: an explicit ckpt_path naming

@@ -155,6 +155,8 @@ class DTensorMode(DataParallelMode):
 
         model = self.strategy.model
         set_model_state_dict(model, checkpoint["state_dict"])
+        if not self.strategy.optimizers:
+            return  # validate/test/predict: no optimizers to restore
         for opt, opt_state in zip(self.strategy.optimizers, checkpoint.get("optimizer_states", []), strict=True):
             set_optimizer_state_dict(model, opt, opt_state)
 
@@ -213,7 +215,9 @@ class PipelineMode(DTensorMode):
         checkpoint["state_dict"] = copy_into(self.module_state_dict(), stage["state_dict"])
         checkpoint["optimizer_states"] = [
             copy_into(self.optimizer_template(opt), saved)
-            for opt, saved in zip(strategy.optimizers, stage.get("optimizer_states", []), strict=True)
+            for opt, saved in zip(
+                strategy.optimizers, stage.get("optimizer_states", []), strict=bool(strategy.optimizers)
+            )
         ]
         super().apply_loaded(path, checkpoint, rank_state, metadata)
 

@@ -152,7 +152,7 @@ def _unreadable_file(ckpt: Path) -> Path:
 
 def _file_for_dtensor_model(ckpt: Path) -> Path:
     path = ckpt / "plain.ckpt"
-    torch.save({"state_dict": TinyRegressor().state_dict()}, path)
+    torch.save({"state_dict": TinyRegressor(dim=4).state_dict()}, path)  # the model takes 8 inputs
     return path
 
 
@@ -167,7 +167,7 @@ CASES = {
     "a pickled payload (a torchsnapshot object entry, a `torch.save`d entry)": _pickled_entry,
     "a Lightning `.ckpt` file that needs more than `torch.load(weights_only=True)`": _unsafe_file,
     "a Lightning `.ckpt` file that is not a readable `torch.save` file": _unreadable_file,
-    "a Lightning `.ckpt` file given to a parallelized (DTensor) model": _file_for_dtensor_model,
+    "a Lightning `.ckpt` file whose tensors do not fit a parallelized (DTensor) model": _file_for_dtensor_model,
 }
 
 

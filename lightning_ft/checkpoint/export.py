@@ -1,0 +1,250 @@
+"""Leaving lightning-ft: one plain Lightning ``.ckpt`` file from a committed checkpoint, for ``lightning-ft export``.
+
+:func:`export_checkpoint` gathers every model tensor from its shards into a full tensor and writes one ``torch.save``
+file that ``LightningModule.load_from_checkpoint`` and plain ``torch.load(..., weights_only=True)`` read. With
+``full=True`` it also writes optimizer states (keyed by parameter position, as ``optimizer.state_dict()`` is), LR
+schedulers, the loop state, callback states (rank 0's) and everything else Lightning saved, so that
+``Trainer.fit(ckpt_path=...)`` under ``DDPStrategy`` resumes from it. The position of the training samplers inside an
+epoch is left out: only lightning-ft's resumable sampler reads it, and Lightning refuses loader states its own
+DataLoaders cannot take (it restarts an epoch interrupted in the middle from the epoch's first batch, with a warning).
+
+The file is written one tensor at a time (:func:`~lightning_ft.checkpoint.torch_file.save_streaming`): each tensor
+is assembled from its shards, checked against its checksums, written, and released, so the state may be larger than
+the memory of the exporting process. Every non-tensor value is turned into plain Python values (an
+``argparse.Namespace`` into a dict, a path into a string, an enum into its value, numpy into lists and numbers),
+because ``weights_only`` loading refuses anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import os
+import pathlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lightning_ft.checkpoint import json_codec
+from lightning_ft.checkpoint.commit import read_document
+from lightning_ft.checkpoint.errors import CheckpointError, CorruptCheckpointError, UncommittedCheckpointError
+from lightning_ft.checkpoint.load import load_checkpoint
+from lightning_ft.checkpoint.shard_reader import ShardReader
+from lightning_ft.checkpoint.storage.registry import storage_for_path
+from lightning_ft.checkpoint.torch_file import TensorSlot, can_stream, save_streaming
+
+__all__ = ["export_checkpoint", "export_state_dict", "exported_checkpoint"]
+
+_MODEL_KEYS = ("state_dict", "model")
+_OWN_CALLBACKS = ("lightning_ft.",)
+"""Callback states of lightning-ft's own callbacks, which mean nothing to another strategy."""
+
+
+def _plain(obj: Any) -> Any:
+    """Values that ``torch.load(weights_only=True)`` accepts: containers, primitives, tensors (and slots for them)."""
+    if isinstance(obj, (str, int, float, bool, type(None), torch.Tensor, TensorSlot, torch.dtype)):
+        return obj
+    if isinstance(obj, argparse.Namespace):
+        return _plain(vars(obj))
+    if isinstance(obj, dict):
+        return {_plain(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        items = [_plain(v) for v in obj]
+        return tuple(items) if isinstance(obj, tuple) else items
+    if isinstance(obj, enum.Enum):
+        return _plain(obj.value)
+    if isinstance(obj, pathlib.PurePath):
+        return str(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return str(obj)
+
+
+def _by_position(optimizer_state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state keyed by parameter name (``get_optimizer_state_dict``) keyed by position instead, as
+    ``torch.optim.Optimizer.state_dict()`` is (positions count across parameter groups, in order)."""
+    groups = optimizer_state.get("param_groups", [])
+    if all(isinstance(p, int) for g in groups for p in g.get("params", [])):
+        return optimizer_state
+    index: dict[Any, int] = {}
+    new_groups = []
+    for group in groups:
+        ids = []
+        for name in group["params"]:
+            index.setdefault(name, len(index))
+            ids.append(index[name])
+        new_groups.append({**group, "params": ids})
+    state = {index[name]: values for name, values in optimizer_state.get("state", {}).items() if name in index}
+    return {"state": state, "param_groups": new_groups}
+
+
+def _without_sampler_position(loops: Any) -> Any:
+    """The loop state without the training samplers' position, which only lightning-ft's resumable sampler reads:
+    Lightning refuses a checkpoint with loader states when its own DataLoaders are not stateful."""
+    fit_loop = loops.get("fit_loop") if isinstance(loops, dict) else None
+    if not isinstance(fit_loop, dict) or not isinstance(fit_loop.get("state_dict"), dict):
+        return loops
+    state_dict = {k: v for k, v in fit_loop["state_dict"].items() if k != "combined_loader"}
+    return {**loops, "fit_loop": {**fit_loop, "state_dict": state_dict}}
+
+
+def _model_state(state: dict[str, Any], rank_states: list[Any], path: Path) -> dict[str, Any]:
+    model = next((state[k] for k in _MODEL_KEYS if isinstance(state.get(k), dict)), None)
+    if model is not None:
+        return model
+    # Pipeline stages: each rank saved the layers of its stage; data-parallel replicas of a stage hold the same values.
+    merged: dict[str, Any] = {}
+    for rank_state in rank_states:
+        stage = (rank_state or {}).get("stage", {}) if isinstance(rank_state, dict) else {}
+        for name, value in stage.get("state_dict", {}).items():
+            merged.setdefault(name, value)
+    if not merged:
+        raise CheckpointError(f"checkpoint {path}: no model state found (looked for keys {list(_MODEL_KEYS)})")
+    return merged
+
+
+def export_checkpoint(
+    path: str | os.PathLike, out: str | os.PathLike, *, full: bool = False, progress: bool = False
+) -> Path:
+    """Write committed checkpoint ``path`` as one plain Lightning ``.ckpt`` file at ``out``; returns ``out``.
+
+    Always written: ``state_dict`` (full tensors, on CPU), ``hyper_parameters`` (and ``hparams_name``),
+    ``pytorch-lightning_version``, ``epoch`` and ``global_step``. With ``full``: ``optimizer_states``,
+    ``lr_schedulers``, ``loops``, ``callbacks`` (rank 0's, without lightning-ft's own) and every other key Lightning
+    saved. ``progress`` shows a progress bar (bytes written) on stderr. Not collective: run it in one process.
+
+    Raises:
+        CheckpointError: the checkpoint is not committed, fails a checksum, holds no model state, or ``full`` is asked
+            of a pipeline-parallel checkpoint (its optimizer states are per stage).
+    """
+    import lightning
+
+    path = Path(path)
+    if not path.is_dir():
+        raise UncommittedCheckpointError(f"checkpoint {path} does not exist")
+    document = read_document(path)
+    reader = ShardReader(path, document, storage_for_path(path), verify_checksums=True)
+    records = document["tensors"]
+
+    def slot(key: str, _: str) -> TensorSlot:
+        record = records.get(key)
+        if record is None:
+            raise CorruptCheckpointError(f"checkpoint {path}: tensor {key!r} is missing from the index")
+        dtype = getattr(torch, record["dtype"], None)
+        if not isinstance(dtype, torch.dtype):
+            raise CorruptCheckpointError(f"checkpoint {path}: unknown dtype {record['dtype']!r} of {key!r}")
+        return TensorSlot(key, dtype, tuple(record["global_shape"]))
+
+    state = json_codec.decode(document["state"], slot)
+    state = state if isinstance(state, dict) else {}
+    rank_states = [json_codec.decode(r, slot) for r in document["rank_states"]]
+    metadata = json_codec.decode(document["metadata"])
+    model = _model_state(state, rank_states, path)
+    exported: dict[str, Any] = {}
+    if full:
+        if "state_dict" not in state:
+            raise CheckpointError(
+                f"checkpoint {path}: --full needs the optimizer states of the whole model; this checkpoint keeps them"
+                " per pipeline stage (export without --full writes the weights of every stage)"
+            )
+        exported.update({str(k): v for k, v in state.items()})
+        exported["optimizer_states"] = [_by_position(o) for o in state.get("optimizer_states", [])]
+        exported["loops"] = _without_sampler_position(state.get("loops", {}))
+        callbacks = (rank_states[0] or {}).get("callbacks", {}) if rank_states else {}
+        exported["callbacks"] = {k: v for k, v in callbacks.items() if not str(k).startswith(_OWN_CALLBACKS)}
+    exported.update(
+        {
+            "state_dict": {str(k): v for k, v in model.items() if isinstance(v, TensorSlot)},
+            "hyper_parameters": state.get("hyper_parameters", metadata.get("hyper_parameters", {})),
+            "pytorch-lightning_version": str(state.get("pytorch-lightning_version", lightning.__version__)),
+            "epoch": state.get("epoch", metadata.get("epoch", 0)),
+            "global_step": state.get("global_step", metadata.get("step", 0)),
+        }
+    )
+    if "hparams_name" in state:
+        exported["hparams_name"] = state["hparams_name"]
+    exported = _plain(exported)
+    return _write(exported, Path(out), reader, progress=progress)
+
+
+def _write(exported: dict[str, Any], out: Path, reader: ShardReader, *, progress: bool) -> Path:
+    from tqdm.auto import tqdm
+
+    def produce(slot: TensorSlot) -> torch.Tensor:
+        return reader.assemble(slot.key, [0] * len(slot.shape), list(slot.shape))
+
+    if not can_stream():  # torch 2.4: everything in memory at once
+        materialized = _materialize(exported, produce)
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        torch.save(materialized, tmp)
+        os.replace(tmp, out)
+        return out
+    total = sum(s.nbytes for s in _slots(exported))
+    with tqdm(total=total, unit="B", unit_scale=True, desc=f"export {out.name}", disable=not progress) as bar:
+        return save_streaming(exported, out, produce, on_written=lambda s: bar.update(s.nbytes))
+
+
+def _slots(obj: Any) -> list[TensorSlot]:
+    if isinstance(obj, TensorSlot):
+        return [obj]
+    if isinstance(obj, dict):
+        return [s for v in obj.values() for s in _slots(v)]
+    if isinstance(obj, (list, tuple)):
+        return [s for v in obj for s in _slots(v)]
+    return []
+
+
+def _materialize(obj: Any, produce: Any) -> Any:
+    if isinstance(obj, TensorSlot):
+        return produce(obj)
+    if isinstance(obj, dict):
+        return {k: _materialize(v, produce) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        items = [_materialize(v, produce) for v in obj]
+        return tuple(items) if isinstance(obj, tuple) else items
+    return obj
+
+
+def exported_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Committed checkpoint ``path`` as one plain Lightning checkpoint dict, in memory.
+
+    It holds ``state_dict`` (full model tensors, assembled from their shards, on CPU), ``hyper_parameters``,
+    ``pytorch-lightning_version``, ``epoch`` and ``global_step`` (and ``hparams_name`` when saved): what
+    ``LightningModule.load_from_checkpoint`` reads. Not collective: one process reads every shard it needs.
+
+    Raises:
+        CheckpointError: as :func:`load_checkpoint`, or the checkpoint holds no model state (no ``state_dict`` key).
+    """
+    import lightning
+
+    loaded = load_checkpoint(path, collective=False)
+    state = loaded.state if isinstance(loaded.state, dict) else {}
+    model = next((state[k] for k in _MODEL_KEYS if isinstance(state.get(k), dict)), None)
+    metadata = loaded.metadata
+    if model is None:
+        mesh = metadata.get("mesh") or {}
+        why = (
+            "a pipeline-parallel checkpoint keeps each stage's weights with the ranks of that stage"
+            if (mesh.get("pipeline_parallel") or 1) > 1
+            else f"looked for keys {list(_MODEL_KEYS)}"
+        )
+        raise CheckpointError(f"checkpoint {path}: no model state found ({why})")
+    exported = {
+        "state_dict": {str(k): v for k, v in model.items() if isinstance(v, torch.Tensor)},
+        "hyper_parameters": _plain(state.get("hyper_parameters", metadata.get("hyper_parameters", {}))),
+        "pytorch-lightning_version": str(state.get("pytorch-lightning_version", lightning.__version__)),
+        "epoch": _plain(state.get("epoch", metadata.get("epoch", 0))),
+        "global_step": _plain(state.get("global_step", metadata.get("step", 0))),
+    }
+    if "hparams_name" in state:
+        exported["hparams_name"] = _plain(state["hparams_name"])
+    return exported
+
+
+def export_state_dict(path: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """The weights-only export: :func:`export_checkpoint` with ``full=False`` (kept for 0.1.0 callers)."""
+    return export_checkpoint(path, out)

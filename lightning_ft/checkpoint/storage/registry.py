@@ -1,0 +1,40 @@
+"""Which storage reads a checkpoint folder, and the storage a format name stands for.
+
+A lightning-ft checkpoint's data is written by one storage of the seam: torchsnapshot (``.snapshot_metadata``) or DCP
+(``.metadata`` plus :data:`~lightning_ft.checkpoint.storage.dcp_storage.ENTRIES_FILE`). Readers that are not told
+which one wrote it ask :func:`storage_for_path`, which looks at those files.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
+from lightning_ft.checkpoint.storage.dcp_storage import ENTRIES_FILE, DcpStorage
+
+__all__ = ["FORMATS", "storage_for_path", "storage_named"]
+
+FORMATS = ("torchsnapshot", "dcp")
+"""The on-disk formats ``ElasticFT3D(checkpoint_format=...)`` accepts."""
+
+
+def storage_named(name: str, *, owner: str | None = None) -> Any:
+    """A new storage for format ``name``.
+
+    Raises:
+        ValueError: ``name`` is not one of :data:`FORMATS`; the message shows the option as the user typed it, inside
+            ``owner`` (``ElasticFT3D``) when given.
+    """
+    if name == "torchsnapshot":
+        return SnapshotStorage()
+    if name == "dcp":
+        return DcpStorage()
+    option = f"checkpoint_format={name!r}"
+    raise ValueError(f"{f'{owner}({option})' if owner else option}: must be one of {', '.join(map(repr, FORMATS))}")
+
+
+def storage_for_path(path: str | os.PathLike) -> Any:
+    """The storage that reads the checkpoint folder ``path``: DCP when its entry table is there, else torchsnapshot."""
+    return DcpStorage() if (Path(path) / ENTRIES_FILE).is_file() else SnapshotStorage()
