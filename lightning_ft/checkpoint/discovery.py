@@ -28,7 +28,8 @@ from lightning_ft.checkpoint.coverage import coverage_problems
 from lightning_ft.checkpoint.errors import CheckpointError
 from lightning_ft.checkpoint.in_progress import discard, has_record, in_flight_paths
 from lightning_ft.checkpoint.shard_reader import ShardReader
-from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage, fsync_dir
+from lightning_ft.checkpoint.snapshot_storage import fsync_dir
+from lightning_ft.checkpoint.storage.registry import storage_for_path
 from lightning_ft.checkpoint.swap import parse_swap_name, recover_interrupted_swaps, swap_target
 
 __all__ = [
@@ -145,7 +146,7 @@ def verify(path: str | os.PathLike) -> list[str]:
         problems.append(f"checkpoint {path} has no commit marker {COMMIT_MARKER}")
     problems += [f"checkpoint {path}: {problem}" for problem in coverage_problems(document)]
     try:
-        reader = ShardReader(path, document, SnapshotStorage(), verify_checksums=True)
+        reader = ShardReader(path, document, storage_for_path(path), verify_checksums=True)
     except CheckpointError as e:
         return [*problems, str(e)]
     for key, record in document["tensors"].items():

@@ -1,4 +1,8 @@
-"""Fakes and helpers shared by the checkpoint tests: storage that fails or waits on demand, committed saves."""
+"""Fakes and helpers shared by the checkpoint tests: storage that fails or waits on demand, committed saves.
+
+The fakes wrap the storage of the on-disk format under test (:func:`format_storage`): torchsnapshot by default, DCP in
+the tests that the ``checkpoint_format`` fixture (tests/checkpoint/conftest.py) runs against both formats.
+"""
 
 from __future__ import annotations
 
@@ -10,34 +14,68 @@ from pathlib import Path
 
 import torch
 
-from lightning_ft.checkpoint import COMMIT_MARKER, METADATA_FILE, AsyncCheckpointer, SnapshotStorage, in_progress
+from lightning_ft.checkpoint import COMMIT_MARKER, METADATA_FILE, AsyncCheckpointer, in_progress
+from lightning_ft.checkpoint.storage import storage_named
+from lightning_ft.checkpoint.storage.dcp_storage import ENTRIES_FILE
+
+_format = ["torchsnapshot"]  # replaced by the checkpoint_format fixture for the duration of a test
 
 
-class FlakyStorage(SnapshotStorage):
+def checkpoint_format() -> str:
+    """The on-disk format the current test writes (``"torchsnapshot"`` or ``"dcp"``)."""
+    return _format[0]
+
+
+def format_storage():
+    """A new real storage of the format under test."""
+    return storage_named(_format[0])
+
+
+def format_storage_class() -> type:
+    """The class of :func:`format_storage` (for tests that patch its ``write``)."""
+    return type(format_storage())
+
+
+class StorageWrapper:
+    """The storage of the format under test, delegated to; fakes override ``write``."""
+
+    def __init__(self, inner=None) -> None:
+        self.inner = inner if inner is not None else format_storage()
+
+    def write(self, path, entries, *, group, **kwargs):
+        self.inner.write(path, entries, group=group, **kwargs)
+
+    def reader(self, path):
+        return self.inner.reader(path)
+
+
+class FlakyStorage(StorageWrapper):
     """Real storage, except that the next writes fail with the queued errors (a full disk, an I/O error)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.failures: list[OSError] = []
 
-    def write(self, path, entries, *, group):
+    def write(self, path, entries, *, group, **kwargs):
         if self.failures:
             raise self.failures.pop(0)
-        super().write(path, entries, group=group)
+        super().write(path, entries, group=group, **kwargs)
 
 
-class GatedStorage(SnapshotStorage):
+class GatedStorage(StorageWrapper):
     """Real storage whose writes wait for a gate, recording the order of write starts and ends."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.gate = threading.Event()
         self.started = threading.Event()
         self.log: list[str] = []
 
-    def write(self, path, entries, *, group):
+    def write(self, path, entries, *, group, **kwargs):
         self.log.append(f"start {Path(path).name}")
         self.started.set()
         self.gate.wait()
-        super().write(path, entries, group=group)
+        super().write(path, entries, group=group, **kwargs)
         self.log.append(f"end {Path(path).name}")
 
 
@@ -48,7 +86,7 @@ def enospc() -> OSError:
 def save(path: Path, step: int, state: dict | None = None, *, metadata: dict | None = None) -> Path:
     """A committed checkpoint at ``path`` holding ``state`` (default: ``{"w": full((4,), step)}``); ``metadata``
     defaults to ``{"step": step}``."""
-    checkpointer = AsyncCheckpointer()
+    checkpointer = AsyncCheckpointer(storage=format_storage())
     try:
         state = state or {"w": torch.full((4,), float(step))}
         checkpointer.save(path, state, metadata={"step": step} if metadata is None else metadata)
@@ -67,8 +105,15 @@ def uncommitted(path: Path, step: int) -> Path:
 
 
 def data_files(path: Path) -> list[Path]:
-    """The tensor data files of checkpoint ``path``, smallest first."""
-    ours = {COMMIT_MARKER, METADATA_FILE, in_progress.IN_PROGRESS_RECORD, ".snapshot_metadata"}
+    """The tensor data files of checkpoint ``path``, smallest first (either format's own metadata excluded)."""
+    ours = {
+        COMMIT_MARKER,
+        METADATA_FILE,
+        in_progress.IN_PROGRESS_RECORD,
+        ".snapshot_metadata",
+        ".metadata",
+        ENTRIES_FILE,
+    }
     return sorted((p for p in path.rglob("*") if p.is_file() and p.name not in ours), key=lambda p: p.stat().st_size)
 
 

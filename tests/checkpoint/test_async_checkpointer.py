@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import threading
 
 import numpy as np
 import pytest
 import torch
+from torch.distributed.checkpoint import filesystem as dcp_filesystem
 
 from lightning_ft.checkpoint import (
     AsyncCheckpointer,
@@ -19,6 +21,8 @@ from lightning_ft.checkpoint import (
 from lightning_ft.checkpoint import snapshot_storage as storage_module
 from lightning_ft.checkpoint.async_checkpointer import THREAD_NAME
 from tests.checkpoint.support import FlakyStorage, GatedStorage, enospc
+
+pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
 
 
 def test_tensors_mutated_in_place_after_save_returns_do_not_reach_the_checkpoint(tmp_path):
@@ -172,11 +176,26 @@ def test_a_save_whose_commit_callback_fails_is_raised_at_the_next_save_and_not_c
     assert not (tmp_path / "step=1").exists() and not (tmp_path / "step=2").exists()
 
 
-def test_a_disk_error_inside_torchsnapshot_is_raised_and_nothing_is_committed(tmp_path, monkeypatch):
-    def full_disk(self, write_io):
-        raise enospc()
+def test_a_disk_error_inside_the_format_library_is_raised_with_its_errno_and_nothing_is_committed(
+    tmp_path, monkeypatch, checkpoint_format
+):
+    if checkpoint_format == "torchsnapshot":
 
-    monkeypatch.setattr(storage_module._DurableFSPlugin, "_write_sync", full_disk)
+        def full_disk(self, write_io):
+            raise enospc()
+
+        monkeypatch.setattr(storage_module._DurableFSPlugin, "_write_sync", full_disk)
+    else:
+        real_stream = dcp_filesystem.FileSystem.create_stream
+
+        @contextlib.contextmanager
+        def full_disk(self, path, mode):
+            if str(path).endswith(".distcp"):
+                raise enospc()
+            with real_stream(self, path, mode) as stream:
+                yield stream
+
+        monkeypatch.setattr(dcp_filesystem.FileSystem, "create_stream", full_disk)
     checkpointer = AsyncCheckpointer()
     checkpointer.save(tmp_path / "step=1", {"w": torch.ones(1000)})
     with pytest.raises(OSError) as raised:

@@ -22,6 +22,8 @@ from lightning_ft.checkpoint import (
 )
 from tests.checkpoint.support import CreatesFileWhenUnpickled, save
 
+pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
+
 
 def test_an_unknown_format_version_is_refused(tmp_path):
     path = save(tmp_path / "c", 1)

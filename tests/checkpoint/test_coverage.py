@@ -25,12 +25,15 @@ from lightning_ft.checkpoint import (
     verify,
 )
 from lightning_ft.checkpoint.coverage import coverage_problems
+from lightning_ft.checkpoint.storage import storage_named
 from tests.checkpoint.support import save
 from tests.helpers import run_distributed
 
+pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
 
-def _different_shapes_per_rank(rank: int, world_size: int, root: str) -> None:
-    checkpointer = AsyncCheckpointer()
+
+def _different_shapes_per_rank(rank: int, world_size: int, root: str, checkpoint_format: str) -> None:
+    checkpointer = AsyncCheckpointer(storage=storage_named(checkpoint_format))
     try:
         # A contract breach: the shared state must hold the same tensors on every rank. Each rank then decides on
         # its own who writes what, and the decisions disagree: "a" is written twice, "b" by nobody.
@@ -47,9 +50,10 @@ def _different_shapes_per_rank(rank: int, world_size: int, root: str) -> None:
 
 
 def test_tensors_of_different_shapes_on_the_ranks_fail_the_save_instead_of_committing_a_checkpoint_that_cannot_load(
-    tmp_path,
+    tmp_path, checkpoint_format
 ):
-    run_distributed(_different_shapes_per_rank, 2, str(tmp_path))
+    # Two processes, in both formats: DCP plans and writes its own files collectively, before the check at commit.
+    run_distributed(_different_shapes_per_rank, 2, str(tmp_path), checkpoint_format)
     assert not is_committed(tmp_path / "c")
     assert list_committed(tmp_path) == []
 

@@ -6,6 +6,8 @@ import json
 import os
 import threading
 
+import pytest
+
 from lightning_ft.checkpoint import (
     COMMIT_MARKER,
     METADATA_FILE,
@@ -17,6 +19,8 @@ from lightning_ft.checkpoint import (
     verify,
 )
 from tests.checkpoint.support import save, uncommitted
+
+pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
 
 
 def test_discovery_sees_committed_checkpoints_by_step_and_ignores_uncommitted_ones_and_the_last_link(tmp_path):

@@ -20,6 +20,7 @@ from lightning_ft.checkpoint import (
     verify,
 )
 from lightning_ft.checkpoint import snapshot_storage as storage_module
+from lightning_ft.checkpoint.storage import storage_named
 from tests.helpers import run_distributed
 
 try:
@@ -134,14 +135,14 @@ def test_two_ranks_save_consistently_write_replicas_once_and_restore_rank_state(
     run_distributed(_save_mutate_and_reload, 2, str(tmp_path))
 
 
-def _save_sharded(rank: int, world_size: int, root: str) -> None:
+def _save_sharded(rank: int, world_size: int, root: str, checkpoint_format: str = "torchsnapshot") -> None:
     mesh = init_device_mesh("cpu", (world_size,))
     ref = reference_tensors()
     state = {
         "rows": distribute_tensor(ref["sharded"].clone(), mesh, [Shard(0)]),
         "cols": distribute_tensor(ref["plain_c"].clone(), mesh, [Shard(1)]),
     }
-    checkpointer = AsyncCheckpointer()
+    checkpointer = AsyncCheckpointer(storage=storage_named(checkpoint_format))
     try:
         checkpointer.save(Path(root) / "c", state, rank_state={"rank": rank}, metadata={"step": 3})
     finally:
@@ -170,3 +171,15 @@ def test_dtensors_saved_on_two_ranks_load_into_one_rank_and_into_a_four_rank_2d_
     run_distributed(_save_sharded, 2, str(tmp_path))
     run_distributed(_load_resharded, 1, str(tmp_path))
     run_distributed(_load_resharded, 4, str(tmp_path))
+
+
+def test_dtensors_saved_through_dcp_on_two_ranks_load_resharded_into_one_process(tmp_path):
+    run_distributed(_save_sharded, 2, str(tmp_path), "dcp")
+    path = tmp_path / "c"
+    assert (path / ".metadata").is_file() and not (path / ".snapshot_metadata").exists()
+    assert verify(path) == []
+    ref = reference_tensors()
+    template = {"rows": torch.zeros_like(ref["sharded"]), "cols": torch.zeros_like(ref["plain_c"])}
+    loaded = load_checkpoint(path, template)  # no process group: one rank assembles both ranks' shards
+    assert torch.equal(template["rows"], ref["sharded"]) and torch.equal(template["cols"], ref["plain_c"])
+    assert loaded.saved_rank == 0 and loaded.rank_state == {"rank": 0} and loaded.metadata["world_size"] == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 import lightning
+import pytest
 import torch
 import torch.nn as nn
 
@@ -15,6 +16,8 @@ from lightning_ft.checkpoint import (
     export_state_dict,
     format_description,
 )
+
+pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
 
 
 class TinyModule(lightning.LightningModule):

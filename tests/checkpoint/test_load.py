@@ -22,6 +22,8 @@ from lightning_ft.checkpoint import (
 from tests.checkpoint.support import CreatesFileWhenUnpickled, data_files, save, uncommitted
 from tests.helpers import run_distributed
 
+pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
+
 
 def test_loading_an_uncommitted_checkpoint_is_refused_naming_the_newest_committed_one(tmp_path):
     save(tmp_path / "step=10", 10)
@@ -68,6 +70,7 @@ def test_a_shard_file_replaced_by_a_pickle_is_refused_without_unpickling(tmp_pat
     assert not sentinel.exists()
 
 
+@pytest.mark.parametrize("checkpoint_format", ["torchsnapshot"], indirect=True)
 def test_a_planted_torchsnapshot_object_entry_is_refused_without_unpickling(tmp_path):
     path = save(tmp_path / "c", 1)
     sentinel = tmp_path / "pwned"
@@ -88,6 +91,17 @@ def test_a_planted_torchsnapshot_object_entry_is_refused_without_unpickling(tmp_
     assert not sentinel.exists()
 
 
+@pytest.mark.parametrize("checkpoint_format", ["dcp"], indirect=True)
+def test_a_pickle_planted_as_dcps_own_metadata_is_never_unpickled(tmp_path):
+    path = save(tmp_path / "c", 1, {"weight": torch.arange(16.0)})
+    sentinel = tmp_path / "pwned"
+    (path / ".metadata").write_bytes(pickle.dumps(CreatesFileWhenUnpickled(sentinel)))
+    # lightning-ft reads its own entry table and the raw storage bytes; DCP's pickled metadata is left unread.
+    assert torch.equal(load_checkpoint(path).state["weight"], torch.arange(16.0))
+    assert verify(path) == []
+    assert not sentinel.exists()
+
+
 def _one_rank_cannot_load(rank: int, world_size: int, root: str) -> None:
     path = Path(root) / "c"
     # Rank 1's template does not match the checkpoint; rank 0's does, and must not go on with a state rank 1 lacks.
@@ -103,6 +117,7 @@ def _one_rank_cannot_load(rank: int, world_size: int, root: str) -> None:
     dist.barrier()
 
 
+@pytest.mark.parametrize("checkpoint_format", ["torchsnapshot"], indirect=True)  # two processes: one format
 def test_a_load_that_fails_on_one_rank_raises_on_every_rank_naming_the_failing_rank(tmp_path):
     save(tmp_path / "c", 1)
     run_distributed(_one_rank_cannot_load, 2, str(tmp_path))

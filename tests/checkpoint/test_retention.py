@@ -10,6 +10,8 @@ import pytest
 from lightning_ft.checkpoint import Retention, is_committed, repoint_last
 from tests.checkpoint.support import save
 
+pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
+
 
 class InFlight:
     """What ``AsyncCheckpointer.in_flight`` reports, set by the test."""

@@ -27,6 +27,8 @@ from lightning_ft.checkpoint import (
 from lightning_ft.checkpoint import async_checkpointer as writer_module
 from tests.checkpoint.support import FlakyStorage, GatedStorage, enospc, in_forked_child, kill_this_process, save
 
+pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
+
 TOKEN = "0123456789abcdef"
 
 

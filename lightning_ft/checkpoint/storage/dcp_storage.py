@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
 from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
@@ -166,16 +167,25 @@ class DcpStorage:
             where[f"{rank}/{name}"] = (fqn, offset)
         import torch.distributed.checkpoint as dcp
 
-        with warnings.catch_warnings():
-            # Without torch.distributed DCP warns that it saves in one process, which is what no_dist asks for.
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            metadata = dcp.save(
-                {},  # the planner writes the entries; DCP's state dict walk has nothing to add
-                storage_writer=FileSystemWriter(str(path), sync_files=True, overwrite=True),
-                planner=_EntryPlanner(chunks, paths),
-                process_group=group,
-                no_dist=not distributed,
-            )
+        try:
+            with warnings.catch_warnings():
+                # Without torch.distributed DCP warns that it saves in one process, which is what no_dist asks for.
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                metadata = dcp.save(
+                    {},  # the planner writes the entries; DCP's state dict walk has nothing to add
+                    storage_writer=FileSystemWriter(str(path), sync_files=True, overwrite=True),
+                    planner=_EntryPlanner(chunks, paths),
+                    process_group=group,
+                    no_dist=not distributed,
+                )
+        except CheckpointException as e:
+            # DCP gathers every rank's failure into one BaseException on every rank. The seam raises this rank's own
+            # error (an OSError keeps its errno: ENOSPC reaches the user as such); a rank whose own data is durable
+            # returns, and the writer's exchange names the rank that failed.
+            own = e.failures.get(rank)
+            if own is not None:
+                raise own[0] from None
+            return
         gathered: list[Any] = [where]
         if distributed:
             gathered = [None] * dist.get_world_size(group)
