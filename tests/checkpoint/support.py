@@ -117,6 +117,20 @@ def data_files(path: Path) -> list[Path]:
     return sorted((p for p in path.rglob("*") if p.is_file() and p.name not in ours), key=lambda p: p.stat().st_size)
 
 
+def flip_a_byte_of(path: Path, value: torch.Tensor) -> Path:
+    """Flip one byte inside the stored bytes of tensor ``value`` in checkpoint ``path`` (either format: a DCP file also
+    holds zip framing around the tensor bytes); returns the damaged file."""
+    wanted = value.detach().contiguous().view(torch.uint8).numpy().tobytes()
+    for file in data_files(path):
+        raw = bytearray(file.read_bytes())
+        at = bytes(raw).find(wanted)
+        if at >= 0:
+            raw[at + len(wanted) // 2] ^= 0xFF
+            file.write_bytes(bytes(raw))
+            return file
+    raise AssertionError(f"no data file of {path} holds the tensor's bytes")
+
+
 class CreatesFileWhenUnpickled:
     """Unpickling it creates ``target``: proof that something was unpickled."""
 

@@ -1,5 +1,7 @@
 """In-process Trainer runs: Lightning keeps the process group and its rendezvous variables after ``fit`` on purpose
-(a second ``fit`` reuses them). These tests run many fits in one process, so each ends by releasing them."""
+(a second ``fit`` reuses them). These tests run many fits in one process, so each ends by releasing them.
+
+The checkpoint tests here use ``checkpoint_format`` (tests/checkpoint/conftest.py) to run against both on-disk formats."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import os
 
 import pytest
 import torch.distributed as dist
+
+from tests.checkpoint.conftest import checkpoint_format  # noqa: F401 - the checkpoint tests' format fixture
 
 _LIGHTNING_ENV = ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK")
 

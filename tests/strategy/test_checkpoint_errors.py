@@ -20,8 +20,11 @@ import torch.distributed as dist
 import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from lightning_ft import ElasticFT3D
 from lightning_ft import checkpoint as lft_checkpoint
 from lightning_ft.checkpoint import COMMIT_MARKER, METADATA_FILE
+from lightning_ft.checkpoint.storage import FORMATS
+from tests.checkpoint.support import flip_a_byte_of
 from tests.helpers import REPO_ROOT
 from tests.strategy.models import TinyRegressor, make_trainer
 
@@ -50,22 +53,19 @@ class Unpickled:
         return (open, (self.target, "w"))
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A committed checkpoint at step 2 (and ``last`` pointing at it), written by a real Trainer."""
-    root = tmp_path_factory.mktemp("trained")
+@pytest.fixture(scope="module", params=FORMATS)
+def trained(request, tmp_path_factory):
+    """A committed checkpoint at step 2 (and ``last`` pointing at it), written by a real Trainer in each format."""
+    root = tmp_path_factory.mktemp(f"trained-{request.param}")
     env_before = dict(os.environ)
     ckpt = ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=2, save_last=True)
-    make_trainer(root, callbacks=[ckpt], max_steps=2).fit(TinyRegressor())
+    strategy = ElasticFT3D(checkpoint_format=request.param)
+    make_trainer(root, strategy=strategy, callbacks=[ckpt], max_steps=2).fit(TinyRegressor())
     if dist.is_initialized():
         dist.destroy_process_group()
     for key in set(os.environ) - set(env_before):
         del os.environ[key]
     return root / "ckpt"
-
-
-def _data_files(path: Path) -> list[Path]:
-    return sorted(p for p in (path / "batched").rglob("*") if p.is_file())
 
 
 def _rewrite_metadata(path: Path, change) -> None:
@@ -108,10 +108,7 @@ def _unknown_format(ckpt: Path) -> Path:
 
 def _bad_checksum(ckpt: Path) -> Path:
     path = ckpt / "epoch=0-step=2.ckpt"
-    shard = _data_files(path)[-1]
-    raw = bytearray(shard.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    shard.write_bytes(bytes(raw))
+    flip_a_byte_of(path, lft_checkpoint.load_checkpoint(path).state["state_dict"]["net.0.weight"])
     return path
 
 
@@ -121,8 +118,21 @@ def _bad_metadata(ckpt: Path) -> Path:
     return path
 
 
+def _uncovered(ckpt: Path) -> Path:
+    path = ckpt / "epoch=0-step=2.ckpt"
+
+    def grow_a_tensor(document):
+        record = next(r for key, r in document["tensors"].items() if key.endswith("net.0.weight"))
+        record["global_shape"][0] *= 2  # its shards now cover half of it, as another writer's index might
+
+    _rewrite_metadata(path, grow_a_tensor)
+    return path
+
+
 def _pickled_entry(ckpt: Path) -> Path:
     path = ckpt / "epoch=0-step=2.ckpt"
+    if not (path / ".snapshot_metadata").exists():
+        pytest.skip("a DCP folder holds no entry lightning-ft would unpickle (test_load.py plants one in .metadata)")
     (path / "0").mkdir(exist_ok=True)
     (path / "0" / "evil").write_bytes(pickle.dumps(Unpickled(str(ckpt / "pwned"))))
     manifest = yaml.safe_load((path / ".snapshot_metadata").read_text())
@@ -164,6 +174,7 @@ CASES = {
     "a format version this release does not know": _unknown_format,
     "a shard file missing, truncated, or failing its checksum (names the tensor key and the file)": _bad_checksum,
     "the metadata file unreadable or not matching the marker": _bad_metadata,
+    "stored shards that do not cover a tensor of the index (a checkpoint of another writer)": _uncovered,
     "a pickled payload (a torchsnapshot object entry, a `torch.save`d entry)": _pickled_entry,
     "a Lightning `.ckpt` file that needs more than `torch.load(weights_only=True)`": _unsafe_file,
     "a Lightning `.ckpt` file that is not a readable `torch.save` file": _unreadable_file,

@@ -7,14 +7,18 @@ import os
 import shutil
 import threading
 
+import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from lightning_ft.checkpoint import AsyncCheckpointer, SnapshotStorage, is_committed, list_committed, read_metadata
+from lightning_ft.checkpoint import AsyncCheckpointer, is_committed, list_committed, read_metadata
 from lightning_ft.checkpoint import discovery as discovery_module
 from lightning_ft.events import read_events
 from lightning_ft.strategy.auto_resume import resume_candidates
+from tests.checkpoint.support import format_storage_class
 from tests.strategy.models import TinyRegressor, make_trainer
+
+pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
 
 USER_FILES = {
     "src/model.py": b"class Model: ...\n",
@@ -88,15 +92,16 @@ def test_a_save_issued_from_an_on_train_start_hook_survives_the_cleanup_at_train
     dirpath = tmp_path / "ckpt"
     path = dirpath / "at-train-start.ckpt"
     started, gate = threading.Event(), threading.Event()
-    real_write = SnapshotStorage.write
+    storage_class = format_storage_class()
+    real_write = storage_class.write
 
-    def held_write(self, folder, entries, *, group):
+    def held_write(self, folder, entries, *, group, **kwargs):
         if folder == path:
             started.set()
             assert gate.wait(timeout=120)
-        return real_write(self, folder, entries, group=group)
+        return real_write(self, folder, entries, group=group, **kwargs)
 
-    monkeypatch.setattr(SnapshotStorage, "write", held_write)
+    monkeypatch.setattr(storage_class, "write", held_write)
     hook = _SaveAtTrainStart(path, started, gate)
     ckpt = ModelCheckpoint(dirpath=dirpath, every_n_train_steps=2, save_top_k=-1)
     trainer = make_trainer(tmp_path, callbacks=[hook, ckpt], max_steps=2)

@@ -15,6 +15,8 @@ from lightning_ft.events import read_events
 from lightning_ft.strategy.checkpoint_io import check_checkpoint_dirpath
 from tests.strategy.models import TinyRegressor, make_trainer
 
+pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
+
 
 class _MonitoredRegressor(TinyRegressor):
     """Logs a metric that stops improving after step 2, so top-k keeps step 2 while training goes on."""
