@@ -277,8 +277,14 @@ class AsyncCheckpointer:
         except BaseException:
             if self._rank == 0 and job.folder is not None and not job.committed:
                 # Every rank is past the exchange that reported the failure, so nobody writes into it any more.
-                _discard_quietly(job.folder, "the folder of a failed save")
+                self._discard_failed(job)
             raise
+
+    def _prepare(self, job: _Job) -> Path:  # seam hooks with _discard_failed and _commit: a subclass writes elsewhere
+        return prepare(job.path, step=job.metadata["step"], run_id=job.metadata["run_id"])
+
+    def _discard_failed(self, job: _Job) -> None:
+        _discard_quietly(job.folder, "the folder of a failed save")  # type: ignore[arg-type]
 
     def _write_steps(self, job: _Job) -> None:
         # 1. Rank 0 creates the folder, with the in-progress record, before any byte of data; its path wins.
@@ -286,7 +292,7 @@ class AsyncCheckpointer:
         prepared = None
         if self._rank == 0:
             try:
-                job.folder = prepare(job.path, step=job.metadata["step"], run_id=job.metadata["run_id"])
+                job.folder = self._prepare(job)
                 prepared = (str(job.path), str(job.folder))
             except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
                 error = e

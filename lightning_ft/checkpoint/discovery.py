@@ -29,6 +29,7 @@ from lightning_ft.checkpoint.errors import CheckpointError
 from lightning_ft.checkpoint.in_progress import discard, has_record, in_flight_paths
 from lightning_ft.checkpoint.shard_reader import ShardReader
 from lightning_ft.checkpoint.snapshot_storage import fsync_dir
+from lightning_ft.checkpoint.storage.object_store import ObjectStore, as_url, is_remote
 from lightning_ft.checkpoint.storage.registry import storage_for_path
 from lightning_ft.checkpoint.swap import parse_swap_name, recover_interrupted_swaps, swap_target
 
@@ -66,7 +67,10 @@ class CheckpointInfo:
 
 
 def is_committed(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a checkpoint directory holding a commit marker (a link to one counts)."""
+    """Whether ``path`` is a checkpoint directory holding a commit marker (a link to one counts), or an object-store
+    checkpoint whose marker object exists."""
+    if is_remote(path):
+        return ObjectStore().is_committed(path)
     return (Path(path) / COMMIT_MARKER).is_file()
 
 
@@ -75,7 +79,7 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
 
     Works on uncommitted directories too (when their metadata file exists); raises :class:`CheckpointError` otherwise.
     """
-    document = read_document(Path(path), require_commit=False)
+    document = ObjectStore().read_document(path) if is_remote(path) else read_document(Path(path), require_commit=False)
     return json_codec.decode(document["metadata"])
 
 
@@ -84,7 +88,14 @@ def list_committed(dirpath: str | os.PathLike) -> list[CheckpointInfo]:
 
     Symlinks (such as ``last``), directories without a readable marker, and the staging and replaced folders of a
     replacement (``.<name>.lft-new-*``, ``.<name>.lft-old-*``: see :func:`recover_interrupted_swaps`) are skipped.
+    Under an object-store URL, the marker objects are listed (``path`` is then a ``Path`` made from the URL, and
+    ``mtime`` the commit time the marker records).
     """
+    if is_remote(dirpath):
+        return [
+            CheckpointInfo(path=Path(c.path), step=c.step, mtime=c.time, full_state=c.full_state)
+            for c in ObjectStore().list_committed(dirpath)
+        ]
     dirpath = Path(dirpath)
     if not dirpath.is_dir():
         return []
@@ -185,6 +196,9 @@ def cleanup_uncommitted(dirpath: str | os.PathLike, *, keep: Iterable[str | os.P
     and said so once per ``dirpath`` in the log (logger ``lightning_ft.checkpoint.discovery``, level WARNING).
     Returns the removed paths.
     """
+    if is_remote(dirpath):
+        kept_urls = [as_url(p) for p in (*keep, *in_flight_paths()) if is_remote(p)]
+        return [Path(url) for url in ObjectStore().cleanup_uncommitted(dirpath, keep=kept_urls)]
     dirpath = Path(dirpath)
     if not dirpath.is_dir():
         return []

@@ -37,6 +37,7 @@ from lightning_ft.checkpoint.errors import (
 )
 from lightning_ft.checkpoint.shard_reader import ShardReader
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
+from lightning_ft.checkpoint.storage.object_store import ObjectStore, is_remote
 from lightning_ft.checkpoint.storage.registry import storage_for_path
 
 __all__ = ["LoadedCheckpoint", "load_checkpoint"]
@@ -113,7 +114,9 @@ def load_checkpoint(
 
     Collective over ``group`` (default: the default group) when torch.distributed is initialized: every rank calls,
     and if any rank fails, every rank raises. Do not call it while an :class:`AsyncCheckpointer` save on the same group is
-    in flight. ``collective=False`` loads in this process alone (any one rank may call it).
+    in flight. ``collective=False`` loads in this process alone (any one rank may call it). ``path`` may be an
+    object-store URL (``s3://...``, or a ``Path`` made from one): a checkpoint that
+    :class:`~lightning_ft.checkpoint.storage.ObjectStoreCheckpointer` wrote there loads the same way.
 
     Raises:
         CheckpointNotFoundError: nothing exists at ``path`` (an ``UncommittedCheckpointError`` and a
@@ -130,11 +133,14 @@ def load_checkpoint(
     error: BaseException | None = None
     loaded = None
     try:
-        if not path.exists():
+        if is_remote(path):
+            document = ObjectStore().read_document(path)
+        elif not path.exists():
             raise CheckpointNotFoundError(f"checkpoint {path} does not exist")
-        if not path.is_dir():
+        elif not path.is_dir():
             raise UncommittedCheckpointError(f"checkpoint {path} is a file, not a lightning-ft checkpoint directory")
-        document = read_document(path)
+        else:
+            document = read_document(path)
         problems = coverage_problems(document)
         if problems:
             raise CorruptCheckpointError(f"checkpoint {path} cannot be loaded: {'; '.join(problems)}")

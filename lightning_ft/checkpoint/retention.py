@@ -28,6 +28,7 @@ from pathlib import Path
 
 from lightning_ft.checkpoint import discovery
 from lightning_ft.checkpoint.in_progress import discard, is_ours
+from lightning_ft.checkpoint.storage.object_store import ObjectStore, as_url, is_remote
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,8 @@ class Retention:
         is repointed now) or being written (the link follows its commit). Otherwise returns the folder the caller
         must write the state to; the link follows it when it commits.
         """
+        if is_remote(link):
+            return self._plan_remote_last(link, step)
         if link.exists() and not link.is_symlink():
             self._warn_not_a_link(link)
             return None
@@ -99,6 +102,16 @@ class Retention:
         target = last_data_path(link, step)
         self._follow(link, target)
         return target
+
+    def _plan_remote_last(self, link: Path, step: int | None) -> Path | None:
+        # Object stores have no links: `last` is the newest marker found by listing. A state of a step that is
+        # committed or being written needs no second copy; another one is written at the path Lightning asked for.
+        in_flight = self._in_flight()
+        if in_flight is not None and in_flight.parent == link.parent and self._in_flight_step() == step:
+            return None
+        if any(info.step == step for info in discovery.list_committed(link.parent)):
+            return None
+        return link
 
     def _follow(self, link: Path, target: Path | None) -> None:
         """Make ``link`` wait for ``target`` (None: for nothing); a state of ours it waited for is superseded."""
@@ -152,6 +165,9 @@ class Retention:
         """Delete ``path`` now, or after the next commit if it is in flight, the newest committed checkpoint of its
         folder, or what a ``last`` link points at. A link is unlinked; a file or folder that is not ours is left alone
         (a warning says so, once). Never raises for a deletion that fails: it warns."""
+        if is_remote(path):
+            self._remove_remote(path)
+            return
         if path.is_symlink():
             path.unlink()
             return
@@ -181,3 +197,20 @@ class Retention:
             discard(path)
         except (OSError, ValueError) as e:
             log.warning("lightning-ft: could not delete checkpoint %s (%s); it is left as it is", path, e)
+
+    def _remove_remote(self, path: Path) -> None:
+        store = ObjectStore()
+        in_flight = self._in_flight()
+        latest = discovery.latest_committed(path.parent)
+        if path in {in_flight, latest.path if latest else None}:
+            with self._lock:
+                self._pending_removals.append(path)
+            return
+        if not store.is_ours(path):
+            if store.exists(path):
+                self._warn_once(path, f"{as_url(path)} is not a checkpoint lightning-ft wrote; it is left as it is.")
+            return
+        try:
+            store.remove(path)
+        except (OSError, ValueError) as e:
+            log.warning("lightning-ft: could not delete checkpoint %s (%s); it is left as it is", as_url(path), e)

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lightning_ft.checkpoint.storage.object_store import is_remote
+
 # Optimizer state per parameter, in parameter-sized tensors, for optimizers whose state does not exist yet (it is
 # created at the first step). Unknown optimizers count as Adam, the common worst case.
 _STATE_PER_PARAM = {"SGD": 1, "Adagrad": 1, "RMSprop": 2, "Adadelta": 2}
@@ -94,6 +96,8 @@ def check_checkpoint_dirs(
         except ValueError as err:
             failures.append(Failure(rank, "checkpoint_dir", str(err), user_error=True))
             continue
+        if is_remote(raw):
+            continue  # an object store has no local disk whose free space means anything
         dirpath = Path(raw)
         target = dirpath if dirpath.exists() else dirpath.parent
         free = shutil.disk_usage(target).free

@@ -19,7 +19,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from lightning_ft import _compat
 from lightning_ft.checkpoint import CheckpointError, CheckpointNotFoundError, UncommittedCheckpointError, discovery
 from lightning_ft.checkpoint.foreign_discovery import list_foreign
-from lightning_ft.strategy.checkpoint_io import is_lightning_ft_checkpoint
+from lightning_ft.checkpoint.storage import ObjectStore, as_url, is_remote
+from lightning_ft.strategy.checkpoint_io import is_last_path, is_lightning_ft_checkpoint
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -33,6 +34,8 @@ def resolve_explicit_ckpt_path(path: Path) -> Path:
         UncommittedCheckpointError: ``path`` is a lightning-ft checkpoint without its commit marker, or a ``last`` link
             to one while no committed checkpoint exists beside it.
     """
+    if is_remote(path):
+        return _resolve_remote(path)
     if path.is_symlink():
         target = path.resolve()
         if target.exists() and discovery.is_committed(target):
@@ -52,6 +55,36 @@ def resolve_explicit_ckpt_path(path: Path) -> Path:
             f" finished){discovery.newest_alternative(path)}"
         )
     return path
+
+
+def _resolve_remote(path: Path) -> Path:
+    # An object store has no `last` link: a `last*.ckpt` path that holds no committed checkpoint means the newest one
+    # found by listing the markers beside it.
+    if is_last_path(path) and not discovery.is_committed(path):
+        latest = discovery.latest_committed(path.parent)
+        if latest is not None:
+            return latest.path
+    if not discovery.is_committed(path):
+        if not ObjectStore().exists(path):
+            raise CheckpointNotFoundError(
+                f"ckpt_path={as_url(path)!r} does not exist{discovery.newest_alternative(path)}"
+            )
+        if is_lightning_ft_checkpoint(path):
+            raise UncommittedCheckpointError(
+                f"ckpt_path={as_url(path)!r} is a lightning-ft checkpoint without its commit marker (its save never"
+                f" finished){discovery.newest_alternative(path)}"
+            )
+    return path
+
+
+def newest_remote_checkpoint(trainer: pl.Trainer) -> str | None:
+    """``ckpt_path="last"`` where ``ModelCheckpoint`` dirpaths are object-store URLs (Lightning looks for ``last``
+    files and cannot list a bucket): the URL of the newest committed checkpoint under them, by listing markers; ``None``
+    when no dirpath is remote or none holds a committed checkpoint."""
+    remote = [d for d in checkpoint_dirpaths(trainer) if is_remote(d)]
+    found = [info for d in remote for info in discovery.list_committed(d)]
+    found.sort(key=lambda c: (c.step is not None, c.step or 0, c.mtime))
+    return as_url(found[-1].path) if found else None
 
 
 def checkpoint_dirpaths(trainer: pl.Trainer) -> list[Path]:

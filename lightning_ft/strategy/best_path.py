@@ -7,7 +7,8 @@ launcher (:func:`lightning_ft._compat.hook_launcher`) with :func:`resolving_best
 installs a :class:`~lightning_ft._compat.Patch` on the trainer's checkpoint-path parser which, when ``"best"`` is asked
 for and the callback knows no best path, first restores each ``ModelCheckpoint``'s state from the newest committed
 checkpoint in its ``dirpath`` (the state that checkpoint saved: best path, scores, top-k). Lightning then resolves
-``"best"`` as it would have in the process that trained.
+``"best"`` as it would have in the process that trained. The same patch resolves ``"last"`` when ``ModelCheckpoint``
+dirpaths are object-store URLs: to the newest committed checkpoint found by listing their markers.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_ft import _compat
 from lightning_ft.checkpoint import CheckpointError, discovery
 from lightning_ft.checkpoint.rank_state import read_rank_state
+from lightning_ft.strategy.auto_resume import newest_remote_checkpoint
 
 __all__ = ["resolving_best", "restore_checkpoint_callbacks"]
 
@@ -54,6 +56,8 @@ def resolving_best(trainer: Any) -> Iterator[None]:
 
     def parse(original: Any, state_fn: Any, ckpt_path: Any, model_provided: bool, model_connected: bool) -> Any:
         callback = trainer.checkpoint_callback
+        if ckpt_path == "last" and (newest := newest_remote_checkpoint(trainer)) is not None:
+            return newest  # object stores have no `last` link; Lightning's own search cannot list them
         if ckpt_path == "best" and callback is not None and not getattr(callback, "best_model_path", None):
             restore_checkpoint_callbacks(trainer)
         return original(state_fn, ckpt_path, model_provided, model_connected)

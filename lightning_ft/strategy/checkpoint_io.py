@@ -14,6 +14,7 @@ import re
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,8 +35,9 @@ from lightning_ft.checkpoint import (
     discovery,
     load_checkpoint,
 )
-from lightning_ft.checkpoint.storage import storage_named
+from lightning_ft.checkpoint.storage import ObjectStore, ObjectStoreCheckpointer, RoutedStorage, storage_named
 from lightning_ft.checkpoint.storage.dcp_storage import ENTRIES_FILE
+from lightning_ft.checkpoint.storage.object_store import as_url, is_remote, protocol_of
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -53,7 +55,9 @@ def is_last_path(path: Path) -> bool:
 
 def is_lightning_ft_checkpoint(path: Path) -> bool:
     """A folder that lightning-ft wrote (committed or not): it holds our metadata, our marker, our in-progress record
-    or snapshot data."""
+    or snapshot data; or an object-store checkpoint holding our marker or a generation of ours."""
+    if is_remote(path):
+        return ObjectStore().is_ours(path)
     if not path.is_dir():
         return False
     names = (METADATA_FILE, COMMIT_MARKER, IN_PROGRESS_RECORD, ".snapshot_metadata", "batched", ENTRIES_FILE)
@@ -61,17 +65,44 @@ def is_lightning_ft_checkpoint(path: Path) -> bool:
 
 
 def check_checkpoint_dirpath(dirpath: str) -> None:
-    """Raise ``ValueError`` unless ``dirpath`` is a local folder that is writable, or can be created in an existing
-    parent. Object-store URLs (``s3://``, ``gs://``, ``memory://``) are refused with that reason: lightning-ft's
-    commit protocol needs a filesystem with atomic rename and fsync."""
-    protocol = fsspec.core.split_protocol(str(dirpath))[0]
-    if protocol not in (None, "file", "local"):
+    """Raise ``ValueError`` unless ``dirpath`` is a folder lightning-ft can keep checkpoints in: a local (or mounted)
+    folder that is writable or can be created in an existing parent, or an object-store URL (``s3://``, ``gs://``,
+    ``az://``, ``memory://``, ...) whose fsspec filesystem is installed and accepts a write. URLs of read-only or
+    archive filesystems (``http://``, ``zip://``, ...) are refused."""
+    protocol = protocol_of(str(dirpath))
+    if protocol in (None, "file", "local"):
+        _check_writable_dir(Path(fsspec.core.strip_protocol(str(dirpath)) if protocol else dirpath))
+        return
+    option = f"ModelCheckpoint(dirpath={str(dirpath)!r})"
+    if protocol in _NOT_OBJECT_STORES:
         raise ValueError(
-            f"ModelCheckpoint(dirpath={str(dirpath)!r}): ElasticFT3D writes checkpoints to a local or shared"
-            f" filesystem (a path all nodes see); {protocol}:// object storage is not supported. Use a mounted path"
-            " and copy finished checkpoints to object storage, or use another strategy for this run."
+            f"{option}: {protocol}:// is not a storage ElasticFT3D can commit checkpoints to (read-only or an archive);"
+            " use a local or shared folder, or an object store (s3://, gs://, az://)"
         )
-    _check_writable_dir(Path(fsspec.core.strip_protocol(str(dirpath)) if protocol else dirpath))
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ImportError as err:
+        raise ValueError(
+            f"{option}: {protocol}:// needs a package that is not installed ({err}); install it (e.g. `pip install"
+            " s3fs` for s3://, `gcsfs` for gs://, `adlfs` for az://) or use a local folder"
+        ) from err
+    except ValueError as err:
+        raise ValueError(f"{option}: fsspec knows no filesystem for {protocol}:// ({err})") from err
+    _check_writable_url(as_url(str(dirpath)), option)
+
+
+_NOT_OBJECT_STORES = frozenset({"http", "https", "zip", "tar", "github", "git", "libarchive", "reference", "dir"})
+
+
+def _check_writable_url(url: str, option: str) -> None:
+    # A real PUT and DELETE of a probe object: credentials and bucket policies are what refuses writes here.
+    try:
+        fs, root = fsspec.core.url_to_fs(url)
+        probe = f"{root.rstrip('/')}/.lightning-ft-probe-{uuid.uuid4().hex}"
+        fs.pipe_file(probe, b"")
+        fs.rm_file(probe)
+    except Exception as err:  # noqa: BLE001 - every backend has its own errors; the message carries the reason
+        raise ValueError(f"{option}: cannot write into {url} ({type(err).__name__}: {err})") from err
 
 
 def _check_writable_dir(dirpath: Path) -> None:
@@ -177,9 +208,23 @@ class StrategyCheckpoints:
 
     def open(self, *, storage: Any = None) -> None:
         """Start the background writer. Collective: it creates a process group of its own. ``storage``: the storage
-        seam to write through (``None``: ``SnapshotStorage``; a fault injector passes a wrapper)."""
+        seam to write through (``None``: the format's storage, with object storage for URLs; a fault injector passes a
+        wrapper, which keeps its faults around them)."""
         if self._writer is None:
-            self._writer = AsyncCheckpointer(on_commit=self._on_commit, storage=storage or storage_named(self._format))
+            self._writer = ObjectStoreCheckpointer(on_commit=self._on_commit, storage=self._storage(storage))
+
+    def _storage(self, wrapper: Any) -> Any:
+        """The seam the writer uses: this format's storage for folders, object storage for URLs; inside ``wrapper`` (a
+        fault injector's, whose innermost storage is replaced) when given."""
+        routed = RoutedStorage(storage_named(self._format))
+        if wrapper is None:
+            return routed
+        holder = wrapper
+        while hasattr(getattr(holder, "inner", None), "inner"):
+            holder = holder.inner
+        if hasattr(holder, "inner"):
+            holder.inner = routed
+        return wrapper
 
     def close(self) -> None:
         """Wait for the save in flight and stop the writer; re-raise a background failure. Every rank calls it."""
@@ -204,7 +249,7 @@ class StrategyCheckpoints:
         start = time.perf_counter()
         if self._writer is None:
             # No background writer outside fit: nothing would ever wait for it, so save and commit now.
-            one_shot = AsyncCheckpointer(on_commit=self._on_commit, storage=storage_named(self._format))
+            one_shot = ObjectStoreCheckpointer(on_commit=self._on_commit, storage=self._storage(None))
             try:
                 one_shot.save(path, state, rank_state=rank_state, metadata=metadata)
             finally:
@@ -249,7 +294,7 @@ class StrategyCheckpoints:
             log.write(
                 "checkpoint_committed",
                 step=info.step,
-                path=str(info.path),
+                path=as_url(info.path),
                 stall_s=info.stall_s,
                 total_s=info.total_s,
                 size_bytes=info.size_bytes,

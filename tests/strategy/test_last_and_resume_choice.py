@@ -12,7 +12,6 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_ft import ElasticFT3D
 from lightning_ft.checkpoint import AsyncCheckpointer, is_committed, list_committed, read_metadata
 from lightning_ft.events import read_events
-from lightning_ft.strategy.checkpoint_io import check_checkpoint_dirpath
 from tests.strategy.models import TinyRegressor, make_trainer
 
 pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
@@ -123,18 +122,6 @@ def test_a_trainer_can_be_pickled_and_deep_copied_and_a_trained_model_saved_whol
     copy.deepcopy(trainer.strategy)
     torch.save(model, tmp_path / "model.pt")
     assert isinstance(torch.load(tmp_path / "model.pt", weights_only=False), TinyRegressor)
-
-
-def test_an_object_store_dirpath_is_refused_before_training_with_the_reason(tmp_path):
-    trainer = make_trainer(
-        tmp_path, callbacks=[ModelCheckpoint(dirpath="memory://ckpt", every_n_train_steps=1)], max_steps=2
-    )
-    with pytest.raises(ValueError, match=r"dirpath='memory://ckpt'.*memory:// object storage is not supported"):
-        trainer.fit(TinyRegressor())
-    assert trainer.global_step == 0
-    with pytest.raises(ValueError, match=r"s3:// object storage is not supported"):
-        check_checkpoint_dirpath("s3://bucket/ckpt")
-    check_checkpoint_dirpath(f"file://{tmp_path}")
 
 
 @pytest.mark.parametrize("stage", ["validate", "test", "predict"])

@@ -1,25 +1,33 @@
 """Checkpoints in object storage (S3, GCS, Azure, ...) through fsspec, committed without rename or link.
 
-Object stores have no rename, no link and no fsync, but a PUT is atomic: an object is seen whole or not at all. So the
-commit protocol needs no temporary names:
+Object stores have no rename, no link and no fsync, but a PUT is atomic: an object is seen whole or not at all, and a
+PUT over an existing object replaces it whole. So the commit protocol needs no temporary names:
 
-- every rank writes its entries as one object ``<ckpt>/data/<rank>`` (entries back to back) and their byte ranges as
-  ``<ckpt>/data/<rank>.json``, written after the data object (:meth:`ObjectStore.write`);
-- rank 0 writes the metadata object, then the marker object, last (:meth:`ObjectStore.commit`);
-- a checkpoint counts when its marker object exists; the newest (``last``) is found by listing the markers
-  (:meth:`ObjectStore.list_committed`), never through a link;
-- a checkpoint is removed marker first (:meth:`ObjectStore.remove`), and a prefix without a marker is removed by
-  :meth:`ObjectStore.cleanup_uncommitted` only when it holds lightning-ft's data objects (something it can prove it wrote).
+- a save to ``<ckpt>`` writes into a generation prefix of its own, ``<ckpt>/lft-<token>/``: rank 0 first PUTs the
+  in-progress record there (:meth:`ObjectStore.prepare`), then every rank PUTs its entries as one object
+  ``data/<rank>`` and their byte ranges as ``data/<rank>.json`` (:meth:`ObjectStore.write`);
+- rank 0 PUTs the metadata object into the generation, then the marker object ``<ckpt>/lightning_ft.committed``, last,
+  naming the generation (:meth:`ObjectStore.commit`). A checkpoint counts when its marker exists; readers follow the
+  marker to its generation. Replacing a committed checkpoint is one more marker PUT: the old generation stays committed
+  until that instant, and is deleted afterwards;
+- the newest checkpoint (``last``) is found by listing the markers (:meth:`ObjectStore.list_committed`), never through
+  a link; a checkpoint is removed marker first (:meth:`ObjectStore.remove`);
+- what lightning-ft may delete is what it can prove it wrote: a marker, or a generation prefix holding our in-progress
+  record or data index (:meth:`ObjectStore.cleanup_uncommitted`). Another tool's objects are left alone.
 
-:class:`ObjectStore` has the storage seam's ``write``/``reader`` interface plus the commit and discovery functions that
-the filesystem code does with rename, fsync and links. Paths are fsspec URLs (``s3://bucket/ckpts/step=100``,
-``memory://ckpts/step=100``).
+Paths are fsspec URLs (``s3://bucket/ckpts/step=100``, ``memory://ckpts/step=100``). The strategy passes paths around
+as :class:`pathlib.Path`, which folds ``s3://`` into ``s3:/``; :func:`as_url` restores the URL, :func:`is_remote` says
+whether a path is one.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import socket
 import time
+import uuid
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -30,8 +38,46 @@ import torch
 import torch.distributed as dist
 
 from lightning_ft.checkpoint.commit import COMMIT_MARKER, FORMAT_VERSION, METADATA_FILE
+from lightning_ft.checkpoint.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    FormatVersionError,
+    UncommittedCheckpointError,
+)
+from lightning_ft.checkpoint.in_progress import IN_PROGRESS_RECORD
 
-__all__ = ["ObjectCheckpointInfo", "ObjectReader", "ObjectStore"]
+__all__ = ["ObjectCheckpointInfo", "ObjectCommit", "ObjectReader", "ObjectStore", "as_url", "is_remote"]
+
+_FOLDED = re.compile(r"^(?P<protocol>[A-Za-z][A-Za-z0-9+.\-]*):/+(?P<rest>.*)$")
+_GENERATION = re.compile(r"^lft-[0-9a-f]{16}$")
+_LOCAL = (None, "file", "local")
+
+
+def as_url(path: str | os.PathLike) -> str:
+    """``path`` as an fsspec URL: ``s3:/bucket/k`` (a URL that went through ``pathlib.Path``) becomes ``s3://bucket/k``;
+    anything else is returned as it is."""
+    text = os.fspath(path)
+    if "://" in text:
+        return text
+    match = _FOLDED.match(text)
+    if match is None or match["protocol"] in ("file", "local") or len(match["protocol"]) < 2:
+        return text
+    return f"{match['protocol']}://{match['rest']}"
+
+
+def protocol_of(path: str | os.PathLike) -> str | None:
+    """The fsspec protocol of ``path`` (``"s3"``, ``"memory"``), or ``None`` for a local path."""
+    return fsspec.core.split_protocol(as_url(path))[0]
+
+
+def is_remote(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is an object-store URL (any fsspec protocol but the local filesystem's)."""
+    return protocol_of(path) not in _LOCAL
+
+
+def _join(*parts: str) -> str:
+    return "/".join(p.strip("/") if i else p.rstrip("/") for i, p in enumerate(parts))
 
 
 @dataclass(frozen=True)
@@ -43,10 +89,42 @@ class ObjectCheckpointInfo:
     step: int | None
     time: float
     """The commit time recorded in its marker (object stores' modification times are not comparable across stores)."""
+    full_state: bool | None = None
+    """The marker's ``full_state``; ``None`` when it does not say."""
 
 
-def _join(*parts: str) -> str:
-    return "/".join(p.strip("/") if i else p.rstrip("/") for i, p in enumerate(parts))
+class ObjectCommit:
+    """One committed save, until :meth:`finish` (delete what it replaced) or :meth:`undo` (put it back)."""
+
+    def __init__(self, store: ObjectStore, folder: str, previous: bytes | None) -> None:
+        self._store, self.folder, self._previous = store, folder, previous
+        self.path = folder.rsplit("/", 1)[0]
+
+    def finish(self) -> None:
+        """Remove the in-progress record and the generation the new marker replaced."""
+        fs, root = self._store._fs(self.folder)
+        fs.rm_file(_join(root, IN_PROGRESS_RECORD))
+        old = _generation(self._previous)
+        if old is not None and old != self.folder.rsplit("/", 1)[1]:
+            self._store._remove_prefix(_join(self.path, old))
+
+    def undo(self) -> None:
+        """Put the marker it replaced back (or remove its own), then delete its generation."""
+        fs, root = self._store._fs(self.path)
+        marker = _join(root, COMMIT_MARKER)
+        if self._previous is not None:
+            fs.pipe_file(marker, self._previous)
+        elif fs.exists(marker):
+            fs.rm_file(marker)
+        self._store.discard(self.folder)
+
+
+def _generation(marker: bytes | None) -> str | None:
+    try:
+        value = json.loads(marker).get("generation") if marker else None
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) and _GENERATION.match(value) else None
 
 
 class ObjectStore:
@@ -58,8 +136,9 @@ class ObjectStore:
     Example::
 
         store = ObjectStore()
-        store.write("s3://bucket/ckpts/step=100", entries, group=None)  # every rank
-        store.commit("s3://bucket/ckpts/step=100", document, step=100)  # rank 0, after every rank wrote
+        folder = store.prepare("s3://bucket/ckpts/step=100", step=100, run_id=None)  # rank 0
+        store.write(folder, entries, group=None)  # every rank
+        store.commit(folder, document, step=100).finish()  # rank 0, after every rank wrote
         store.list_committed("s3://bucket/ckpts")[-1].path  # the newest: what `last` means here
     """
 
@@ -68,20 +147,43 @@ class ObjectStore:
     def __init__(self, storage_options: Mapping[str, Any] | None = None) -> None:
         self._options = dict(storage_options or {})
 
-    def _fs(self, url: str) -> tuple[Any, str]:
-        fs, path = fsspec.core.url_to_fs(url, **self._options)
-        return fs, path
+    def _fs(self, url: str | os.PathLike) -> tuple[Any, str]:
+        fs, path = fsspec.core.url_to_fs(as_url(url), **self._options)
+        return fs, path.rstrip("/")
 
-    # -- the seam ------------------------------------------------------------------------------------------------------
+    def _url(self, fs: Any, path: str) -> str:
+        return as_url(fs.unstrip_protocol(path))
 
-    def write(self, path: str, entries: Mapping[str, torch.Tensor], *, group: dist.ProcessGroup | None) -> None:
-        """Write this rank's ``entries`` (1-D ``uint8`` CPU tensors) as one data object and its index.
+    # -- writing ---------------------------------------------------------------------------------------------------
 
-        Every rank calls it; it does no communication (each rank writes objects of its own). The index object is
-        written after the data object, so an index always describes a complete data object.
+    def prepare(self, path: str | os.PathLike, *, step: int | None, run_id: str | None) -> str:
+        """Rank 0, before any data: create the generation the save to ``path`` writes into, with its in-progress
+        record; return its URL.
+
+        Raises:
+            CheckpointError: ``path`` holds objects lightning-ft cannot prove it wrote (no marker, no generation of
+                ours); nothing is touched.
         """
+        fs, root = self._fs(path)
+        if not self.is_ours(path) and _listing(fs, root):
+            raise CheckpointError(
+                f"cannot save to {as_url(path)}: it holds objects lightning-ft cannot prove it wrote (no commit"
+                " marker, no generation of ours), so they are left alone; remove them or save to another path"
+            )
+        generation = f"lft-{uuid.uuid4().hex[:16]}"
+        record = {"target": root.rsplit("/", 1)[-1], "step": step, "run_id": run_id, "time": time.time()}
+        record.update(host=socket.gethostname(), pid=os.getpid(), generation=generation)
+        fs.pipe_file(_join(root, generation, IN_PROGRESS_RECORD), json.dumps(record).encode())
+        return self._url(fs, _join(root, generation))
+
+    def write(
+        self, path: str | os.PathLike, entries: Mapping[str, torch.Tensor], *, group: dist.ProcessGroup | None
+    ) -> None:
+        """Write this rank's ``entries`` (1-D ``uint8`` CPU tensors) into generation ``path`` as one data object and
+        its index. Every rank calls it; it does no communication. The index is written after the data object, so an
+        index always describes a complete data object."""
         rank = dist.get_rank(group) if dist.is_available() and dist.is_initialized() else 0
-        fs, root = self._fs(str(path))
+        fs, root = self._fs(path)
         index, start = {}, 0
         with fs.open(_join(root, "data", str(rank)), "wb") as f:
             for name, data in entries.items():
@@ -91,96 +193,190 @@ class ObjectStore:
                 start += len(buffer)
         fs.pipe_file(_join(root, "data", f"{rank}.json"), json.dumps(index).encode())
 
-    def reader(self, path: str) -> ObjectReader:
-        return ObjectReader(self, str(path))
-
-    # -- commit and discovery ------------------------------------------------------------------------------------------
-
-    def commit(self, path: str, document: dict[str, Any], *, step: int | None) -> None:
-        """Rank 0, after every rank's :meth:`write` returned: the metadata object, then the marker object, last."""
-        fs, root = self._fs(str(path))
+    def commit(
+        self, folder: str | os.PathLike, document: dict[str, Any], *, step: int | None, full_state: bool | None = None
+    ) -> ObjectCommit:
+        """Rank 0, after every rank's :meth:`write` returned: the metadata object into generation ``folder``, then the
+        marker object of its checkpoint, last. Returns the handle that finishes or undoes the commit."""
+        fs, root = self._fs(folder)
+        checkpoint, generation = root.rsplit("/", 1)
         data = json.dumps(document, allow_nan=False).encode()
         fs.pipe_file(_join(root, METADATA_FILE), data)
-        marker = {
-            "format_version": FORMAT_VERSION,
-            "step": step,
-            "time": time.time(),
-            "metadata_crc32": zlib.crc32(data),
-        }
-        fs.pipe_file(_join(root, COMMIT_MARKER), json.dumps(marker).encode())
+        marker: dict[str, Any] = {"format_version": FORMAT_VERSION, "step": step}
+        if full_state is not None:
+            marker["full_state"] = full_state
+        marker.update(time=time.time(), metadata_crc32=zlib.crc32(data), generation=generation)
+        marker_path = _join(checkpoint, COMMIT_MARKER)
+        previous = fs.cat_file(marker_path) if fs.exists(marker_path) else None
+        fs.pipe_file(marker_path, json.dumps(marker).encode())
+        return ObjectCommit(self, self._url(fs, root), previous)
 
-    def is_committed(self, path: str) -> bool:
-        fs, root = self._fs(str(path))
-        return fs.exists(_join(root, COMMIT_MARKER))
+    def discard(self, folder: str | os.PathLike) -> None:
+        """Delete generation ``folder`` (a failed or replaced save); never one the checkpoint's marker names."""
+        fs, root = self._fs(folder)
+        checkpoint, generation = root.rsplit("/", 1)
+        if _GENERATION.match(generation) and self._committed_generation(fs, checkpoint) != generation:
+            self._remove_prefix(self._url(fs, root))
 
-    def read_document(self, path: str) -> dict[str, Any]:
-        """The metadata document of committed checkpoint ``path``, checked against its marker's checksum."""
-        from lightning_ft.checkpoint.errors import CorruptCheckpointError, UncommittedCheckpointError
+    def _remove_prefix(self, url: str) -> None:
+        fs, root = self._fs(url)
+        if _listing(fs, root):
+            fs.rm(root, recursive=True)
 
-        fs, root = self._fs(str(path))
+    # -- reading ---------------------------------------------------------------------------------------------------
+
+    def _marker(self, fs: Any, root: str) -> dict[str, Any] | None:
         try:
             marker = json.loads(fs.cat_file(_join(root, COMMIT_MARKER)))
         except FileNotFoundError:
-            raise UncommittedCheckpointError(f"checkpoint {path} has no commit marker {COMMIT_MARKER}") from None
-        data = fs.cat_file(_join(root, METADATA_FILE))
-        if marker.get("metadata_crc32") not in (None, zlib.crc32(data)):
-            raise CorruptCheckpointError(f"checkpoint {path}: {METADATA_FILE} does not match its marker's checksum")
-        return json.loads(data)
+            return None
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CorruptCheckpointError(f"checkpoint {self._url(fs, root)}: commit marker is not valid JSON") from e
+        return marker if isinstance(marker, dict) else {}
 
-    def list_committed(self, dirpath: str) -> list[ObjectCheckpointInfo]:
+    def _committed_generation(self, fs: Any, root: str) -> str | None:
+        try:
+            return _generation(fs.cat_file(_join(root, COMMIT_MARKER)))
+        except FileNotFoundError:
+            return None
+
+    def exists(self, path: str | os.PathLike) -> bool:
+        """Whether any object lies at or under ``path``."""
+        fs, root = self._fs(path)
+        return bool(_listing(fs, root)) or fs.exists(root)
+
+    def is_committed(self, path: str | os.PathLike) -> bool:
+        fs, root = self._fs(path)
+        return fs.exists(_join(root, COMMIT_MARKER))
+
+    def is_ours(self, path: str | os.PathLike) -> bool:
+        """Whether ``path`` holds our marker or a generation of ours (in-progress record or data index)."""
+        fs, root = self._fs(path)
+        return fs.exists(_join(root, COMMIT_MARKER)) or bool(self._generations(fs, root))
+
+    def _generations(self, fs: Any, root: str) -> list[str]:
+        found = []
+        for child in _listing(fs, root):
+            name = child.rstrip("/").rsplit("/", 1)[-1]
+            if _GENERATION.match(name) and (
+                fs.exists(_join(root, name, IN_PROGRESS_RECORD)) or fs.glob(_join(root, name, "data", "*.json"))
+            ):
+                found.append(name)
+        return found
+
+    def read_document(self, path: str | os.PathLike) -> dict[str, Any]:
+        """The metadata document of committed checkpoint ``path``, checked against its marker's checksum.
+
+        Raises:
+            CheckpointNotFoundError: nothing exists at ``path``.
+            UncommittedCheckpointError: no marker.
+            CorruptCheckpointError: the marker or the metadata is unreadable or does not match.
+            FormatVersionError: an unknown format version.
+        """
+        fs, root = self._fs(path)
+        marker = self._marker(fs, root)
+        if marker is None:
+            if not _listing(fs, root):
+                raise CheckpointNotFoundError(f"checkpoint {as_url(path)} does not exist")
+            raise UncommittedCheckpointError(f"checkpoint {as_url(path)} has no commit marker {COMMIT_MARKER}")
+        generation = marker.get("generation")
+        try:
+            data = fs.cat_file(_join(root, str(generation), METADATA_FILE))
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"checkpoint {as_url(path)}: its metadata object is missing") from None
+        if marker.get("metadata_crc32") not in (None, zlib.crc32(data)):
+            raise CorruptCheckpointError(f"checkpoint {as_url(path)}: {METADATA_FILE} does not match its marker")
+        try:
+            document = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CorruptCheckpointError(f"checkpoint {as_url(path)}: {METADATA_FILE} is not valid JSON") from e
+        if not isinstance(document, dict) or document.get("format_version") != FORMAT_VERSION:
+            version = document.get("format_version") if isinstance(document, dict) else None
+            raise FormatVersionError(
+                f"checkpoint {as_url(path)} has format version {version!r}; this lightning-ft reads {FORMAT_VERSION}"
+            )
+        return document
+
+    def reader(self, path: str | os.PathLike) -> ObjectReader:
+        """A reader for committed checkpoint ``path`` (its marker's generation)."""
+        fs, root = self._fs(path)
+        generation = self._committed_generation(fs, root)
+        if generation is None:
+            raise UncommittedCheckpointError(f"checkpoint {as_url(path)} has no commit marker {COMMIT_MARKER}")
+        return ObjectReader(fs, _join(root, generation))
+
+    # -- discovery and removal -------------------------------------------------------------------------------------
+
+    def list_committed(self, dirpath: str | os.PathLike) -> list[ObjectCheckpointInfo]:
         """Committed checkpoints directly under ``dirpath``, by step ascending (``None`` first), then commit time.
 
         Found by listing marker objects: the last one is the newest checkpoint, the object-store ``last``.
         """
-        fs, root = self._fs(str(dirpath))
+        fs, root = self._fs(dirpath)
         found = []
         for marker in fs.glob(_join(root, "*", COMMIT_MARKER)):
             try:
                 content = json.loads(fs.cat_file(marker))
-            except (ValueError, FileNotFoundError):
+            except (ValueError, FileNotFoundError, UnicodeDecodeError):
                 continue
-            step = content.get("step")
-            path = fs.unstrip_protocol(marker.rsplit("/", 1)[0])
+            step, full_state = content.get("step"), content.get("full_state")
             found.append(
                 ObjectCheckpointInfo(
-                    path=path, step=step if isinstance(step, int) else None, time=content.get("time", 0)
+                    path=self._url(fs, marker.rsplit("/", 1)[0]),
+                    step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+                    time=float(content.get("time") or 0),
+                    full_state=full_state if isinstance(full_state, bool) else None,
                 )
             )
         return sorted(found, key=lambda c: (c.step is not None, c.step or 0, c.time, c.path))
 
-    def remove(self, path: str) -> None:
-        """Delete checkpoint ``path``: its marker first, so it is never seen committed and incomplete."""
-        fs, root = self._fs(str(path))
+    def remove(self, path: str | os.PathLike) -> None:
+        """Delete checkpoint ``path``: its marker first, so it is never seen committed and incomplete; then its
+        generations. Objects of others under ``path`` are left."""
+        fs, root = self._fs(path)
         marker = _join(root, COMMIT_MARKER)
+        generations = self._generations(fs, root)
+        committed = self._committed_generation(fs, root)
         if fs.exists(marker):
             fs.rm_file(marker)
-        if fs.exists(root):
-            fs.rm(root, recursive=True)
+        for generation in {*generations, *([committed] if committed else [])}:
+            self._remove_prefix(self._url(fs, _join(root, generation)))
 
-    def cleanup_uncommitted(self, dirpath: str, *, keep: Iterable[str] = ()) -> list[str]:
-        """Remove the prefixes under ``dirpath`` without a marker that hold lightning-ft data objects, except ``keep``.
+    def cleanup_uncommitted(self, dirpath: str | os.PathLike, *, keep: Iterable[str | os.PathLike] = ()) -> list[str]:
+        """Delete the generations of ours under ``dirpath`` that no marker names (saves that never committed,
+        checkpoints a crash left replaced), except those of the checkpoints in ``keep`` (a save in flight).
 
-        Prefixes without our data objects (another tool's files) are left alone. Returns the removed URLs.
+        Objects without our record or index (another tool's) are left alone. Returns the deleted generation URLs.
         """
-        fs, root = self._fs(str(dirpath))
-        kept = {self._fs(str(k))[1].rstrip("/") for k in keep}
+        fs, root = self._fs(dirpath)
+        kept = {self._fs(k)[1] for k in keep}
         removed = []
-        for child in fs.ls(root, detail=True):
-            name = child["name"].rstrip("/")
-            if child["type"] != "directory" or name in kept or fs.exists(_join(name, COMMIT_MARKER)):
+        for child in _listing(fs, root):
+            checkpoint = child.rstrip("/")
+            if checkpoint in kept:
                 continue
-            if not fs.glob(_join(name, "data", "*.json")) and not fs.exists(_join(name, "data", "0")):
-                continue
-            fs.rm(name, recursive=True)
-            removed.append(fs.unstrip_protocol(name))
+            committed = self._committed_generation(fs, checkpoint)
+            for generation in self._generations(fs, checkpoint):
+                if generation != committed:
+                    url = self._url(fs, _join(checkpoint, generation))
+                    self._remove_prefix(url)
+                    removed.append(url)
         return removed
 
 
-class ObjectReader:
-    """Reads one checkpoint's entries by ``(rank, entry)`` with ranged reads. Obtained from :meth:`ObjectStore.reader`."""
+def _listing(fs: Any, root: str) -> list[str]:
+    try:
+        return [p for p in fs.ls(root, detail=False) if p.rstrip("/") != root]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
-    def __init__(self, store: ObjectStore, path: str) -> None:
-        self._fs, self._root = store._fs(path)
+
+class ObjectReader:
+    """Reads one checkpoint generation's entries by ``(rank, entry)`` with ranged reads. From
+    :meth:`ObjectStore.reader`."""
+
+    def __init__(self, fs: Any, root: str) -> None:
+        self._fs, self._root = fs, root
         self._indexes: dict[int, dict[str, list[int]]] = {}
 
     def _index(self, rank: int) -> dict[str, list[int]]:
@@ -192,14 +388,15 @@ class ObjectReader:
         return self._indexes[rank]
 
     def files(self, rank: int, name: str) -> list[str]:
-        return [f"data/{rank}"] if name in self._index(rank) else []
+        """Objects (relative to the generation) holding entry ``name`` of ``rank``; ``[]`` if it is not indexed."""
+        return [f"{self._root.rsplit('/', 1)[-1]}/data/{rank}"] if name in self._index(rank) else []
 
     def unsafe_entries(self) -> list[str]:
         return []  # entries are raw bytes
 
     def read(self, rank: int, name: str, out: torch.Tensor) -> None:
         """Read entry ``name`` of ``rank`` into the CPU ``uint8`` tensor ``out``; ``KeyError``/``FileNotFoundError``/
-        ``EOFError`` as the filesystem reader."""
+        ``EOFError`` as the filesystem readers."""
         entry = self._index(rank).get(name)
         if entry is None:
             raise KeyError(f"{rank}/{name}")

@@ -13,6 +13,7 @@ from typing import Any
 
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 from lightning_ft.checkpoint.storage.dcp_storage import ENTRIES_FILE, DcpStorage
+from lightning_ft.checkpoint.storage.object_store import ObjectStore, is_remote
 
 __all__ = ["FORMATS", "storage_for_path", "storage_named"]
 
@@ -36,5 +37,8 @@ def storage_named(name: str, *, owner: str | None = None) -> Any:
 
 
 def storage_for_path(path: str | os.PathLike) -> Any:
-    """The storage that reads the checkpoint folder ``path``: DCP when its entry table is there, else torchsnapshot."""
+    """The storage that reads the checkpoint ``path``: an :class:`ObjectStore` for an object-store URL, DCP for a folder
+    holding DCP's entry table, else torchsnapshot."""
+    if is_remote(path):
+        return ObjectStore()
     return DcpStorage() if (Path(path) / ENTRIES_FILE).is_file() else SnapshotStorage()
