@@ -303,7 +303,9 @@ class FaultInjector(Callback):
 
     def _on_storage_write(self, path: Any) -> Callable[[], None]:
         """Faults due at the start of a checkpoint write; returns what to do after the real write (raise, or not)."""
-        match = _STEP_IN_NAME.search(os.path.basename(os.fspath(path)))
+        # The innermost name that says a step: an object-store save writes into a generation inside its checkpoint.
+        names = [_STEP_IN_NAME.search(name) for name in reversed(os.fspath(path).split("/")[-2:])]
+        match = next((m for m in names if m), None)
         step = int(match.group(1)) if match else None
         after: list[Callable[[], None]] = []
         # Signals and kills first: a stall after them keeps the write in flight while the signal is handled.

@@ -42,3 +42,20 @@ def test_dcp_format_checkpoints_commit_resume_and_are_read_by_pytorch_tools(tmp_
 def test_an_unknown_checkpoint_format_is_refused_at_construction():
     with pytest.raises(ValueError, match=r"ElasticFT3D\(checkpoint_format='zarr'\): must be one of 'torchsnapshot'"):
         ElasticFT3D(checkpoint_format="zarr")
+
+
+def test_the_fault_injectors_storage_faults_wrap_the_chosen_format(tmp_path):
+    import errno
+
+    from lightning_ft.fault import FaultInjector
+
+    injector = FaultInjector().storage_error_at(rank=0, step=4, errno="ENOSPC")
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
+    trainer = make_trainer(
+        tmp_path, strategy=ElasticFT3D(checkpoint_format="dcp"), callbacks=[ckpt, injector], max_steps=8
+    )
+    with pytest.raises(OSError) as raised:
+        trainer.fit(TinyRegressor())
+    assert raised.value.errno == errno.ENOSPC
+    [committed] = list_committed(tmp_path / "ckpt")
+    assert committed.step == 2 and (committed.path / ".metadata").is_file()  # written as DCP, not torchsnapshot

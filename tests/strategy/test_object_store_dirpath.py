@@ -110,3 +110,18 @@ def test_a_url_whose_filesystem_is_not_installed_or_cannot_commit_is_refused_nam
         check_checkpoint_dirpath("nosuchfs://bucket/ckpt")
     check_checkpoint_dirpath(f"memory://{tmp_path.name}/ok")
     check_checkpoint_dirpath(f"file://{tmp_path}")
+
+
+def test_the_fault_injectors_storage_errors_reach_object_store_saves_in_either_format(tmp_path, bucket):
+    from lightning_ft.fault import FaultInjector
+
+    injector = FaultInjector().storage_error_at(rank=0, step=4, errno="ENOSPC")
+    ckpt = ModelCheckpoint(dirpath=bucket, every_n_train_steps=2, save_top_k=-1)
+    trainer = make_trainer(
+        tmp_path, strategy=ElasticFT3D(checkpoint_format="dcp"), callbacks=[ckpt, injector], max_steps=8
+    )
+    with pytest.raises(OSError) as raised:
+        trainer.fit(TinyRegressor())
+    assert raised.value.errno == errno.ENOSPC and "injected by FaultInjector" in str(raised.value)
+    assert [c.step for c in list_committed(bucket)] == [2]
+    assert {o.split("/", 1)[0] for o in _objects(bucket)} == {"epoch=0-step=2.ckpt"}
