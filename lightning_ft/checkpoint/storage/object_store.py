@@ -341,6 +341,8 @@ class ObjectStore:
             fs.rm_file(marker)
         for generation in {*generations, *([committed] if committed else [])}:
             self._remove_prefix(self._url(fs, _join(root, generation)))
+        if not _listing(fs, root) and fs.isdir(root):
+            fs.rmdir(root)  # a filesystem with real directories (a local fake bucket) keeps an empty one
 
     def cleanup_uncommitted(self, dirpath: str | os.PathLike, *, keep: Iterable[str | os.PathLike] = ()) -> list[str]:
         """Delete the generations of ours under ``dirpath`` that no marker names (saves that never committed,
