@@ -91,6 +91,26 @@ def check_checkpoint_dirpath(dirpath: str) -> None:
     _check_writable_url(as_url(str(dirpath)), option)
 
 
+def check_checkpoint_callback(callback: Any, *, world_size: int) -> None:
+    """Raise ``ValueError`` for a ``ModelCheckpoint`` whose object-store ``dirpath`` cannot work with its options:
+    ``save_last="link"`` (Lightning makes that link with ``os.symlink``; object stores have no links, and ``last`` is
+    the newest committed marker anyway) and ``memory://`` with more than one process (each process has its own)."""
+    dirpath = getattr(callback, "dirpath", None)
+    if not dirpath or not is_remote(str(dirpath)):
+        return
+    option = f"ModelCheckpoint(dirpath={str(dirpath)!r}"
+    if getattr(callback, "save_last", None) == "link":
+        raise ValueError(
+            f"{option}, save_last='link'): an object store has no links; use save_last=True (lightning-ft then writes"
+            " no second copy: `last` is the newest committed checkpoint, found by listing)"
+        )
+    if protocol_of(str(dirpath)) == "memory" and world_size > 1:
+        raise ValueError(
+            f"{option}): memory:// is private to each process, so {world_size} processes cannot share checkpoints"
+            " there; use an object store all ranks reach (s3://, gs://, az://) or a shared folder"
+        )
+
+
 _NOT_OBJECT_STORES = frozenset({"http", "https", "zip", "tar", "github", "git", "libarchive", "reference", "dir"})
 
 

@@ -52,6 +52,7 @@ from lightning_ft.strategy.auto_resume import AutoResume, checkpoint_dirpaths, r
 from lightning_ft.strategy.best_path import resolving_best
 from lightning_ft.strategy.checkpoint_io import (
     StrategyCheckpoints,
+    check_checkpoint_callback,
     check_checkpoint_dirpath,
     is_lightning_ft_checkpoint,
     run_metadata,
@@ -270,6 +271,7 @@ class ElasticFT3D(DDPStrategy):
                     "ModelCheckpoint(dirpath=None): the default path contains the logger version and changes at every"
                     " restart, so auto-resume cannot find earlier checkpoints. Set ModelCheckpoint(dirpath=...)."
                 )
+            check_checkpoint_callback(cb, world_size=self.world_size)
         self._auto_resume.install(trainer)
 
     # ------------------------------------------------------------------ model set-up and steps

@@ -14,7 +14,7 @@ from lightning_ft import ElasticFT3D
 from lightning_ft.checkpoint import COMMIT_MARKER, list_committed, load_checkpoint
 from lightning_ft.checkpoint.storage import FORMATS, ObjectStore
 from lightning_ft.events import read_events
-from lightning_ft.strategy.checkpoint_io import check_checkpoint_dirpath
+from lightning_ft.strategy.checkpoint_io import check_checkpoint_callback, check_checkpoint_dirpath
 from tests.strategy.models import TinyRegressor, make_trainer
 
 
@@ -125,3 +125,14 @@ def test_the_fault_injectors_storage_errors_reach_object_store_saves_in_either_f
     assert raised.value.errno == errno.ENOSPC and "injected by FaultInjector" in str(raised.value)
     assert [c.step for c in list_committed(bucket)] == [2]
     assert {o.split("/", 1)[0] for o in _objects(bucket)} == {"epoch=0-step=2.ckpt"}
+
+
+def test_options_that_cannot_work_with_object_storage_are_refused_before_training(tmp_path, bucket):
+    ckpt = ModelCheckpoint(dirpath=bucket, every_n_train_steps=2, save_last="link")
+    trainer = make_trainer(tmp_path, callbacks=[ckpt], max_steps=4)
+    with pytest.raises(ValueError, match=r"save_last='link'\): an object store has no links"):
+        trainer.fit(TinyRegressor())
+    assert trainer.global_step == 0 and list_committed(bucket) == []
+    with pytest.raises(ValueError, match=r"memory:// is private to each process, so 2 processes cannot share"):
+        check_checkpoint_callback(ModelCheckpoint(dirpath=bucket), world_size=2)
+    check_checkpoint_callback(ModelCheckpoint(dirpath=bucket), world_size=1)
