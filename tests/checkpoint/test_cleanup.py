@@ -14,27 +14,27 @@ import torch
 from lightning_ft.checkpoint import (
     IN_PROGRESS_RECORD,
     AsyncCheckpointer,
-    SnapshotStorage,
     cleanup_uncommitted,
     is_committed,
     list_committed,
     load_checkpoint,
 )
-from tests.checkpoint.support import GatedStorage, in_forked_child, kill_this_process, save
+from tests.checkpoint.support import GatedStorage, StorageWrapper, in_forked_child, kill_this_process, save
 
 pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
 
 
-class RecordingStorage(SnapshotStorage):
+class RecordingStorage(StorageWrapper):
     """Real storage that notes what the checkpoint folder holds when the first byte of data is about to be written."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.seen: dict = {}
 
-    def write(self, path, entries, *, group):
+    def write(self, path, entries, *, group, **kwargs):
         self.seen["files"] = sorted(p.name for p in path.iterdir())
         self.seen["record"] = json.loads((path / IN_PROGRESS_RECORD).read_text())
-        super().write(path, entries, group=group)
+        super().write(path, entries, group=group, **kwargs)
 
 
 def test_the_in_progress_record_names_the_save_before_any_data_is_written_and_goes_at_commit(tmp_path):
@@ -116,12 +116,12 @@ def test_cleanup_never_removes_a_save_in_flight_even_when_the_caller_does_not_na
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "replaced"]
 
 
-class DyingStorage(SnapshotStorage):
+class DyingStorage(StorageWrapper):
     """Writes the first of this rank's entries, then the process is killed: a save interrupted mid-write."""
 
-    def write(self, path, entries, *, group):
+    def write(self, path, entries, *, group, **kwargs):
         first = dict(list(entries.items())[:1])
-        super().write(path, first, group=group)
+        super().write(path, first, group=group, **kwargs)
         kill_this_process()
 
 

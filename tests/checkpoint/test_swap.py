@@ -14,7 +14,6 @@ import torch
 from lightning_ft.checkpoint import (
     IN_PROGRESS_RECORD,
     AsyncCheckpointer,
-    SnapshotStorage,
     cleanup_uncommitted,
     in_progress,
     is_committed,
@@ -25,7 +24,15 @@ from lightning_ft.checkpoint import (
     verify,
 )
 from lightning_ft.checkpoint import async_checkpointer as writer_module
-from tests.checkpoint.support import FlakyStorage, GatedStorage, enospc, in_forked_child, kill_this_process, save
+from tests.checkpoint.support import (
+    FlakyStorage,
+    GatedStorage,
+    StorageWrapper,
+    enospc,
+    in_forked_child,
+    kill_this_process,
+    save,
+)
 
 pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
 
@@ -206,9 +213,9 @@ def test_a_crash_while_undoing_a_failed_save_leaves_a_committed_checkpoint_at_it
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
 
 
-class _PartialWrite(SnapshotStorage):
-    def write(self, path, entries, *, group):
-        super().write(path, dict(list(entries.items())[:1]), group=group)
+class _PartialWrite(StorageWrapper):
+    def write(self, path, entries, *, group, **kwargs):
+        super().write(path, dict(list(entries.items())[:1]), group=group, **kwargs)
         kill_this_process()
 
 
