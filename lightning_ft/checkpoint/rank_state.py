@@ -14,6 +14,7 @@ from typing import Any
 from lightning_ft.checkpoint import json_codec
 from lightning_ft.checkpoint.commit import read_document
 from lightning_ft.checkpoint.shard_reader import ShardReader
+from lightning_ft.checkpoint.storage.object_store import ObjectStore, is_remote
 from lightning_ft.checkpoint.storage.registry import storage_for_path
 
 __all__ = ["read_rank_state"]
@@ -28,7 +29,7 @@ def read_rank_state(path: str | os.PathLike, rank: int = 0) -> Any:
         CheckpointError: as :func:`~lightning_ft.checkpoint.load_checkpoint`.
     """
     path = Path(path)
-    document = read_document(path)
+    document = ObjectStore().read_document(path) if is_remote(path) else read_document(path)
     reader = ShardReader(path, document, storage_for_path(path), verify_checksums=True)
     rank_states = document["rank_states"]
     tensors = document["tensors"]

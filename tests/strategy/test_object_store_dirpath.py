@@ -136,3 +136,20 @@ def test_options_that_cannot_work_with_object_storage_are_refused_before_trainin
     with pytest.raises(ValueError, match=r"memory:// is private to each process, so 2 processes cannot share"):
         check_checkpoint_callback(ModelCheckpoint(dirpath=bucket), world_size=2)
     check_checkpoint_callback(ModelCheckpoint(dirpath=bucket), world_size=1)
+
+
+def test_validate_with_best_in_a_fresh_trainer_reads_the_callback_state_from_the_bucket(tmp_path, bucket):
+    from tests.strategy.test_eval_and_top_k import ScoredRegressor
+
+    def callback():
+        return ModelCheckpoint(dirpath=bucket, every_n_train_steps=1, save_top_k=2, monitor="score", mode="min")
+
+    trained = make_trainer(tmp_path, callbacks=[callback()], max_steps=6, limit_val_batches=1)
+    trained.fit(ScoredRegressor())
+    assert trained.checkpoint_callback.best_model_path.endswith("step=4.ckpt")
+    best = load_checkpoint(f"{bucket}/epoch=0-step=4.ckpt").state["state_dict"]
+    trainer = make_trainer(tmp_path, callbacks=[callback()], limit_val_batches=1)  # knows nothing of the run
+    model = ScoredRegressor()
+    trainer.validate(model, ckpt_path="best")
+    for name, tensor in best.items():
+        assert torch.equal(model.state_dict()[name], tensor), name
