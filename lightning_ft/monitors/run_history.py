@@ -202,6 +202,7 @@ def link(prev: dict[str, Any], cur: dict[str, Any]) -> dict[str, Any]:
         "after_attempt": prev["attempt"],
         "cause": cause,
         "failure": cause in _FAILURES or lost_steps > 0,
+        "fault_time": fault,
         "restart_s": first - fault if first is not None else None,
         "recovery_s": cur["recovery_s"],
         **phases,
