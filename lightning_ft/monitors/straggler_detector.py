@@ -20,6 +20,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 _MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation over its median absolute deviation
 
@@ -40,7 +41,7 @@ class DetectorConfig:
     drift_threshold: float = 0.2
     """Relative slowdown of a rank against its own baseline, net of any slowdown of the whole fleet, that counts as
     drift (a rank that used to be faster than the others and is now slower than them, though by less than
-    ``threshold``). ``math.inf`` turns drift off."""
+    ``threshold``). ``math.inf`` turns drift off; so does a fleet noisy enough to lift the bar above ``threshold``."""
     baseline_windows: int = 3
     """Windows that form each rank's baseline for drift (the median of their window medians)."""
     noise_factor: float = 3.0
@@ -50,7 +51,7 @@ class DetectorConfig:
     alone, as in 0.1.0)."""
     noise_windows: int = 32
     """Recent windows over which the noise is measured (a window-to-window change per window)."""
-    min_noise_windows: int = 8
+    min_noise_windows: int = 6
     """Window-to-window changes measured before anybody can be named (``min_noise_windows + 1`` windows after
     warm-up). Fewer would judge the noise from a stretch in which one healthy rank happened to stay slow: on a busy
     host that lasts several windows."""
@@ -119,9 +120,9 @@ class WindowResult:
     """The fleet's measured noise: the spread of log(own time / others' median) between windows (NaN: unknown)."""
 
 
-@dataclass
-class _Window:
-    """One rank's record of one window, kept for the last ``patience + 1`` windows."""
+class _Window(NamedTuple):
+    """One rank's record of one window, kept for the last ``noise_windows`` windows: a streak is judged against the
+    bar in use when it is named, back to where it began."""
 
     start: int
     log_ratio: float
@@ -217,9 +218,14 @@ class StragglerDetector:
         noise = self.noise
         if not math.isfinite(noise):
             return math.inf, math.inf
-        # The drift statistic compares a window with a baseline of earlier windows: it carries the noise of both.
         bar = cfg.noise_factor * noise
-        return max(fleet, bar), max(drift, bar * math.sqrt(2.0))
+        if bar > fleet:
+            # Drift compares a rank with a baseline of a few early windows; where the noise already lifts the fleet
+            # bar above `threshold`, that baseline may have caught a healthy rank in a fast phase, and a drift of
+            # `drift_threshold` cannot be told from noise: drift is not judged while the fleet is this noisy.
+            return bar, math.inf
+        # The drift statistic carries the noise of the window and of the baseline.
+        return fleet, max(drift, bar * math.sqrt(2.0))
 
     def update(
         self,
@@ -249,21 +255,26 @@ class StragglerDetector:
         )
         start = step - steps
         hints = list(onset_steps) if onset_steps is not None else [math.nan] * n
+        least = cfg.min_excess_ms
         for rank, own in enumerate(own_ms):
+            d = drift[rank]
             window = _Window(
-                start=start,
-                log_ratio=log_ratios[rank],
+                start,
+                log_ratios[rank],
                 # Drift counts only once the rank is slower than the others: a rank that slowed down but still
                 # arrives first at the collective holds nobody back.
-                log_drift=_log(drift[rank]) if ratios[rank] > 1.0 else math.nan,
-                excess_ms=own - others[rank],
-                drift_excess_ms=own - own / drift[rank] if drift[rank] > 0 else math.nan,
-                onset_hint=hints[rank],
+                _log(d) if ratios[rank] > 1.0 else math.nan,
+                own - others[rank],
+                own - own / d if d > 0 else math.nan,
+                hints[rank],
             )
-            recent = self._recent.setdefault(rank, deque(maxlen=cfg.patience + 1))
+            recent = self._recent.get(rank)
+            if recent is None:
+                recent = self._recent[rank] = deque(maxlen=max(cfg.noise_windows, cfg.patience + 1))
             recent.append(window)
-            slow_fleet = self._slow(window, "fleet", bar_fleet)
-            if slow_fleet or self._slow(window, "drift", bar_drift):
+            slow_fleet = window.log_ratio > bar_fleet and window.excess_ms > least
+            slow_drift = window.log_drift > bar_drift and window.drift_excess_ms > least
+            if slow_fleet or slow_drift:
                 self._lost_ms[rank] = self._lost_ms.get(rank, 0.0) + max(window.excess_ms, 0.0) * steps
                 self._healthy.pop(rank, None)
             elif rank in self._named:
@@ -273,30 +284,30 @@ class StragglerDetector:
                 if self._healthy[rank] >= cfg.patience:
                     del self._named[rank], self._healthy[rank]
                     result.recoveries.append(Recovery(rank, step, self._lost_ms.pop(rank, 0.0) / 1000.0))
+                continue
             else:
-                self._lost_ms.pop(rank, None)
+                if self._lost_ms:
+                    self._lost_ms.pop(rank, None)
+                continue  # naming needs the latest window slow
             if rank in self._named:
                 continue
-            for kind, bar, ratio in (("fleet", bar_fleet, ratios[rank]), ("drift", bar_drift, drift[rank])):
-                # `patience` slow windows among the last `patience + 1`, judged against the bar in use now: one
-                # unlucky window delays a detection by one window instead of restarting it.
-                slow = [w for w in recent if self._slow(w, kind, bar)]
-                if self._slow(window, kind, bar) and len(slow) >= cfg.patience:
+            # `patience` slow windows among the last `patience + 1`, judged against the bar in use now: one unlucky
+            # window delays a detection by one window instead of restarting it.
+            for kind, is_slow, ratio in (("fleet", slow_fleet, ratios[rank]), ("drift", slow_drift, d)):
+                if not is_slow:
+                    continue
+                flags = [_slow(w, kind, bar_fleet, bar_drift, least) for w in recent]
+                if sum(flags[-(cfg.patience + 1) :]) >= cfg.patience:
                     self._named[rank] = kind
-                    result.detections.append(
-                        Detection(rank, ratio, _onset(slow[0], steps), step, kind, math.expm1(bar))
-                    )
+                    first = recent[_streak_start(flags)]
+                    bar = bar_fleet if kind == "fleet" else bar_drift
+                    result.detections.append(Detection(rank, ratio, _onset(first, steps), step, kind, math.expm1(bar)))
                     break
         return result
 
     def open_episodes(self) -> dict[int, float]:
         """Named ranks that have not recovered, with the seconds lost to each so far."""
         return {rank: self._lost_ms.get(rank, 0.0) / 1000.0 for rank in self._named}
-
-    def _slow(self, w: _Window, kind: str, bar: float) -> bool:
-        if kind == "fleet":
-            return w.log_ratio > bar and w.excess_ms > self.config.min_excess_ms
-        return w.log_drift > bar and w.drift_excess_ms > self.config.min_excess_ms
 
     def _measure_noise(self, log_ratios: list[float]) -> None:
         # The window-to-window change of each rank's log ratio, its median over the ranks: a persistent straggler
@@ -331,6 +342,24 @@ class StragglerDetector:
             c / o if math.isfinite(c) and o > 0 else math.nan
             for c, o in zip(change, medians_of_others(change), strict=True)
         ]
+
+
+def _slow(w: _Window, kind: str, bar_fleet: float, bar_drift: float, least: float) -> bool:
+    if kind == "fleet":
+        return w.log_ratio > bar_fleet and w.excess_ms > least
+    return w.log_drift > bar_drift and w.drift_excess_ms > least
+
+
+def _streak_start(flags: list[bool]) -> int:
+    """Index of the first slow window of the streak that ends with the last window: walking back, the streak ends at
+    two healthy windows in a row (one is the unlucky window that patience forgives)."""
+    first = len(flags) - 1
+    for i in range(len(flags) - 2, -1, -1):
+        if flags[i]:
+            first = i
+        elif i == 0 or not flags[i - 1]:
+            break
+    return first
 
 
 def _onset(first_slow: _Window, steps: int) -> int:
