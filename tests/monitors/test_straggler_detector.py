@@ -154,6 +154,8 @@ def test_the_rise_of_a_ranks_times_is_found_at_the_step_it_began():
     steps = list(range(40, 56))
     times = [10 * rng.uniform(0.9, 1.1) * (2.0 if s >= 47 else 1.0) for s in steps]
     assert rise_step(steps, times) == 47
+    flat = [10 * rng.uniform(0.9, 1.1) for _ in steps]
+    assert math.isnan(rise_step(steps, flat))  # noise alone: no rise
     assert math.isnan(rise_step([1, 2, 3], [1.0, 1.0, 2.0]))
 
 
