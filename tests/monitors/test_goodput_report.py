@@ -145,7 +145,7 @@ def test_restarts_at_other_world_sizes_weigh_device_time_by_each_attempt():
         (4, "finished"),
     ]
     crash, preempt = s["restarts"]
-    # Rank 2 crashed first (1052); the others noticed at 1060.
+    # Rank 2 crashed first (1052); the others' watchdogs then found them hung, at 1060: the crash is the cause.
     assert phases(crash) == (8.0, 0.0, 20.0, 3.0, 17.0)
     assert (crash["cause"], crash["lost_steps"], crash["lost_s"], crash["failure"]) == ("crashed", 12, 8.0, True)
     assert phases(preempt) == (4.0, 0.0, 22.0, 4.0, 16.0)

@@ -47,16 +47,16 @@ def test_the_rank_with_slower_compute_is_named_with_the_step_its_slowdown_began(
     rng = random.Random(0)
     for step in range(200):
         forward = jittered(rng, 3, 5.0)
-        if step >= 120:
-            forward[1] += 30.0
+        if step >= 117:  # mid-window: windows end at steps 8, 16, ..., 112, 120
+            forward[2] += 30.0
         fleet.step(forward=forward, data=jittered(rng, 3, 1.0))
     fleet.end()
     (event,) = fleet.events("straggler")
-    assert (event["suspect_rank"], event["kind"], event["onset_step"]) == (1, "fleet", 120)
+    assert (event["suspect_rank"], event["kind"], event["onset_step"]) == (2, "fleet", 117)
     assert event["ratio"] > 4
     # Named within 50 steps of the onset, the monitor's one-window lag included.
-    assert 120 < event["step"] <= 170
-    assert [d["suspect_rank"] for m in fleet.monitors for d in m.detections] == [1, 1, 1]
+    assert 117 < event["step"] <= 167
+    assert [d["suspect_rank"] for m in fleet.monitors for d in m.detections] == [2, 2, 2]
 
 
 def test_the_demos_throttled_rank_is_named_with_its_onset_not_the_start_of_its_window(monkeypatch, tmp_path):

@@ -97,8 +97,10 @@ def test_violation_time_is_reported_per_interval_in_seconds(tmp_path):
     monitor = ThermalMonitor(interval=1, nvml=nvml)
     trainer = fake_trainer(tmp_path)
     monitor.setup(trainer, None, "fit")
+    # NVML's counters are cumulative since the driver loaded: what was there before training is not this interval's.
+    nvml.set(0, thermal_violation_ns=4e9, power_violation_ns=2e9)
     run_windows(monitor, trainer, 1)
-    nvml.set(0, thermal_violation_ns=2.5e9, power_violation_ns=1e9)
+    nvml.set(0, thermal_violation_ns=6.5e9, power_violation_ns=3e9)
     run_windows(monitor, trainer, 1)
     last = trainer.loggers[0].metrics[-1]
     assert last["thermal/thermal_violation_s/rank_0"] == 2.5
