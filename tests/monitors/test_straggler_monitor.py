@@ -60,9 +60,9 @@ def test_the_rank_with_slower_compute_is_named_with_the_step_its_slowdown_began(
 
 
 def test_the_demos_throttled_rank_is_named_with_its_onset_not_the_start_of_its_window(monkeypatch, tmp_path):
-    # examples/demo.py: resumed at step 15 after a kill at 17; from step 30 rank 1's device throttles to 840 of
-    # 1980 MHz and its steps slow down by that ratio; training stops at step 90. 0.1.0 reported onset step 27, the
-    # first step of the window the slowdown began in.
+    # As in examples/demo.py: resumed at step 15 after a kill at 17; from step 30 rank 1's device throttles and its
+    # steps slow down; training stops at step 90. 0.1.0 reported onset step 27 there, the first step of the window
+    # the slowdown began in.
     EventLog(tmp_path, rank=0, run_id="sim", attempt=0).write("progress", step=17, productive_s=1.0, data_wait_s=0.0)
     fleet = SimulatedFleet(monkeypatch, tmp_path, 2, attempt=1)
     fleet.start(global_step=15)
