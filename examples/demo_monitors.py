@@ -1,9 +1,9 @@
 """The demo's monitors and its two injected incidents, on CPU.
 
 A CPU has no NVML, so ThermalMonitor reads a ``FakeNVML``. On the attempt after the restart, from
-``--incident-step`` on, rank 1's fake device reports a thermal slowdown at 60% of its maximum SM clock, and rank 1's
-steps slow down by the same ratio, as a throttled GPU's kernels would: ThermalMonitor logs a ``thermal`` event on rank
-1 and StragglerMonitor names rank 1 as a straggler.
+``--incident-step`` on, rank 1's fake device reports a thermal slowdown at a quarter of its maximum SM clock, and rank
+1's steps slow down by the same ratio, as a throttled GPU's kernels would: ThermalMonitor logs a ``thermal`` event on
+rank 1 and StragglerMonitor names rank 1 as a straggler, with the step the slowdown began.
 """
 
 from __future__ import annotations
