@@ -132,6 +132,7 @@ class StragglerMonitor(Callback):
         self._window_start_step = 0
         self._pending: tuple[PendingRows, int, int] | None = None
         self._previous_window: list[dict[str, float]] = []
+        self._previous_median = -math.inf
         self._replayed_through = -1
 
     @override
@@ -145,7 +146,7 @@ class StragglerMonitor(Callback):
         self._batches = 0
         self._window_start_step = trainer.global_step
         self._pending = None
-        self._previous_window = []
+        self._previous_window, self._previous_median = [], -math.inf
         self.detector = StragglerDetector(self.config)
         self._recovered_lost_s = 0.0
         self._replayed_through = replayed_through(trainer) if trainer.is_global_zero else -1
@@ -209,10 +210,12 @@ class StragglerMonitor(Callback):
             row[2 * i] = median(values)
             row[2 * i + 1] = percentile(values, 90)
         # Where this rank's own time rose, over this window and the one before: if this is the first slow window of
-        # a streak, the slowdown may have begun in the tail of the previous one.
-        recent = self._previous_window + samples
-        row[_RISE] = rise_step([int(s["at"]) for s in recent], [s["own"] for s in recent])
-        self._previous_window = samples
+        # a streak, the slowdown may have begun in the tail of the previous one. A window whose median did not rise
+        # above the previous one cannot be the first slow window after a healthy one: no need to look.
+        if row[0] > self._previous_median:
+            recent = self._previous_window + samples
+            row[_RISE] = rise_step([int(s["at"]) for s in recent], [s["own"] for s in recent])
+        self._previous_window, self._previous_median = samples, row[0] if math.isfinite(row[0]) else -math.inf
         row[-1] = float(len(samples))
         step = trainer.global_step
         steps = max(step - self._window_start_step, 1)
