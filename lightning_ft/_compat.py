@@ -62,6 +62,7 @@ __all__ = [
     "optimizers_to_device",
     "set_logger_version",
     "set_rng_states",
+    "set_scheduler_last_lr",
     "train_combined_loader_mode",
     "unwrap_optimizer",
     "update_dataloader",
@@ -95,6 +96,13 @@ def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     from lightning.pytorch.core.optimizer import LightningOptimizer
 
     return optimizer._optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
+
+
+def set_scheduler_last_lr(scheduler: Any, values: list[float]) -> None:
+    """Make ``scheduler.get_last_lr()`` return ``values`` (``LRScheduler._last_lr``: torch 2.4-2.13; also set by
+    ``ReduceLROnPlateau``). Schedulers without it are left alone."""
+    if hasattr(scheduler, "_last_lr"):
+        scheduler._last_lr = list(values)
 
 
 def set_logger_version(logger: Any, version: str) -> bool:

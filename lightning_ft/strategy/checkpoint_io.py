@@ -119,8 +119,12 @@ def run_metadata(
     optimizers: list[torch.optim.Optimizer],
     lr_scale: float,
     event_log: EventLog | None,
+    lr_scale_state: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The metadata of the run that writes ``checkpoint``: what a later resume (on any world) needs to decide."""
+    """The metadata of the run that writes ``checkpoint``: what a later resume (on any world) needs to decide.
+
+    ``lr_scale`` is the elastic factor the saved optimizer rates carry; ``lr_scale_state`` the ramp it follows
+    (:meth:`lightning_ft.elastic.LRScale.state_dict`)."""
     return {
         "step": checkpoint.get("global_step"),
         "epoch": checkpoint.get("epoch"),
@@ -133,6 +137,7 @@ def run_metadata(
         "accumulate_grad_batches": trainer.accumulate_grad_batches if trainer is not None else 1,
         "base_lrs": [[float(g.get("initial_lr", g["lr"])) for g in opt.param_groups] for opt in optimizers],
         "lr_scale": lr_scale,
+        "lr_scale_state": lr_scale_state,
         "run_id": event_log.run_id if event_log else None,
         "attempt": event_log.attempt if event_log else None,
     }

@@ -26,19 +26,12 @@ import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_ft import _compat
-from lightning_ft.elastic import (
-    ElasticPolicy,
-    LRScale,
-    TrainingDataPosition,
-    align_batch_progress,
-    check_accumulation_scheduler,
-    plan_resume_from_metadata,
-)
+from lightning_ft.elastic import ElasticPolicy, TrainingDataPosition, align_batch_progress, check_accumulation_scheduler
 from lightning_ft.events import EventLog, open_event_log
 from lightning_ft.fault import FaultPolicy
 from lightning_ft.parallel.layout import build_device_mesh
@@ -55,6 +48,7 @@ from lightning_ft.strategy.checkpoint_io import (
     run_metadata,
     split_checkpoint,
 )
+from lightning_ft.strategy.elastic_resume import ElasticResume
 from lightning_ft.strategy.parallel_modes import DataParallelMode, DTensorMode, PipelineMode, has_dtensor_parameters
 from lightning_ft.strategy.tracker import TrainingTracker
 
@@ -144,7 +138,7 @@ class ElasticFT3D(DDPStrategy):
         self._auto_resume = AutoResume(enabled=auto_resume, broadcast=self.broadcast)
         self._tracker: TrainingTracker | None = None
         self._data_position = TrainingDataPosition()
-        self._lr_scale = LRScale()
+        self._elastic_resume = self._new_elastic_resume()
 
     # ------------------------------------------------------------------ mesh and process groups
 
@@ -224,6 +218,8 @@ class ElasticFT3D(DDPStrategy):
                 attempt_start_time=self._attempt_start_time,
             )
         trainer.callbacks.insert(0, self._tracker)
+        if self._elastic_resume not in trainer.callbacks:
+            trainer.callbacks.insert(1, self._elastic_resume)
         for logger in trainer.loggers:
             # TensorBoard's default version counts up at every launch; one run must keep one folder across restarts.
             _compat.set_logger_version(logger, f"run_{self.event_log.run_id}")
@@ -263,19 +259,11 @@ class ElasticFT3D(DDPStrategy):
 
     @override
     def optimizer_step(self, optimizer: Optimizer, closure: Any, model: Any = None, **kwargs: Any) -> Any:
-        scale = self._lr_scale.at(self.lightning_module.trainer.global_step) if self.lightning_module else 1.0
-        if scale == 1.0:
-            return self._mode.optimizer_step(optimizer, closure, model, **kwargs)
-        # The elastic LR scale multiplies the rates only for the step itself: LR schedulers keep computing the
-        # unscaled schedule, and checkpoints keep unscaled rates plus the scale in their metadata.
-        groups = optimizer.param_groups
-        for group in groups:
-            group["lr"] *= scale
-        try:
-            return self._mode.optimizer_step(optimizer, closure, model, **kwargs)
-        finally:
-            for group in groups:
-                group["lr"] /= scale
+        # The elastic learning-rate scale lives in the optimizer's own rates (what LearningRateMonitor reads).
+        step = self.lightning_module.trainer.global_step if self.lightning_module else 0
+        return self._elastic_resume.optimizer_step(
+            lambda: self._mode.optimizer_step(optimizer, closure, model, **kwargs), step
+        )
 
     @contextmanager
     @override
@@ -336,8 +324,8 @@ class ElasticFT3D(DDPStrategy):
             mesh=self.mesh_shape(),
             parallelized=self._parallelized,
             optimizers=self.optimizers,
-            lr_scale=self._lr_scale.at(trainer.global_step if trainer is not None else 0),
             event_log=self.event_log,
+            **self._elastic_resume.metadata(),
         )
 
     @override
@@ -360,6 +348,7 @@ class ElasticFT3D(DDPStrategy):
         path = resolve_explicit_ckpt_path(Path(self.broadcast(str(checkpoint_path))))
         if not is_lightning_ft_checkpoint(path):
             return load_foreign_checkpoint(path, parallelized=self._parallelized)
+        load_start = time.time()
         loaded = self._checkpoint_manager().load(
             path, fallbacks=self._auto_resume.take_fallbacks(path), template=self._mode.load_template()
         )
@@ -367,32 +356,25 @@ class ElasticFT3D(DDPStrategy):
         checkpoint = per_rank_state.restore_own(dict(loaded.state), loaded.rank_state, same_world=same_world)
         checkpoint["callbacks"] = loaded.rank_state.get("callbacks", {})
         self._mode.apply_loaded(loaded.path, checkpoint, loaded.rank_state, loaded.metadata)
-        rng = loaded.rank_state.get("rng")
-        if rng and same_world and self._tracker is not None:
+        # The policy is applied at on_train_start, once the new run's DataLoader (its batch size) is known.
+        self._elastic_resume.checkpoint_loaded(
+            loaded.path, loaded.metadata, load_start_time=load_start, load_end_time=time.time()
+        )
+        rng = self._elastic_resume.rng_states(
+            loaded.rank_state.get("rng"), rank=self.global_rank, saved_rank=loaded.saved_rank
+        )
+        if rng and self._tracker is not None:
             self._tracker.restore_rng_at_next_batch(rng)
-        self._resume_elastically(loaded.path, loaded.metadata)
         return checkpoint
 
-    def _resume_elastically(self, path: Path, metadata: dict[str, Any]) -> None:
-        trainer = self.lightning_module.trainer
-        decision = plan_resume_from_metadata(
-            self.elastic, metadata, new_dp_size=self.data_parallel_size, new_world_size=self.world_size
-        )
-        if decision.accumulate_grad_batches != trainer.accumulate_grad_batches:
-            trainer.accumulate_grad_batches = decision.accumulate_grad_batches
-        step = int(metadata.get("step") or 0)
-        self._lr_scale.resume(carried=float(metadata.get("lr_scale") or 1.0), decision=decision, step=step)
-        if self.global_rank == 0 and self.event_log is not None:
-            self.event_log.write(
-                "resumed",
-                step=metadata.get("step"),
-                path=str(path),
-                saved_world_size=metadata.get("world_size"),
-                world_size=self.world_size,
-                accumulate_grad_batches=decision.accumulate_grad_batches,
-                lr_scale=decision.lr_scale,
-            )
-        rank_zero_info(f"lightning-ft: resumed from {path} (step {metadata.get('step')})")
+    def _new_elastic_resume(self) -> ElasticResume:
+        def sizes() -> tuple[int, int, int, int, dict[str, int]]:
+            cfg = self.parallel_config
+            assert cfg is not None
+            tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
+            return self.world_size, cfg.data_parallel_size, tp, pp, self.mesh_shape()
+
+        return ElasticResume(policy=self.elastic, event_log=lambda: self.event_log, sizes=sizes)
 
     @override
     def on_train_start(self) -> None:
@@ -431,7 +413,7 @@ class ElasticFT3D(DDPStrategy):
         # part of the strategy's configuration: a pickled or deep-copied Trainer (or `torch.save(model)`) gets a
         # strategy that sets them up again when it runs.
         state = dict(self.__dict__)
-        for name in ("_checkpoints", "_tracker", "event_log", "_auto_resume", "_data_position"):
+        for name in ("_checkpoints", "_tracker", "event_log", "_auto_resume", "_data_position", "_elastic_resume"):
             state.pop(name, None)
         return state
 
@@ -442,6 +424,7 @@ class ElasticFT3D(DDPStrategy):
         self.event_log = None
         self._auto_resume = AutoResume(enabled=self.auto_resume, broadcast=self.broadcast)
         self._data_position = TrainingDataPosition()
+        self._elastic_resume = self._new_elastic_resume()
 
     @override
     def teardown(self) -> None:
@@ -454,4 +437,8 @@ class ElasticFT3D(DDPStrategy):
             trainer = self.lightning_module.trainer if self.lightning_module is not None else None
             if trainer is not None and self._tracker is not None and self._tracker in trainer.callbacks:
                 trainer.callbacks.remove(self._tracker)
+            if trainer is not None:
+                self._elastic_resume.finish(trainer)
+                if self._elastic_resume in trainer.callbacks:
+                    trainer.callbacks.remove(self._elastic_resume)
             super().teardown()
