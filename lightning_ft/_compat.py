@@ -52,6 +52,8 @@ __all__ = [
     "Shard",
     "StridedShard",
     "torchsnapshot_take_hooks",
+    "attached_trainer",
+    "mark_checkpoint_saved_at",
     "call_resume_start",
     "checkpoint_connector",
     "collect_rng_states",
@@ -96,6 +98,20 @@ def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     from lightning.pytorch.core.optimizer import LightningOptimizer
 
     return optimizer._optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
+
+
+def attached_trainer(module: Any) -> Any:
+    """The Trainer a LightningModule is attached to, or ``None`` (``LightningModule._trainer``: Lightning 2.4-2.6;
+    the public ``trainer`` property raises when there is none, which in a teardown would hide the original error)."""
+    return getattr(module, "_trainer", None) if module is not None else None
+
+
+def mark_checkpoint_saved_at(callback: Any, global_step: int) -> None:
+    """Tell a ``ModelCheckpoint`` that the state of ``global_step`` is saved (``_last_global_step_saved``: Lightning
+    2.4-2.6). It is not restored from a checkpoint, so after a resume with gradient accumulation the first micro-batch,
+    which leaves the step count unchanged, would otherwise trigger a save in the middle of an accumulation."""
+    if hasattr(callback, "_last_global_step_saved"):
+        callback._last_global_step_saved = global_step
 
 
 def set_scheduler_last_lr(scheduler: Any, values: list[float]) -> None:

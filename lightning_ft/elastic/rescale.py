@@ -65,8 +65,9 @@ def plan_resume(
 ) -> ResumeDecision:
     """The accumulation and learning-rate scale for resuming a checkpoint with the new run's settings.
 
-    ``new_accumulate`` is the new Trainer's ``accumulate_grad_batches`` (``None``: the saved one). It counts as the
-    user's choice when it differs from the saved accumulation, and a choice is never overridden:
+    ``new_accumulate`` is an ``accumulate_grad_batches`` the user chose for the new run (``None``: none; the
+    strategy passes the new Trainer's when it differs from the user's own setting in the run that saved). A choice
+    is never overridden:
 
     - nothing changed (same data-parallel size, per-device batch and accumulation): nothing is rescaled;
     - ``keep_global``: keeps samples per optimizer step. If the user chose an accumulation, it must give the saved
@@ -134,14 +135,16 @@ def plan_resume(
         f" {saved_dp_size} x accumulate {saved_accumulate})"
     )
     if policy.batch == "keep_global":
-        if user_accumulate != saved_accumulate:
+        if new_accumulate is not None:
             if as_configured != before:
+                per_step = new_per_device_batch * new_dp_size
+                fits = f"set accumulate_grad_batches={before // per_step}, " if before % per_step == 0 else ""
                 raise ValueError(
                     f"ElasticPolicy(batch='keep_global') keeps {saved}, but Trainer(accumulate_grad_batches="
                     f"{user_accumulate}) with per-device batch {new_per_device_batch} x data-parallel size"
-                    f" {new_dp_size} gives {as_configured}; leave accumulate_grad_batches at {saved_accumulate} to let"
-                    f" the policy choose it, or use ElasticPolicy(batch='keep_local') to train with the new global"
-                    f" batch"
+                    f" {new_dp_size} gives {as_configured}; {fits}leave accumulate_grad_batches as the saved run had"
+                    f" it to let the policy choose, or use ElasticPolicy(batch='keep_local') to train with the new"
+                    f" global batch"
                 )
             accumulate = user_accumulate
         else:
@@ -222,7 +225,7 @@ def plan_resume_from_metadata(
     ``per_device_batch_size``, ``accumulate_grad_batches``) resumed with the new run's settings.
 
     ``new_per_device_batch`` is the training DataLoader's batch size (``None``: the saved one) and ``new_accumulate``
-    the new Trainer's ``accumulate_grad_batches`` (``None``: the saved one).
+    an ``accumulate_grad_batches`` the user chose for the new run (``None``: none, see :func:`plan_resume`).
     """
     saved_mesh = metadata.get("mesh") or {}
     saved_world = int(metadata.get("world_size") or new_world_size)

@@ -138,7 +138,7 @@ class ElasticFT3D(DDPStrategy):
         self._auto_resume = AutoResume(enabled=auto_resume, broadcast=self.broadcast)
         self._tracker: TrainingTracker | None = None
         self._data_position = TrainingDataPosition()
-        self._elastic_resume = self._new_elastic_resume()
+        self._elastic_resume = ElasticResume.of(self)
 
     # ------------------------------------------------------------------ mesh and process groups
 
@@ -147,6 +147,16 @@ class ElasticFT3D(DDPStrategy):
         if self._device_mesh is None:
             raise RuntimeError("Accessing the device mesh before processes have initialized is not allowed.")
         return self._device_mesh
+
+    @property
+    @override
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    @num_nodes.setter
+    def num_nodes(self, num_nodes: int) -> None:
+        # Under torchrun with --nnodes=MIN:MAX the node count changes at every resize; the Trainer's cannot follow.
+        self._num_nodes = process_group.elastic_num_nodes(num_nodes)
 
     @property
     def data_parallel_size(self) -> int:
@@ -350,12 +360,17 @@ class ElasticFT3D(DDPStrategy):
             return load_foreign_checkpoint(path, parallelized=self._parallelized)
         load_start = time.time()
         loaded = self._checkpoint_manager().load(
-            path, fallbacks=self._auto_resume.take_fallbacks(path), template=self._mode.load_template()
+            path,
+            fallbacks=self._auto_resume.take_fallbacks(path),
+            template=self._mode.load_template(),
+            rank_states=self._mode.saved_rank_states,
         )
         same_world = loaded.metadata.get("world_size") == self.world_size
         checkpoint = per_rank_state.restore_own(dict(loaded.state), loaded.rank_state, same_world=same_world)
         checkpoint["callbacks"] = loaded.rank_state.get("callbacks", {})
-        self._mode.apply_loaded(loaded.path, checkpoint, loaded.rank_state, loaded.metadata)
+        self._mode.apply_loaded(
+            loaded.path, checkpoint, loaded.rank_state, loaded.metadata, saved_rank_states=loaded.saved_rank_states
+        )
         # The policy is applied at on_train_start, once the new run's DataLoader (its batch size) is known.
         self._elastic_resume.checkpoint_loaded(
             loaded.path, loaded.metadata, load_start_time=load_start, load_end_time=time.time()
@@ -366,15 +381,6 @@ class ElasticFT3D(DDPStrategy):
         if rng and self._tracker is not None:
             self._tracker.restore_rng_at_next_batch(rng)
         return checkpoint
-
-    def _new_elastic_resume(self) -> ElasticResume:
-        def sizes() -> tuple[int, int, int, int, dict[str, int]]:
-            cfg = self.parallel_config
-            assert cfg is not None
-            tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
-            return self.world_size, cfg.data_parallel_size, tp, pp, self.mesh_shape()
-
-        return ElasticResume(policy=self.elastic, event_log=lambda: self.event_log, sizes=sizes)
 
     @override
     def on_train_start(self) -> None:
@@ -424,7 +430,7 @@ class ElasticFT3D(DDPStrategy):
         self.event_log = None
         self._auto_resume = AutoResume(enabled=self.auto_resume, broadcast=self.broadcast)
         self._data_position = TrainingDataPosition()
-        self._elastic_resume = self._new_elastic_resume()
+        self._elastic_resume = ElasticResume.of(self)
 
     @override
     def teardown(self) -> None:
@@ -434,7 +440,7 @@ class ElasticFT3D(DDPStrategy):
         finally:
             self._auto_resume.uninstall()
             self._mode.teardown()
-            trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+            trainer = _compat.attached_trainer(self.lightning_module)
             if trainer is not None and self._tracker is not None and self._tracker in trainer.callbacks:
                 trainer.callbacks.remove(self._tracker)
             if trainer is not None:

@@ -27,6 +27,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
+from lightning_ft import _compat
 from lightning_ft.elastic import (
     ElasticPolicy,
     ResumeDecision,
@@ -39,6 +40,8 @@ from lightning_ft.events import EventLog, process_start_time, read_events
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
+
+    from lightning_ft.strategy.elastic_ft3d import ElasticFT3D
 
 
 class ElasticResume(Callback):
@@ -65,9 +68,22 @@ class ElasticResume(Callback):
         self._loaded: dict[str, Any] | None = None
         self._saved_scale = 1.0
         self._accumulate_set: int | None = None
+        self._configured_accumulate: int | None = None
         self._pending_event: dict[str, Any] | None = None
         self._last_step: tuple[int, float] | None = None
         self._resumed_written = False
+
+    @classmethod
+    def of(cls, strategy: ElasticFT3D) -> ElasticResume:
+        """The instance for ``strategy``: its policy, its event log, its sizes once processes exist."""
+
+        def sizes() -> tuple[int, int, int, int, dict[str, int]]:
+            cfg = strategy.parallel_config
+            assert cfg is not None
+            tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
+            return strategy.world_size, cfg.data_parallel_size, tp, pp, strategy.mesh_shape()
+
+        return cls(policy=strategy.elastic, event_log=lambda: strategy.event_log, sizes=sizes)
 
     @property
     @override
@@ -103,9 +119,15 @@ class ElasticResume(Callback):
         return resumed_rng_states(saved, rank=rank, saved_rank=saved_rank, step=step)
 
     def metadata(self) -> dict[str, Any]:
-        """What every checkpoint's metadata records of the learning-rate scale: ``lr_scale`` (the factor the saved
-        optimizer rates carry) and ``lr_scale_state`` (the ramp, to continue it)."""
-        return {"lr_scale": self.rates.applied, "lr_scale_state": self.rates.scale.state_dict()}
+        """What every checkpoint's metadata records for the next resume: ``lr_scale`` (the factor the saved optimizer
+        rates carry), ``lr_scale_state`` (the ramp, to continue it) and ``configured_accumulate_grad_batches`` (the
+        user's own Trainer setting, which the policy may have replaced: a resume compares the new Trainer's with
+        it to tell a change the user made from the policy's)."""
+        return {
+            "lr_scale": self.rates.applied,
+            "lr_scale_state": self.rates.scale.state_dict(),
+            "configured_accumulate_grad_batches": self._configured_accumulate,
+        }
 
     def optimizer_step(self, step: Callable[[], Any], global_step: int) -> Any:
         """Run ``step`` (the optimizer step taken at ``global_step``) with the rates of that step, then set the
@@ -120,12 +142,18 @@ class ElasticResume(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._configured_accumulate is None or trainer.accumulate_grad_batches != self._accumulate_set:
+            # What the user's Trainer says, not what an earlier fit of the same Trainer was given by the policy.
+            self._configured_accumulate = trainer.accumulate_grad_batches
         if self._loaded is None:
             self.rates.attach(trainer.optimizers, module=pl_module, saved_scale=1.0)
             self.rates.apply(trainer.global_step)
             return
         decision = self._decide(trainer)
         trainer.accumulate_grad_batches = self._accumulate_set = decision.accumulate_grad_batches
+        for callback in trainer.checkpoint_callbacks:
+            # The resumed state is saved; the micro-batches before the next step must not save it again half-way.
+            _compat.mark_checkpoint_saved_at(callback, trainer.global_step)
         self.rates.scale.resume(decision, step=int(self._loaded["metadata"].get("step") or 0))
         self.rates.attach(trainer.optimizers, module=pl_module, saved_scale=self._saved_scale)
         self.rates.apply(trainer.global_step)
@@ -143,16 +171,18 @@ class ElasticResume(Callback):
         assert self._loaded is not None
         metadata = self._loaded["metadata"]
         world_size, dp, tp, pp, mesh = self._sizes()
-        accumulate = trainer.accumulate_grad_batches
         batch = _per_device_batch_size(trainer)
+        # The Trainer's accumulation is a new choice of the user's only if it differs from the user's own setting in
+        # the run that saved (the policy may have replaced that one; a script relaunched unchanged is no new choice).
+        configured = self._configured_accumulate or trainer.accumulate_grad_batches
+        saved_configured = metadata.get("configured_accumulate_grad_batches")
         decision = plan_resume_from_metadata(
             self.policy,
             metadata,
             new_dp_size=dp,
             new_world_size=world_size,
             new_per_device_batch=batch,
-            # An accumulation this strategy set in an earlier fit of the same Trainer is not the user's choice.
-            new_accumulate=None if accumulate == self._accumulate_set else accumulate,
+            new_accumulate=configured if saved_configured is not None and configured != saved_configured else None,
             tensor_parallel_size=tp,
             pipeline_parallel_size=pp,
         )

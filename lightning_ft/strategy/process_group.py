@@ -103,6 +103,23 @@ def agree_on_generation(store: Any, *, run_id: str, rank: int, world_size: int, 
     return prefix
 
 
+def elastic_num_nodes(configured: int) -> int:
+    """The number of nodes of this torchrun worker group, where the Trainer's ``num_nodes`` cannot know it.
+
+    With ``--nnodes=MIN:MAX`` the number of nodes changes from one rendezvous round to the next, while the Trainer's
+    ``num_nodes`` is fixed in the script, and Lightning refuses to start when ``devices x num_nodes`` is not the
+    world size. Under torchrun (``TORCHELASTIC_RUN_ID`` set) the group's own count, ``WORLD_SIZE /
+    LOCAL_WORLD_SIZE``, is used instead; elsewhere ``configured`` is returned unchanged.
+    """
+    world, local = os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_WORLD_SIZE")
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not world or not local:
+        return configured
+    world_size, local_size = int(world), int(local)
+    if local_size < 1 or world_size % local_size:
+        return configured
+    return world_size // local_size
+
+
 def destroy_at_exit(backend: str) -> None:
     """Destroy the default group at interpreter exit, for every backend.
 

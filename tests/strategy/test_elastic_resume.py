@@ -122,6 +122,9 @@ def test_keep_global_with_a_smaller_per_device_batch_accumulates_to_the_saved_gl
     (event,) = [e for e in read_events(tmp_path) if e["event"] == "resumed"]
     assert (event["accumulate_grad_batches"], event["global_batch_before"], event["global_batch_after"]) == (2, 4, 4)
     assert event["load_s"] >= 0 and event["first_step_s"] is not None
+    # The first micro-batch after the resume leaves the step count at 2; the resumed state is not saved again there,
+    # half-way through an accumulation.
+    assert [e["step"] for e in read_events(tmp_path) if e["event"] == "checkpoint_committed"] == [2, 4]
 
 
 @pytest.mark.parametrize(
