@@ -33,14 +33,7 @@ from typing_extensions import override
 
 from lightning_ft import _compat
 from lightning_ft.checkpoint.storage import storage_named
-from lightning_ft.elastic import (
-    ElasticPolicy,
-    LRScale,
-    TrainingDataPosition,
-    align_batch_progress,
-    check_accumulation_scheduler,
-    plan_resume_from_metadata,
-)
+from lightning_ft.elastic import ElasticPolicy, TrainingDataPosition, align_batch_progress, check_accumulation_scheduler
 from lightning_ft.events import EventLog, open_event_log
 from lightning_ft.fault import FaultHandler, FaultPolicy, checkpoint_storage, end_attempt
 from lightning_ft.parallel.layout import build_device_mesh
@@ -57,10 +50,11 @@ from lightning_ft.strategy.checkpoint_io import (
     run_metadata,
     split_checkpoint,
 )
+from lightning_ft.strategy.elastic_resume import ElasticResume
 from lightning_ft.strategy.foreign_import import import_for_strategy, position_sampler
 from lightning_ft.strategy.parallel_modes import DataParallelMode, DTensorMode, PipelineMode, has_dtensor_parameters
 from lightning_ft.strategy.registry import register_strategy_names
-from lightning_ft.strategy.resume_message import loaded_message, resume_message
+from lightning_ft.strategy.resume_message import loaded_message
 from lightning_ft.strategy.teardown import TeardownSteps, attached_trainer, remove_callback
 from lightning_ft.strategy.torchrun_world import follow_torchrun
 from lightning_ft.strategy.tracker import TrainingTracker
@@ -156,10 +150,10 @@ class ElasticFT3D(DDPStrategy):
         self._auto_resume = AutoResume(enabled=auto_resume, broadcast=self.broadcast)
         self._tracker: TrainingTracker | None = None
         self._data_position = TrainingDataPosition()
-        self._lr_scale = LRScale()
         self._foreign_batches_into_epoch = 0
         self._fault = FaultHandler(fault) if fault is not None else None
         self._exception: BaseException | None = None
+        self._elastic_resume = ElasticResume.of(self)
 
     @classmethod
     @override
@@ -179,6 +173,16 @@ class ElasticFT3D(DDPStrategy):
         if self._device_mesh is None:
             raise RuntimeError("Accessing the device mesh before processes have initialized is not allowed.")
         return self._device_mesh
+
+    @property
+    @override
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    @num_nodes.setter
+    def num_nodes(self, num_nodes: int) -> None:
+        # Under torchrun with --nnodes=MIN:MAX the node count changes at every resize; the Trainer's cannot follow.
+        self._num_nodes = process_group.elastic_num_nodes(num_nodes)
 
     @property
     def data_parallel_size(self) -> int:
@@ -261,6 +265,8 @@ class ElasticFT3D(DDPStrategy):
                 attempt_start_time=self._attempt_start_time,
             )
         trainer.callbacks.insert(0, self._tracker)
+        if self._elastic_resume not in trainer.callbacks:
+            trainer.callbacks.insert(1, self._elastic_resume)
         for logger in trainer.loggers:
             # TensorBoard's default version counts up at every launch; one run must keep one folder across restarts.
             _compat.set_logger_version(logger, f"run_{self.event_log.run_id}")
@@ -303,19 +309,11 @@ class ElasticFT3D(DDPStrategy):
 
     @override
     def optimizer_step(self, optimizer: Optimizer, closure: Any, model: Any = None, **kwargs: Any) -> Any:
-        scale = self._lr_scale.at(self.lightning_module.trainer.global_step) if self.lightning_module else 1.0
-        if scale == 1.0:
-            return self._mode.optimizer_step(optimizer, closure, model, **kwargs)
-        # The elastic LR scale multiplies the rates only for the step itself: LR schedulers keep computing the
-        # unscaled schedule, and checkpoints keep unscaled rates plus the scale in their metadata.
-        groups = optimizer.param_groups
-        for group in groups:
-            group["lr"] *= scale
-        try:
-            return self._mode.optimizer_step(optimizer, closure, model, **kwargs)
-        finally:
-            for group in groups:
-                group["lr"] /= scale
+        # The elastic learning-rate scale lives in the optimizer's own rates (what LearningRateMonitor reads).
+        step = self.lightning_module.trainer.global_step if self.lightning_module else 0
+        return self._elastic_resume.optimizer_step(
+            lambda: self._mode.optimizer_step(optimizer, closure, model, **kwargs), step
+        )
 
     @contextmanager
     @override
@@ -379,8 +377,8 @@ class ElasticFT3D(DDPStrategy):
             mesh=self.mesh_shape(),
             parallelized=self._parallelized,
             optimizers=self.optimizers,
-            lr_scale=self._lr_scale.at(trainer.global_step if trainer is not None else 0),
             event_log=self.event_log,
+            **self._elastic_resume.metadata(),
         )
 
     @override
@@ -398,53 +396,40 @@ class ElasticFT3D(DDPStrategy):
 
     @override
     def load_checkpoint(self, checkpoint_path: _compat.PATH, weights_only: bool | None = None) -> dict[str, Any]:
-        started = time.perf_counter()
         # validate/test/predict reach here without the auto-resume check; a missing path is a FileNotFoundError.
         path = resolve_explicit_ckpt_path(Path(self.broadcast(str(checkpoint_path))))
         fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
         if not is_lightning_ft_checkpoint(path):
             checkpoint, self._foreign_batches_into_epoch = import_for_strategy(self, path, fitting=fitting)
             return checkpoint
+        load_start = time.time()
         loaded = self._checkpoint_manager().load(
             path,
             fallbacks=[p for p in self._auto_resume.take_fallbacks(path) if is_lightning_ft_checkpoint(p)],
             template=self._mode.load_template(),
+            rank_states=self._mode.saved_rank_states,
         )
         same_world = loaded.metadata.get("world_size") == self.world_size
         checkpoint = per_rank_state.restore_own(dict(loaded.state), loaded.rank_state, same_world=same_world)
         checkpoint["callbacks"] = loaded.rank_state.get("callbacks", {})
-        self._mode.apply_loaded(loaded.path, checkpoint, loaded.rank_state, loaded.metadata)
-        trainer = self.lightning_module.trainer
-        if trainer.state.fn != TrainerFn.FITTING:  # validate/test/predict load weights; nothing is resumed
-            rank_zero_info(loaded_message(loaded.path, loaded.metadata, stage=trainer.state.fn.value))
-            return checkpoint
-        rng = loaded.rank_state.get("rng")
-        if rng and same_world and self._tracker is not None:
-            self._tracker.restore_rng_at_next_batch(rng)
-        self._resume_elastically(loaded.path, loaded.metadata, load_s=time.perf_counter() - started)
-        return checkpoint
-
-    def _resume_elastically(self, path: Path, metadata: dict[str, Any], *, load_s: float) -> None:
-        trainer = self.lightning_module.trainer
-        decision = plan_resume_from_metadata(
-            self.elastic, metadata, new_dp_size=self.data_parallel_size, new_world_size=self.world_size
+        self._mode.apply_loaded(
+            loaded.path, checkpoint, loaded.rank_state, loaded.metadata, saved_rank_states=loaded.saved_rank_states
         )
-        if decision.accumulate_grad_batches != trainer.accumulate_grad_batches:
-            trainer.accumulate_grad_batches = decision.accumulate_grad_batches
-        step = int(metadata.get("step") or 0)
-        self._lr_scale.resume(carried=float(metadata.get("lr_scale") or 1.0), decision=decision, step=step)
-        if self.global_rank == 0 and self.event_log is not None:
-            self.event_log.write(
-                "resumed",
-                step=metadata.get("step"),
-                path=str(path),
-                saved_world_size=metadata.get("world_size"),
-                world_size=self.world_size,
-                accumulate_grad_batches=decision.accumulate_grad_batches,
-                lr_scale=decision.lr_scale,
-                load_s=load_s,
+        if not fitting:  # validate/test/predict load weights; nothing is resumed
+            rank_zero_info(
+                loaded_message(loaded.path, loaded.metadata, stage=self.lightning_module.trainer.state.fn.value)
             )
-        rank_zero_info(resume_message(path, metadata, decision=decision, world_size=self.world_size))
+            return checkpoint
+        # The policy is applied at on_train_start, once the new run's DataLoader (its batch size) is known.
+        self._elastic_resume.checkpoint_loaded(
+            loaded.path, loaded.metadata, load_start_time=load_start, load_end_time=time.time()
+        )
+        rng = self._elastic_resume.rng_states(
+            loaded.rank_state.get("rng"), rank=self.global_rank, saved_rank=loaded.saved_rank
+        )
+        if rng and self._tracker is not None:
+            self._tracker.restore_rng_at_next_batch(rng)
+        return checkpoint
 
     @override
     def on_train_start(self) -> None:
@@ -484,7 +469,7 @@ class ElasticFT3D(DDPStrategy):
         # part of the strategy's configuration: a pickled or deep-copied Trainer (or `torch.save(model)`) gets a
         # strategy that sets them up again when it runs.
         state = super().__getstate__()  # Lightning's drops its optimizer wrappers
-        for name in ("_checkpoints", "_tracker", "event_log", "_auto_resume", "_data_position"):
+        for name in ("_checkpoints", "_tracker", "event_log", "_auto_resume", "_data_position", "_elastic_resume"):
             state.pop(name, None)
         return state
 
@@ -495,6 +480,7 @@ class ElasticFT3D(DDPStrategy):
         self.event_log = None
         self._auto_resume = AutoResume(enabled=self.auto_resume, broadcast=self.broadcast)
         self._data_position = TrainingDataPosition()
+        self._elastic_resume = ElasticResume.of(self)
 
     @override
     def on_exception(self, exception: BaseException) -> None:
@@ -512,8 +498,14 @@ class ElasticFT3D(DDPStrategy):
         steps.run(self._mode.teardown, f"tearing down the {self._mode.name} mode")
         trainer = attached_trainer(self.lightning_module)
         ended_by = self._exception or (steps.errors[0][1] if steps.errors else None)
-        steps.run(lambda: end_attempt(self._fault, trainer, self.event_log, ended_by), "recording the attempt's end")
+        if trainer is not None:
+            steps.run(lambda: self._elastic_resume.finish(trainer), "recording the resume")
+        steps.run(
+            lambda: end_attempt(self._fault, trainer, self.event_log, ended_by, **self._elastic_resume.last_step()),
+            "recording the attempt's end",
+        )
         steps.run(lambda: remove_callback(trainer, self._tracker), "removing the tracker")
+        steps.run(lambda: remove_callback(trainer, self._elastic_resume), "removing the elastic resume")
         steps.run(super().teardown, "running DDPStrategy.teardown")
         self._exception = None  # the next run of this strategy starts clean
         steps.finish()
