@@ -184,6 +184,19 @@ class TrainingDataPosition:
         # Loaders of earlier set-ups (reload_dataloaders_every_n_epochs) drop out when Lightning lets go of them.
         self._tracked: weakref.WeakKeyDictionary[DataLoader, tuple[ResumableSampler, int]] = weakref.WeakKeyDictionary()
 
+    def prepare_for(self, trainer: Any, dataloader: Any, *, num_replicas: int, rank: int) -> Any:
+        """:meth:`prepare` for the stage ``trainer`` is in (``None``: not attached yet; returned unchanged)."""
+        if trainer is None:
+            return dataloader
+        return self.prepare(
+            dataloader,
+            training=trainer.training,
+            epoch=trainer.fit_loop.epoch_progress.current.processed,
+            mode=_compat.train_combined_loader_mode(trainer),
+            num_replicas=num_replicas,
+            rank=rank,
+        )
+
     def prepare(
         self, dataloader: Any, *, training: bool, epoch: int, num_replicas: int, rank: int, mode: str | None = None
     ) -> Any:

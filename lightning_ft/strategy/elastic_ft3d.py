@@ -5,12 +5,13 @@ It is a drop-in for Lightning's ``ModelParallelStrategy`` (same ``configure_mode
 for a module whose parameters are not DTensors after ``configure_model()``. This module holds the Lightning hooks;
 each delegates to the piece that owns the concern:
 
-- process groups and the 3-D ``DeviceMesh``: :mod:`~lightning_ft.strategy.process_group`, ``parallel/``;
+- arguments, process groups, the 3-D ``DeviceMesh``: :mod:`~lightning_ft.strategy.arguments`, ``process_group``,
+  ``parallel/``; the callbacks a run attaches: :mod:`~lightning_ft.strategy.run_setup`;
 - the parallel mode (data parallel, DTensor, pipeline): :mod:`~lightning_ft.strategy.parallel_modes`;
-- checkpoint I/O (save, ``last``, retention, load with fallback): :mod:`~lightning_ft.strategy.checkpoint_io`;
-- auto-resume: :mod:`~lightning_ft.strategy.auto_resume`;
-- per-batch bookkeeping (sampler position, RNG restore, progress events): :mod:`~lightning_ft.strategy.tracker`;
-- batch and LR rescaling on an elastic resume: ``elastic/``; the event log: :mod:`lightning_ft.events`.
+- saving and loading: :mod:`~lightning_ft.strategy.checkpoint_calls` over ``checkpoint_io`` (``last``, retention,
+  fallback), ``foreign_import`` and ``per_rank_state``; auto-resume: :mod:`~lightning_ft.strategy.auto_resume`;
+- per-batch bookkeeping: :mod:`~lightning_ft.strategy.tracker`; elastic resume: ``elastic_resume`` and ``elastic/``;
+  faults: ``fault/``; the event log: :mod:`lightning_ft.events`; teardown: :mod:`~lightning_ft.strategy.teardown`.
 """
 
 from __future__ import annotations
@@ -24,37 +25,31 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_ft import _compat
-from lightning_ft.checkpoint.storage import storage_named
 from lightning_ft.elastic import ElasticPolicy, TrainingDataPosition, align_batch_progress, check_accumulation_scheduler
 from lightning_ft.events import EventLog, open_event_log
 from lightning_ft.fault import FaultHandler, FaultPolicy, checkpoint_storage, end_attempt
 from lightning_ft.parallel.layout import build_device_mesh
 from lightning_ft.parallel.parallel_config import ParallelConfig
-from lightning_ft.parallel.schedules import PIPELINE_SCHEDULES
-from lightning_ft.parallel.validation import check_positive_int
-from lightning_ft.strategy import per_rank_state, process_group
-from lightning_ft.strategy.auto_resume import AutoResume, checkpoint_dirpaths, resolve_explicit_ckpt_path
+from lightning_ft.strategy import process_group
+from lightning_ft.strategy.arguments import check_strategy_arguments
+from lightning_ft.strategy.auto_resume import AutoResume, checkpoint_dirpaths
 from lightning_ft.strategy.best_path import resolving_best
+from lightning_ft.strategy.checkpoint_calls import load_for_strategy, save_for_strategy
 from lightning_ft.strategy.checkpoint_io import (
     StrategyCheckpoints,
     check_checkpoint_dirpath,
-    is_lightning_ft_checkpoint,
-    run_metadata,
-    split_checkpoint,
 )
 from lightning_ft.strategy.elastic_resume import ElasticResume
-from lightning_ft.strategy.foreign_import import import_for_strategy, position_sampler
-from lightning_ft.strategy.parallel_modes import DataParallelMode, DTensorMode, PipelineMode, has_dtensor_parameters
+from lightning_ft.strategy.foreign_import import position_sampler
+from lightning_ft.strategy.parallel_modes import DataParallelMode, has_dtensor_parameters, mode_for
 from lightning_ft.strategy.registry import register_strategy_names
-from lightning_ft.strategy.resume_message import loaded_message
+from lightning_ft.strategy.run_setup import attach_to_trainer
 from lightning_ft.strategy.teardown import TeardownSteps, attached_trainer, remove_callback
 from lightning_ft.strategy.torchrun_world import follow_torchrun
 from lightning_ft.strategy.tracker import TrainingTracker
@@ -115,20 +110,16 @@ class ElasticFT3D(DDPStrategy):
         find_unused_parameters: bool = False,
         checkpoint_format: str = "torchsnapshot",
     ) -> None:
-        check_positive_int("ElasticFT3D", "data_parallel_size", data_parallel_size, allow_auto=True)
-        check_positive_int("ElasticFT3D", "tensor_parallel_size", tensor_parallel_size, allow_auto=True)
-        check_positive_int("ElasticFT3D", "pipeline_parallel_size", pipeline_parallel_size)
-        if pipeline_schedule not in PIPELINE_SCHEDULES:
-            raise ValueError(
-                f"ElasticFT3D(pipeline_schedule={pipeline_schedule!r}): must be one of {', '.join(PIPELINE_SCHEDULES)}"
-            )
-        if num_microbatches is not None:
-            check_positive_int("ElasticFT3D", "num_microbatches", num_microbatches)
-        if elastic is not None and not isinstance(elastic, ElasticPolicy):
-            raise TypeError(f"ElasticFT3D(elastic={elastic!r}): must be an ElasticPolicy or None")
-        if fault is not None and not isinstance(fault, FaultPolicy):
-            raise TypeError(f"ElasticFT3D(fault={fault!r}): must be a FaultPolicy or None")
-        storage_named(checkpoint_format, owner="ElasticFT3D")
+        check_strategy_arguments(
+            data_parallel_size=data_parallel_size,
+            tensor_parallel_size=tensor_parallel_size,
+            pipeline_parallel_size=pipeline_parallel_size,
+            pipeline_schedule=pipeline_schedule,
+            num_microbatches=num_microbatches,
+            elastic=elastic,
+            fault=fault,
+            checkpoint_format=checkpoint_format,
+        )
         kwargs = {"find_unused_parameters": True} if find_unused_parameters else {}
         super().__init__(process_group_backend=process_group_backend, timeout=timeout, **kwargs)
         self._data_parallel_size = data_parallel_size
@@ -264,18 +255,7 @@ class ElasticFT3D(DDPStrategy):
                 on_batch_consumed=self._data_position.advance,
                 attempt_start_time=self._attempt_start_time,
             )
-        trainer.callbacks.insert(0, self._tracker)
-        if self._elastic_resume not in trainer.callbacks:
-            trainer.callbacks.insert(1, self._elastic_resume)
-        for logger in trainer.loggers:
-            # TensorBoard's default version counts up at every launch; one run must keep one folder across restarts.
-            _compat.set_logger_version(logger, f"run_{self.event_log.run_id}")
-        for cb in trainer.checkpoint_callbacks:
-            if isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
-                rank_zero_warn(
-                    "ModelCheckpoint(dirpath=None): the default path contains the logger version and changes at every"
-                    " restart, so auto-resume cannot find earlier checkpoints. Set ModelCheckpoint(dirpath=...)."
-                )
+        attach_to_trainer(trainer, callbacks=[self._tracker, self._elastic_resume], run_id=self.event_log.run_id)
         self._auto_resume.install(trainer)
 
     # ------------------------------------------------------------------ model set-up and steps
@@ -289,19 +269,7 @@ class ElasticFT3D(DDPStrategy):
                     check_checkpoint_dirpath(cb.dirpath)
         check_accumulation_scheduler(trainer, self.elastic)
         self._parallelized = has_dtensor_parameters(self.model)
-        cfg = self.parallel_config
-        if not self._parallelized and cfg.tensor_parallel_size > 1:
-            raise ValueError(
-                f"ElasticFT3D(tensor_parallel_size={cfg.tensor_parallel_size}): no parameter is a DTensor after"
-                " configure_model(). Parallelize the model in LightningModule.configure_model() using"
-                " self.device_mesh['tensor_parallel'], or set tensor_parallel_size=1."
-            )
-        if cfg.pipeline_parallel_size > 1:
-            self._mode = PipelineMode(self)
-        elif self._parallelized:
-            self._mode = DTensorMode(self)
-        else:
-            self._mode = DataParallelMode(self)
+        self._mode = mode_for(self, self.model)
         self._mode.setup(trainer)
         if self._fault is not None:  # collective: watchdog, health checks (all ranks start or none), agreement group
             self._fault.preflight(trainer, check_dir=check_checkpoint_dirpath)
@@ -361,25 +329,7 @@ class ElasticFT3D(DDPStrategy):
         ``trainer.save_checkpoint(...)`` after it returned) the save is committed before this returns."""
         if storage_options is not None:
             raise TypeError("ElasticFT3D.save_checkpoint(..., storage_options=...) is not supported")
-        path = Path(self.broadcast(str(filepath)))
-        state, rank_state = split_checkpoint(checkpoint)
-        self._mode.move_rank_state(state, rank_state)
-        params = {name for name, _ in self.lightning_module.named_parameters()} if self.lightning_module else set()
-        state = per_rank_state.separate(state, rank_state, parameter_names=params)
-        self._checkpoint_manager().save(path, state, rank_state, self._checkpoint_metadata(checkpoint))
-
-    def _checkpoint_metadata(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
-        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
-        return run_metadata(
-            checkpoint,
-            trainer=trainer,
-            world_size=self.world_size,
-            mesh=self.mesh_shape(),
-            parallelized=self._parallelized,
-            optimizers=self.optimizers,
-            event_log=self.event_log,
-            **self._elastic_resume.metadata(),
-        )
+        save_for_strategy(self, checkpoint, filepath)
 
     @override
     def remove_checkpoint(self, filepath: _compat.PATH) -> None:
@@ -396,40 +346,7 @@ class ElasticFT3D(DDPStrategy):
 
     @override
     def load_checkpoint(self, checkpoint_path: _compat.PATH, weights_only: bool | None = None) -> dict[str, Any]:
-        # validate/test/predict reach here without the auto-resume check; a missing path is a FileNotFoundError.
-        path = resolve_explicit_ckpt_path(Path(self.broadcast(str(checkpoint_path))))
-        fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
-        if not is_lightning_ft_checkpoint(path):
-            checkpoint, self._foreign_batches_into_epoch = import_for_strategy(self, path, fitting=fitting)
-            return checkpoint
-        load_start = time.time()
-        loaded = self._checkpoint_manager().load(
-            path,
-            fallbacks=[p for p in self._auto_resume.take_fallbacks(path) if is_lightning_ft_checkpoint(p)],
-            template=self._mode.load_template(),
-            rank_states=self._mode.saved_rank_states,
-        )
-        same_world = loaded.metadata.get("world_size") == self.world_size
-        checkpoint = per_rank_state.restore_own(dict(loaded.state), loaded.rank_state, same_world=same_world)
-        checkpoint["callbacks"] = loaded.rank_state.get("callbacks", {})
-        self._mode.apply_loaded(
-            loaded.path, checkpoint, loaded.rank_state, loaded.metadata, saved_rank_states=loaded.saved_rank_states
-        )
-        if not fitting:  # validate/test/predict load weights; nothing is resumed
-            rank_zero_info(
-                loaded_message(loaded.path, loaded.metadata, stage=self.lightning_module.trainer.state.fn.value)
-            )
-            return checkpoint
-        # The policy is applied at on_train_start, once the new run's DataLoader (its batch size) is known.
-        self._elastic_resume.checkpoint_loaded(
-            loaded.path, loaded.metadata, load_start_time=load_start, load_end_time=time.time()
-        )
-        rng = self._elastic_resume.rng_states(
-            loaded.rank_state.get("rng"), rank=self.global_rank, saved_rank=loaded.saved_rank
-        )
-        if rng and self._tracker is not None:
-            self._tracker.restore_rng_at_next_batch(rng)
-        return checkpoint
+        return load_for_strategy(self, checkpoint_path)
 
     @override
     def on_train_start(self) -> None:
@@ -451,16 +368,8 @@ class ElasticFT3D(DDPStrategy):
     @override
     def process_dataloader(self, dataloader: object) -> object:
         dataloader = super().process_dataloader(dataloader)
-        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
-        if trainer is None:
-            return dataloader
-        return self._data_position.prepare(
-            dataloader,
-            training=trainer.training,
-            epoch=trainer.fit_loop.epoch_progress.current.processed,
-            mode=_compat.train_combined_loader_mode(trainer),
-            **self.distributed_sampler_kwargs,
-        )
+        trainer = attached_trainer(self.lightning_module)
+        return self._data_position.prepare_for(trainer, dataloader, **self.distributed_sampler_kwargs)
 
     # ------------------------------------------------------------------ teardown
 

@@ -37,6 +37,26 @@ def has_dtensor_parameters(module: torch.nn.Module) -> bool:
     return any(isinstance(p, _compat.DTensor) for p in module.parameters())
 
 
+def mode_for(strategy: ElasticFT3D, model: torch.nn.Module) -> DataParallelMode:
+    """The mode ``strategy`` runs ``model`` in, once ``configure_model()`` has run.
+
+    Raises:
+        ValueError: ``tensor_parallel_size > 1`` but no parameter is a DTensor.
+    """
+    cfg = strategy.parallel_config
+    assert cfg is not None
+    parallelized = has_dtensor_parameters(model)
+    if not parallelized and cfg.tensor_parallel_size > 1:
+        raise ValueError(
+            f"ElasticFT3D(tensor_parallel_size={cfg.tensor_parallel_size}): no parameter is a DTensor after"
+            " configure_model(). Parallelize the model in LightningModule.configure_model() using"
+            " self.device_mesh['tensor_parallel'], or set tensor_parallel_size=1."
+        )
+    if cfg.pipeline_parallel_size > 1:
+        return PipelineMode(strategy)
+    return DTensorMode(strategy) if parallelized else DataParallelMode(strategy)
+
+
 def copy_into(template: Any, saved: Any) -> Any:
     """Copy ``saved`` into the tensors of ``template`` in place (a DTensor's local shard for a DTensor) and return
     ``template`` with ``saved``'s non-tensor values. Used for state that was stored per rank as local tensors."""
