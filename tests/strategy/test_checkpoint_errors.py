@@ -121,11 +121,11 @@ def _bad_metadata(ckpt: Path) -> Path:
 def _uncovered(ckpt: Path) -> Path:
     path = ckpt / "epoch=0-step=2.ckpt"
 
-    def grow_a_tensor(document):
-        record = next(r for key, r in document["tensors"].items() if key.endswith("net.0.weight"))
-        record["global_shape"][0] *= 2  # its shards now cover half of it, as another writer's index might
+    def grow_first_tensor(document: dict) -> None:
+        record = next(iter(document["tensors"].values()))
+        record["global_shape"] = [2 * n for n in record["global_shape"]]  # the stored shards now cover a quarter
 
-    _rewrite_metadata(path, grow_a_tensor)
+    _rewrite_metadata(path, grow_first_tensor)
     return path
 
 
