@@ -29,8 +29,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint import CheckpointException, FileSystemWriter
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
 from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
