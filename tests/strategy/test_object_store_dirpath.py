@@ -153,3 +153,15 @@ def test_validate_with_best_in_a_fresh_trainer_reads_the_callback_state_from_the
     trainer.validate(model, ckpt_path="best")
     for name, tensor in best.items():
         assert torch.equal(model.state_dict()[name], tensor), name
+
+
+def test_train_start_deletes_saves_of_ours_that_never_committed_and_nothing_else(tmp_path, bucket):
+    store = ObjectStore()
+    crashed = store.prepare(f"{bucket}/epoch=0-step=9.ckpt", step=9, run_id=None)  # a save killed mid-write
+    store.write(crashed, {"t0": torch.arange(8, dtype=torch.uint8)}, group=None)
+    fs, root = fsspec.core.url_to_fs(bucket)
+    fs.pipe_file(f"{root}/notes/readme.txt", b"a user's file")
+    _fit(tmp_path, bucket, 2)
+    assert not store.exists(f"{bucket}/epoch=0-step=9.ckpt")
+    assert fs.cat_file(f"{root}/notes/readme.txt") == b"a user's file"
+    assert [c.step for c in list_committed(bucket)] == [2]
