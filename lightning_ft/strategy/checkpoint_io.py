@@ -364,7 +364,7 @@ class StrategyCheckpoints:
                 log = self._event_log()
                 if self._rank() == 0 and log is not None:
                     step = (discovery.read_metadata(path) or {}).get("step") if discovery.is_committed(path) else None
-                    log.write("checkpoint_rejected", step=step, path=str(path), reason=str(err))
+                    log.write("checkpoint_rejected", step=step, path=as_url(path), reason=str(err))
                 rank_zero_warn(f"Skipping checkpoint {path}: {err}. Falling back to {fallbacks[0]}.")
                 path = fallbacks.pop(0)
 
