@@ -100,7 +100,7 @@ def build_callbacks(args: argparse.Namespace, ckpt_dir: Path, injector: FaultInj
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="demo_run")
-    parser.add_argument("--max-steps", type=int, default=120)
+    parser.add_argument("--max-steps", type=int, default=130)
     parser.add_argument("--incident-step", type=int, default=76, help="thermal incident on rank 1 after a restart")
     parser.add_argument("--ckpt-every", type=int, default=5)
     parser.add_argument("--kill-at-step", type=int, default=17)
