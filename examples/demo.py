@@ -100,13 +100,13 @@ def build_callbacks(args: argparse.Namespace, ckpt_dir: Path, injector: FaultInj
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="demo_run")
-    parser.add_argument("--max-steps", type=int, default=90)
-    parser.add_argument("--incident-step", type=int, default=30, help="thermal incident on rank 1 after the restart")
+    parser.add_argument("--max-steps", type=int, default=130)
+    parser.add_argument("--incident-step", type=int, default=76, help="thermal incident on rank 1 after a restart")
     parser.add_argument("--ckpt-every", type=int, default=5)
     parser.add_argument("--kill-at-step", type=int, default=17)
     parser.add_argument("--preempt-at-step", type=int, default=18, help="SIGTERM at rank 0 on the second attempt")
     parser.add_argument("--hang-at-step", type=int, default=42, help="rank 1 hangs in a data read on the third")
-    parser.add_argument("--hang-timeout", type=float, default=12.0, help="FaultPolicy(hang_timeout_s=...)")
+    parser.add_argument("--hang-timeout", type=float, default=8.0, help="FaultPolicy(hang_timeout_s=...)")
     parser.add_argument("--batch-size", type=int, default=8)
     args = parser.parse_args()
 

@@ -47,7 +47,7 @@ class ThermalIncident(Callback):
 def monitor_callbacks(args: argparse.Namespace) -> list[Callback]:
     nvml = FakeNVML(device_count=2)
     return [
-        StragglerMonitor(),
+        StragglerMonitor(interval=4),  # short windows: the demo's last attempt is 90 steps long
         ThermalMonitor(nvml=nvml, interval=8),
         GoodputMonitor(),
         ThermalIncident(nvml, rank=1, step=args.incident_step),

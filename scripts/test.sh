@@ -15,5 +15,5 @@ if [ "$#" -eq 0 ]; then
   LOWEST_LIGHTNING=$(sed -n 's/.*"lightning>=\([0-9.]*\),.*/\1/p' pyproject.toml)
   VENV=.venv-lightning-$LOWEST_LIGHTNING bash scripts/setup_env.sh "lightning==$LOWEST_LIGHTNING.0"
   ".venv-lightning-$LOWEST_LIGHTNING/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" \
-    tests/strategy tests/elastic tests/core tests/checkpoint tests/monitors
+    tests/strategy tests/elastic tests/core tests/monitors tests/checkpoint/test_module_loader.py
 fi

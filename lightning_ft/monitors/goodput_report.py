@@ -257,6 +257,7 @@ def format_report(summary: dict[str, Any]) -> str:
                 ("detection" if r["exit_s"] is not None else "detection, exit and relaunch", "detection_s"),
                 ("exit", "exit_s"),
                 ("relaunch", "relaunch_s"),
+                ("start-up", "startup_s"),
                 ("load", "load_s"),
                 ("first step", "first_step_s"),
             )

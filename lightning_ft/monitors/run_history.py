@@ -17,7 +17,9 @@ adds them up. The rules, in one place:
   last progress, ``hang`` time minus ``idle_s``; the first ``attempt_end`` of a crash or a stop) to the last rank's
   ``attempt_end`` (for a kill, from the last ``progress`` to the next process start, which then holds exit and
   relaunch too); *exit*, to the stopped attempt's last record; *relaunch*, to the next attempt's process start;
-  *load*, ``resumed.load_s``; and *first step*, the rest of the time to the next attempt's ``first_step``.
+  *start-up*, from that process start until the checkpoint load began (``resumed.startup_s``: imports, process group,
+  model set-up; ``None`` when not recorded); *load*, ``resumed.load_s``; and *first step*, the rest of the time to
+  the next attempt's ``first_step``.
 - A restart is a *failure* (for the mean time between failures) when the attempt hung, crashed or was killed, or when
   a preemption or a stop recomputed steps (its own checkpoint did not hold its last step).
 """
@@ -105,6 +107,7 @@ def _attempt(attempt: int, evs: list[dict[str, Any]], *, every_rank_ends: bool) 
         "recovery_s": num(first.get("time")) - start_time if first else None,
         "resumed_step": resumed_step,
         "load_s": num(resumed.get("load_s"), math.nan) if resumed is not None else math.nan,
+        "resume_startup_s": num(resumed.get("startup_s"), math.nan) if resumed is not None else math.nan,
         "start_step": resumed_step or 0,
         "last_step": max(steps) if steps else None,
         "last_progress_time": last_progress_time,
@@ -118,8 +121,9 @@ def _attempt(attempt: int, evs: list[dict[str, Any]], *, every_rank_ends: bool) 
         "_progress": [(int(e["step"]), num(e.get("productive_s"))) for e in progress if isinstance(e.get("step"), int)],
     }
     record.update(_end(evs, starts, every_rank_ends=every_rank_ends, last_progress_time=last_progress_time))
-    if record["load_s"] != record["load_s"]:  # NaN: not recorded
-        record["load_s"] = None
+    for key in ("load_s", "resume_startup_s"):
+        if record[key] != record[key]:  # NaN: not recorded
+            record[key] = None
     return record
 
 
@@ -194,8 +198,12 @@ def link(prev: dict[str, Any], cur: dict[str, Any]) -> dict[str, Any]:
             "exit_s": max(prev["end_time"] - stop, 0.0),
             "relaunch_s": gap_s,
         }
+    startup = cur["resume_startup_s"]
+    phases["startup_s"] = startup
     phases["load_s"] = load
-    phases["first_step_s"] = (first - cur["start_time"] - (load or 0.0)) if first is not None else None
+    phases["first_step_s"] = (
+        (first - cur["start_time"] - (startup or 0.0) - (load or 0.0)) if first is not None else None
+    )
     cause = prev["end_reason"]
     return {
         "attempt": cur["attempt"],

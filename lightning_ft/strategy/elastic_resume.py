@@ -161,9 +161,6 @@ class ElasticResume(Callback):
         self.rates.apply(trainer.global_step)
         assert self._pending_event is not None
         self._pending_event.update(lr_scale_now=self.rates.applied, lr_scale_target=self.rates.scale.target)
-        metadata = self._loaded["metadata"]
-        world_size = int(self._pending_event["world_size"])
-        rank_zero_info(resume_message(self._loaded["path"], metadata, decision=decision, world_size=world_size))
 
     def _decide(self, trainer: pl.Trainer) -> ResumeDecision:
         """The policy's decision for the loaded checkpoint and this Trainer; prepares the ``resumed`` event."""
@@ -200,6 +197,8 @@ class ElasticResume(Callback):
             "lr_scale_now": self.rates.scale.at(int(metadata.get("step") or 0)),
             "lr_scale_target": self.rates.scale.target,
         }
+        # Here, not at on_train_start: a resume with nothing left to train (max_epochs reached) says it too.
+        rank_zero_info(resume_message(self._loaded["path"], metadata, decision=decision, world_size=world_size))
         return decision
 
     @override

@@ -12,6 +12,7 @@ from tests.e2e._torchrun import assert_ok, load_run, torchrun
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.extended
 def test_run_saved_on_two_ranks_resumes_on_one_with_doubled_accumulation(tmp_path):
     args = ["--root", str(tmp_path), "--ckpt-every", "4"]
     assert_ok(torchrun(*args, "--out", str(tmp_path / "out2"), "--max-steps", "8", nproc=2))

@@ -22,7 +22,7 @@ def _load(out: Path, rank: int) -> tuple[dict[str, torch.Tensor], dict[str, floa
 
 
 @pytest.mark.timeout(900)  # three torchrun runs, with DataLoader workers
-@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(1, marks=pytest.mark.extended)])
 def test_every_rank_resumes_bitwise_with_batchnorm_data_randomness_and_two_loaders(tmp_path, num_workers):
     common = ["--num-workers", str(num_workers), "--max-steps", "14", "--ckpt-every", "4"]
     ref = tmp_path / "ref"

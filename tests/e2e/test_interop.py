@@ -42,6 +42,7 @@ def test_a_model_parallel_strategy_folder_continues_under_elasticft3d_on_fewer_r
     assert "imported the ModelParallelStrategy distributed checkpoint" in proc.stderr
 
 
+@pytest.mark.extended
 def test_a_ddp_strategy_file_loads_into_fsdp_sharded_parameters_on_two_ranks(tmp_path):
     saved, _ = _run(tmp_path, "ddp", "ddp", nproc=1, fsdp=False)
     restored, _ = _run(tmp_path, "elasticft", "ft", nproc=2, ckpt_path=tmp_path / "ddp" / "epoch=0-step=4.ckpt")

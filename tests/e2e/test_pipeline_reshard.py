@@ -26,6 +26,7 @@ def losses(out):
     return {r["step"]: r["loss"] for r in map(json.loads, lines)}
 
 
+@pytest.mark.extended
 def test_pipeline_stages_are_saved_once_and_resume_on_another_data_parallel_size_and_split(tmp_path):
     common = ["--max-steps", "8", "--ckpt-every", "4", "--samples", "64", "--elastic-record"]
     ref = tmp_path / "ref"

@@ -18,7 +18,7 @@ def single_process(tmp_path_factory):
     return load_run(root / "out")
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("schedule", ["1f1b", pytest.param("gpipe", marks=pytest.mark.extended)])
 def test_two_pipeline_stages_match_a_single_process_loss_per_step(tmp_path, single_process, schedule):
     out = tmp_path / "out"
     assert_ok(
@@ -35,6 +35,7 @@ def test_two_pipeline_stages_match_a_single_process_loss_per_step(tmp_path, sing
         torch.testing.assert_close(weights[name], ref, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.extended
 def test_pipeline_run_killed_and_restarted_resumes_each_stage_exactly(tmp_path):
     ref_root = tmp_path / "ref"
     common = ["--max-steps", "10", "--pp", "2", "--ckpt-every", "4"]

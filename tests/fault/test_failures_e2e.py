@@ -86,6 +86,7 @@ def _kill_plan(seed: int, trials: int) -> tuple[str, int, list[int]]:
     return ";".join(faults), step + 2, kill_steps
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("seed", [20240])
 def test_sigkill_of_one_rank_at_random_points_never_loses_a_committed_checkpoint(tmp_path, seed):
     trials = 5
@@ -108,6 +109,7 @@ def test_sigkill_of_one_rank_at_random_points_never_loses_a_committed_checkpoint
     assert json.loads((root / "done.json").read_text())["step"] == max_steps
 
 
+@pytest.mark.extended
 def test_an_unwritable_checkpoint_folder_stops_every_rank_before_training_with_one_report(tmp_path):
     root = tmp_path / "run"
     proc = torchrun("--root", str(root), "--ckpt-dir", "/sys/lightning_ft_ckpt")

@@ -31,6 +31,7 @@ CHAIN = ";".join(
 )
 
 
+@pytest.mark.extended
 def test_four_preemptions_in_a_row_each_commit_a_checkpoint_that_the_next_attempt_resumes(tmp_path):
     root = tmp_path / "run"
     proc = torchrun(

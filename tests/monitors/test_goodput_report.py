@@ -26,7 +26,7 @@ def report(name: str, **kwargs) -> dict:
 
 
 def phases(restart: dict) -> tuple:
-    return tuple(restart[k] for k in ("detection_s", "exit_s", "relaunch_s", "load_s", "first_step_s"))
+    return tuple(restart[k] for k in ("detection_s", "exit_s", "relaunch_s", "startup_s", "load_s", "first_step_s"))
 
 
 def test_a_finished_run_says_so_and_suggests_an_interval_for_an_assumed_mtbf():
@@ -73,8 +73,8 @@ def test_a_preemption_then_resume_splits_the_restart_into_its_phases():
     (r,) = s["restarts"]
     # Signal at 1052.0 (the first rank's), last attempt_end 1056, last record 1056, next process start 1080,
     # load 3 s, first step at 1100.
-    assert phases(r) == (4.0, 0.0, 24.0, 3.0, 17.0)
-    assert r["restart_s"] == 48.0 == sum(phases(r))
+    assert phases(r) == (4.0, 0.0, 24.0, None, 3.0, 17.0)
+    assert r["restart_s"] == 48.0 == sum(p for p in phases(r) if p is not None)
     # The preemption checkpoint held step 33, where the attempt stopped: nothing recomputed, not a failure.
     assert (r["cause"], r["resumed_step"], r["lost_steps"], r["failure"]) == ("preempted", 33, 0, False)
     # Wall: 56 + 41 s of attempts + the 24 s gap before the restart.
@@ -94,7 +94,7 @@ def test_a_hang_then_resume_counts_the_idle_time_as_detection_and_is_a_failure()
     assert [a["end_reason"] for a in s["attempts"]] == ["hung", "finished"]
     (r,) = s["restarts"]
     # The watchdog fired at 1110 after 60 s idle: the fault is at 1050; attempt_end at 1112; restart at 1130.
-    assert phases(r) == (62.0, 0.0, 18.0, 2.5, 17.5)
+    assert phases(r) == (62.0, 0.0, 18.0, 12.0, 2.5, 5.5)  # start-up from the resumed event
     assert r["restart_s"] == 100.0
     # Attempt 0 reached step 27 (its hang event), attempt 1 resumed at 20: 7 steps again.
     assert (r["lost_steps"], r["failure"]) == (7, True)
@@ -108,7 +108,7 @@ def test_a_killed_attempt_is_inferred_and_its_restart_runs_from_the_last_progres
     assert [a["end_reason"] for a in s["attempts"]] == ["killed", "finished"]
     (r,) = s["restarts"]
     # Nothing recorded the stop: detection runs from the last progress (1050) to the next process start (1075).
-    assert phases(r) == (25.0, None, None, 2.0, 18.0)
+    assert phases(r) == (25.0, None, None, None, 2.0, 18.0)
     assert r["restart_s"] == 45.0
     # Steps 21..30 again; the progress interval (20, 30] took 8 s.
     assert (r["lost_steps"], r["lost_s"], r["failure"]) == (10, 8.0, True)
@@ -146,9 +146,9 @@ def test_restarts_at_other_world_sizes_weigh_device_time_by_each_attempt():
     ]
     crash, preempt = s["restarts"]
     # Rank 2 crashed first (1052); the others' watchdogs then found them hung, at 1060: the crash is the cause.
-    assert phases(crash) == (8.0, 0.0, 20.0, 3.0, 17.0)
+    assert phases(crash) == (8.0, 0.0, 20.0, None, 3.0, 17.0)
     assert (crash["cause"], crash["lost_steps"], crash["lost_s"], crash["failure"]) == ("crashed", 12, 8.0, True)
-    assert phases(preempt) == (4.0, 0.0, 22.0, 4.0, 16.0)
+    assert phases(preempt) == (4.0, 0.0, 22.0, None, 4.0, 16.0)
     assert (preempt["lost_steps"], preempt["failure"]) == (0, False)
     t = s["totals"]
     # Wall: 60 + 48 + 41 s of attempts + 20 + 22 s of gaps before restarts.

@@ -246,6 +246,7 @@ def logged_columns(root: Path) -> set[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_throttled_device_is_reported_by_its_rank_and_only_that_rank_is_named(tmp_path):
     done = run_job(tmp_path, "--cause", "thermal", "--slow-rank", "1", "--delay-ms", "40")
     assert done.returncode == 0, done.stderr[-3000:]
