@@ -15,7 +15,7 @@ from tests.e2e._torchrun import SCRIPT as _TRAIN_SCRIPT
 from tests.e2e._torchrun import assert_ok, torchrun
 from tests.e2e.object_store_script import PROTOCOL, SharedBucket
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]  # two 2-rank torchrun runs: the extended tier
 
 SCRIPT = _TRAIN_SCRIPT.with_name("object_store_script.py")
 

@@ -105,12 +105,17 @@ class _EntryPlanner(DefaultSavePlanner):
 
 def _fsync_tree(path: Path) -> None:
     for child in path.iterdir():
-        if child.is_file():
+        try:
             fd = os.open(child, os.O_RDONLY)
-            try:
+        except (FileNotFoundError, IsADirectoryError):
+            # Another rank's temporary file, renamed away since the listing (rank 0 writes the entry table while the
+            # others sync): atomic_write made it durable itself.
+            continue
+        try:
+            if os.path.isfile(child):
                 os.fsync(fd)
-            finally:
-                os.close(fd)
+        finally:
+            os.close(fd)
     fsync_dir(path)
     fsync_dir(path.parent)
 
