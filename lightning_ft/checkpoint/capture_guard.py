@@ -18,6 +18,7 @@ through ``tensor.data`` bypass version counters (torch gives ``.data`` a counter
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -34,9 +35,17 @@ class CaptureRaceError(CheckpointError):
     """A tensor was written between the save call and its background copy; the save is not committed."""
 
 
-def storage_key(tensor: torch.Tensor) -> int:
-    """Identity of the memory a tensor lives in: the same for a parameter, its ``detach()`` and its views."""
-    return tensor.untyped_storage().data_ptr()
+def storage_key(tensor: torch.Tensor) -> int | None:
+    """Identity of the CPU memory a tensor lives in: the same for a parameter, its ``detach()`` and its views (a
+    DTensor: its local shard). ``None`` for what is never deferred: CUDA, sparse and storage-less tensors."""
+    if isinstance(tensor, _compat.DTensor):
+        tensor = tensor.to_local()
+    if tensor.is_cuda or tensor.layout != torch.strided:
+        return None
+    try:
+        return tensor.untyped_storage().data_ptr() or None
+    except (RuntimeError, NotImplementedError):  # a tensor subclass or layout without a storage
+        return None
 
 
 def check_unchanged(key: str, tensor: torch.Tensor, version: int) -> None:
@@ -77,10 +86,11 @@ class CaptureGuard:
         self._handles: weakref.WeakKeyDictionary[torch.optim.Optimizer, Any] = weakref.WeakKeyDictionary()
         self._idle = threading.Event()
         self._idle.set()
+        self._waited_s = 0.0
 
     def watch(self, *, modules: Iterable[torch.nn.Module], optimizers: Iterable[torch.optim.Optimizer]) -> None:
         """Guard these modules' parameters and these optimizers' state from now on; hooks each new optimizer."""
-        self._modules = [weakref.ref(m) for m in modules]
+        self._modules = [weakref.ref(m) for m in modules if m is not None]
         self._optimizers = []
         for optimizer in optimizers:
             self._optimizers.append(weakref.ref(optimizer))
@@ -90,19 +100,19 @@ class CaptureGuard:
     def guarded_storages(self) -> set[int]:
         """:func:`storage_key` of every tensor only ``optimizer.step()`` of a watched optimizer writes: the watched
         modules' parameters and the watched optimizers' state tensors (CPU only: CUDA tensors are copied at the call)."""
-        keys: set[int] = set()
+        tensors: list[torch.Tensor] = []
         for ref in self._modules:
             module = ref()
             if module is not None:
-                keys.update(storage_key(p) for p in module.parameters() if not p.is_cuda)
+                tensors += module.parameters()
         for ref in self._optimizers:
             optimizer = ref()
             if optimizer is not None:
                 for state in optimizer.state.values():
-                    for value in state.values():
-                        if isinstance(value, torch.Tensor) and not value.is_cuda:
-                            keys.add(storage_key(value))
-        return keys
+                    tensors += (value for value in state.values() if isinstance(value, torch.Tensor))
+        keys = {storage_key(tensor) for tensor in tensors}
+        keys.discard(None)
+        return keys  # type: ignore[return-value]
 
     def begin(self) -> None:
         """A capture with deferred copies starts: the watched optimizers' next step waits for :meth:`end`."""
@@ -116,8 +126,16 @@ class CaptureGuard:
         """Block until no capture is in flight."""
         self._idle.wait()
 
+    def take_waited_s(self) -> float:
+        """Seconds optimizer steps waited for deferred copies since the previous call (a stall of the loop)."""
+        waited, self._waited_s = self._waited_s, 0.0
+        return waited
+
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._idle.wait()
+        if not self._idle.is_set():
+            start = time.perf_counter()
+            self._idle.wait()
+            self._waited_s += time.perf_counter() - start
 
     def close(self) -> None:
         """Remove the hooks; a step no longer waits. Idempotent."""

@@ -207,7 +207,7 @@ class Stager:
             buf = self._buffer_for(key, source)
             shard = StagedShard(key=key, name=f"t{n}", data=buf, offset=offset)
             capture.shards.append(shard)
-            if n < len(writes) and not source.is_cuda and storage_key(source) in defer:
+            if n < len(writes) and defer and storage_key(source) in defer:
                 capture.deferred.append((shard, source, _compat.tensor_version(source)))
                 continue
             buf.copy_(source, non_blocking=source.is_cuda)

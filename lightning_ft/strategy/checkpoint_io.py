@@ -28,6 +28,7 @@ from lightning_ft.checkpoint import (
     IN_PROGRESS_RECORD,
     METADATA_FILE,
     AsyncCheckpointer,
+    CaptureGuard,
     CheckpointError,
     CommitInfo,
     Retention,
@@ -143,6 +144,9 @@ class StrategyCheckpoints:
             so the object can exist before the strategy knows its rank.
         event_log: returns the event log (``None`` before it is open).
         checkpoint_format: the storage new checkpoints are written with (``"torchsnapshot"`` or ``"dcp"``).
+        watched: returns the modules and optimizers whose parameters and state a save during ``fit`` copies after the
+            save call returned, before their next optimizer step (:class:`~lightning_ft.checkpoint.CaptureGuard`);
+            ``None``: everything is copied before the save call returns.
     """
 
     def __init__(
@@ -152,12 +156,15 @@ class StrategyCheckpoints:
         event_log: Callable[[], EventLog | None],
         broadcast: Callable[[Any], Any],
         checkpoint_format: str = "torchsnapshot",
+        watched: Callable[[], tuple[list[torch.nn.Module], list[torch.optim.Optimizer]]] | None = None,
     ) -> None:
         self._rank = global_rank
         self._format = checkpoint_format
         self._event_log = event_log
         self._broadcast = broadcast
         self._writer: AsyncCheckpointer | None = None
+        self._watched = watched
+        self._guard: CaptureGuard | None = None
         self._lock = threading.Lock()
         self._unaccounted_stall_s = 0.0
         self._last_save: tuple[Path, int | None] | None = None
@@ -179,13 +186,21 @@ class StrategyCheckpoints:
         """Start the background writer. Collective: it creates a process group of its own. ``storage``: the storage
         seam to write through (``None``: ``SnapshotStorage``; a fault injector passes a wrapper)."""
         if self._writer is None:
-            self._writer = AsyncCheckpointer(on_commit=self._on_commit, storage=storage or storage_named(self._format))
+            self._guard = CaptureGuard() if self._watched is not None else None
+            self._writer = AsyncCheckpointer(
+                on_commit=self._on_commit, storage=storage or storage_named(self._format), capture_guard=self._guard
+            )
 
     def close(self) -> None:
         """Wait for the save in flight and stop the writer; re-raise a background failure. Every rank calls it."""
         writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.close()
+        guard, self._guard = self._guard, None
+        try:
+            if writer is not None:
+                writer.close()
+        finally:
+            if guard is not None:
+                guard.close()
 
     def save(self, path: Path, state: dict[str, Any], rank_state: dict[str, Any], metadata: dict[str, Any]) -> None:
         """Collective: capture now, write and commit in the background (committed before returning outside fit).
@@ -210,15 +225,25 @@ class StrategyCheckpoints:
             finally:
                 one_shot.close()
             return
+        if self._guard is not None and self._watched is not None:
+            modules, optimizers = self._watched()
+            self._guard.watch(modules=modules, optimizers=optimizers)
         self._writer.save(path, state, rank_state=rank_state, metadata=metadata)
         with self._lock:
             self._unaccounted_stall_s += time.perf_counter() - start
 
     def take_unaccounted_stall_s(self) -> float:
-        """Seconds save calls blocked the loop since the previous call (the tracker books them as stalls)."""
+        """Seconds save calls, and optimizer steps waiting for a save's deferred copies, blocked the loop since the
+        previous call (the tracker books them as stalls)."""
+        waited = self._guard.take_waited_s() if self._guard is not None else 0.0
         with self._lock:
             stall, self._unaccounted_stall_s = self._unaccounted_stall_s, 0.0
-        return stall
+        return stall + waited
+
+    def wait_for_capture(self) -> None:
+        """Block until the save in flight has copied what it deferred (every tensor is the caller's again)."""
+        if self._guard is not None:
+            self._guard.wait()
 
     def wait(self) -> None:
         if self._writer is not None:

@@ -259,6 +259,7 @@ class ElasticFT3D(DDPStrategy):
                 take_stall_s=self._checkpoint_manager().take_unaccounted_stall_s,
                 on_batch_consumed=self._data_position.advance,
                 attempt_start_time=self._attempt_start_time,
+                wait_for_capture=self._checkpoint_manager().wait_for_capture,
             )
         trainer.callbacks.insert(0, self._tracker)
         for logger in trainer.loggers:
@@ -350,6 +351,7 @@ class ElasticFT3D(DDPStrategy):
                 event_log=lambda: self.event_log,
                 broadcast=self.broadcast,
                 checkpoint_format=self.checkpoint_format,
+                watched=lambda: ([self.lightning_module], list(self.optimizers)),
             )
         return self._checkpoints
 

@@ -40,6 +40,10 @@ class TrainingTracker(Callback):
         take_stall_s: returns, and resets, the seconds save calls blocked the loop since the previous call.
         on_batch_consumed: called once per training batch on every rank, before any checkpoint callback.
         attempt_start_time: Unix time this attempt started (``first_step`` reports the time since).
+        wait_for_capture: blocks until a checkpoint's deferred copies are done; called where Lightning's callbacks may
+            write weights outside ``optimizer.step()`` (validation start, epoch end, train end), before them, since
+            this callback runs first (``WeightAveraging`` swaps weights through ``.data``, which version counters
+            do not see).
     """
 
     def __init__(
@@ -49,7 +53,9 @@ class TrainingTracker(Callback):
         take_stall_s: Callable[[], float],
         on_batch_consumed: Callable[[], None],
         attempt_start_time: float,
+        wait_for_capture: Callable[[], None] = lambda: None,
     ) -> None:
+        self._wait_for_capture = wait_for_capture
         self._event_log = event_log
         self._take_stall_s = take_stall_s
         self._on_batch_consumed = on_batch_consumed
@@ -103,7 +109,16 @@ class TrainingTracker(Callback):
             self._write_progress(log, step)
 
     @override
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._wait_for_capture()
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._wait_for_capture()
+
+    @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._wait_for_capture()
         log = self._event_log()
         if trainer.global_rank == 0 and log is not None and self._timer.pending():
             self._write_progress(log, trainer.global_step)
