@@ -10,8 +10,8 @@ Reads a run's event logs (``<default_root_dir>``) and, for every attempt that a 
 - exit: detection -> the last ``attempt_end`` of the attempt (a preemption commits its checkpoint here);
 - relaunch: -> the next attempt's first ``attempt_start`` (torchrun's restart, interpreter start and imports,
   rendezvous, process group);
-- setup: -> the start of the load (``resumed.time - resumed.load_s``: model set-up, health checks);
-- load: ``resumed.load_s``; first step: ``resumed`` -> ``first_step``;
+- setup: -> the start of the load (``process_start_time + resumed.startup_s``: model set-up, health checks);
+- load: ``resumed.load_s``; first step: the load's end -> ``first_step``;
 - recomputed: steps completed before the fault that the next attempt trains again.
 
 Run: ``python benchmarks/restart_breakdown.py RUN_ROOT`` (e.g. the demo's ``demo_run``).
@@ -62,7 +62,14 @@ def incident(attempt: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict
     if fault is None:
         return None
     exited = max((e["time"] for e in ends), default=detected)
-    load_start = resumed["time"] - resumed.get("load_s", 0.0)
+    start = _first(after, "attempt_start")
+    if "startup_s" in resumed and start is not None and start.get("process_start_time"):
+        # lightning-ft 0.2 writes `resumed` once the first step is done, with the load's own times.
+        load_start = start["process_start_time"] + resumed["startup_s"]
+        load_end = load_start + resumed.get("load_s", 0.0)
+    else:
+        load_start = resumed["time"] - resumed.get("load_s", 0.0)
+        load_end = resumed["time"]
     return {
         "attempt": attempt[0]["attempt"],
         "kind": kind,
@@ -71,7 +78,7 @@ def incident(attempt: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict
         "relaunch_s": min(starts) - max(exited, detected),
         "setup_s": load_start - min(starts),
         "load_s": resumed.get("load_s", 0.0),
-        "first_step_s": first_step["time"] - resumed["time"],
+        "first_step_s": first_step["time"] - load_end,
         "total_s": first_step["time"] - fault,
         "recomputed_steps": max(int(reached or 0) - int(resumed["step"] or 0), 0),
     }

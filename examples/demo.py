@@ -60,6 +60,31 @@ def fault_injector(args: argparse.Namespace) -> FaultInjector:
     )
 
 
+def announce(args: argparse.Namespace) -> None:
+    """Rank 0 says, before each attempt trains, which incidents are simulated and what to expect on screen."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if attempt == 0:
+        print(
+            "[demo] Every incident below is simulated on this CPU machine; nothing is wrong with it:\n"
+            f"[demo]   attempt 0: rank 1 kills itself with SIGKILL at step {args.kill_at_step}. The surviving rank\n"
+            "[demo]              then prints gloo connection errors and a torchrun failure report: expected.\n"
+            f"[demo]   attempt 1: SIGTERM at rank 0 at step {args.preempt_at_step} (a preemption notice).\n"
+            f"[demo]   attempt 2: rank 1 hangs in a data read at step {args.hang_at_step}; the watchdog fires after"
+            f" {args.hang_timeout:g} s.\n"
+            f"[demo]   from step {args.incident_step} (after a restart), a fake NVML reports rank 1's device thermally"
+            " throttled, and rank 1's steps are slowed down to match.\n"
+            "[demo] torchrun restarts the group after each of the first three; every attempt resumes by itself.",
+            flush=True,
+        )
+    else:
+        print(
+            f"[demo] attempt {attempt}: torchrun restarted the group; fit resumes from the newest checkpoint",
+            flush=True,
+        )
+
+
 def build_callbacks(args: argparse.Namespace, ckpt_dir: Path, injector: FaultInjector) -> list[Callback]:
     callbacks: list[Callback] = [
         ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.ckpt_every, save_top_k=-1, save_last=True),
@@ -75,17 +100,18 @@ def build_callbacks(args: argparse.Namespace, ckpt_dir: Path, injector: FaultInj
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="demo_run")
-    parser.add_argument("--max-steps", type=int, default=90)
-    parser.add_argument("--incident-step", type=int, default=30, help="thermal incident on rank 1 after the restart")
+    parser.add_argument("--max-steps", type=int, default=120)
+    parser.add_argument("--incident-step", type=int, default=76, help="thermal incident on rank 1 after a restart")
     parser.add_argument("--ckpt-every", type=int, default=5)
     parser.add_argument("--kill-at-step", type=int, default=17)
     parser.add_argument("--preempt-at-step", type=int, default=18, help="SIGTERM at rank 0 on the second attempt")
     parser.add_argument("--hang-at-step", type=int, default=42, help="rank 1 hangs in a data read on the third")
-    parser.add_argument("--hang-timeout", type=float, default=12.0, help="FaultPolicy(hang_timeout_s=...)")
+    parser.add_argument("--hang-timeout", type=float, default=8.0, help="FaultPolicy(hang_timeout_s=...)")
     parser.add_argument("--batch-size", type=int, default=8)
     args = parser.parse_args()
 
     torch.set_num_threads(1)
+    announce(args)
     L.seed_everything(7, workers=True)
     root = Path(args.root).resolve()
     root.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ _EXPORTS = {
     "Plan": "lightning_ft.parallel",
     "StragglerMonitor": "lightning_ft.monitors",
     "ThermalMonitor": "lightning_ft.monitors",
+    "compatible_world_sizes": "lightning_ft.elastic",
     "load_from_checkpoint": "lightning_ft.checkpoint",
     "pipeline_step": "lightning_ft.parallel",
     "plan_parallelism": "lightning_ft.parallel",
@@ -36,6 +37,7 @@ __all__ = [
     "Plan",
     "StragglerMonitor",
     "ThermalMonitor",
+    "compatible_world_sizes",
     "load_from_checkpoint",
     "pipeline_step",
     "plan_parallelism",
@@ -43,7 +45,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from lightning_ft.checkpoint import load_from_checkpoint
-    from lightning_ft.elastic import ElasticPolicy
+    from lightning_ft.elastic import ElasticPolicy, compatible_world_sizes
     from lightning_ft.fault import FaultPolicy
     from lightning_ft.monitors import GoodputMonitor, StragglerMonitor, ThermalMonitor
     from lightning_ft.parallel import ParallelConfig, Plan, pipeline_step, plan_parallelism

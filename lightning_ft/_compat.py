@@ -60,6 +60,7 @@ __all__ = [
     "GatheredBuffer",
     "tensor_version",
     "torchsnapshot_take_hooks",
+    "mark_checkpoint_saved_at",
     "call_resume_start",
     "ckpt_path_parser_patch",
     "checkpoint_connector",
@@ -74,6 +75,7 @@ __all__ = [
     "optimizers_to_device",
     "set_logger_version",
     "set_rng_states",
+    "set_scheduler_last_lr",
     "signal_connector",
     "train_combined_loader_mode",
     "unwrap_optimizer",
@@ -120,6 +122,21 @@ def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     from lightning.pytorch.core.optimizer import LightningOptimizer
 
     return optimizer._optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
+
+
+def mark_checkpoint_saved_at(callback: Any, global_step: int) -> None:
+    """Tell a ``ModelCheckpoint`` that the state of ``global_step`` is saved (``_last_global_step_saved``: Lightning
+    2.4-2.6). It is not restored from a checkpoint, so after a resume with gradient accumulation the first micro-batch,
+    which leaves the step count unchanged, would otherwise trigger a save in the middle of an accumulation."""
+    if hasattr(callback, "_last_global_step_saved"):
+        callback._last_global_step_saved = global_step
+
+
+def set_scheduler_last_lr(scheduler: Any, values: list[float]) -> None:
+    """Make ``scheduler.get_last_lr()`` return ``values`` (``LRScheduler._last_lr``: torch 2.4-2.13; also set by
+    ``ReduceLROnPlateau``). Schedulers without it are left alone."""
+    if hasattr(scheduler, "_last_lr"):
+        scheduler._last_lr = list(values)
 
 
 def set_logger_version(logger: Any, version: str) -> bool:

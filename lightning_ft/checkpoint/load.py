@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 import os
 from argparse import Namespace
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,8 @@ class LoadedCheckpoint:
     """This rank modulo the saved world size: whose ``rank_state`` this is."""
     metadata: dict[str, Any]
     """The run metadata: ``format_version``, ``step``, ``world_size``, ``size_bytes`` and what the writer added."""
+    saved_rank_states: dict[int, Any] = field(default_factory=dict)
+    """Other saved ranks' ``rank_state``, by saved rank: those the ``rank_states`` argument asked for."""
 
 
 def _template_tensors(obj: Any, path: str = "", out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
@@ -108,12 +111,16 @@ def load_checkpoint(
     verify_checksums: bool = True,
     storage: SnapshotStorage | None = None,
     collective: bool = True,
+    rank_states: Callable[[dict[str, Any]], Iterable[int]] | None = None,
 ) -> LoadedCheckpoint:
     """Load committed checkpoint ``path``, filling the tensors of the template ``state`` in place.
 
     Collective over ``group`` (default: the default group) when torch.distributed is initialized: every rank calls,
     and if any rank fails, every rank raises. Do not call it while an :class:`AsyncCheckpointer` save on the same group is
     in flight. ``collective=False`` loads in this process alone (any one rank may call it).
+    ``rank_states``, given the checkpoint's metadata, names saved ranks whose ``rank_state`` this rank
+    also needs (a pipeline stage saved by one data-parallel replica, say); they are read into
+    :attr:`LoadedCheckpoint.saved_rank_states`.
 
     Raises:
         CheckpointNotFoundError: nothing exists at ``path`` (an ``UncommittedCheckpointError`` and a
@@ -144,11 +151,21 @@ def load_checkpoint(
             document["state"], lambda key, p: _fill(reader, key, p, templates.get(p) if p in templates else None)
         )
         metadata = json_codec.decode(document["metadata"])
-        rank_states = document["rank_states"]
-        saved_rank = rank % len(rank_states)
-        rank_state = json_codec.decode(rank_states[saved_rank], lambda key, p: _fill(reader, key, p, None))
+        rank_states_doc = document["rank_states"]
+        saved_rank = rank % len(rank_states_doc)
+        rank_state = json_codec.decode(rank_states_doc[saved_rank], lambda key, p: _fill(reader, key, p, None))
+        others = {}
+        for other in rank_states(metadata) if rank_states is not None else ():
+            if not 0 <= other < len(rank_states_doc):
+                raise CheckpointError(f"checkpoint {path}: no rank {other} among its {len(rank_states_doc)} ranks")
+            others[other] = json_codec.decode(rank_states_doc[other], lambda key, p: _fill(reader, key, p, None))
         loaded = LoadedCheckpoint(
-            path=path, state=state_out, rank_state=rank_state, saved_rank=saved_rank, metadata=metadata
+            path=path,
+            state=state_out,
+            rank_state=rank_state,
+            saved_rank=saved_rank,
+            metadata=metadata,
+            saved_rank_states=others,
         )
     except CheckpointError as e:
         error = type(e)(f"{e}{newest_alternative(path)}")

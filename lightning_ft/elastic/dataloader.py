@@ -76,6 +76,8 @@ def swap_in_resumable_sampler(dataloader: Any, *, num_replicas: int, rank: int, 
         return dataloader
     sampler = dataloader.sampler
     if isinstance(sampler, ResumableSampler) and (sampler.num_replicas, sampler.rank) == (num_replicas, rank):
+        sampler.batch_size = dataloader.batch_size
+        sampler.drop_last_batch = bool(dataloader.drop_last) and dataloader.batch_size is not None
         return _make_stateful(dataloader, sampler, epoch)
     new_sampler = _resumable_replacement(sampler, dataloader, num_replicas=num_replicas, rank=rank)
     if new_sampler is None:
@@ -117,7 +119,7 @@ def align_batch_progress(trainer: Any) -> int:
     if sampler is None or not batch_size:
         return 0
     progress = trainer.fit_loop.epoch_loop.batch_progress
-    shift = sampler.completed_batches(batch_size, drop_last=loader.drop_last) - progress.current.ready
+    shift = sampler.completed_batches(batch_size, drop_last=bool(loader.drop_last)) - progress.current.ready
     if shift:
         for tracker in (progress.current, progress.total):
             tracker.ready += shift
@@ -132,32 +134,29 @@ def _resumable_replacement(
 ) -> ResumableSampler | None:
     dataset = dataloader.dataset
     kind = type(sampler)
+    # The DataLoader's batching decides where an epoch ends with drop_last, and what a resumed rest is completed to.
+    batching = {
+        "num_replicas": num_replicas,
+        "rank": rank,
+        "batch_size": dataloader.batch_size,
+        "drop_last_batch": bool(dataloader.drop_last),
+    }
     if isinstance(sampler, ResumableSampler):
         new = ResumableSampler(
-            sampler.dataset_len,
-            num_replicas=num_replicas,
-            rank=rank,
-            shuffle=sampler.shuffle,
-            seed=sampler.seed,
-            drop_last=sampler.drop_last,
+            sampler.dataset_len, shuffle=sampler.shuffle, seed=sampler.seed, drop_last=sampler.drop_last, **batching
         )
         new.load_state_dict(sampler.state_dict())
         return new
     # Exact types only: a subclass may change the order, and reproducing it is its author's business.
     if kind is DistributedSampler:
         return ResumableSampler(
-            dataset,
-            num_replicas=num_replicas,
-            rank=rank,
-            shuffle=sampler.shuffle,
-            seed=sampler.seed,
-            drop_last=sampler.drop_last,
+            dataset, shuffle=sampler.shuffle, seed=sampler.seed, drop_last=sampler.drop_last, **batching
         )
     seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
     if kind is RandomSampler and not sampler.replacement and sampler.num_samples == len(dataset):
-        return ResumableSampler(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
+        return ResumableSampler(dataset, shuffle=True, seed=seed, **batching)
     if kind is SequentialSampler:
-        return ResumableSampler(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, seed=seed)
+        return ResumableSampler(dataset, shuffle=False, seed=seed, **batching)
     return None
 
 
@@ -184,6 +183,19 @@ class TrainingDataPosition:
     def __init__(self) -> None:
         # Loaders of earlier set-ups (reload_dataloaders_every_n_epochs) drop out when Lightning lets go of them.
         self._tracked: weakref.WeakKeyDictionary[DataLoader, tuple[ResumableSampler, int]] = weakref.WeakKeyDictionary()
+
+    def prepare_for(self, trainer: Any, dataloader: Any, *, num_replicas: int, rank: int) -> Any:
+        """:meth:`prepare` for the stage ``trainer`` is in (``None``: not attached yet; returned unchanged)."""
+        if trainer is None:
+            return dataloader
+        return self.prepare(
+            dataloader,
+            training=trainer.training,
+            epoch=trainer.fit_loop.epoch_progress.current.processed,
+            mode=_compat.train_combined_loader_mode(trainer),
+            num_replicas=num_replicas,
+            rank=rank,
+        )
 
     def prepare(
         self, dataloader: Any, *, training: bool, epoch: int, num_replicas: int, rank: int, mode: str | None = None

@@ -13,8 +13,8 @@ from typing import Any
 
 from lightning.pytorch.callbacks import GradientAccumulationScheduler
 
+from lightning_ft.elastic.compatible_sizes import compatible_data_parallel_sizes, compatible_world_sizes
 from lightning_ft.elastic.elastic_policy import ElasticPolicy
-from lightning_ft.parallel.validation import divisors
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -26,7 +26,8 @@ class ResumeDecision:
 
     lr_scale: float
     """Factor on every learning rate, relative to the run that wrote the checkpoint; 1.0 means unchanged.
-    ElasticFT3D applies it around each optimizer step, so LR schedulers keep their own unscaled schedule."""
+    ElasticFT3D multiplies the rates in the optimizer by it (ramped over ``lr_warmup_steps``); LR schedulers keep
+    computing their own unscaled schedule underneath."""
 
     global_batch_before: int
     """Samples per optimizer step in the run that wrote the checkpoint."""
@@ -57,18 +58,31 @@ def plan_resume(
     saved_accumulate: int,
     new_dp_size: int,
     new_per_device_batch: int,
+    new_accumulate: int | None = None,
     new_world_size: int | None = None,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
 ) -> ResumeDecision:
-    """The accumulation and learning-rate scale for resuming a checkpoint on ``new_dp_size`` data-parallel ranks.
+    """The accumulation and learning-rate scale for resuming a checkpoint with the new run's settings.
 
-    ``keep_global`` keeps samples per optimizer step: accumulation becomes
-    ``saved_accumulate * saved_dp_size * saved_per_device_batch / (new_dp_size * new_per_device_batch)``.
-    ``keep_local`` keeps the accumulation, so the global batch changes and the learning rate follows it as
-    ``policy.lr_scaling`` says. On the same data-parallel size nothing is rescaled, whatever the policy.
+    ``new_accumulate`` is an ``accumulate_grad_batches`` the user chose for the new run (``None``: none; the
+    strategy passes the new Trainer's when it differs from the user's own setting in the run that saved). A choice
+    is never overridden:
+
+    - nothing changed (same data-parallel size, per-device batch and accumulation): nothing is rescaled;
+    - ``keep_global``: keeps samples per optimizer step. If the user chose an accumulation, it must give the saved
+      global batch with the new per-device batch and data-parallel size; otherwise the accumulation becomes
+      ``saved global batch / (new_per_device_batch x new_dp_size)``, which must be whole. The learning rate stays;
+    - ``keep_local``: trains with the new per-device batch and the Trainer's accumulation, so the global batch
+      follows the data-parallel size (and any batch or accumulation the user changed), and the learning rate
+      follows the global batch as ``policy.lr_scaling`` says;
+    - ``None``: the data-parallel size must not change; a batch or accumulation the user changed is used as is,
+      without rescaling.
 
     Raises:
-        ValueError: if ``policy`` is ``None`` and the data-parallel size changed; if ``keep_global`` cannot keep the
-            global batch with a whole accumulation; if a size is not a positive int.
+        ValueError: ``policy`` is ``None`` and the data-parallel size changed; ``keep_global`` cannot keep the global
+            batch (the message lists the data-parallel and world sizes that can, from :func:`compatible_world_sizes`)
+            or the user's accumulation contradicts it; a size is not an int >= 1.
     """
     sizes = {
         "saved_world_size": saved_world_size,
@@ -77,44 +91,80 @@ def plan_resume(
         "saved_accumulate": saved_accumulate,
         "new_dp_size": new_dp_size,
         "new_per_device_batch": new_per_device_batch,
+        "tensor_parallel_size": tensor_parallel_size,
+        "pipeline_parallel_size": pipeline_parallel_size,
     }
+    if new_accumulate is not None:
+        sizes["new_accumulate"] = new_accumulate
     if new_world_size is not None:
         sizes["new_world_size"] = new_world_size
     for name, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"plan_resume({name}={value!r}): must be an int >= 1")
 
+    user_accumulate = saved_accumulate if new_accumulate is None else new_accumulate
     before = saved_per_device_batch * saved_dp_size * saved_accumulate
-    if new_dp_size == saved_dp_size:
-        after = new_per_device_batch * new_dp_size * saved_accumulate
+    as_configured = new_per_device_batch * new_dp_size * user_accumulate
+    if (new_dp_size, new_per_device_batch, user_accumulate) == (
+        saved_dp_size,
+        saved_per_device_batch,
+        saved_accumulate,
+    ):
         return ResumeDecision(
-            accumulate_grad_batches=saved_accumulate, lr_scale=1.0, global_batch_before=before, global_batch_after=after
+            accumulate_grad_batches=saved_accumulate,
+            lr_scale=1.0,
+            global_batch_before=before,
+            global_batch_after=before,
         )
     if policy is None:
-        now = f"{new_world_size} ranks" if new_world_size is not None else f"a data-parallel size of {new_dp_size}"
-        raise ValueError(
-            f"resuming a run saved on {saved_world_size} ranks (data-parallel size {saved_dp_size}) on {now}"
-            f" (data-parallel size {new_dp_size}) needs elastic=ElasticPolicy(...); it is elastic=None"
+        if new_dp_size != saved_dp_size:
+            now = f"{new_world_size} ranks" if new_world_size is not None else f"a data-parallel size of {new_dp_size}"
+            raise ValueError(
+                f"resuming a run saved on {saved_world_size} ranks (data-parallel size {saved_dp_size}) on {now}"
+                f" (data-parallel size {new_dp_size}) needs elastic=ElasticPolicy(...); it is elastic=None"
+            )
+        return ResumeDecision(
+            accumulate_grad_batches=user_accumulate,
+            lr_scale=1.0,
+            global_batch_before=before,
+            global_batch_after=as_configured,
         )
 
+    saved = (
+        f"the saved global batch {before} (per-device batch {saved_per_device_batch} x data-parallel size"
+        f" {saved_dp_size} x accumulate {saved_accumulate})"
+    )
     if policy.batch == "keep_global":
-        per_accumulation_step = new_per_device_batch * new_dp_size
-        if before % per_accumulation_step:
-            # Data-parallel sizes that would work with this per-device batch: the divisors of before / batch.
-            compatible = divisors(before // new_per_device_batch) if before % new_per_device_batch == 0 else []
-            hint = f" or a data-parallel size in {compatible}" if compatible else ""
-            raise ValueError(
-                f"ElasticPolicy(batch='keep_global'): the saved global batch {before} (per-device batch"
-                f" {saved_per_device_batch} x data-parallel size {saved_dp_size} x accumulate {saved_accumulate}) is"
-                f" not a multiple of per-device batch {new_per_device_batch} x data-parallel size {new_dp_size} ="
-                f" {per_accumulation_step}; use ElasticPolicy(batch='keep_local'){hint}"
-            )
-        accumulate = before // per_accumulation_step
+        if new_accumulate is not None:
+            if as_configured != before:
+                per_step = new_per_device_batch * new_dp_size
+                fits = f"set accumulate_grad_batches={before // per_step}, " if before % per_step == 0 else ""
+                raise ValueError(
+                    f"ElasticPolicy(batch='keep_global') keeps {saved}, but Trainer(accumulate_grad_batches="
+                    f"{user_accumulate}) with per-device batch {new_per_device_batch} x data-parallel size"
+                    f" {new_dp_size} gives {as_configured}; {fits}leave accumulate_grad_batches as the saved run had"
+                    f" it to let the policy choose, or use ElasticPolicy(batch='keep_local') to train with the new"
+                    f" global batch"
+                )
+            accumulate = user_accumulate
+        else:
+            per_accumulation_step = new_per_device_batch * new_dp_size
+            if before % per_accumulation_step:
+                raise ValueError(
+                    f"ElasticPolicy(batch='keep_global'): {saved} is not a multiple of per-device batch"
+                    f" {new_per_device_batch} x data-parallel size {new_dp_size} = {per_accumulation_step}; use"
+                    f" ElasticPolicy(batch='keep_local'){_compatible_hint(before, new_per_device_batch, tensor_parallel_size, pipeline_parallel_size)}"
+                )
+            accumulate = before // per_accumulation_step
     else:
-        accumulate = saved_accumulate
+        accumulate = user_accumulate
     after = new_per_device_batch * new_dp_size * accumulate
     ratio = after / before
-    lr_scale = {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[policy.lr_scaling]
+    lr_scale = (
+        1.0
+        if policy.batch == "keep_global"
+        else {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[policy.lr_scaling]
+    )
     return ResumeDecision(
         accumulate_grad_batches=accumulate,
         lr_scale=lr_scale,
@@ -122,6 +172,22 @@ def plan_resume(
         global_batch_after=after,
         lr_warmup_steps=policy.lr_warmup_steps,
     )
+
+
+def _compatible_hint(global_batch: int, per_device_batch: int, tp: int, pp: int) -> str:
+    dp_sizes = compatible_data_parallel_sizes(global_batch=global_batch, per_device_batch=per_device_batch)
+    if not dp_sizes:
+        return f" or a per-device batch that divides {global_batch}"
+    hint = f", or resume on a data-parallel size in {dp_sizes}"
+    if tp * pp > 1:
+        worlds = compatible_world_sizes(
+            global_batch=global_batch,
+            per_device_batch=per_device_batch,
+            tensor_parallel_size=tp,
+            pipeline_parallel_size=pp,
+        )
+        hint += f" (world sizes {worlds} with tensor x pipeline size {tp * pp})"
+    return hint + " (lightning_ft.elastic.compatible_world_sizes lists them)"
 
 
 def check_accumulation_scheduler(trainer: Any, policy: ElasticPolicy | None) -> None:
@@ -145,17 +211,25 @@ def check_accumulation_scheduler(trainer: Any, policy: ElasticPolicy | None) -> 
 
 
 def plan_resume_from_metadata(
-    policy: ElasticPolicy | None, metadata: dict[str, Any], *, new_dp_size: int, new_world_size: int
+    policy: ElasticPolicy | None,
+    metadata: dict[str, Any],
+    *,
+    new_dp_size: int,
+    new_world_size: int,
+    new_per_device_batch: int | None = None,
+    new_accumulate: int | None = None,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
 ) -> ResumeDecision:
     """:func:`plan_resume` for the metadata of a lightning-ft checkpoint (``world_size``, ``mesh``,
-    ``per_device_batch_size``, ``accumulate_grad_batches``) resumed on ``new_dp_size`` data-parallel ranks.
+    ``per_device_batch_size``, ``accumulate_grad_batches``) resumed with the new run's settings.
 
-    The new per-device batch is the dataloader's, known only once data is set up; until the batch policy can change
-    it, it equals the saved one.
+    ``new_per_device_batch`` is the training DataLoader's batch size (``None``: the saved one) and ``new_accumulate``
+    an ``accumulate_grad_batches`` the user chose for the new run (``None``: none, see :func:`plan_resume`).
     """
     saved_mesh = metadata.get("mesh") or {}
     saved_world = int(metadata.get("world_size") or new_world_size)
-    batch = int(metadata.get("per_device_batch_size") or 1)
+    batch = int(metadata.get("per_device_batch_size") or new_per_device_batch or 1)
     return plan_resume(
         policy,
         saved_world_size=saved_world,
@@ -163,6 +237,9 @@ def plan_resume_from_metadata(
         saved_per_device_batch=batch,
         saved_accumulate=int(metadata.get("accumulate_grad_batches") or 1),
         new_dp_size=new_dp_size,
-        new_per_device_batch=batch,
+        new_per_device_batch=batch if new_per_device_batch is None else new_per_device_batch,
+        new_accumulate=new_accumulate,
         new_world_size=new_world_size,
+        tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size,
     )

@@ -4,7 +4,7 @@ Lightning's automatic ``DistributedSampler`` cannot resume mid-epoch: it has no 
 the epoch from its start or skips data. :class:`ResumableSampler` yields exactly what ``DistributedSampler`` yields for
 the same seed, and adds a state that does not depend on the world size: the epoch, the shuffle seed and the number of
 *global* samples of the epoch already consumed. On resume, the rest of the epoch's global stream is dealt over the
-replicas of the new world, so every sample of the epoch is still seen once.
+replicas of the new world, so every sample of the epoch is still seen once (up to the new world's own end of epoch).
 
 The strategy swaps it in for Lightning's sampler (see :func:`lightning_ft.elastic.swap_in_resumable_sampler`) and calls
 :meth:`ResumableSampler.mark_consumed` once per training batch.
@@ -35,10 +35,16 @@ class ResumableSampler(Sampler[int]):
 
     **Resuming.** :meth:`state_dict` records ``consumed``, the number of global stream positions of the current epoch
     already trained on. After :meth:`load_state_dict`, the next :meth:`__iter__` deals the rest of the stream,
-    ``stream[consumed:]``, over the *current* ``num_replicas``. If that rest does not divide evenly, it is padded by
-    repeating its own head (or, with ``drop_last``, cut), so every replica gets the same number of samples. An epoch
-    whose ``consumed`` reaches the dataset length is over: the rest is empty, and such a state loads as the start of the
-    next epoch. Resumed on the same world size at a batch
+    ``stream[consumed:end]``, over the *current* ``num_replicas``, where ``end`` is where the current world's epoch
+    ends: the stream's length, or, when the DataLoader drops its last partial batch (``drop_last_batch`` with
+    ``batch_size``), the last position of its last full global batch. If that rest does not fill whole batches on
+    every replica (only after a resume at another world size or batch size), it is completed by repeating its own
+    head, so every replica yields the same number of batches and none is partial where partial batches are dropped:
+    a resize never drops a sample of the rest of the epoch, and repeats fewer than one global batch (one sample per
+    replica without ``drop_last_batch``). An epoch whose stream was exhausted by the world that saved it is over:
+    such a state loads as the start of the next epoch. An epoch that the saving world had not finished but that has
+    nothing left for the current world (it ends earlier, ``drop_last``) stays the current epoch with nothing left,
+    and :meth:`completed_batches` reports it complete. Resumed on the same world size and batch size at a batch
     boundary, the replicas yield exactly what an uninterrupted run would have yielded for the rest of the epoch.
 
     **Length.** ``len(sampler)`` is the per-replica length of a *full* epoch on the current world, as for
@@ -72,6 +78,8 @@ class ResumableSampler(Sampler[int]):
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
+        batch_size: int | None = None,
+        drop_last_batch: bool = False,
     ) -> None:
         dataset_len = dataset_or_len if isinstance(dataset_or_len, int) else len(dataset_or_len)
         if isinstance(dataset_len, bool) or dataset_len < 0:
@@ -80,12 +88,21 @@ class ResumableSampler(Sampler[int]):
             raise ValueError(f"ResumableSampler(num_replicas={num_replicas!r}): must be an int >= 1")
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < num_replicas:
             raise ValueError(f"ResumableSampler(rank={rank!r}): must be an int in [0, num_replicas={num_replicas})")
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+        ):
+            raise ValueError(f"ResumableSampler(batch_size={batch_size!r}): must be an int >= 1 or None")
         self.dataset_len = dataset_len
         self.num_replicas = num_replicas
         self.rank = rank
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.drop_last = bool(drop_last)
+        self.batch_size = batch_size
+        """The DataLoader's per-replica batch size (``None``: unknown); with ``drop_last_batch`` it sets where the
+        epoch ends and the unit a resumed rest is completed to."""
+        self.drop_last_batch = bool(drop_last_batch) and batch_size is not None
+        """Whether the DataLoader drops each replica's last partial batch (its ``drop_last``)."""
         self.epoch = 0
         self.consumed = 0
         # Set when an iterator has handed out the whole rest of the epoch: the next iter() is a new pass over the
@@ -116,25 +133,41 @@ class ResumableSampler(Sampler[int]):
         generator.manual_seed(self.seed + self.epoch)
         return torch.randperm(self.dataset_len, generator=generator).tolist()
 
+    @property
+    def epoch_end(self) -> int:
+        """Stream position where the current world's epoch ends: :attr:`total_size`, or with ``drop_last_batch`` the
+        end of the last full global batch (per-device batch x replicas)."""
+        if self.drop_last_batch:
+            assert self.batch_size is not None
+            global_batch = self.batch_size * self.num_replicas
+            return self.total_size // global_batch * global_batch
+        return self.total_size
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether the current epoch is over for every world: the world that consumed it reached its end of epoch
+        (:meth:`mark_consumed` then records at least the dataset length)."""
+        return self.consumed >= self.dataset_len > 0
+
     def _remaining_stream(self, start: int | None = None) -> list[tuple[int, int]]:
         """``(index, position)`` of the global stream of the current epoch from position ``start`` (default:
-        ``consumed``), evened out over the current replicas."""
+        ``consumed``) to the current world's end of epoch, completed to whole batches on every replica."""
         start = self.consumed if start is None else start
-        if start >= self.dataset_len or start >= self.total_size:
+        end = self.epoch_end
+        if start >= self.dataset_len or start >= end:
             return []
         order = self._global_order()
         stream = order[: self.total_size] if self.drop_last else _pad(order, self.total_size)
-        rest = list(zip(stream[start:], range(start, len(stream)), strict=True))
-        uneven = len(rest) % self.num_replicas
+        rest = list(zip(stream[start:end], range(start, end), strict=True))
+        unit = self.num_replicas * (self.batch_size if self.drop_last_batch else 1)  # type: ignore[operator]
+        uneven = len(rest) % unit
         if uneven:
-            # Only after a resume at another world size (or off a batch boundary): the rest no longer divides evenly,
-            # and replicas that yield different numbers of batches would hang the collectives. Padding repeats the
-            # head of the rest at new positions, so a repeated sample gets a seed of its own.
-            if self.drop_last:
-                rest = rest[: len(rest) - uneven]
-            else:
-                extra = _pad(rest, len(rest) - uneven + self.num_replicas)[len(rest) :]
-                rest += [(index, len(stream) + i) for i, (index, _) in enumerate(extra)]
+            # Only after a resume at another world or batch size: the rest no longer fills whole batches on every
+            # replica. Replicas yielding different numbers of batches would hang the collectives, and a partial batch
+            # the DataLoader drops would lose samples; repeating the head of the rest avoids both. A repeat sits at a
+            # new position, so it gets a seed of its own.
+            extra = _pad(rest, len(rest) - uneven + unit)[len(rest) :]
+            rest += [(index, self.total_size + i) for i, (index, _) in enumerate(extra)]
         return rest
 
     def __iter__(self) -> Iterator[int]:
@@ -152,13 +185,17 @@ class ResumableSampler(Sampler[int]):
         """Samples this replica still yields in the current epoch (``len(list(iter(self)))``)."""
         return len(self._remaining_stream()) // self.num_replicas
 
-    def completed_batches(self, batch_size: int, *, drop_last: bool = False) -> int:
+    def completed_batches(self, batch_size: int | None = None, *, drop_last: bool | None = None) -> int:
         """Batches of ``batch_size`` per replica that count as done in the current epoch on the current world.
 
         This is the value Lightning's batch progress must hold on resume so that the epoch ends on its last remaining
-        batch: the full epoch's batch count minus the batches still to come. On the same world size, resumed at a
-        batch boundary, it equals the number of batches trained before the save. ``drop_last`` is the DataLoader's.
+        batch: the full epoch's batch count minus the batches still to come (all of them when the epoch has nothing
+        left for this world). On the same world size, resumed at a batch boundary, it equals the number of batches
+        trained before the save. ``batch_size`` and ``drop_last`` are the DataLoader's; they default to the
+        sampler's own ``batch_size`` and ``drop_last_batch``.
         """
+        batch_size = self.batch_size if batch_size is None else batch_size
+        drop_last = self.drop_last_batch if drop_last is None else drop_last
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"completed_batches(batch_size={batch_size!r}): must be an int >= 1")
 
@@ -171,15 +208,21 @@ class ResumableSampler(Sampler[int]):
         """Record that ``n_global_samples`` more samples of the global stream were trained on.
 
         Call it once per training batch, on every replica, with the global batch: per-device batch size times the
-        data-parallel size. The count stops at the end of the epoch's stream, so a short last batch needs no care.
+        data-parallel size. At the end of the current world's epoch the count becomes ``max(epoch_end,
+        dataset_len)``, so a short last batch needs no care and every world reads the epoch as over.
         """
         if isinstance(n_global_samples, bool) or not isinstance(n_global_samples, int) or n_global_samples < 0:
             raise ValueError(f"mark_consumed(n_global_samples={n_global_samples!r}): must be an int >= 0")
-        if self.consumed >= self.total_size > 0 and n_global_samples:
+        if self.consumed >= max(self.epoch_end, self.dataset_len) > 0 and n_global_samples:
             # The pass is complete and batches keep coming: a shorter loader cycled within the epoch starts over.
             self.consumed = 0
             self._new_pass = False
-        self.consumed = min(self.consumed + n_global_samples, max(self.total_size, self.consumed))
+        self.consumed += n_global_samples
+        if self.consumed >= self.epoch_end:
+            # The epoch is over for this world. Recorded as at least the dataset length, so that a world on which
+            # the epoch ends later (drop_last) also reads it as over, rather than training the samples this world
+            # dropped at the end of the epoch.
+            self.consumed = max(self.epoch_end, self.dataset_len)
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch``: a new order and nothing consumed. The epoch being resumed keeps its offset.
@@ -206,7 +249,7 @@ class ResumableSampler(Sampler[int]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` of a sampler on any world size; takes effect at the next ``iter()``.
 
-        A state whose epoch has nothing left for this world loads as the start of the next epoch.
+        A state whose epoch was over for the world that saved it loads as the start of the next epoch.
 
         Raises:
             ValueError: if ``state`` lacks a key, or its dataset length, seed, shuffle or drop_last differ from this
@@ -226,17 +269,19 @@ class ResumableSampler(Sampler[int]):
         self.epoch = int(state["epoch"])
         self.consumed = int(state["consumed"])
         self._new_pass = False
-        if self.remaining() == 0 and self.dataset_len > 0:
+        if self.exhausted:
             # Saved on the last batch of an epoch: Lightning resumes with the next epoch, but may build the DataLoader
             # iterator (and, with workers, prefetch from this sampler) before it calls set_epoch. Starting the next
-            # epoch here keeps that iterator from being empty.
+            # epoch here keeps that iterator from being empty. An epoch that is over only for this world (it ends
+            # earlier here) is not rolled over: Lightning resumes it mid-way and must see it end, not start again.
             self.epoch += 1
             self.consumed = 0
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(dataset_len={self.dataset_len}, num_replicas={self.num_replicas}, rank={self.rank},"
-            f" shuffle={self.shuffle}, seed={self.seed}, drop_last={self.drop_last}, epoch={self.epoch},"
+            f" shuffle={self.shuffle}, seed={self.seed}, drop_last={self.drop_last}, batch_size={self.batch_size},"
+            f" drop_last_batch={self.drop_last_batch}, epoch={self.epoch},"
             f" consumed={self.consumed})"
         )
 

@@ -313,13 +313,15 @@ def end_attempt(
     trainer: pl.Trainer | None,
     event_log: EventLog | None,
     exception: BaseException | None,
+    **fields: Any,
 ) -> None:
     """At the strategy's teardown: undo ``handler``'s run (if any) and, after ``fit``, write ``attempt_end``.
 
     ``exception`` is what ended ``fit`` (``None``: it returned); see :func:`~lightning_ft.fault.stop.attempt_end_fields`.
-    Written with or without a ``FaultPolicy``: the event log's account of attempts does not depend on it.
+    ``fields`` are added to the event (the strategy's ``last_step`` and ``last_step_time``). Written with or without a
+    ``FaultPolicy``: the event log's account of attempts does not depend on it.
     """
     if handler is not None:
         handler.uninstall(trainer, failed=exception is not None)
     if trainer is not None and event_log is not None and trainer.state.fn == TrainerFn.FITTING:
-        event_log.write("attempt_end", **attempt_end_fields(exception))
+        event_log.write("attempt_end", **attempt_end_fields(exception), **fields)

@@ -5,9 +5,14 @@ Rank 0 times its own steps with a :class:`~lightning_ft.batch_timer.BatchTimer` 
 save counts its excess over the usual gap as a checkpoint stall) and writes ``first_step`` when the first step of an
 attempt completes. Previous attempts come from the event log through
 :func:`~lightning_ft.monitors.goodput_report.summarize` (which sees the work lost after the last checkpoint), or,
-when no log of them exists, from the totals this callback saved in the checkpoint. Under a strategy that records no
-progress of its own (not ``ElasticFT3D``) the monitor opens the event log (``attempt_start``) and writes ``progress``
-and ``first_step``, so that ``lightning-ft report`` works there too.
+when no log of them exists, from the totals this callback saved in the checkpoint. The rules are the report's: an
+attempt that follows a finished one is a continuation, not a restart (no restart time, no lost steps, the gap not
+counted). Under a strategy that records no progress of its own (not ``ElasticFT3D``) the monitor opens the event log
+(``attempt_start``) and writes ``progress``, ``first_step`` and ``attempt_end`` (``finished`` at the end of training,
+``crashed`` or ``stopped`` on an exception), so that ``lightning-ft report`` works there too.
+
+After a restart, the steps an earlier attempt already reached are trained again; ``goodput/*`` is not logged for them
+(the earlier values stay in TensorBoard), and the first value logged past them carries ``goodput/replayed_steps``.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ from typing_extensions import override
 
 from lightning_ft.batch_timer import BatchTimer
 from lightning_ft.events import get_event_log, open_event_log, process_start_time, read_events
+from lightning_ft.monitors._replay import replayed_through
 from lightning_ft.monitors.goodput_report import summarize
-from lightning_ft.monitors.straggler_monitor import StragglerMonitor
+from lightning_ft.monitors.straggler_monitor import STRAGGLER_EXIT_CODE, StragglerMonitor
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +49,7 @@ _TOTAL_KEYS = (
     "useful_device_s",
     "attempts",
     "restarts",
+    "continuations",
 )
 
 
@@ -70,7 +77,11 @@ class GoodputMonitor(Callback):
         self._restored: dict[str, float] = {}
         self._prior: dict[str, float] = {}
         self._prior_counts_current = False
+        self._restarted = False
+        self._fault_time: float | None = None
         self._writes_progress = False
+        self._replayed_through = -1
+        self._replayed_steps = 0
         self._reset_attempt()
 
     def _reset_attempt(self) -> None:
@@ -99,6 +110,9 @@ class GoodputMonitor(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.is_global_zero:
             return
+        self._restarted, self._fault_time = False, None
+        self._replayed_through = replayed_through(trainer)
+        self._replayed_steps = max(self._replayed_through - trainer.global_step, 0)
         event_log = get_event_log(trainer)
         before = [
             e
@@ -122,15 +136,17 @@ class GoodputMonitor(Callback):
                 (a["productive_s"] - a["lost_s"]) * a["world_size"] for a in s["attempts"]
             )
             self._prior["straggler_detections"] = float(s["stragglers"]["count"])
-            self._prior["last_progress_time"] = max(
-                (a["last_progress_time"] for a in s["attempts"] if a["last_progress_time"] is not None),
-                default=self._start_time,
-            )
+            restart = next((r for r in s["restarts"] if r["attempt"] == event_log.attempt), None)
+            self._restarted = restart is not None
+            self._fault_time = restart["fault_time"] if restart is not None else None
             self._prior_counts_current = True
         elif self._restored:
-            # No record of earlier attempts here: the checkpoint's totals, which miss the work after that checkpoint.
+            # No record of earlier attempts here: the checkpoint's totals, which miss the work after that checkpoint
+            # and cannot tell how the attempt ended; counted as a restart from this process's start.
             self._prior = dict(self._restored)
             self._prior_counts_current = False
+            self._restarted = True
+            self._fault_time = self._start_time
 
     @override
     def on_train_batch_start(
@@ -158,9 +174,13 @@ class GoodputMonitor(Callback):
             self._last_logged_step = step
             if self._writes_progress:
                 self._write_progress(trainer)
-            metrics = {f"goodput/{k}": v for k, v in self.totals(trainer).items() if v is not None}
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=step)
+            if step > self._replayed_through:  # an earlier attempt logged the steps up to there
+                metrics = {f"goodput/{k}": v for k, v in self.totals(trainer).items() if v is not None}
+                if self._replayed_steps:
+                    metrics["goodput/replayed_steps"] = float(self._replayed_steps)
+                    self._replayed_steps = 0
+                for logger in trainer.loggers:
+                    logger.log_metrics(metrics, step=step)
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -178,8 +198,21 @@ class GoodputMonitor(Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.is_global_zero and self._writes_progress and self._timer.pending():
+        if not self._writes_progress:
+            return
+        if trainer.is_global_zero and self._timer.pending():
             self._write_progress(trainer)
+        get_event_log(trainer).write("attempt_end", reason="finished")
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if not self._writes_progress:
+            return
+        # A StragglerMonitor stop and an interrupt from the keyboard end the attempt on purpose; anything else crashed.
+        stopped = isinstance(exception, KeyboardInterrupt) or (
+            isinstance(exception, SystemExit) and exception.code == STRAGGLER_EXIT_CODE
+        )
+        get_event_log(trainer).write("attempt_end", reason="stopped" if stopped else "crashed", error=repr(exception))
 
     def _write_progress(self, trainer: pl.Trainer) -> None:
         productive_s, data_wait_s = self._timer.drain()
@@ -201,12 +234,13 @@ class GoodputMonitor(Callback):
                     straggler_s += cb.lost_s
                     detections += len(cb.detections)
         restart_now = recovery_now = 0.0
-        if p and self._first_step_time is not None:
-            restart_now = self._first_step_time - p.get("last_progress_time", self._start_time)
+        if self._restarted and self._first_step_time is not None:
+            restart_now = self._first_step_time - (self._fault_time or self._start_time)
             recovery_now = self._first_step_time - self._start_time
         out: dict[str, float | None] = {
             "attempts": p.get("attempts", 0.0) + (0 if self._prior_counts_current else 1),
-            "restarts": p.get("restarts", 0.0) + (1 if p and not self._prior_counts_current else 0),
+            "restarts": p.get("restarts", 0.0) + (1 if self._restarted and not self._prior_counts_current else 0),
+            "continuations": p.get("continuations", 0.0),
             "wall_s": p.get("wall_s", 0.0) + wall_now,
             "productive_s": p.get("productive_s", 0.0) + self._timer.productive_s,
             "useful_productive_s": p.get("useful_productive_s", 0.0) + self._timer.productive_s,

@@ -3,9 +3,15 @@
 :class:`~lightning_ft.monitors.straggler_monitor.StragglerMonitor` measures every rank and gathers one number per rank
 per window (the median of the rank's own step time: data wait plus compute, collective waits excluded); this module
 decides from those numbers alone, so that the benchmark harness (``benchmarks/straggler_detection.py``) can feed it
-synthetic timings for 8 to 1024 ranks and measure detection latency and false positives without starting processes.
-Every rank of a run feeds the same gathered numbers to its own detector, so all ranks reach the same decision without
-a second collective.
+synthetic or recorded timings for 2 to 1024 ranks and measure detection latency and false alarms without starting
+processes. Every rank of a run feeds the same gathered numbers to its own detector, so all ranks reach the same
+decision without a second collective.
+
+The bar a rank must clear adapts to the fleet: the detector measures how much each rank's ratio to the others moves
+from one window to the next (the noise of the fleet's own measurements) and names a rank only when its excess is
+``noise_factor`` times that noise, and never less than ``threshold``. On a quiet cluster the fixed ``threshold``
+decides; on a busy host, where a healthy rank's window median swings by 20% or more from window to window, the bar
+rises with the noise instead of naming a different rank every few windows.
 """
 
 from __future__ import annotations
@@ -14,6 +20,9 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+_MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation over its median absolute deviation
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -21,7 +30,8 @@ class DetectorConfig:
     """How slow, and for how long, a rank must be to be called a straggler."""
 
     threshold: float = 0.12
-    """Relative excess over the median of the other ranks that counts as slow: 0.12 means 12% slower."""
+    """Least relative excess over the median of the other ranks that counts as slow: 0.12 means 12% slower. The bar
+    in use is higher when the fleet's measured noise asks for it (``noise_factor``)."""
     patience: int = 3
     """Slow windows, among the last ``patience + 1``, before a rank is named (and good windows in a row before a
     named rank counts as recovered). Window medians already hide one-off stalls; patience hides a slow window (a
@@ -31,9 +41,20 @@ class DetectorConfig:
     drift_threshold: float = 0.2
     """Relative slowdown of a rank against its own baseline, net of any slowdown of the whole fleet, that counts as
     drift (a rank that used to be faster than the others and is now slower than them, though by less than
-    ``threshold``). ``math.inf`` turns drift off."""
+    ``threshold``). ``math.inf`` turns drift off; so does a fleet noisy enough to lift the bar above ``threshold``."""
     baseline_windows: int = 3
     """Windows that form each rank's baseline for drift (the median of their window medians)."""
+    noise_factor: float = 3.0
+    """How many noise units a slow rank's excess must reach. The noise unit is the fleet's window-to-window spread
+    of log(own time / median of the others), estimated robustly over the last ``noise_windows`` windows; the bar in
+    use is ``max(threshold, exp(noise_factor * noise) - 1)``. 0 turns the adaptation off (the fixed ``threshold``
+    alone, as in 0.1.0)."""
+    noise_windows: int = 32
+    """Recent windows over which the noise is measured (a window-to-window change per window)."""
+    min_noise_windows: int = 6
+    """Window-to-window changes measured before anybody can be named (``min_noise_windows + 1`` windows after
+    warm-up). Fewer would judge the noise from a stretch in which one healthy rank happened to stay slow: on a busy
+    host that lasts several windows."""
 
     def __post_init__(self) -> None:
         if not self.threshold > 0:
@@ -46,6 +67,15 @@ class DetectorConfig:
             raise ValueError(f"DetectorConfig(drift_threshold={self.drift_threshold!r}): must be > 0 (inf disables)")
         if self.baseline_windows < 1:
             raise ValueError(f"DetectorConfig(baseline_windows={self.baseline_windows!r}): must be >= 1")
+        if not (self.noise_factor >= 0 and math.isfinite(self.noise_factor)):
+            raise ValueError(f"DetectorConfig(noise_factor={self.noise_factor!r}): must be >= 0 (0 disables)")
+        if self.min_noise_windows < 1:
+            raise ValueError(f"DetectorConfig(min_noise_windows={self.min_noise_windows!r}): must be >= 1")
+        if self.noise_windows < self.min_noise_windows:
+            raise ValueError(
+                f"DetectorConfig(noise_windows={self.noise_windows!r}): must be >= min_noise_windows"
+                f" ({self.min_noise_windows})"
+            )
 
 
 @dataclass(frozen=True)
@@ -57,10 +87,13 @@ class Detection:
     """The rank's own time over the median of the other ranks (``kind="fleet"``), or over its baseline net of the
     fleet's own change (``kind="drift"``)."""
     onset_step: int
-    """First step of the first slow window of the streak that led to this detection."""
+    """The global step during which the rank's slowdown began: the rank's own estimate of where its times rose, when
+    it sent one, else the first step of the first slow window of the streak that led to this detection."""
     step: int
     kind: str
     """``"fleet"`` or ``"drift"``."""
+    threshold: float = math.nan
+    """The relative excess the rank had to exceed in this window (``DetectorConfig.threshold`` or more)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +114,22 @@ class WindowResult:
     """Per rank: own time over the median of the other ranks (NaN where a rank reported nothing)."""
     detections: list[Detection] = field(default_factory=list)
     recoveries: list[Recovery] = field(default_factory=list)
+    threshold: float = math.inf
+    """The relative excess that counted as slow in this window; ``inf`` while the noise is still being measured."""
+    noise: float = math.nan
+    """The fleet's measured noise: the spread of log(own time / others' median) between windows (NaN: unknown)."""
+
+
+class _Window(NamedTuple):
+    """One rank's record of one window, kept for the last ``noise_windows`` windows: a streak is judged against the
+    bar in use when it is named, back to where it began."""
+
+    start: int
+    log_ratio: float
+    log_drift: float
+    excess_ms: float
+    drift_excess_ms: float
+    onset_hint: float
 
 
 def median(values: Sequence[float]) -> float:
@@ -118,6 +167,10 @@ def medians_of_others(values: Sequence[float]) -> list[float]:
     return out
 
 
+def _log(x: float) -> float:
+    return math.log(x) if math.isfinite(x) and x > 0 else math.nan
+
+
 class StragglerDetector:
     """Names ranks whose own step time stays above the rest of the fleet, or drifts above their own baseline.
 
@@ -135,49 +188,94 @@ class StragglerDetector:
 
     def __init__(self, config: DetectorConfig | None = None) -> None:
         self.config = config or DetectorConfig()
-        self._recent: dict[tuple[int, str], deque[bool]] = {}
+        self._recent: dict[int, deque[_Window]] = {}
         self._healthy: dict[int, int] = {}
-        self._onset: dict[tuple[int, str], int] = {}
         self._lost_ms: dict[int, float] = {}
         self._named: dict[int, str] = {}
         self._history: list[list[float]] = []  # window medians per rank, until baselines exist
         self._baseline: list[float] | None = None
+        self._last_log_ratios: list[float] | None = None
+        self._changes: deque[float] = deque(maxlen=self.config.noise_windows)
 
     @property
     def named(self) -> dict[int, str]:
         """Ranks currently named, with the kind of detection."""
         return dict(self._named)
 
-    def update(self, own_ms: Sequence[float], *, step: int, steps: int) -> WindowResult:
-        """Feed one window: ``own_ms[r]`` for each rank, the window ended at ``step`` and covered ``steps`` steps."""
+    @property
+    def noise(self) -> float:
+        """The fleet's measured noise (see :attr:`DetectorConfig.noise_factor`); NaN until enough windows."""
+        if len(self._changes) < self.config.min_noise_windows:
+            return math.nan
+        return median(self._changes) * _MAD_TO_SIGMA / math.sqrt(2.0)
+
+    def thresholds(self) -> tuple[float, float]:
+        """The bars in use, in log(ratio): ``(fleet, drift)``; ``inf`` while the noise is still unknown."""
         cfg = self.config
+        fleet, drift = math.log1p(cfg.threshold), math.log1p(cfg.drift_threshold)
+        if cfg.noise_factor == 0:
+            return fleet, drift
+        noise = self.noise
+        if not math.isfinite(noise):
+            return math.inf, math.inf
+        bar = cfg.noise_factor * noise
+        if bar > fleet:
+            # Drift compares a rank with a baseline of a few early windows; where the noise already lifts the fleet
+            # bar above `threshold`, that baseline may have caught a healthy rank in a fast phase, and a drift of
+            # `drift_threshold` cannot be told from noise: drift is not judged while the fleet is this noisy.
+            return bar, math.inf
+        # The drift statistic carries the noise of the window and of the baseline.
+        return fleet, max(drift, bar * math.sqrt(2.0))
+
+    def update(
+        self,
+        own_ms: Sequence[float],
+        *,
+        step: int,
+        steps: int,
+        onset_steps: Sequence[float] | None = None,
+    ) -> WindowResult:
+        """Feed one window: ``own_ms[r]`` for each rank, the window ended when the global step reached ``step`` and
+        covered the ``steps`` steps before it.
+
+        ``onset_steps[r]``, where given and finite, is rank ``r``'s own estimate of the global step at which its times
+        rose (the monitor sends the best split of its last two windows' step times); it becomes the detection's
+        ``onset_step`` when it lies within the first slow window of the streak or the window before it.
+        """
+        cfg = self.config
+        n = len(own_ms)
         others = medians_of_others(own_ms)
         ratios = [o / m if math.isfinite(o) and m > 0 else math.nan for o, m in zip(own_ms, others, strict=True)]
-        fleet = median(own_ms)
-        result = WindowResult(fleet_median_ms=fleet, ratios=ratios)
+        log_ratios = [_log(r) for r in ratios]
+        self._measure_noise(log_ratios)
         drift = self._drift_ratios(own_ms)
-        start = step - steps + 1
+        bar_fleet, bar_drift = self.thresholds()
+        result = WindowResult(
+            fleet_median_ms=median(own_ms), ratios=ratios, threshold=math.expm1(bar_fleet), noise=self.noise
+        )
+        start = step - steps
+        hints = list(onset_steps) if onset_steps is not None else [math.nan] * n
+        least = cfg.min_excess_ms
         for rank, own in enumerate(own_ms):
-            slow = {
-                "fleet": math.isfinite(ratios[rank])
-                and ratios[rank] > 1 + cfg.threshold
-                and own - others[rank] > cfg.min_excess_ms,
+            d = drift[rank]
+            window = _Window(
+                start,
+                log_ratios[rank],
                 # Drift counts only once the rank is slower than the others: a rank that slowed down but still
                 # arrives first at the collective holds nobody back.
-                "drift": drift[rank] > 1 + cfg.drift_threshold
-                and own - own / drift[rank] > cfg.min_excess_ms
-                and ratios[rank] > 1.0,
-            }
-            for kind, is_slow in slow.items():
-                key = (rank, kind)
-                recent = self._recent.setdefault(key, deque(maxlen=cfg.patience + 1))
-                recent.append(is_slow)
-                if is_slow:
-                    self._onset.setdefault(key, start)
-                elif not any(recent):
-                    self._onset.pop(key, None)
-            if slow["fleet"] or slow["drift"]:
-                self._lost_ms[rank] = self._lost_ms.get(rank, 0.0) + max(own - others[rank], 0.0) * steps
+                _log(d) if ratios[rank] > 1.0 else math.nan,
+                own - others[rank],
+                own - own / d if d > 0 else math.nan,
+                hints[rank],
+            )
+            recent = self._recent.get(rank)
+            if recent is None:
+                recent = self._recent[rank] = deque(maxlen=max(cfg.noise_windows, cfg.patience + 1))
+            recent.append(window)
+            slow_fleet = window.log_ratio > bar_fleet and window.excess_ms > least
+            slow_drift = window.log_drift > bar_drift and window.drift_excess_ms > least
+            if slow_fleet or slow_drift:
+                self._lost_ms[rank] = self._lost_ms.get(rank, 0.0) + max(window.excess_ms, 0.0) * steps
                 self._healthy.pop(rank, None)
             elif rank in self._named:
                 # Hysteresis: a named rank recovers after `patience` good windows, so one good window in a slow
@@ -186,23 +284,41 @@ class StragglerDetector:
                 if self._healthy[rank] >= cfg.patience:
                     del self._named[rank], self._healthy[rank]
                     result.recoveries.append(Recovery(rank, step, self._lost_ms.pop(rank, 0.0) / 1000.0))
+                continue
             else:
-                self._lost_ms.pop(rank, None)
+                if self._lost_ms:
+                    self._lost_ms.pop(rank, None)
+                continue  # naming needs the latest window slow
             if rank in self._named:
                 continue
-            for kind, ratio in (("fleet", ratios[rank]), ("drift", drift[rank])):
-                # `patience` slow windows among the last `patience + 1`: one unlucky window (a window median of a
-                # slow rank that happens to dip under the threshold) delays a detection by one window, not restarts it.
-                recent = self._recent.get((rank, kind), ())
-                if recent and recent[-1] and sum(recent) >= cfg.patience:
+            # `patience` slow windows among the last `patience + 1`, judged against the bar in use now: one unlucky
+            # window delays a detection by one window instead of restarting it.
+            for kind, is_slow, ratio in (("fleet", slow_fleet, ratios[rank]), ("drift", slow_drift, d)):
+                if not is_slow:
+                    continue
+                flags = [_slow(w, kind, bar_fleet, bar_drift, least) for w in recent]
+                if sum(flags[-(cfg.patience + 1) :]) >= cfg.patience:
                     self._named[rank] = kind
-                    result.detections.append(Detection(rank, ratio, self._onset[(rank, kind)], step, kind))
+                    first = recent[_streak_start(flags)]
+                    bar = bar_fleet if kind == "fleet" else bar_drift
+                    result.detections.append(Detection(rank, ratio, _onset(first, steps), step, kind, math.expm1(bar)))
                     break
         return result
 
     def open_episodes(self) -> dict[int, float]:
         """Named ranks that have not recovered, with the seconds lost to each so far."""
         return {rank: self._lost_ms.get(rank, 0.0) / 1000.0 for rank in self._named}
+
+    def _measure_noise(self, log_ratios: list[float]) -> None:
+        # The window-to-window change of each rank's log ratio, its median over the ranks: a persistent straggler
+        # changes once (at its onset) and so barely moves the median of recent windows, whereas the busy host's
+        # swings, which come and go, are what it measures.
+        last, self._last_log_ratios = self._last_log_ratios, log_ratios
+        if last is None or len(last) != len(log_ratios):
+            return
+        changes = [abs(a - b) for a, b in zip(log_ratios, last, strict=True) if math.isfinite(a) and math.isfinite(b)]
+        if changes:
+            self._changes.append(median(changes))
 
     def _drift_ratios(self, own_ms: Sequence[float]) -> list[float]:
         n = len(own_ms)
@@ -226,3 +342,28 @@ class StragglerDetector:
             c / o if math.isfinite(c) and o > 0 else math.nan
             for c, o in zip(change, medians_of_others(change), strict=True)
         ]
+
+
+def _slow(w: _Window, kind: str, bar_fleet: float, bar_drift: float, least: float) -> bool:
+    if kind == "fleet":
+        return w.log_ratio > bar_fleet and w.excess_ms > least
+    return w.log_drift > bar_drift and w.drift_excess_ms > least
+
+
+def _streak_start(flags: list[bool]) -> int:
+    """Index of the first slow window of the streak that ends with the last window: walking back, the streak ends at
+    two healthy windows in a row (one is the unlucky window that patience forgives)."""
+    first = len(flags) - 1
+    for i in range(len(flags) - 2, -1, -1):
+        if flags[i]:
+            first = i
+        elif i == 0 or not flags[i - 1]:
+            break
+    return first
+
+
+def _onset(first_slow: _Window, steps: int) -> int:
+    hint = first_slow.onset_hint
+    if math.isfinite(hint) and first_slow.start - steps <= hint < first_slow.start + steps:
+        return int(hint)
+    return first_slow.start

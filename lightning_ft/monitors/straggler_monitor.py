@@ -10,10 +10,12 @@ cannot name a slow rank. Each rank therefore splits its own step into:
 
 A rank's *own time* is data wait plus the rest of the step: what it does before it can reach the collective. The slow
 rank has the largest own time; the others show the difference as a longer backward. Every ``interval`` steps each rank
-sends the medians and 90th percentiles of its window in one ``all_gather`` of a few numbers, started in the background
-and read at the end of the next window (so no rank waits for it); every rank then runs the same
+sends the medians and 90th percentiles of its window, plus the step at which its own times rose over its last two
+windows (the onset it reports if it is named), in one ``all_gather`` of a few numbers, started in the background and
+read at the end of the next window (so no rank waits for it); every rank then runs the same
 :class:`~lightning_ft.monitors.straggler_detector.StragglerDetector` on the same numbers, so all ranks agree on an
-action without another collective. Rank 0 logs and writes the events.
+action without another collective. Rank 0 logs and writes the events; it does not log the steps an earlier attempt
+of the run already reached (they were logged then).
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from lightning_ft.events import get_event_log, open_event_log
 from lightning_ft.fault.fault_policy import EXIT_CODE_TEMPFAIL
 from lightning_ft.fault.stop import checkpoint_and_stop
 from lightning_ft.monitors._collectives import PendingRows, start_gather_rows
-from lightning_ft.monitors._timing import StepClock, percentile
-from lightning_ft.monitors.straggler_detector import DetectorConfig, StragglerDetector, median
+from lightning_ft.monitors._replay import replayed_through
+from lightning_ft.monitors._timing import StepClock, percentile, rise_step
+from lightning_ft.monitors.straggler_detector import DetectorConfig, StragglerDetector, WindowResult, median
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +44,11 @@ STRAGGLER_EXIT_CODE = EXIT_CODE_TEMPFAIL
 """Exit code after ``action="checkpoint_and_stop"``: ``EX_TEMPFAIL`` (75), the same as after a preemption checkpoint;
 non-zero so torchrun or the scheduler restarts."""
 
-# Columns of the per-rank row gathered every interval.
+# Columns of the per-rank row gathered every interval: median and p90 of each field, then the step at which the rank's
+# own time rose, then the number of steps measured.
 _FIELDS = ("own", "data", "compute", "backward", "step")
-_ROW = len(_FIELDS) * 2 + 1  # median and p90 of each field, then the number of steps measured
+_RISE = len(_FIELDS) * 2
+_ROW = _RISE + 2
 
 StragglerAction = Callable[["pl.Trainer", int, float], Any]
 
@@ -56,8 +61,11 @@ class StragglerMonitor(Callback):
 
     Args:
         interval: training batches per window; one gather and one decision per window.
-        threshold: a rank slower than the median of the others by more than this fraction is slow in a window.
+        threshold: a rank slower than the median of the others by more than this fraction is slow in a window, or by
+            more than the fleet's measured noise asks for (``noise_factor``), whichever is higher.
         patience: slow windows, among the last ``patience + 1``, before a rank is named.
+        noise_factor: how many units of the fleet's own window-to-window noise a slow rank must exceed (see
+            :class:`~lightning_ft.monitors.straggler_detector.DetectorConfig`); 0 keeps the fixed ``threshold``.
         warmup_steps: batches ignored at the start of every ``fit`` (compilation, allocator and cache warm-up).
         drift_threshold: slowdown against the rank's own baseline, net of the fleet's, that also names it
             (``math.inf`` turns drift detection off).
@@ -67,6 +75,8 @@ class StragglerMonitor(Callback):
             callable ``action(trainer, suspect_rank, ratio)`` called on every rank with the same arguments.
         log_per_rank: log ``straggler/<field>_ms/rank_<r>`` for every rank (turn off for very large fleets; fleet
             min/median/max are always logged).
+        clock: seconds, monotonic, read at each hook to time the steps (default: the host clock, and CUDA events on
+            a GPU). Tests and replays of recorded timings pass a clock they drive.
 
     Raises:
         ValueError: for an unknown ``action`` or out-of-range numbers.
@@ -85,8 +95,10 @@ class StragglerMonitor(Callback):
         warmup_steps: int = 10,
         drift_threshold: float = 0.2,
         min_excess_ms: float = 0.5,
+        noise_factor: float = 3.0,
         action: str | StragglerAction = "log",
         log_per_rank: bool = True,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if interval < 1:
             raise ValueError(f"StragglerMonitor(interval={interval!r}): must be >= 1")
@@ -106,7 +118,9 @@ class StragglerMonitor(Callback):
             patience=patience,
             drift_threshold=drift_threshold,
             min_excess_ms=min_excess_ms,
+            noise_factor=noise_factor,
         )
+        self.clock = clock
         self.detector = StragglerDetector(self.config)
         self.detections: list[dict[str, Any]] = []
         """Every detection of this process so far (the fields of the ``straggler`` event)."""
@@ -117,10 +131,13 @@ class StragglerMonitor(Callback):
         self._batches = 0
         self._window_start_step = 0
         self._pending: tuple[PendingRows, int, int] | None = None
+        self._previous_window: list[dict[str, float]] = []
+        self._previous_median = -math.inf
+        self._replayed_through = -1
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._clock = StepClock(trainer.strategy.root_device)
+        self._clock = StepClock(trainer.strategy.root_device, self.clock)
         if stage == "fit":
             open_event_log(trainer)  # collective: every rank sets up; detections are written from rank 0 only
 
@@ -129,8 +146,10 @@ class StragglerMonitor(Callback):
         self._batches = 0
         self._window_start_step = trainer.global_step
         self._pending = None
+        self._previous_window, self._previous_median = [], -math.inf
         self.detector = StragglerDetector(self.config)
         self._recovered_lost_s = 0.0
+        self._replayed_through = replayed_through(trainer) if trainer.is_global_zero else -1
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -146,7 +165,7 @@ class StragglerMonitor(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._clock_or_new(trainer).step_start()
+        self._clock_or_new(trainer).step_start(trainer.global_step)
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
@@ -179,7 +198,7 @@ class StragglerMonitor(Callback):
 
     def _clock_or_new(self, trainer: pl.Trainer) -> StepClock:
         if self._clock is None:
-            self._clock = StepClock(trainer.strategy.root_device)
+            self._clock = StepClock(trainer.strategy.root_device, self.clock)
         return self._clock
 
     def _end_window(self, trainer: pl.Trainer) -> None:
@@ -190,6 +209,13 @@ class StragglerMonitor(Callback):
             values = [s[name] for s in samples]
             row[2 * i] = median(values)
             row[2 * i + 1] = percentile(values, 90)
+        # Where this rank's own time rose, over this window and the one before: if this is the first slow window of
+        # a streak, the slowdown may have begun in the tail of the previous one. A window whose median did not rise
+        # above the previous one cannot be the first slow window after a healthy one: no need to look.
+        if row[0] > self._previous_median:
+            recent = self._previous_window + samples
+            row[_RISE] = rise_step([int(s["at"]) for s in recent], [s["own"] for s in recent])
+        self._previous_window, self._previous_median = samples, row[0] if math.isfinite(row[0]) else -math.inf
         row[-1] = float(len(samples))
         step = trainer.global_step
         steps = max(step - self._window_start_step, 1)
@@ -204,11 +230,12 @@ class StragglerMonitor(Callback):
     def _decide(self, trainer: pl.Trainer, gathered: PendingRows, step: int, steps: int) -> None:
         rows = gathered.wait()
         own = [r[0] for r in rows]
-        result = self.detector.update(own, step=step, steps=steps)
+        result = self.detector.update(own, step=step, steps=steps, onset_steps=[r[_RISE] for r in rows])
         self._recovered_lost_s += sum(r.lost_s for r in result.recoveries)
         self.lost_s = self._recovered_lost_s + sum(self.detector.open_episodes().values())
         if trainer.is_global_zero:
-            self._log(trainer, rows, result.ratios, step)
+            if step > self._replayed_through:  # an earlier attempt logged the steps up to there
+                self._log(trainer, rows, result, step)
             event_log = get_event_log(trainer)
             for d in result.detections:
                 log.warning(
@@ -226,6 +253,8 @@ class StragglerMonitor(Callback):
                     kind=d.kind,
                     own_ms=own[d.rank],
                     fleet_median_ms=result.fleet_median_ms,
+                    threshold=d.threshold,
+                    noise=result.noise,
                 )
             for r in result.recoveries:
                 event_log.write("straggler_cleared", suspect_rank=r.rank, lost_s=r.lost_s, recovered=True)
@@ -242,7 +271,7 @@ class StragglerMonitor(Callback):
         for d in result.detections:
             self._act(trainer, d.rank, d.ratio)
 
-    def _log(self, trainer: pl.Trainer, rows: list[list[float]], ratios: list[float], step: int) -> None:
+    def _log(self, trainer: pl.Trainer, rows: list[list[float]], result: WindowResult, step: int) -> None:
         if not trainer.loggers:
             return
         metrics: dict[str, float] = {}
@@ -263,12 +292,14 @@ class StragglerMonitor(Callback):
                     "straggler/own_ms/max": max(own),
                 }
             )
-        finite = [(x, i) for i, x in enumerate(ratios) if math.isfinite(x)]
+        finite = [(x, i) for i, x in enumerate(result.ratios) if math.isfinite(x)]
         if finite:
             worst, suspect = max(finite)
             metrics["straggler/max_ratio"] = worst
             metrics["straggler/suspect_rank"] = float(suspect)
         metrics["straggler/named_ranks"] = float(len(self.detector.named))
+        metrics["straggler/threshold"] = result.threshold
+        metrics["straggler/noise"] = result.noise
         metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)

@@ -4,7 +4,8 @@ Every ``interval`` training batches each rank reads its device (temperature agai
 against its maximum, power against the enforced limit, clock-event reasons, thermal and power violation time, ECC
 counts) through the seam in :mod:`lightning_ft.monitors.nvml`. The readings are gathered to rank 0 in one small
 ``all_gather`` and logged as per-rank scalars; the rank that owns a device writes a ``thermal`` event when the device
-enters or leaves throttling. Without NVML or without a GPU the monitor says so once and turns itself off.
+enters or leaves throttling. Without NVML or without a GPU the monitor says so once and turns itself off. Steps an
+earlier attempt of the run already reached are not logged again after a restart.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing_extensions import override
 
 from lightning_ft.events import get_event_log, open_event_log
 from lightning_ft.monitors._collectives import PendingRows, any_rank, start_gather_rows
+from lightning_ft.monitors._replay import replayed_through
 from lightning_ft.monitors.nvml import NVML, READING_FIELDS, NVMLLike, NVMLUnavailable, decode_reasons
 
 log = logging.getLogger(__name__)
@@ -87,6 +89,7 @@ class ThermalMonitor(Callback):
         self._batches = 0
         self._last_violation: dict[str, float] = {}
         self._pending: tuple[PendingRows, int] | None = None
+        self._replayed_through = -1
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -125,6 +128,7 @@ class ThermalMonitor(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._batches = 0
         self._pending = None
+        self._replayed_through = replayed_through(trainer) if trainer.is_global_zero else -1
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -193,7 +197,8 @@ class ThermalMonitor(Callback):
 
     def _log_rows(self, trainer: pl.Trainer, gathered: PendingRows, step: int) -> None:
         rows = gathered.wait()
-        if trainer.is_global_zero and trainer.loggers:
+        # An earlier attempt of the run logged the steps up to `_replayed_through`.
+        if trainer.is_global_zero and trainer.loggers and step > self._replayed_through:
             self._log(trainer, rows, step)
 
     def _row(self, reading: dict[str, float | None]) -> list[float]:

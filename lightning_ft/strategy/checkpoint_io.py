@@ -105,8 +105,14 @@ def run_metadata(
     optimizers: list[torch.optim.Optimizer],
     lr_scale: float,
     event_log: EventLog | None,
+    lr_scale_state: dict[str, Any] | None = None,
+    configured_accumulate_grad_batches: int | None = None,
 ) -> dict[str, Any]:
-    """The metadata of the run that writes ``checkpoint``: what a later resume (on any world) needs to decide."""
+    """The metadata of the run that writes ``checkpoint``: what a later resume (on any world) needs to decide.
+
+    ``lr_scale`` is the elastic factor the saved optimizer rates carry; ``lr_scale_state`` the ramp it follows
+    (:meth:`lightning_ft.elastic.LRScale.state_dict`); ``configured_accumulate_grad_batches`` the Trainer's own
+    setting, before an elastic policy replaced it (``accumulate_grad_batches`` is the one in force)."""
     return {
         "step": checkpoint.get("global_step"),
         "epoch": checkpoint.get("epoch"),
@@ -119,6 +125,8 @@ def run_metadata(
         "accumulate_grad_batches": trainer.accumulate_grad_batches if trainer is not None else 1,
         "base_lrs": [[float(g.get("initial_lr", g["lr"])) for g in opt.param_groups] for opt in optimizers],
         "lr_scale": lr_scale,
+        "lr_scale_state": lr_scale_state,
+        "configured_accumulate_grad_batches": configured_accumulate_grad_batches,
         "run_id": event_log.run_id if event_log else None,
         "attempt": event_log.attempt if event_log else None,
     }
@@ -281,8 +289,18 @@ class StrategyCheckpoints:
             )
         self.retention.on_commit(info.path)
 
-    def load(self, path: Path, *, fallbacks: list[Path], template: dict[str, Any] | None) -> Any:
+    def load(
+        self,
+        path: Path,
+        *,
+        fallbacks: list[Path],
+        template: dict[str, Any] | None,
+        rank_states: Callable[[dict[str, Any]], Any] | None = None,
+    ) -> Any:
         """Load ``path`` on every rank, or the first of ``fallbacks`` that loads when it is refused.
+
+        ``rank_states`` names other saved ranks whose rank state this rank needs (see
+        :func:`~lightning_ft.checkpoint.load_checkpoint`).
 
         Collective. Returns the :class:`~lightning_ft.checkpoint.LoadedCheckpoint`. ``load_checkpoint`` makes every
         rank raise when any rank fails; the failing rank's own error (a read error, say) becomes a
@@ -295,7 +313,7 @@ class StrategyCheckpoints:
         while True:
             try:
                 try:
-                    return load_checkpoint(path, template)
+                    return load_checkpoint(path, template, rank_states=rank_states)
                 except CheckpointError:
                     raise
                 except Exception as err:

@@ -5,12 +5,13 @@ It is a drop-in for Lightning's ``ModelParallelStrategy`` (same ``configure_mode
 for a module whose parameters are not DTensors after ``configure_model()``. This module holds the Lightning hooks;
 each delegates to the piece that owns the concern:
 
-- process groups and the 3-D ``DeviceMesh``: :mod:`~lightning_ft.strategy.process_group`, ``parallel/``;
+- arguments, process groups, the 3-D ``DeviceMesh``: :mod:`~lightning_ft.strategy.arguments`, ``process_group``,
+  ``parallel/``; the callbacks a run attaches: :mod:`~lightning_ft.strategy.run_setup`;
 - the parallel mode (data parallel, DTensor, pipeline): :mod:`~lightning_ft.strategy.parallel_modes`;
-- checkpoint I/O (save, ``last``, retention, load with fallback): :mod:`~lightning_ft.strategy.checkpoint_io`;
-- auto-resume: :mod:`~lightning_ft.strategy.auto_resume`;
-- per-batch bookkeeping (sampler position, RNG restore, progress events): :mod:`~lightning_ft.strategy.tracker`;
-- batch and LR rescaling on an elastic resume: ``elastic/``; the event log: :mod:`lightning_ft.events`.
+- saving and loading: :mod:`~lightning_ft.strategy.checkpoint_calls` over ``checkpoint_io`` (``last``, retention,
+  fallback), ``foreign_import`` and ``per_rank_state``; auto-resume: :mod:`~lightning_ft.strategy.auto_resume`;
+- per-batch bookkeeping: :mod:`~lightning_ft.strategy.tracker`; elastic resume: ``elastic_resume`` and ``elastic/``;
+  faults: ``fault/``; the event log: :mod:`lightning_ft.events`; teardown: :mod:`~lightning_ft.strategy.teardown`.
 """
 
 from __future__ import annotations
@@ -24,43 +25,31 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_ft import _compat
-from lightning_ft.checkpoint.storage import storage_named
-from lightning_ft.elastic import (
-    ElasticPolicy,
-    LRScale,
-    TrainingDataPosition,
-    align_batch_progress,
-    check_accumulation_scheduler,
-    plan_resume_from_metadata,
-)
+from lightning_ft.elastic import ElasticPolicy, TrainingDataPosition, align_batch_progress, check_accumulation_scheduler
 from lightning_ft.events import EventLog, open_event_log
 from lightning_ft.fault import FaultHandler, FaultPolicy, checkpoint_storage, end_attempt
 from lightning_ft.parallel.layout import build_device_mesh
 from lightning_ft.parallel.parallel_config import ParallelConfig
-from lightning_ft.parallel.schedules import PIPELINE_SCHEDULES
-from lightning_ft.parallel.validation import check_positive_int
-from lightning_ft.strategy import per_rank_state, process_group
-from lightning_ft.strategy.auto_resume import AutoResume, checkpoint_dirpaths, resolve_explicit_ckpt_path
+from lightning_ft.strategy import process_group
+from lightning_ft.strategy.arguments import check_strategy_arguments
+from lightning_ft.strategy.auto_resume import AutoResume, checkpoint_dirpaths
 from lightning_ft.strategy.best_path import resolving_best
+from lightning_ft.strategy.checkpoint_calls import load_for_strategy, save_for_strategy
 from lightning_ft.strategy.checkpoint_io import (
     StrategyCheckpoints,
     check_checkpoint_dirpath,
-    is_lightning_ft_checkpoint,
-    run_metadata,
-    split_checkpoint,
 )
-from lightning_ft.strategy.foreign_import import import_for_strategy, position_sampler
-from lightning_ft.strategy.parallel_modes import DataParallelMode, DTensorMode, PipelineMode, has_dtensor_parameters
+from lightning_ft.strategy.elastic_resume import ElasticResume
+from lightning_ft.strategy.foreign_import import position_sampler
+from lightning_ft.strategy.parallel_modes import DataParallelMode, has_dtensor_parameters, mode_for
 from lightning_ft.strategy.registry import register_strategy_names
-from lightning_ft.strategy.resume_message import loaded_message, resume_message
+from lightning_ft.strategy.run_setup import attach_to_trainer
 from lightning_ft.strategy.teardown import TeardownSteps, attached_trainer, remove_callback
 from lightning_ft.strategy.torchrun_world import follow_torchrun
 from lightning_ft.strategy.tracker import TrainingTracker
@@ -121,20 +110,16 @@ class ElasticFT3D(DDPStrategy):
         find_unused_parameters: bool = False,
         checkpoint_format: str = "torchsnapshot",
     ) -> None:
-        check_positive_int("ElasticFT3D", "data_parallel_size", data_parallel_size, allow_auto=True)
-        check_positive_int("ElasticFT3D", "tensor_parallel_size", tensor_parallel_size, allow_auto=True)
-        check_positive_int("ElasticFT3D", "pipeline_parallel_size", pipeline_parallel_size)
-        if pipeline_schedule not in PIPELINE_SCHEDULES:
-            raise ValueError(
-                f"ElasticFT3D(pipeline_schedule={pipeline_schedule!r}): must be one of {', '.join(PIPELINE_SCHEDULES)}"
-            )
-        if num_microbatches is not None:
-            check_positive_int("ElasticFT3D", "num_microbatches", num_microbatches)
-        if elastic is not None and not isinstance(elastic, ElasticPolicy):
-            raise TypeError(f"ElasticFT3D(elastic={elastic!r}): must be an ElasticPolicy or None")
-        if fault is not None and not isinstance(fault, FaultPolicy):
-            raise TypeError(f"ElasticFT3D(fault={fault!r}): must be a FaultPolicy or None")
-        storage_named(checkpoint_format, owner="ElasticFT3D")
+        check_strategy_arguments(
+            data_parallel_size=data_parallel_size,
+            tensor_parallel_size=tensor_parallel_size,
+            pipeline_parallel_size=pipeline_parallel_size,
+            pipeline_schedule=pipeline_schedule,
+            num_microbatches=num_microbatches,
+            elastic=elastic,
+            fault=fault,
+            checkpoint_format=checkpoint_format,
+        )
         kwargs = {"find_unused_parameters": True} if find_unused_parameters else {}
         super().__init__(process_group_backend=process_group_backend, timeout=timeout, **kwargs)
         self._data_parallel_size = data_parallel_size
@@ -156,10 +141,10 @@ class ElasticFT3D(DDPStrategy):
         self._auto_resume = AutoResume(enabled=auto_resume, broadcast=self.broadcast)
         self._tracker: TrainingTracker | None = None
         self._data_position = TrainingDataPosition()
-        self._lr_scale = LRScale()
         self._foreign_batches_into_epoch = 0
         self._fault = FaultHandler(fault) if fault is not None else None
         self._exception: BaseException | None = None
+        self._elastic_resume = ElasticResume.of(self)
 
     @classmethod
     @override
@@ -179,6 +164,16 @@ class ElasticFT3D(DDPStrategy):
         if self._device_mesh is None:
             raise RuntimeError("Accessing the device mesh before processes have initialized is not allowed.")
         return self._device_mesh
+
+    @property
+    @override
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    @num_nodes.setter
+    def num_nodes(self, num_nodes: int) -> None:
+        # Under torchrun with --nnodes=MIN:MAX the node count changes at every resize; the Trainer's cannot follow.
+        self._num_nodes = process_group.elastic_num_nodes(num_nodes)
 
     @property
     def data_parallel_size(self) -> int:
@@ -261,16 +256,7 @@ class ElasticFT3D(DDPStrategy):
                 attempt_start_time=self._attempt_start_time,
                 wait_for_capture=self._checkpoint_manager().wait_for_capture,
             )
-        trainer.callbacks.insert(0, self._tracker)
-        for logger in trainer.loggers:
-            # TensorBoard's default version counts up at every launch; one run must keep one folder across restarts.
-            _compat.set_logger_version(logger, f"run_{self.event_log.run_id}")
-        for cb in trainer.checkpoint_callbacks:
-            if isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
-                rank_zero_warn(
-                    "ModelCheckpoint(dirpath=None): the default path contains the logger version and changes at every"
-                    " restart, so auto-resume cannot find earlier checkpoints. Set ModelCheckpoint(dirpath=...)."
-                )
+        attach_to_trainer(trainer, callbacks=[self._tracker, self._elastic_resume], run_id=self.event_log.run_id)
         self._auto_resume.install(trainer)
 
     # ------------------------------------------------------------------ model set-up and steps
@@ -284,19 +270,7 @@ class ElasticFT3D(DDPStrategy):
                     check_checkpoint_dirpath(cb.dirpath)
         check_accumulation_scheduler(trainer, self.elastic)
         self._parallelized = has_dtensor_parameters(self.model)
-        cfg = self.parallel_config
-        if not self._parallelized and cfg.tensor_parallel_size > 1:
-            raise ValueError(
-                f"ElasticFT3D(tensor_parallel_size={cfg.tensor_parallel_size}): no parameter is a DTensor after"
-                " configure_model(). Parallelize the model in LightningModule.configure_model() using"
-                " self.device_mesh['tensor_parallel'], or set tensor_parallel_size=1."
-            )
-        if cfg.pipeline_parallel_size > 1:
-            self._mode = PipelineMode(self)
-        elif self._parallelized:
-            self._mode = DTensorMode(self)
-        else:
-            self._mode = DataParallelMode(self)
+        self._mode = mode_for(self, self.model)
         self._mode.setup(trainer)
         if self._fault is not None:  # collective: watchdog, health checks (all ranks start or none), agreement group
             self._fault.preflight(trainer, check_dir=check_checkpoint_dirpath)
@@ -304,19 +278,11 @@ class ElasticFT3D(DDPStrategy):
 
     @override
     def optimizer_step(self, optimizer: Optimizer, closure: Any, model: Any = None, **kwargs: Any) -> Any:
-        scale = self._lr_scale.at(self.lightning_module.trainer.global_step) if self.lightning_module else 1.0
-        if scale == 1.0:
-            return self._mode.optimizer_step(optimizer, closure, model, **kwargs)
-        # The elastic LR scale multiplies the rates only for the step itself: LR schedulers keep computing the
-        # unscaled schedule, and checkpoints keep unscaled rates plus the scale in their metadata.
-        groups = optimizer.param_groups
-        for group in groups:
-            group["lr"] *= scale
-        try:
-            return self._mode.optimizer_step(optimizer, closure, model, **kwargs)
-        finally:
-            for group in groups:
-                group["lr"] /= scale
+        # The elastic learning-rate scale lives in the optimizer's own rates (what LearningRateMonitor reads).
+        step = self.lightning_module.trainer.global_step if self.lightning_module else 0
+        return self._elastic_resume.optimizer_step(
+            lambda: self._mode.optimizer_step(optimizer, closure, model, **kwargs), step
+        )
 
     @contextmanager
     @override
@@ -365,25 +331,7 @@ class ElasticFT3D(DDPStrategy):
         ``trainer.save_checkpoint(...)`` after it returned) the save is committed before this returns."""
         if storage_options is not None:
             raise TypeError("ElasticFT3D.save_checkpoint(..., storage_options=...) is not supported")
-        path = Path(self.broadcast(str(filepath)))
-        state, rank_state = split_checkpoint(checkpoint)
-        self._mode.move_rank_state(state, rank_state)
-        params = {name for name, _ in self.lightning_module.named_parameters()} if self.lightning_module else set()
-        state = per_rank_state.separate(state, rank_state, parameter_names=params)
-        self._checkpoint_manager().save(path, state, rank_state, self._checkpoint_metadata(checkpoint))
-
-    def _checkpoint_metadata(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
-        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
-        return run_metadata(
-            checkpoint,
-            trainer=trainer,
-            world_size=self.world_size,
-            mesh=self.mesh_shape(),
-            parallelized=self._parallelized,
-            optimizers=self.optimizers,
-            lr_scale=self._lr_scale.at(trainer.global_step if trainer is not None else 0),
-            event_log=self.event_log,
-        )
+        save_for_strategy(self, checkpoint, filepath)
 
     @override
     def remove_checkpoint(self, filepath: _compat.PATH) -> None:
@@ -400,53 +348,7 @@ class ElasticFT3D(DDPStrategy):
 
     @override
     def load_checkpoint(self, checkpoint_path: _compat.PATH, weights_only: bool | None = None) -> dict[str, Any]:
-        started = time.perf_counter()
-        # validate/test/predict reach here without the auto-resume check; a missing path is a FileNotFoundError.
-        path = resolve_explicit_ckpt_path(Path(self.broadcast(str(checkpoint_path))))
-        fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
-        if not is_lightning_ft_checkpoint(path):
-            checkpoint, self._foreign_batches_into_epoch = import_for_strategy(self, path, fitting=fitting)
-            return checkpoint
-        loaded = self._checkpoint_manager().load(
-            path,
-            fallbacks=[p for p in self._auto_resume.take_fallbacks(path) if is_lightning_ft_checkpoint(p)],
-            template=self._mode.load_template(),
-        )
-        same_world = loaded.metadata.get("world_size") == self.world_size
-        checkpoint = per_rank_state.restore_own(dict(loaded.state), loaded.rank_state, same_world=same_world)
-        checkpoint["callbacks"] = loaded.rank_state.get("callbacks", {})
-        self._mode.apply_loaded(loaded.path, checkpoint, loaded.rank_state, loaded.metadata)
-        trainer = self.lightning_module.trainer
-        if trainer.state.fn != TrainerFn.FITTING:  # validate/test/predict load weights; nothing is resumed
-            rank_zero_info(loaded_message(loaded.path, loaded.metadata, stage=trainer.state.fn.value))
-            return checkpoint
-        rng = loaded.rank_state.get("rng")
-        if rng and same_world and self._tracker is not None:
-            self._tracker.restore_rng_at_next_batch(rng)
-        self._resume_elastically(loaded.path, loaded.metadata, load_s=time.perf_counter() - started)
-        return checkpoint
-
-    def _resume_elastically(self, path: Path, metadata: dict[str, Any], *, load_s: float) -> None:
-        trainer = self.lightning_module.trainer
-        decision = plan_resume_from_metadata(
-            self.elastic, metadata, new_dp_size=self.data_parallel_size, new_world_size=self.world_size
-        )
-        if decision.accumulate_grad_batches != trainer.accumulate_grad_batches:
-            trainer.accumulate_grad_batches = decision.accumulate_grad_batches
-        step = int(metadata.get("step") or 0)
-        self._lr_scale.resume(carried=float(metadata.get("lr_scale") or 1.0), decision=decision, step=step)
-        if self.global_rank == 0 and self.event_log is not None:
-            self.event_log.write(
-                "resumed",
-                step=metadata.get("step"),
-                path=str(path),
-                saved_world_size=metadata.get("world_size"),
-                world_size=self.world_size,
-                accumulate_grad_batches=decision.accumulate_grad_batches,
-                lr_scale=decision.lr_scale,
-                load_s=load_s,
-            )
-        rank_zero_info(resume_message(path, metadata, decision=decision, world_size=self.world_size))
+        return load_for_strategy(self, checkpoint_path)
 
     @override
     def on_train_start(self) -> None:
@@ -468,16 +370,8 @@ class ElasticFT3D(DDPStrategy):
     @override
     def process_dataloader(self, dataloader: object) -> object:
         dataloader = super().process_dataloader(dataloader)
-        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
-        if trainer is None:
-            return dataloader
-        return self._data_position.prepare(
-            dataloader,
-            training=trainer.training,
-            epoch=trainer.fit_loop.epoch_progress.current.processed,
-            mode=_compat.train_combined_loader_mode(trainer),
-            **self.distributed_sampler_kwargs,
-        )
+        trainer = attached_trainer(self.lightning_module)
+        return self._data_position.prepare_for(trainer, dataloader, **self.distributed_sampler_kwargs)
 
     # ------------------------------------------------------------------ teardown
 
@@ -486,7 +380,7 @@ class ElasticFT3D(DDPStrategy):
         # part of the strategy's configuration: a pickled or deep-copied Trainer (or `torch.save(model)`) gets a
         # strategy that sets them up again when it runs.
         state = super().__getstate__()  # Lightning's drops its optimizer wrappers
-        for name in ("_checkpoints", "_tracker", "event_log", "_auto_resume", "_data_position"):
+        for name in ("_checkpoints", "_tracker", "event_log", "_auto_resume", "_data_position", "_elastic_resume"):
             state.pop(name, None)
         return state
 
@@ -497,6 +391,7 @@ class ElasticFT3D(DDPStrategy):
         self.event_log = None
         self._auto_resume = AutoResume(enabled=self.auto_resume, broadcast=self.broadcast)
         self._data_position = TrainingDataPosition()
+        self._elastic_resume = ElasticResume.of(self)
 
     @override
     def on_exception(self, exception: BaseException) -> None:
@@ -514,8 +409,14 @@ class ElasticFT3D(DDPStrategy):
         steps.run(self._mode.teardown, f"tearing down the {self._mode.name} mode")
         trainer = attached_trainer(self.lightning_module)
         ended_by = self._exception or (steps.errors[0][1] if steps.errors else None)
-        steps.run(lambda: end_attempt(self._fault, trainer, self.event_log, ended_by), "recording the attempt's end")
+        if trainer is not None:
+            steps.run(lambda: self._elastic_resume.finish(trainer), "recording the resume")
+        steps.run(
+            lambda: end_attempt(self._fault, trainer, self.event_log, ended_by, **self._elastic_resume.last_step()),
+            "recording the attempt's end",
+        )
         steps.run(lambda: remove_callback(trainer, self._tracker), "removing the tracker")
+        steps.run(lambda: remove_callback(trainer, self._elastic_resume), "removing the elastic resume")
         steps.run(super().teardown, "running DDPStrategy.teardown")
         self._exception = None  # the next run of this strategy starts clean
         steps.finish()

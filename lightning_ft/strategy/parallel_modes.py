@@ -9,7 +9,9 @@ state is per rank, and how an optimizer step runs. Everything else in the strate
   is materialized on the device, state dicts go through ``torch.distributed.checkpoint.state_dict``, and a checkpoint
   is loaded in place into the sharded tensors.
 - :class:`PipelineMode`: ``pipeline_parallel_size > 1``; as DTensorMode, plus each rank holds one stage, whose model
-  and optimizer state are per rank, and gradients are averaged over data parallel before clipping.
+  and optimizer state one data-parallel replica saves in its rank state, and which loads onto another
+  data-parallel size or pipeline split (:mod:`~lightning_ft.strategy.pipeline_reshard`); gradients are averaged over
+  data parallel before clipping.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning_ft import _compat
 from lightning_ft.checkpoint import CheckpointError
 from lightning_ft.parallel.pipeline import PipelineRunner
+from lightning_ft.strategy.pipeline_reshard import assemble_stage, check_pipeline_resume, stage_sources, writes_stage
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -32,6 +35,26 @@ if TYPE_CHECKING:
 
 def has_dtensor_parameters(module: torch.nn.Module) -> bool:
     return any(isinstance(p, _compat.DTensor) for p in module.parameters())
+
+
+def mode_for(strategy: ElasticFT3D, model: torch.nn.Module) -> DataParallelMode:
+    """The mode ``strategy`` runs ``model`` in, once ``configure_model()`` has run.
+
+    Raises:
+        ValueError: ``tensor_parallel_size > 1`` but no parameter is a DTensor.
+    """
+    cfg = strategy.parallel_config
+    assert cfg is not None
+    parallelized = has_dtensor_parameters(model)
+    if not parallelized and cfg.tensor_parallel_size > 1:
+        raise ValueError(
+            f"ElasticFT3D(tensor_parallel_size={cfg.tensor_parallel_size}): no parameter is a DTensor after"
+            " configure_model(). Parallelize the model in LightningModule.configure_model() using"
+            " self.device_mesh['tensor_parallel'], or set tensor_parallel_size=1."
+        )
+    if cfg.pipeline_parallel_size > 1:
+        return PipelineMode(strategy)
+    return DTensorMode(strategy) if parallelized else DataParallelMode(strategy)
 
 
 def copy_into(template: Any, saved: Any) -> Any:
@@ -51,6 +74,12 @@ def copy_into(template: Any, saved: Any) -> Any:
     if isinstance(template, (list, tuple)) and isinstance(saved, (list, tuple)) and len(template) == len(saved):
         return type(template)(copy_into(t, s) for t, s in zip(template, saved, strict=True))
     return saved
+
+
+def _refuse_pipeline_checkpoint(path: Any, metadata: dict[str, Any], mesh: dict[str, int]) -> None:
+    saved_mesh = metadata.get("mesh") or {}
+    if int(saved_mesh.get("pipeline_parallel", 1)) > 1:
+        check_pipeline_resume(path, saved_mesh, mesh)
 
 
 class DataParallelMode:
@@ -85,10 +114,21 @@ class DataParallelMode:
     def move_rank_state(self, state: dict[str, Any], rank_state: dict[str, Any]) -> None:
         """Move what each rank holds differently from ``state`` into ``rank_state`` before a save."""
 
+    def saved_rank_states(self, metadata: dict[str, Any]) -> list[int]:
+        """Saved ranks (besides this rank's own) whose rank state this rank needs to load ``metadata``'s checkpoint."""
+        return []
+
     def apply_loaded(
-        self, path: Any, checkpoint: dict[str, Any], rank_state: dict[str, Any], metadata: dict[str, Any]
+        self,
+        path: Any,
+        checkpoint: dict[str, Any],
+        rank_state: dict[str, Any],
+        metadata: dict[str, Any],
+        saved_rank_states: dict[int, Any] | None = None,
     ) -> None:
-        """Put loaded model and optimizer state into place (when Lightning does not)."""
+        """Put loaded model and optimizer state into place (when Lightning does not). ``saved_rank_states``: those
+        :meth:`saved_rank_states` asked for."""
+        _refuse_pipeline_checkpoint(path, metadata, self.strategy.mesh_shape())
 
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any, **kwargs: Any) -> Any:
         return DDPStrategy.optimizer_step(self.strategy, optimizer, closure, model, **kwargs)
@@ -149,10 +189,16 @@ class DTensorMode(DataParallelMode):
         }
 
     def apply_loaded(
-        self, path: Any, checkpoint: dict[str, Any], rank_state: dict[str, Any], metadata: dict[str, Any]
+        self,
+        path: Any,
+        checkpoint: dict[str, Any],
+        rank_state: dict[str, Any],
+        metadata: dict[str, Any],
+        saved_rank_states: dict[int, Any] | None = None,
     ) -> None:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
+        _refuse_pipeline_checkpoint(path, metadata, self.strategy.mesh_shape())
         model = self.strategy.model
         set_model_state_dict(model, checkpoint["state_dict"])
         if not self.strategy.optimizers:
@@ -197,27 +243,44 @@ class PipelineMode(DTensorMode):
         return {}  # stage state travels in rank_state and is copied in place by apply_loaded
 
     def move_rank_state(self, state: dict[str, Any], rank_state: dict[str, Any]) -> None:
-        # Each stage holds other parameters (and optimizer state keyed by its own parameter ids), so model and
-        # optimizer go with the rank that owns them.
-        rank_state["stage"] = {k: state.pop(k) for k in ("state_dict", "optimizer_states") if k in state}
+        # Each stage holds other parameters, so model and optimizer state go with a rank that owns them: the stage's
+        # data-parallel replica 0 writes it, the other replicas (identical after gradient averaging) write nothing.
+        stage = {k: state.pop(k) for k in ("state_dict", "optimizer_states") if k in state}
+        if writes_stage(self.strategy.device_mesh["data_parallel"].get_local_rank()):
+            rank_state["stage"] = stage
+
+    def saved_rank_states(self, metadata: dict[str, Any]) -> list[int]:
+        saved_mesh = metadata.get("mesh") or {}
+        if int(saved_mesh.get("pipeline_parallel", 1)) < 2:
+            return []
+        tp_index = self.strategy.device_mesh["tensor_parallel"].get_local_rank()
+        if int(saved_mesh.get("tensor_parallel", 1)) != self.strategy.mesh_shape()["tensor_parallel"]:
+            return []  # refused in apply_loaded, with the reason
+        return stage_sources(saved_mesh, tp_index)
 
     def apply_loaded(
-        self, path: Any, checkpoint: dict[str, Any], rank_state: dict[str, Any], metadata: dict[str, Any]
+        self,
+        path: Any,
+        checkpoint: dict[str, Any],
+        rank_state: dict[str, Any],
+        metadata: dict[str, Any],
+        saved_rank_states: dict[int, Any] | None = None,
     ) -> None:
         strategy = self.strategy
-        mesh = strategy.mesh_shape()
-        if metadata.get("world_size") != strategy.world_size or metadata.get("mesh") != mesh:
-            raise CheckpointError(
-                f"checkpoint {path} was saved with mesh {metadata.get('mesh')}; with pipeline parallelism it can only be"
-                f" resumed on the same mesh, not {mesh}"
-            )
-        stage = rank_state.get("stage", {})
-        checkpoint["state_dict"] = copy_into(self.module_state_dict(), stage["state_dict"])
+        check_pipeline_resume(path, metadata.get("mesh"), strategy.mesh_shape())
+        sources = saved_rank_states or {}
+        stages = [sources[r].get("stage") for r in sorted(sources)]
+        if any(stage is None for stage in stages):
+            raise CheckpointError(f"checkpoint {path}: a pipeline stage's state is missing from its rank state")
+        templates = [self.optimizer_template(opt) for opt in strategy.optimizers]
+        model_template = self.module_state_dict()
+        model_state, optimizer_states = assemble_stage(
+            path, stages, model_template=model_template, optimizer_templates=templates
+        )
+        checkpoint["state_dict"] = copy_into(model_template, model_state)
         checkpoint["optimizer_states"] = [
-            copy_into(self.optimizer_template(opt), saved)
-            for opt, saved in zip(
-                strategy.optimizers, stage.get("optimizer_states", []), strict=bool(strategy.optimizers)
-            )
+            copy_into(template, saved)
+            for template, saved in zip(templates, optimizer_states, strict=bool(strategy.optimizers))
         ]
         super().apply_loaded(path, checkpoint, rank_state, metadata)
 

@@ -38,7 +38,7 @@ def test_demo_survives_a_killed_rank_a_preemption_and_a_hang_through_torchrun_re
     hangs = [e for e in events if e["event"] == "hang"]
     assert hangs and all(e["ranks"] == [1] and e["attempt"] == 2 for e in hangs)
     assert 35 <= resumed[2]["step"] <= 42 and resumed[2]["attempt"] == 3
-    assert max(e["step"] for e in events if e["event"] == "checkpoint_committed") == 90
+    assert max(e["step"] for e in events if e["event"] == "checkpoint_committed") == 120
     # The injected thermal incident on rank 1 is seen by ThermalMonitor and, through its slower steps, by
     # StragglerMonitor, and no other rank is named.
     thermal = [e for e in events if e["event"] == "thermal" and e.get("throttled")]

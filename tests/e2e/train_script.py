@@ -9,6 +9,8 @@ import argparse
 import json
 import os
 import sys
+import time
+import zlib
 from pathlib import Path
 
 import lightning as L
@@ -32,6 +34,71 @@ class HardExitAt(Callback):
             # Make the run deterministic: the checkpoint in flight at the kill is committed first.
             trainer.strategy.checkpoint_wait()
             os._exit(17)
+
+
+class IndexedTokens(SyntheticTokens):
+    """SyntheticTokens whose sample ``i`` starts at token ``i % vocab`` with stride ``i // vocab + 1``, so the index
+    can be read back from a batch (:func:`sample_ids`)."""
+
+    def __init__(self, num_samples: int, seq_len: int, vocab_size: int) -> None:
+        super().__init__(num_samples, seq_len=seq_len, vocab_size=vocab_size)
+        i = torch.arange(num_samples).unsqueeze(1)
+        self.data = (i % vocab_size + (i // vocab_size + 1) * torch.arange(seq_len + 1)) % vocab_size
+
+
+def sample_ids(x: torch.Tensor, vocab_size: int) -> list[int]:
+    stride = (x[:, 1] - x[:, 0]) % vocab_size
+    return (x[:, 0] + vocab_size * (stride - 1)).tolist()
+
+
+class ElasticRecord(Callback):
+    """Per rank, appended as it happens (a killed attempt keeps what it wrote): the sample ids of every micro-batch,
+    the global mean loss of every optimizer step, and a fingerprint of the torch RNG at the first batch."""
+
+    def __init__(self, out: Path, vocab_size: int) -> None:
+        self.out, self.vocab_size = out, vocab_size
+        self._loss_sum, self._batches, self._first = 0.0, 0, True
+
+    def _append(self, trainer, name: str, **fields) -> None:
+        fields.update(attempt=trainer.strategy.event_log.attempt, rank=trainer.global_rank, world=trainer.world_size)
+        with open(self.out / f"{name}_rank{trainer.global_rank}.jsonl", "a") as f:
+            f.write(json.dumps(fields) + "\n")
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._first:
+            self._first = False
+            state = torch.get_rng_state()
+            self._append(trainer, "rng", step=trainer.global_step, crc=zlib.crc32(state.numpy().tobytes()))
+        self._append(
+            trainer,
+            "samples",
+            step=trainer.global_step,
+            epoch=trainer.current_epoch,
+            ids=sample_ids(batch[0], self.vocab_size),
+        )
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        # Lightning hands this hook the loss divided by accumulate_grad_batches (what backward saw).
+        self._loss_sum += float(outputs["loss"]) * trainer.accumulate_grad_batches
+        self._batches += 1
+        if self._batches == trainer.accumulate_grad_batches:
+            total = torch.tensor([self._loss_sum, float(self._batches)], dtype=torch.float64)
+            torch.distributed.all_reduce(total)
+            self._loss_sum, self._batches = 0.0, 0
+            if trainer.global_rank == 0:
+                self._append(trainer, "losses", step=trainer.global_step, loss=float(total[0] / total[1]))
+
+
+class HoldWhileFileExists(Callback):
+    """Training pauses after a batch while ``path`` exists, so the test changes the world between known steps. A
+    SIGTERM (torchrun stopping the workers for a new node) ends the pause, as it would end any wait."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        while self.path.exists() and not trainer.received_sigterm:
+            time.sleep(0.05)
 
 
 class RecordLosses(Callback):
@@ -62,6 +129,9 @@ def main() -> None:
     p.add_argument("--schedule", default="1f1b")
     p.add_argument("--batch-policy", default="keep_global")
     p.add_argument("--lr-warmup", type=int, default=0)
+    p.add_argument("--accumulate", type=int, default=1)
+    p.add_argument("--elastic-record", action="store_true", help="indexed data; samples, losses, RNG per rank")
+    p.add_argument("--hold-file", default="", help="pause after each batch while this file exists")
     p.add_argument("--out", required=True, help="folder for losses.json and weights.pt (rank 0)")
     args = p.parse_args()
 
@@ -75,6 +145,12 @@ def main() -> None:
         callbacks.append(HardExitAt(args.kill_at_step))
     recorder = RecordLosses()
     callbacks.append(recorder)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.elastic_record:
+        callbacks.append(ElasticRecord(out, vocab_size=64))
+    if args.hold_file:
+        callbacks.append(HoldWhileFileExists(Path(args.hold_file)))
     if args.strategy == "elasticft":
         from lightning_ft import ElasticFT3D, ElasticPolicy
 
@@ -98,16 +174,14 @@ def main() -> None:
         enable_model_summary=False,
         enable_checkpointing=bool(args.ckpt_every),
         log_every_n_steps=2,
+        accumulate_grad_batches=args.accumulate,
     )
     model = GPT(vocab_size=64, dim=32, n_heads=4, n_layers=2, seq_len=16, dropout=args.dropout)
-    data = DataLoader(
-        SyntheticTokens(args.samples, seq_len=16, vocab_size=64), batch_size=args.batch_size, shuffle=True
-    )
+    dataset_type = IndexedTokens if args.elastic_record else SyntheticTokens
+    data = DataLoader(dataset_type(args.samples, seq_len=16, vocab_size=64), batch_size=args.batch_size, shuffle=True)
     trainer.fit(model, train_dataloaders=data)
     state = trainer.lightning_module.state_dict()
     state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in state.items()}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     # Every rank: with pipeline stages each holds other layers.
     torch.save(state, out / f"weights_rank{trainer.global_rank}.pt")
     if trainer.global_rank == 0:

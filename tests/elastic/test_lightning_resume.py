@@ -9,6 +9,7 @@ must end at the same global step.
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import lightning as L
 import pytest
@@ -16,7 +17,12 @@ import torch
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_ft.elastic import align_batch_progress, find_resumable_sampler, swap_in_resumable_sampler
+from lightning_ft.elastic import (
+    ResumableSampler,
+    align_batch_progress,
+    find_resumable_sampler,
+    swap_in_resumable_sampler,
+)
 
 N, BATCH, EPOCHS = 22, 4, 2  # 6 batches per epoch, the last one short
 
@@ -153,3 +159,101 @@ def test_a_trainer_resumed_with_smaller_batches_and_more_accumulation_keeps_ever
     for epoch in range(EPOCHS):
         assert epoch_samples(seen, epoch) == epoch_samples(reference.seen, epoch)
     assert resumed.steps_at_epoch_end == reference.steps_at_epoch_end
+
+
+class ReplicaStrategy(ResumableDataStrategy):
+    """One data-parallel replica of ``world``, run alone: the sampler deals for ``world`` replicas and counts their
+    global batch. Training is per replica (no collectives), so running each replica's Trainer in turn is the run."""
+
+    def __init__(self, world: int, rank: int) -> None:
+        super().__init__(device="cpu")
+        self.world, self.replica = world, rank
+
+    def process_dataloader(self, dataloader):
+        epoch = self.lightning_module.trainer.fit_loop.epoch_progress.current.processed
+        return swap_in_resumable_sampler(dataloader, num_replicas=self.world, rank=self.replica, epoch=epoch)
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        find_resumable_sampler(self.lightning_module.trainer.train_dataloader).mark_consumed(len(batch[0]) * self.world)
+
+
+class DropLastModel(RecordingModel):
+    def __init__(self, n: int, batch_size: int, *, drop_last: bool, sampler_drop_last: bool = False) -> None:
+        super().__init__(batch_size=batch_size)
+        self.n, self.drop_last, self.sampler_drop_last = n, drop_last, sampler_drop_last
+
+    def train_dataloader(self) -> DataLoader:
+        dataset = SizedIndexDataset(self.n)
+        if self.sampler_drop_last:
+            # What Lightning injects, with drop_last: a DistributedSampler (its replicas are overridden by the swap).
+            sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=1, rank=0, drop_last=True, seed=0)
+            return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, drop_last=self.drop_last)
+        return DataLoader(dataset, batch_size=self.batch_size, shuffle=True, drop_last=self.drop_last)
+
+
+class SizedIndexDataset(IndexDataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def run_world(tmp_path, world, batch, *, n, drop_last, sampler_drop_last, ckpt=None, crash_after=None, epochs=EPOCHS):
+    models, trainers = [], []
+    for rank in range(world):
+        L.seed_everything(0)
+        model = DropLastModel(n, batch, drop_last=drop_last, sampler_drop_last=sampler_drop_last)
+        callbacks = [CrashAfter(crash_after, str(tmp_path / f"rank{rank}.ckpt"))] if crash_after else []
+        trainer = L.Trainer(
+            strategy=ReplicaStrategy(world, rank),
+            max_epochs=epochs,
+            callbacks=callbacks,
+            default_root_dir=tmp_path,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        if crash_after:
+            with pytest.raises(RuntimeError, match="simulated crash"):
+                trainer.fit(model)
+        else:
+            trainer.fit(model, ckpt_path=ckpt)
+        models.append(model)
+        trainers.append(trainer)
+    return models, trainers
+
+
+@pytest.mark.parametrize(
+    ("n", "before", "after", "batch", "crash_after", "drop_last", "sampler_drop_last"),
+    [
+        (26, 1, 2, 4, 1, True, False),  # the rest completes its last global batch instead of dropping it
+        (26, 2, 3, 2, 2, True, False),
+        (22, 2, 4, 10, 1, False, True),  # nothing left for the new world: the epoch ends, no extra epoch
+        (22, 2, 4, 5, 2, True, True),
+        (23, 3, 2, 3, 1, False, False),
+    ],
+)
+def test_resized_replicas_under_real_lightning_end_every_epoch_together_and_never_train_one_twice(
+    tmp_path, n, before, after, batch, crash_after, drop_last, sampler_drop_last
+):
+    kwargs = {"n": n, "drop_last": drop_last, "sampler_drop_last": sampler_drop_last}
+    crashed, _ = run_world(tmp_path / "run", before, batch, crash_after=crash_after, **kwargs)
+    resumed, trainers = run_world(tmp_path / "run", after, batch, ckpt=str(tmp_path / "run" / "rank0.ckpt"), **kwargs)
+    # Every new replica ends each epoch at the same step, and the run ends after EPOCHS epochs, none repeated.
+    assert len({tuple(m.steps_at_epoch_end) for m in resumed}) == 1
+    assert len({t.global_step for t in trainers}) == 1
+    assert {t.current_epoch for t in trainers} == {EPOCHS}
+    first_epoch = Counter(i for m in crashed + resumed for e, i in m.seen if e == 0)
+    consumed = crash_after * batch * before
+    fresh_world_epoch = Counter(i for m in resumed for e, i in m.seen if e == 1)
+    # The resumed epoch trains what the old world trained plus the rest up to the new world's end of epoch.
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(0)).tolist()
+    new_world = ResumableSampler(
+        n, num_replicas=after, rank=0, drop_last=sampler_drop_last, batch_size=batch, drop_last_batch=drop_last
+    )
+    assert set(first_epoch) == set(order[: max(consumed, min(n, new_world.epoch_end))])
+    assert sum(first_epoch.values()) - len(first_epoch) < after * batch
+    # The next epoch is a plain epoch on the new world: each sample at most once (DistributedSampler's padding aside).
+    assert sum(fresh_world_epoch.values()) - len(fresh_world_epoch) < after

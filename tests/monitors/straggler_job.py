@@ -60,7 +60,7 @@ def main() -> None:
     p.add_argument("--root", required=True)
     p.add_argument("--cause", choices=["compute", "data", "thermal", "none"], default="none")
     p.add_argument("--slow-rank", type=int, default=1)
-    p.add_argument("--devices", type=int, default=3)
+    p.add_argument("--devices", type=int, default=2)
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--delay-ms", type=float, default=30.0)
     p.add_argument("--action", default="log")
@@ -79,8 +79,8 @@ def main() -> None:
     loader = DataLoader(data, batch_size=batch, collate_fn=collate)
     nvml = FakeNVML(device_count=args.devices)
     if args.cause == "thermal":
-        # The device's clock halves: a throttled GPU takes twice as long for the same kernels.
-        nvml.throttle(args.slow_rank, "HwThermalSlowdown", temperature_c=93.0, sm_clock_mhz=990.0)
+        # The device's clock drops to a third: a throttled GPU takes three times as long for the same kernels.
+        nvml.throttle(args.slow_rank, "HwThermalSlowdown", temperature_c=93.0, sm_clock_mhz=660.0)
         model: TinyModel = ThrottledModel(nvml, base_ms=args.delay_ms)
     else:
         model = TinyModel(args.slow_rank if args.cause == "compute" else None, args.delay_ms)

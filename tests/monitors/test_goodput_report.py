@@ -1,86 +1,202 @@
+"""The report on recorded run histories of every kind (hand-written event logs under ``histories/``).
+
+Every number asserted here is computed by hand from the fixture's lines; the comments show the arithmetic.
+"""
+
 from __future__ import annotations
+
+import math
+from pathlib import Path
 
 import pytest
 
+from lightning_ft.events import read_events
 from lightning_ft.monitors.goodput_report import format_report, plot_timeline, summarize
+from lightning_ft.monitors.run_history import highest_step
+
+HISTORIES = Path(__file__).parent / "histories"
 
 
-def _e(time, attempt, rank, event, step, **fields):
-    return {"time": time, "run_id": "r1", "attempt": attempt, "rank": rank, "event": event, "step": step, **fields}
+def history(name: str) -> list[dict]:
+    return read_events(HISTORIES / name)
 
 
-def two_attempts_with_a_preemption() -> list[dict]:
-    """Attempt 0 (2 ranks) trains to step 33 and is preempted; attempt 1 resumes from the step-20 checkpoint."""
-    return [
-        _e(1000, 0, 0, "attempt_start", None, world_size=2, process_start_time=990.0),
-        _e(1001, 0, 1, "attempt_start", None, world_size=2, process_start_time=991.0),
-        _e(1010, 0, 0, "first_step", 1, since_attempt_start_s=20.0),
-        _e(1020, 0, 0, "progress", 10, productive_s=8.0, data_wait_s=1.0),
-        _e(1030, 0, 0, "progress", 20, productive_s=8.0, data_wait_s=1.0),
-        _e(1031, 0, 0, "checkpoint_committed", 20, path="ckpt/step=20", stall_s=0.5, total_s=3.0, size_bytes=10),
-        _e(1035, 0, 0, "straggler", 25, suspect_rank=1, ratio=1.3, onset_step=17),
-        _e(1040, 0, 0, "progress", 30, productive_s=8.0, data_wait_s=1.0),
-        _e(1043, 0, 0, "preempted", 33, signal="SIGTERM"),
-        _e(1043, 0, 1, "preempted", 33, signal="SIGTERM"),
-        _e(1060, 1, 0, "attempt_start", None, world_size=2, process_start_time=1050.0),
-        _e(1060, 1, 1, "attempt_start", None, world_size=2, process_start_time=1050.0),
-        _e(1065, 1, 0, "resumed", 20, path="ckpt/step=20", saved_world_size=2, world_size=2),
-        _e(1070, 1, 0, "first_step", 21, since_attempt_start_s=20.0),
-        _e(1078, 1, 0, "progress", 30, productive_s=7.0, data_wait_s=1.0),
-        _e(1088, 1, 0, "progress", 40, productive_s=8.0, data_wait_s=1.0),
-        _e(1090, 1, 0, "straggler_cleared", 40, suspect_rank=1, lost_s=2.0, recovered=False),
-    ]
+def report(name: str, **kwargs) -> dict:
+    return summarize(history(name), **kwargs)
 
 
-def test_summary_of_two_attempts_matches_the_hand_computed_numbers():
-    s = summarize(two_attempts_with_a_preemption())
+def phases(restart: dict) -> tuple:
+    return tuple(restart[k] for k in ("detection_s", "exit_s", "relaunch_s", "startup_s", "load_s", "first_step_s"))
+
+
+def test_a_finished_run_says_so_and_suggests_an_interval_for_an_assumed_mtbf():
+    s = report("finished")
+    (attempt,) = s["attempts"]
+    assert attempt["end_reason"] == "finished"
+    assert s["restarts"] == [] and s["continuations"] == []
+    # Wall: process start 1000 to rank 0's attempt_end at 1062; productive 4 x 8 s.
+    assert s["totals"]["wall_s"] == 62.0
+    assert s["ettr"] == pytest.approx(32 / 62)
+    assert s["device_utilisation"] == pytest.approx(32 / 62)
+    ci = s["checkpoint_interval"]
+    # C = median(0.5, 0.7) s; no failure, so 24 h is assumed; one step takes (32 + 4) s / 40 steps.
+    assert (ci["stall_s"], ci["total_s"], ci["mtbf_source"]) == (pytest.approx(0.6), pytest.approx(2.25), "assumed")
+    assert ci["interval_s"] == pytest.approx(math.sqrt(2 * 0.6 * 24 * 3600))
+    assert ci["interval_steps"] == round(math.sqrt(2 * 0.6 * 24 * 3600) / 0.9)
+    assert ci["current_interval_steps"] == 20
+    text = format_report(s)
+    assert "ended: finished" in text
+    assert "no failure observed; MTBF assumed 24.0h (--mtbf-hours to change)" in text
+
+
+def test_launching_a_finished_run_again_is_a_continuation_not_a_restart():
+    s = report("continued")
+    assert [a["end_reason"] for a in s["attempts"]] == ["finished", "finished"]
+    assert s["restarts"] == []
+    (cont,) = s["continuations"]
+    # Attempt 0 ended at 1062, attempt 1's processes started at 260000: three days the run was not running.
+    assert (cont["attempt"], cont["gap_s"]) == (1, 260000.0 - 1062.0)
     t = s["totals"]
-    # Walls: attempt 0 from process start 990 to its last event 1043 (53 s); attempt 1 from 1050 to 1090 (40 s).
-    assert [a["wall_s"] for a in s["attempts"]] == [53.0, 40.0]
-    assert t["wall_s"] == 93.0
-    assert t["productive_s"] == 39.0  # 8 + 8 + 8 + 7 + 8
-    assert t["data_wait_s"] == 5.0
-    assert t["checkpoint_stall_s"] == 0.5
-    # Restart: last progress of attempt 0 (1040) to the first step of attempt 1 (1070); recovery from 1050.
-    (restart,) = s["restarts"]
-    assert restart["restart_s"] == 30.0
-    assert restart["recovery_s"] == 20.0
-    assert restart["cause"] == "preempted"
-    # Lost work: attempt 0 reached step 33, attempt 1 resumed at 20; the progress interval (20, 30] took 8 s.
-    assert restart["lost_steps"] == 13
-    assert restart["lost_s"] == 8.0
-    # ETTR: (39 - 8) useful seconds over 93 wall seconds.
-    assert s["ettr"] == pytest.approx(31 / 93)
-    # Device time held: 2 devices x (53 + 7 s gap + 40); useful: 2 x (16 + 15).
-    assert t["device_s_held"] == 200.0
-    assert s["device_utilisation"] == pytest.approx(62 / 200)
-    assert s["stragglers"]["count"] == 1
-    assert s["stragglers"]["detections"][0]["latency_steps"] == 8
-    assert t["straggler_s"] == 2.0
-    assert {i["event"] for i in s["incidents"]} == {"preempted", "straggler"}
+    assert (t["restarts"], t["continuations"], t["lost_steps"], t["restart_s"]) == (0, 1, 0, 0.0)
+    # The gap is neither wall time nor device time held: 62 + 52 s wall, 2 x 114 device-s held.
+    assert t["wall_s"] == 114.0
+    assert t["device_s_held"] == 228.0
+    assert s["ettr"] == pytest.approx(64 / 114)
+    assert s["device_utilisation"] == pytest.approx(64 / 114)
+    assert "attempt 1 continues finished attempt 0: gap 71.9h (not the run's time)" in format_report(s)
 
 
-def test_a_restart_without_a_resumed_event_loses_every_step_of_the_failed_attempt():
-    events = [e for e in two_attempts_with_a_preemption() if e["event"] != "resumed"]
+def test_a_preemption_then_resume_splits_the_restart_into_its_phases():
+    s = report("preempted")
+    first, second = s["attempts"]
+    assert (first["end_reason"], first["signal"], second["end_reason"]) == ("preempted", "SIGTERM", "finished")
+    (r,) = s["restarts"]
+    # Signal at 1052.0 (the first rank's), last attempt_end 1056, last record 1056, next process start 1080,
+    # load 3 s, first step at 1100.
+    assert phases(r) == (4.0, 0.0, 24.0, None, 3.0, 17.0)
+    assert r["restart_s"] == 48.0 == sum(p for p in phases(r) if p is not None)
+    # The preemption checkpoint held step 33, where the attempt stopped: nothing recomputed, not a failure.
+    assert (r["cause"], r["resumed_step"], r["lost_steps"], r["failure"]) == ("preempted", 33, 0, False)
+    # Wall: 56 + 41 s of attempts + the 24 s gap before the restart.
+    assert s["totals"]["wall_s"] == 121.0
+    assert s["ettr"] == pytest.approx(39 / 121)
+    assert s["checkpoint_interval"]["mtbf_source"] == "assumed"
+    text = format_report(s)
+    assert "ended: preempted (SIGTERM)" in text
+    assert (
+        "restart before attempt 1 (after: preempted): 48.0s = detection 4.0s, exit 0.0s, relaunch 24.0s, load 3.0s,"
+        " first step 17.0s; resumed at step 33, recomputed 0 steps" in text
+    )
+
+
+def test_a_hang_then_resume_counts_the_idle_time_as_detection_and_is_a_failure():
+    s = report("hung")
+    assert [a["end_reason"] for a in s["attempts"]] == ["hung", "finished"]
+    (r,) = s["restarts"]
+    # The watchdog fired at 1110 after 60 s idle: the fault is at 1050; attempt_end at 1112; restart at 1130.
+    assert phases(r) == (62.0, 0.0, 18.0, 12.0, 2.5, 5.5)  # start-up from the resumed event
+    assert r["restart_s"] == 100.0
+    # Attempt 0 reached step 27 (its hang event), attempt 1 resumed at 20: 7 steps again.
+    assert (r["lost_steps"], r["failure"]) == (7, True)
+    ci = s["checkpoint_interval"]
+    assert (ci["failures"], ci["mtbf_source"], ci["mtbf_s"]) == (1, "observed", 161.0)
+    assert ci["interval_s"] == pytest.approx(math.sqrt(2 * 0.5 * 161.0))
+
+
+def test_a_killed_attempt_is_inferred_and_its_restart_runs_from_the_last_progress():
+    s = report("killed")
+    assert [a["end_reason"] for a in s["attempts"]] == ["killed", "finished"]
+    (r,) = s["restarts"]
+    # Nothing recorded the stop: detection runs from the last progress (1050) to the next process start (1075).
+    assert phases(r) == (25.0, None, None, None, 2.0, 18.0)
+    assert r["restart_s"] == 45.0
+    # Steps 21..30 again; the progress interval (20, 30] took 8 s.
+    assert (r["lost_steps"], r["lost_s"], r["failure"]) == (10, 8.0, True)
+    assert s["ettr"] == pytest.approx((40 - 8) / (50 + 41 + 25))
+    assert "detection, exit and relaunch 25.0s, load 2.0s, first step 18.0s" in format_report(s)
+
+
+def test_one_rank_killed_while_the_others_record_the_teardown_signal_is_a_kill():
+    # Rank 1 vanishes without a record; torchrun then stops rank 0 with SIGTERM, which rank 0 records.
+    recorded = history("preempted")
+    events = [e for e in recorded if not (e["rank"] == 1 and e["attempt"] == 0 and e["event"] != "attempt_start")]
+    s = summarize(events)
+    first = s["attempts"][0]
+    assert (first["end_reason"], first["killed_ranks"]) == ("killed", [1])
+    assert s["restarts"][0]["failure"] is True
+    assert "ended: killed (no end recorded) (SIGTERM) (rank 1 left no record)" in format_report(s)
+
+
+def test_a_crashed_last_attempt_is_reported_and_counted_as_a_failure():
+    s = report("crashed")
+    (attempt,) = s["attempts"]
+    assert attempt["end_reason"] == "crashed"
+    assert s["restarts"] == []
+    ci = s["checkpoint_interval"]
+    assert (ci["failures"], ci["mtbf_s"]) == (1, 45.5)
+    assert "ended: crashed" in format_report(s)
+
+
+def test_restarts_at_other_world_sizes_weigh_device_time_by_each_attempt():
+    s = report("world_sizes")
+    assert [(a["world_size"], a["end_reason"]) for a in s["attempts"]] == [
+        (4, "crashed"),
+        (2, "preempted"),
+        (4, "finished"),
+    ]
+    crash, preempt = s["restarts"]
+    # Rank 2 crashed first (1052); the others' watchdogs then found them hung, at 1060: the crash is the cause.
+    assert phases(crash) == (8.0, 0.0, 20.0, None, 3.0, 17.0)
+    assert (crash["cause"], crash["lost_steps"], crash["lost_s"], crash["failure"]) == ("crashed", 12, 8.0, True)
+    assert phases(preempt) == (4.0, 0.0, 22.0, None, 4.0, 16.0)
+    assert (preempt["lost_steps"], preempt["failure"]) == (0, False)
+    t = s["totals"]
+    # Wall: 60 + 48 + 41 s of attempts + 20 + 22 s of gaps before restarts.
+    assert t["wall_s"] == 191.0
+    # Held: 4 x 60 + 2 x 48 + 4 x 41, and each gap at the world size being relaunched: 2 x 20 + 4 x 22.
+    assert t["device_s_held"] == 628.0
+    # Useful: 4 x (24 - 8) + 2 x 16 + 4 x 12.8 device-s.
+    assert s["device_utilisation"] == pytest.approx(147.2 / 628)
+    assert s["ettr"] == pytest.approx((52.8 - 8) / 191)
+    assert s["checkpoint_interval"]["mtbf_s"] == 191.0
+    assert "world size 4 -> 2" in format_report(s)
+
+
+def test_a_given_mtbf_replaces_the_observed_one_in_the_suggestion():
+    ci = report("hung", mtbf_hours=2.0)["checkpoint_interval"]
+    assert (ci["mtbf_source"], ci["mtbf_s"], ci["observed_mtbf_s"]) == ("given", 7200.0, 161.0)
+    assert ci["interval_s"] == pytest.approx(math.sqrt(2 * 0.5 * 7200))
+    with pytest.raises(ValueError, match="mtbf_hours=0"):
+        summarize([], mtbf_hours=0)
+
+
+def test_a_log_without_attempt_end_falls_back_on_its_preempted_events():
+    # lightning-ft 0.1.0 wrote no attempt_end: the preemption is still named; the last attempt's end is unknown.
+    events = [e for e in history("preempted") if e["event"] != "attempt_end"]
+    s = summarize(events)
+    assert [a["end_reason"] for a in s["attempts"]] == ["preempted", "unknown"]
+    assert s["restarts"][0]["cause"] == "preempted"
+    assert "no end recorded (still running, or killed)" in format_report(s)
+
+
+def test_a_restart_without_a_resumed_event_loses_every_step_of_the_stopped_attempt():
+    events = [e for e in history("killed") if e["event"] != "resumed"]
     (restart,) = summarize(events)["restarts"]
-    assert restart["resumed_step"] == 0
-    assert restart["lost_steps"] == 33
-    assert restart["lost_s"] == 24.0
-
-
-def test_the_report_names_the_ratios_and_the_restart():
-    text = format_report(summarize(two_attempts_with_a_preemption()))
-    assert "effective training time ratio  33.3%" in text
-    assert "restart before attempt 1: 30.0s (recovery 20.0s)" in text
-    assert "lost 13 steps" in text
-    assert "rank 1 1.30x" in text
+    assert (restart["resumed_step"], restart["lost_steps"], restart["lost_s"]) == (0, 30, 24.0)
 
 
 def test_only_the_latest_run_in_a_shared_log_is_summarized():
-    other = [dict(e, run_id="old", time=e["time"] - 5000) for e in two_attempts_with_a_preemption()]
-    s = summarize(other + two_attempts_with_a_preemption()[:10])
-    assert s["run_id"] == "r1"
+    other = [dict(e, run_id="old", time=e["time"] - 5000) for e in history("hung")]
+    s = summarize(other + history("finished"))
+    assert s["run_id"] == "fin"
     assert s["totals"]["attempts"] == 1
+
+
+def test_the_highest_step_an_earlier_attempt_recorded():
+    events = history("world_sizes")
+    assert highest_step(events, "ws", before_attempt=1) == 32
+    assert highest_step(events, "ws", before_attempt=2) == 44
+    assert highest_step(events, "ws", before_attempt=0) == -1
 
 
 def test_an_empty_log_gives_an_empty_summary():
@@ -93,5 +209,5 @@ def test_an_empty_log_gives_an_empty_summary():
 def test_the_timeline_is_written_as_a_png(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "timeline.png"
-    plot_timeline(two_attempts_with_a_preemption(), out)
+    plot_timeline(history("world_sizes"), out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

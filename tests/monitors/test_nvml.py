@@ -44,12 +44,16 @@ def test_cuda_events_time_the_device_part_of_a_step():
 
 def test_every_reason_bit_of_the_installed_bindings_is_decoded_by_its_name():
     pynvml = pytest.importorskip("pynvml")
+    checked = set()
     for prefix in ("nvmlClocksEventReason", "nvmlClocksThrottleReason"):
         for attr in dir(pynvml):
             name = attr.removeprefix(prefix)
             if not attr.startswith(prefix) or name in ("All", "None", "GpuIdle", "UserDefinedClocks"):
                 continue
             assert decode_reasons(getattr(pynvml, attr)) == [name]
+            checked.add(name)
+    # The loop must have met every reason we decode, or it checked less than it claims.
+    assert checked == set(REASONS) - {"GpuIdle"}
 
 
 def test_fake_nvml_rejects_unknown_reasons_and_fields():

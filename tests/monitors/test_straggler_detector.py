@@ -1,64 +1,85 @@
 from __future__ import annotations
 
+import json
 import math
 import random
 import statistics
+from pathlib import Path
 
 import pytest
 
+from lightning_ft.monitors._timing import rise_step
 from lightning_ft.monitors.straggler_detector import DetectorConfig, StragglerDetector, medians_of_others
 
+HEALTHY = 10  # windows before a slowdown: more than min_noise_windows, so the noise is known by then
 
-def _feed(detector: StragglerDetector, windows: list[list[float]], steps: int = 10) -> list:
+
+def _feed(detector: StragglerDetector, windows: list[list[float]], steps: int = 10, onsets=None) -> list:
     found = []
     for w, own in enumerate(windows):
-        found += detector.update(own, step=(w + 1) * steps, steps=steps).detections
+        found += detector.update(own, step=(w + 1) * steps, steps=steps, onset_steps=onsets).detections
     return found
 
 
 def test_a_rank_20_percent_slower_is_named_after_patience_windows():
     detector = StragglerDetector(DetectorConfig(patience=3))
-    healthy = [[100.0] * 8 for _ in range(5)]
+    healthy = [[100.0] * 8 for _ in range(HEALTHY)]
     slow = [[100.0] * 8 for _ in range(3)]
     for w in slow:
         w[5] = 120.0
     found = _feed(detector, healthy + slow)
-    assert [(d.rank, d.kind) for d in found] == [(5, "fleet")]
+    assert [(d.rank, d.kind, d.step) for d in found] == [(5, "fleet", 130)]
     assert found[0].ratio == pytest.approx(1.2)
-    assert found[0].onset_step == 51  # first step of the first slow window
+    assert found[0].onset_step == 100  # the global step during the first step of the first slow window
+    assert found[0].threshold == pytest.approx(0.12)
+
+
+def test_the_onset_is_the_ranks_own_estimate_when_it_lies_in_or_just_before_the_first_slow_window():
+    windows = [[100.0] * 4 for _ in range(HEALTHY)] + [[100.0, 100.0, 100.0, 130.0]] * 3
+    within = _feed(StragglerDetector(DetectorConfig(patience=3)), windows, onsets=[math.nan] * 3 + [97.0])
+    assert within[0].onset_step == 97
+    far = _feed(StragglerDetector(DetectorConfig(patience=3)), windows, onsets=[math.nan] * 3 + [40.0])
+    assert far[0].onset_step == 100
+
+
+def test_nobody_is_named_before_the_noise_has_been_measured():
+    detector = StragglerDetector(DetectorConfig(patience=2, min_noise_windows=8))
+    found = _feed(detector, [[100.0, 150.0, 100.0]] * 8)
+    assert found == []  # 7 window-to-window changes measured
+    assert [d.rank for d in _feed(detector, [[100.0, 150.0, 100.0]])] == [1]
 
 
 def test_a_slow_rank_is_named_once_per_episode():
     detector = StragglerDetector(DetectorConfig(patience=2))
-    windows = [[100.0, 130.0, 100.0] for _ in range(10)]
+    windows = [[100.0, 100.0, 100.0]] * HEALTHY + [[100.0, 130.0, 100.0] for _ in range(10)]
     assert len(_feed(detector, windows)) == 1
 
 
 def test_one_window_under_the_threshold_delays_a_detection_by_one_window_only():
     detector = StragglerDetector(DetectorConfig(patience=3))
-    windows = [[100.0, 100.0, 100.0, 100.0]] * 2 + [[100.0, 100.0, 100.0, 125.0]] * 2
+    windows = [[100.0, 100.0, 100.0, 100.0]] * HEALTHY + [[100.0, 100.0, 100.0, 125.0]] * 2
     windows += [[100.0, 100.0, 100.0, 110.0], [100.0, 100.0, 100.0, 125.0]]
     found = _feed(detector, windows)
-    assert [(d.rank, d.step, d.onset_step) for d in found] == [(3, 60, 21)]
+    assert [(d.rank, d.step, d.onset_step) for d in found] == [(3, 140, 100)]
 
 
 def test_with_two_ranks_the_slow_one_is_compared_with_the_other():
     detector = StragglerDetector(DetectorConfig(patience=2))
-    found = _feed(detector, [[100.0, 120.0]] * 3)
+    found = _feed(detector, [[100.0, 100.0]] * HEALTHY + [[100.0, 120.0]] * 2)
     assert [d.rank for d in found] == [1]
     assert found[0].ratio == pytest.approx(1.2)
 
 
 def test_a_one_window_stall_on_one_rank_is_not_named():
     detector = StragglerDetector(DetectorConfig(patience=3))
-    windows = [[100.0] * 4 for _ in range(10)]
-    windows[4] = [100.0, 100.0, 400.0, 100.0]
+    windows = [[100.0] * 4 for _ in range(20)]
+    windows[14] = [100.0, 100.0, 400.0, 100.0]
     assert _feed(detector, windows) == []
 
 
 def test_a_slowdown_of_the_whole_fleet_names_nobody():
     detector = StragglerDetector(DetectorConfig(patience=2))
-    windows = [[100.0] * 6] * 4 + [[180.0] * 6] * 6
+    windows = [[100.0] * 6] * HEALTHY + [[180.0] * 6] * 6
     assert _feed(detector, windows) == []
 
 
@@ -66,15 +87,16 @@ def test_a_rank_that_drifts_from_its_own_baseline_is_named_as_drift():
     # Rank 2 starts 10% faster than the others, then becomes 10% slower: never 12% above the fleet, but 22% above
     # its own baseline.
     detector = StragglerDetector(DetectorConfig(patience=2, threshold=0.12, drift_threshold=0.2))
-    windows = [[100.0, 100.0, 90.0, 100.0]] * 4 + [[100.0, 100.0, 110.0, 100.0]] * 3
+    windows = [[100.0, 100.0, 90.0, 100.0]] * HEALTHY + [[100.0, 100.0, 110.0, 100.0]] * 3
     found = _feed(detector, windows)
     assert [(d.rank, d.kind) for d in found] == [(2, "drift")]
 
 
 def test_a_recovered_rank_reports_the_time_the_fleet_lost_to_it():
     detector = StragglerDetector(DetectorConfig(patience=1))
-    detector.update([10.0, 10.0, 30.0], step=10, steps=10)
-    result = detector.update([10.0, 10.0, 10.0], step=20, steps=10)
+    _feed(detector, [[10.0, 10.0, 10.0]] * HEALTHY)
+    detector.update([10.0, 10.0, 30.0], step=110, steps=10)
+    result = detector.update([10.0, 10.0, 10.0], step=120, steps=10)
     # 20 ms over the others for 10 steps.
     assert [(r.rank, r.lost_s) for r in result.recoveries] == [(2, pytest.approx(0.2))]
     assert detector.named == {}
@@ -82,9 +104,41 @@ def test_a_recovered_rank_reports_the_time_the_fleet_lost_to_it():
 
 def test_ranks_that_report_nothing_are_ignored():
     detector = StragglerDetector(DetectorConfig(patience=1))
-    result = detector.update([10.0, math.nan, 10.0, 30.0], step=10, steps=10)
+    _feed(detector, [[10.0, math.nan, 10.0, 10.0]] * HEALTHY)
+    result = detector.update([10.0, math.nan, 10.0, 30.0], step=110, steps=10)
     assert [d.rank for d in result.detections] == [3]
     assert math.isnan(result.ratios[1])
+
+
+def test_the_bar_rises_with_the_fleets_window_to_window_noise_and_stays_at_the_threshold_when_quiet():
+    rng = random.Random(0)
+    quiet, noisy = StragglerDetector(), StragglerDetector()
+    for w in range(40):
+        quiet_result = quiet.update([100 * rng.uniform(0.99, 1.01) for _ in range(4)], step=8 * w, steps=8)
+        # A busy host: each window a different rank is 30% slower.
+        noisy_result = noisy.update([130.0 if r == w % 4 else 100.0 for r in range(4)], step=8 * w, steps=8)
+    assert quiet_result.threshold == pytest.approx(0.12)
+    assert noisy_result.threshold > 0.5
+    assert noisy.named == {}
+
+
+def recorded_windows(name: str, interval: int = 8) -> list[list[float]]:
+    """Window medians of the own times each rank recorded in a real run on a busy 2-core host."""
+    with open(Path(__file__).parent / "data" / name) as f:
+        own = json.load(f)["own_ms"]
+    steps = list(zip(*own, strict=True))[10:]  # after warm-up, as StragglerMonitor's default
+    return [
+        [statistics.median(step[r] for step in steps[i : i + interval]) for r in range(len(own))]
+        for i in range(0, len(steps) - interval + 1, interval)
+    ]
+
+
+@pytest.mark.parametrize("trace", ["busy_host_2ranks.json", "busy_host_3ranks.json"])
+def test_recorded_timings_of_a_healthy_busy_host_name_nobody(trace):
+    windows = recorded_windows(trace)
+    assert _feed(StragglerDetector(), windows, steps=8) == []
+    # The fixed threshold of 0.1.0 names ranks in the same timings: the recording is the noise the adaptation is for.
+    assert len(_feed(StragglerDetector(DetectorConfig(noise_factor=0.0)), windows, steps=8)) >= 3
 
 
 def test_medians_of_others_match_a_direct_computation():
@@ -95,9 +149,28 @@ def test_medians_of_others_match_a_direct_computation():
         assert medians_of_others(values) == pytest.approx(expected)
 
 
+def test_the_rise_of_a_ranks_times_is_found_at_the_step_it_began():
+    rng = random.Random(3)
+    steps = list(range(40, 56))
+    times = [10 * rng.uniform(0.9, 1.1) * (2.0 if s >= 47 else 1.0) for s in steps]
+    assert rise_step(steps, times) == 47
+    flat = [10 * rng.uniform(0.9, 1.1) for _ in steps]
+    assert math.isnan(rise_step(steps, flat))  # noise alone: no rise
+    assert math.isnan(rise_step([1, 2, 3], [1.0, 1.0, 2.0]))
+
+
 @pytest.mark.parametrize(
     "kwargs",
-    [{"threshold": 0}, {"patience": 0}, {"min_excess_ms": -1}, {"drift_threshold": 0}, {"baseline_windows": 0}],
+    [
+        {"threshold": 0},
+        {"patience": 0},
+        {"min_excess_ms": -1},
+        {"drift_threshold": 0},
+        {"baseline_windows": 0},
+        {"noise_factor": -1.0},
+        {"min_noise_windows": 0},
+        {"noise_windows": 4},
+    ],
 )
 def test_config_rejects_out_of_range_values_naming_the_option(kwargs):
     (name,) = kwargs

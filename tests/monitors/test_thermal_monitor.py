@@ -17,14 +17,16 @@ from tests.monitors.tiny_module import TinyModule
 class RecordingLogger:
     def __init__(self) -> None:
         self.metrics: list[dict[str, float]] = []
+        self.logged: list[tuple[int | None, dict[str, float]]] = []
 
     def log_metrics(self, metrics, step=None):
         self.metrics.append(dict(metrics))
+        self.logged.append((step, dict(metrics)))
 
 
-def fake_trainer(tmp_path, local_rank: int = 0):
+def fake_trainer(tmp_path, local_rank: int = 0, attempt: int = 0):
     """Just what ThermalMonitor touches on a one-process trainer."""
-    log = EventLog(tmp_path, rank=local_rank, run_id="t", attempt=0)
+    log = EventLog(tmp_path, rank=local_rank, run_id="t", attempt=attempt)
     return SimpleNamespace(
         local_rank=local_rank,
         global_rank=local_rank,
@@ -95,8 +97,10 @@ def test_violation_time_is_reported_per_interval_in_seconds(tmp_path):
     monitor = ThermalMonitor(interval=1, nvml=nvml)
     trainer = fake_trainer(tmp_path)
     monitor.setup(trainer, None, "fit")
+    # NVML's counters are cumulative since the driver loaded: what was there before training is not this interval's.
+    nvml.set(0, thermal_violation_ns=4e9, power_violation_ns=2e9)
     run_windows(monitor, trainer, 1)
-    nvml.set(0, thermal_violation_ns=2.5e9, power_violation_ns=1e9)
+    nvml.set(0, thermal_violation_ns=6.5e9, power_violation_ns=3e9)
     run_windows(monitor, trainer, 1)
     last = trainer.loggers[0].metrics[-1]
     assert last["thermal/thermal_violation_s/rank_0"] == 2.5
@@ -113,6 +117,18 @@ def test_a_query_the_gpu_does_not_support_is_skipped_and_the_rest_is_logged(tmp_
     assert "thermal/ecc_corrected/rank_0" not in last
     assert "thermal/power_limit_w/rank_0" not in last
     assert last["thermal/temperature_c/rank_0"] == FakeNVML.HEALTHY["temperature_c"]
+
+
+def test_after_a_restart_readings_of_steps_an_earlier_attempt_reached_are_not_logged_again(tmp_path):
+    EventLog(tmp_path, rank=0, run_id="t", attempt=0).write("progress", step=6, productive_s=1.0, data_wait_s=0.0)
+    nvml = FakeNVML(device_count=1)
+    monitor = ThermalMonitor(interval=2, nvml=nvml)
+    trainer = fake_trainer(tmp_path, attempt=1)
+    monitor.setup(trainer, None, "fit")
+    trainer.global_step = 2  # resumed from a checkpoint at step 2
+    monitor.on_train_start(trainer, None)
+    run_windows(monitor, trainer, 4)
+    assert [step for step, _ in trainer.loggers[0].logged] == [8, 10]
 
 
 def test_devices_option_picks_the_nvml_index_of_each_local_rank(tmp_path):

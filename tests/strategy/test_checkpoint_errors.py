@@ -121,6 +121,17 @@ def _bad_metadata(ckpt: Path) -> Path:
     return path
 
 
+def _uncovered(ckpt: Path) -> Path:
+    path = ckpt / "epoch=0-step=2.ckpt"
+
+    def grow_first_tensor(document: dict) -> None:
+        record = next(iter(document["tensors"].values()))
+        record["global_shape"] = [2 * n for n in record["global_shape"]]  # the stored shards now cover a quarter
+
+    _rewrite_metadata(path, grow_first_tensor)
+    return path
+
+
 def _pickled_entry(ckpt: Path) -> Path:
     path = ckpt / "epoch=0-step=2.ckpt"
     (path / "0").mkdir(exist_ok=True)
@@ -164,6 +175,7 @@ CASES = {
     "a format version this release does not know": _unknown_format,
     "a shard file missing, truncated, or failing its checksum (names the tensor key and the file)": _bad_checksum,
     "the metadata file unreadable or not matching the marker": _bad_metadata,
+    "stored shards that do not cover a tensor of the index (a checkpoint of another writer)": _uncovered,
     "a pickled payload (a torchsnapshot object entry, a `torch.save`d entry)": _pickled_entry,
     "a Lightning `.ckpt` file that needs more than `torch.load(weights_only=True)`": _unsafe_file,
     "a Lightning `.ckpt` file that is not a readable `torch.save` file": _unreadable_file,

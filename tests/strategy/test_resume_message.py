@@ -105,6 +105,7 @@ def test_evaluating_a_checkpoint_from_another_world_size_needs_no_elastic_policy
     document = json.loads((trained / METADATA_FILE).read_text())
     document["metadata"]["world_size"] = 2
     document["metadata"]["mesh"] = {"pipeline_parallel": 1, "data_parallel": 2, "tensor_parallel": 1}
+    document["rank_states"].append(document["rank_states"][0])  # what the second rank would have kept
     data = json.dumps(document).encode()
     (trained / METADATA_FILE).write_bytes(data)
     marker = json.loads((trained / COMMIT_MARKER).read_text())

@@ -1,0 +1,121 @@
+"""The elastic learning-rate scale, applied in the optimizer itself, so that what users read is what it steps with.
+
+:class:`ScaledLearningRates` keeps every param group's ``lr`` at the run's own rate (what the LR schedulers and the
+user's code set) times :meth:`LRScale.at` of the step. Lightning's ``LearningRateMonitor``, TensorBoard,
+``optimizer.param_groups`` and ``scheduler.get_last_lr()`` therefore show the rate the next step uses. LR schedulers
+keep computing the unscaled schedule: the LightningModule's ``lr_scheduler_step`` hook, through which Lightning steps
+every scheduler, is wrapped (a :class:`~lightning_ft._compat.Patch`, undone at :meth:`detach`) so that a scheduler
+reads and writes unscaled rates. A rate set by other code between steps (a manual warm-up in the LightningModule,
+say) is taken as an unscaled rate and scaled at the next :meth:`apply`. A scheduler stepped by hand (manual
+optimization) while a scale other than 1 is in force reads the scaled rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from lightning_ft import _compat
+from lightning_ft.elastic.lr_scale import LRScale
+
+
+class _Group:
+    """What this object knows of one param group: the rate it wrote there, and that rate unscaled."""
+
+    __slots__ = ("group", "unscaled", "written")
+
+    def __init__(self, group: dict[str, Any], unscaled: float) -> None:
+        self.group, self.unscaled, self.written = group, unscaled, group["lr"]
+
+    def read_unscaled(self) -> float:
+        lr = self.group["lr"]
+        if lr != self.written:  # set by someone else since: that is the run's own rate now
+            self.unscaled = lr
+        return self.unscaled
+
+    def write(self, scale: float) -> None:
+        self.group["lr"] = self.written = self.unscaled * scale
+
+
+class ScaledLearningRates:
+    """Every optimizer's rates are the run's own rates times ``scale.at(global_step)``.
+
+    Calling contract: :meth:`attach` once the optimizers exist and hold their loaded state (``on_train_start``), on
+    every rank; :meth:`apply` before each optimizer step and after it (for the next one); :meth:`detach` at teardown.
+    Not thread-safe; runs in the training loop's thread.
+
+    Example::
+
+        rates = ScaledLearningRates()
+        rates.scale.resume(decision, step=1200)
+        rates.attach(trainer.optimizers, module=trainer.lightning_module, saved_scale=1.0)
+        rates.apply(trainer.global_step)
+    """
+
+    def __init__(self) -> None:
+        self.scale = LRScale()
+        """The factor as a function of the step (restored from, and saved into, checkpoint metadata)."""
+        self.applied = 1.0
+        """The factor the optimizers' rates carry now."""
+        self._groups: list[_Group] = []
+        self._patches: list[_compat.Patch] = []
+
+    def attach(
+        self,
+        optimizers: Iterable[torch.optim.Optimizer],
+        *,
+        module: Any = None,
+        saved_scale: float = 1.0,
+    ) -> None:
+        """Take over ``optimizers`` (Lightning-wrapped or not), whose rates now carry the factor ``saved_scale`` (the
+        ``lr_scale`` of the checkpoint their state came from; 1.0 for a fresh run), and wrap ``module``'s
+        ``lr_scheduler_step`` hook (a LightningModule; ``None``: no schedulers to wrap)."""
+        self.detach()
+        self.applied = float(saved_scale)
+        groups = [g for opt in optimizers for g in _compat.unwrap_optimizer(opt).param_groups]
+        self._groups = [_Group(g, g["lr"] / self.applied) for g in groups]
+        if module is not None and hasattr(module, "lr_scheduler_step"):
+            self._patches.append(
+                _compat.Patch(
+                    module,
+                    "lr_scheduler_step",
+                    self._unscaled_step(module.lr_scheduler_step),
+                    name="elastic LR scale around lr_scheduler_step",
+                ).install()
+            )
+
+    def _unscaled_step(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        def lr_scheduler_step(scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+            optimizer = getattr(scheduler, "optimizer", None)
+            groups = [s for s in self._groups if any(s.group is g for g in getattr(optimizer, "param_groups", []))]
+            for g in groups:
+                g.group["lr"] = g.read_unscaled()
+            try:
+                return step(scheduler, *args, **kwargs)
+            finally:
+                for g in groups:
+                    g.unscaled = g.group["lr"]
+                    g.write(self.applied)
+                if groups:
+                    _compat.set_scheduler_last_lr(scheduler, [g.written for g in groups])
+
+        return lr_scheduler_step
+
+    def apply(self, global_step: int) -> float:
+        """Set every rate for the optimizer step taken at ``global_step``; returns the factor."""
+        scale = self.scale.at(global_step)
+        for g in self._groups:
+            if scale != self.applied or g.group["lr"] != g.written:
+                g.read_unscaled()
+                g.write(scale)
+        self.applied = scale
+        return scale
+
+    def detach(self) -> None:
+        """Undo the ``lr_scheduler_step`` wrapper and forget the optimizers; the rates stay as they are."""
+        for patch in reversed(self._patches):
+            patch.undo()
+        self._patches = []
+        self._groups = []

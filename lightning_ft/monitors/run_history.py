@@ -1,0 +1,235 @@
+"""A run's history from its event log: its attempts, how each ended, and what linked each attempt to the next.
+
+Pure functions over the events of :func:`~lightning_ft.events.read_events`; :mod:`~lightning_ft.monitors.goodput_report`
+adds them up. The rules, in one place:
+
+- An attempt ends with the reason of its ``attempt_end`` events (``finished``, ``preempted``, ``hung``, ``crashed``,
+  ``stopped``); when ranks disagree, the earliest reason other than ``finished`` is the cause. An attempt without
+  ``attempt_end`` was killed (a later attempt followed) or is still running (``unknown``, the last attempt). When
+  every rank records its end but some rank of an attempt did not, that rank was killed and the attempt ended
+  ``killed`` whatever the others wrote (they were stopped because of it). Logs without ``attempt_end`` (lightning-ft
+  0.1.0) fall back on ``hang`` and ``preempted`` events.
+- An attempt that follows a ``finished`` one is a *continuation* (the run was launched again to train longer): the
+  wall-clock gap between them is not lost time and no step counts as recomputed. Any other next attempt is a
+  *restart*: the time from the fault to its first step is restart time, the gap is part of the run's wall time, and
+  the steps the stopped attempt reached beyond the checkpoint it resumed from were recomputed.
+- A restart's time is split into: *detection*, from the fault (the first ``signal_time`` of a preemption; a hang's
+  last progress, ``hang`` time minus ``idle_s``; the first ``attempt_end`` of a crash or a stop) to the last rank's
+  ``attempt_end`` (for a kill, from the last ``progress`` to the next process start, which then holds exit and
+  relaunch too); *exit*, to the stopped attempt's last record; *relaunch*, to the next attempt's process start;
+  *start-up*, from that process start until the checkpoint load began (``resumed.startup_s``: imports, process group,
+  model set-up; ``None`` when not recorded); *load*, ``resumed.load_s``; and *first step*, the rest of the time to
+  the next attempt's ``first_step``.
+- A restart is a *failure* (for the mean time between failures) when the attempt hung, crashed or was killed, or when
+  a preemption or a stop recomputed steps (its own checkpoint did not hold its last step).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+LIVE_STEP_EVENTS = frozenset(
+    {"progress", "first_step", "straggler", "straggler_cleared", "thermal", "preempted", "hang", "attempt_end"}
+)
+"""Events whose ``step`` is the global step when written (checkpoint events carry the checkpoint's step instead)."""
+RECORDED_ENDS = ("finished", "preempted", "hung", "crashed", "stopped")
+"""The ``reason`` of an ``attempt_end`` event."""
+INFERRED_ENDS = ("killed", "unknown")
+"""An attempt without ``attempt_end``: ``killed`` when another attempt followed, ``unknown`` for the last one."""
+_FAILURES = frozenset({"hung", "crashed", "killed", "unknown"})
+
+
+def num(value: Any, default: float = 0.0) -> float:
+    """``value`` as a float when it is a finite number, else ``default``."""
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else default
+
+
+def latest_run(events: Iterable[dict[str, Any]]) -> tuple[str | None, dict[int, list[dict[str, Any]]]]:
+    """The run of the last event (a log folder may hold several), and its events by attempt, each in time order."""
+    ordered = sorted(events, key=lambda e: (num(e.get("time")), e.get("rank", 0)))
+    if not ordered:
+        return None, {}
+    run_id = ordered[-1].get("run_id")
+    by_attempt: dict[int, list[dict[str, Any]]] = {}
+    for e in ordered:
+        if e.get("run_id") == run_id:
+            by_attempt.setdefault(int(e.get("attempt", 0) or 0), []).append(e)
+    return run_id, dict(sorted(by_attempt.items()))
+
+
+def highest_step(events: Iterable[dict[str, Any]], run_id: str, *, before_attempt: int) -> int:
+    """The highest global step that an attempt of ``run_id`` earlier than ``before_attempt`` recorded; -1 if none."""
+    steps = [
+        e["step"]
+        for e in events
+        if e.get("run_id") == run_id
+        and int(e.get("attempt", 0) or 0) < before_attempt
+        and e.get("event") in LIVE_STEP_EVENTS
+        and isinstance(e.get("step"), int)
+    ]
+    return max(steps, default=-1)
+
+
+def attempts(by_attempt: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One record per attempt (see :func:`~lightning_ft.monitors.goodput_report.summarize` for the fields)."""
+    writers = {e.get("rank", 0) for evs in by_attempt.values() for e in evs if e.get("event") == "attempt_end"}
+    records = [_attempt(a, evs, every_rank_ends=len(writers) > 1) for a, evs in by_attempt.items()]
+    for record in records[:-1]:
+        if record["end_reason"] == "unknown":
+            record["end_reason"] = "killed"
+    return records
+
+
+def _attempt(attempt: int, evs: list[dict[str, Any]], *, every_rank_ends: bool) -> dict[str, Any]:
+    starts = [e for e in evs if e.get("event") == "attempt_start"]
+    start_times = [num(e.get("process_start_time"), num(e.get("time"))) for e in starts]
+    start_time = min(start_times) if start_times else num(evs[0].get("time"))
+    end_time = max(num(e.get("time")) for e in evs)
+    world_sizes = [int(e["world_size"]) for e in starts if isinstance(e.get("world_size"), int)]
+    world_size = max(world_sizes) if world_sizes else max((int(e.get("rank", 0) or 0) for e in evs), default=0) + 1
+    rank0 = [e for e in evs if e.get("rank", 0) == 0]
+    progress = [e for e in rank0 if e.get("event") == "progress"]
+    first = next((e for e in rank0 if e.get("event") == "first_step"), None)
+    resumed = next((e for e in rank0 if e.get("event") == "resumed"), None)
+    resumed_step = int(resumed["step"]) if resumed is not None and isinstance(resumed.get("step"), int) else None
+    steps = [e["step"] for e in evs if e.get("event") in LIVE_STEP_EVENTS and isinstance(e.get("step"), int)]
+    committed = [e for e in rank0 if e.get("event") == "checkpoint_committed"]
+    last_progress_time = num(progress[-1].get("time")) if progress else None
+    record = {
+        "attempt": attempt,
+        "world_size": world_size,
+        "start_time": start_time,
+        "end_time": end_time,
+        "wall_s": max(end_time - start_time, 0.0),
+        "first_step_time": num(first.get("time")) if first else None,
+        "recovery_s": num(first.get("time")) - start_time if first else None,
+        "resumed_step": resumed_step,
+        "load_s": num(resumed.get("load_s"), math.nan) if resumed is not None else math.nan,
+        "resume_startup_s": num(resumed.get("startup_s"), math.nan) if resumed is not None else math.nan,
+        "start_step": resumed_step or 0,
+        "last_step": max(steps) if steps else None,
+        "last_progress_time": last_progress_time,
+        "productive_s": sum(num(e.get("productive_s")) for e in progress),
+        "data_wait_s": sum(num(e.get("data_wait_s")) for e in progress),
+        "checkpoint_stall_s": sum(num(e.get("stall_s")) for e in committed),
+        "checkpoints": len(committed),
+        "checkpoint_steps": [e["step"] for e in committed if isinstance(e.get("step"), int)],
+        "lost_steps": 0,
+        "lost_s": 0.0,
+        "_progress": [(int(e["step"]), num(e.get("productive_s"))) for e in progress if isinstance(e.get("step"), int)],
+    }
+    record.update(_end(evs, starts, every_rank_ends=every_rank_ends, last_progress_time=last_progress_time))
+    for key in ("load_s", "resume_startup_s"):
+        if record[key] != record[key]:  # NaN: not recorded
+            record[key] = None
+    return record
+
+
+def _end(
+    evs: list[dict[str, Any]],
+    starts: list[dict[str, Any]],
+    *,
+    every_rank_ends: bool,
+    last_progress_time: float | None,
+) -> dict[str, Any]:
+    """How the attempt ended: ``end_reason``, ``fault_time`` and ``stop_time`` (the last rank's ``attempt_end``)."""
+    ends = [e for e in evs if e.get("event") == "attempt_end"]
+    preempted = [e for e in evs if e.get("event") == "preempted"]
+    hangs = [e for e in evs if e.get("event") == "hang"]
+    out: dict[str, Any] = {"end_reason": "unknown", "fault_time": None, "stop_time": None, "killed_ranks": []}
+    if preempted:
+        out["signal"] = preempted[0].get("signal")
+    missing = sorted({e.get("rank", 0) for e in starts} - {e.get("rank", 0) for e in ends})
+    if ends and every_rank_ends and missing:
+        out.update(end_reason="killed", killed_ranks=missing)
+    elif ends:
+        causes = [e for e in ends if e.get("reason") != "finished"]
+        out["end_reason"] = str((causes or ends)[0].get("reason", "unknown"))
+        out["stop_time"] = max(num(e.get("time")) for e in ends)
+    elif hangs:  # 0.1.0 logs: no attempt_end
+        out["end_reason"] = "hung"
+    elif preempted:
+        out["end_reason"] = "preempted"
+    reason = out["end_reason"]
+    if reason == "preempted" and preempted:
+        out["fault_time"] = min(num(e.get("signal_time"), num(e.get("time"))) for e in preempted)
+    elif reason == "hung" and hangs:
+        out["fault_time"] = min(num(e.get("time")) - num(e.get("idle_s")) for e in hangs)
+    elif reason in ("crashed", "stopped", "hung", "preempted") and ends:
+        out["fault_time"] = min(num(e.get("time")) for e in ends)
+    elif reason in INFERRED_ENDS:
+        out["fault_time"] = last_progress_time
+    if out["stop_time"] is None and reason in ("preempted", "hung") and (preempted or hangs):
+        out["stop_time"] = max(num(e.get("time")) for e in preempted + hangs)
+    return out
+
+
+def link(prev: dict[str, Any], cur: dict[str, Any]) -> dict[str, Any]:
+    """What happened between two consecutive attempts: a continuation or a restart, with its time split into phases.
+
+    Sets ``prev["lost_steps"]`` and ``prev["lost_s"]`` for a restart.
+    """
+    gap_s = max(cur["start_time"] - prev["end_time"], 0.0)
+    if prev["end_reason"] == "finished":
+        return {
+            "attempt": cur["attempt"],
+            "after_attempt": prev["attempt"],
+            "gap_s": gap_s,
+            "startup_s": cur["recovery_s"],
+        }
+    resume_step = cur["resumed_step"] if cur["resumed_step"] is not None else 0
+    lost_steps = max(prev["last_step"] - resume_step, 0) if prev["last_step"] is not None else 0
+    lost_s = _lost_productive_s(prev["_progress"], prev["start_step"], resume_step)
+    prev["lost_steps"], prev["lost_s"] = lost_steps, lost_s
+    fault = prev["fault_time"]
+    if fault is None:
+        fault = prev["last_progress_time"] if prev["last_progress_time"] is not None else prev["start_time"]
+    first = cur["first_step_time"]
+    load = cur["load_s"]
+    phases: dict[str, float | None]
+    if prev["stop_time"] is None:  # killed: nothing recorded the stop; torchrun's teardown and relaunch are in here
+        phases = {"detection_s": max(cur["start_time"] - fault, 0.0), "exit_s": None, "relaunch_s": None}
+    else:
+        stop = max(prev["stop_time"], fault)
+        phases = {
+            "detection_s": stop - fault,
+            "exit_s": max(prev["end_time"] - stop, 0.0),
+            "relaunch_s": gap_s,
+        }
+    startup = cur["resume_startup_s"]
+    phases["startup_s"] = startup
+    phases["load_s"] = load
+    phases["first_step_s"] = (
+        (first - cur["start_time"] - (startup or 0.0) - (load or 0.0)) if first is not None else None
+    )
+    cause = prev["end_reason"]
+    return {
+        "attempt": cur["attempt"],
+        "after_attempt": prev["attempt"],
+        "cause": cause,
+        "failure": cause in _FAILURES or lost_steps > 0,
+        "fault_time": fault,
+        "restart_s": first - fault if first is not None else None,
+        "recovery_s": cur["recovery_s"],
+        **phases,
+        "gap_s": gap_s,
+        "resumed_step": resume_step,
+        "lost_steps": lost_steps,
+        "lost_s": lost_s,
+        "world_size_before": prev["world_size"],
+        "world_size": cur["world_size"],
+    }
+
+
+def _lost_productive_s(progress: list[tuple[int, float]], start_step: int, resume_step: int) -> float:
+    """Productive seconds spent on steps above ``resume_step``, each progress interval prorated by its steps."""
+    lost = 0.0
+    prev = start_step
+    for step, productive_s in progress:
+        if step > prev:
+            above = step - max(prev, resume_step)
+            lost += productive_s * min(max(above / (step - prev), 0.0), 1.0)
+        prev = step
+    return lost

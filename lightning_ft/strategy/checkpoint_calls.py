@@ -1,0 +1,93 @@
+"""``ElasticFT3D.save_checkpoint`` and ``load_checkpoint``.
+
+:func:`save_for_strategy` splits Lightning's checkpoint dict into the shared state, each rank's own state and the
+run's metadata, and hands them to the background writer. :func:`load_for_strategy` decides which reader a path needs
+and what a load means for ``fit`` and for evaluation:
+
+- A path lightning-ft did not write (a Lightning ``.ckpt`` file, a ``ModelParallelStrategy`` folder) is imported
+  (:mod:`~lightning_ft.strategy.foreign_import`).
+- A lightning-ft checkpoint is read with fallback to older committed ones (:mod:`~lightning_ft.strategy.checkpoint_io`),
+  each rank's own state put back (:mod:`~lightning_ft.strategy.per_rank_state`) and handed to the parallel mode.
+- ``validate``/``test``/``predict`` only load weights: one line says so, nothing is resumed. ``fit`` tells the elastic
+  resume what was loaded (the policy is applied at ``on_train_start``) and queues the RNG states for the first batch.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from lightning_ft.strategy import per_rank_state
+from lightning_ft.strategy.auto_resume import resolve_explicit_ckpt_path
+from lightning_ft.strategy.checkpoint_io import is_lightning_ft_checkpoint, run_metadata, split_checkpoint
+from lightning_ft.strategy.foreign_import import import_for_strategy
+from lightning_ft.strategy.resume_message import loaded_message
+
+if TYPE_CHECKING:
+    from lightning_ft.strategy.elastic_ft3d import ElasticFT3D
+
+__all__ = ["load_for_strategy", "save_for_strategy"]
+
+
+def save_for_strategy(strategy: ElasticFT3D, checkpoint: dict[str, Any], filepath: Any) -> None:
+    """Start the save of Lightning's ``checkpoint`` dict to ``filepath`` (rank 0's path; every rank calls it)."""
+    path = Path(strategy.broadcast(str(filepath)))
+    state, rank_state = split_checkpoint(checkpoint)
+    strategy._mode.move_rank_state(state, rank_state)
+    module = strategy.lightning_module
+    params = {name for name, _ in module.named_parameters()} if module is not None else set()
+    state = per_rank_state.separate(state, rank_state, parameter_names=params)
+    metadata = run_metadata(
+        checkpoint,
+        trainer=module.trainer if module is not None else None,
+        world_size=strategy.world_size,
+        mesh=strategy.mesh_shape(),
+        parallelized=strategy._parallelized,
+        optimizers=strategy.optimizers,
+        event_log=strategy.event_log,
+        **strategy._elastic_resume.metadata(),
+    )
+    strategy._checkpoint_manager().save(path, state, rank_state, metadata)
+
+
+def load_for_strategy(strategy: ElasticFT3D, checkpoint_path: Any) -> dict[str, Any]:
+    """The checkpoint dict Lightning restores from, for ``checkpoint_path`` (every rank calls it; collective)."""
+    # validate/test/predict reach here without the auto-resume check; a missing path is a FileNotFoundError.
+    path = resolve_explicit_ckpt_path(Path(strategy.broadcast(str(checkpoint_path))))
+    trainer = strategy.lightning_module.trainer
+    fitting = trainer.state.fn == TrainerFn.FITTING
+    if not is_lightning_ft_checkpoint(path):
+        checkpoint, strategy._foreign_batches_into_epoch = import_for_strategy(strategy, path, fitting=fitting)
+        return checkpoint
+    load_start = time.time()
+    mode = strategy._mode
+    loaded = strategy._checkpoint_manager().load(
+        path,
+        fallbacks=[p for p in strategy._auto_resume.take_fallbacks(path) if is_lightning_ft_checkpoint(p)],
+        template=mode.load_template(),
+        rank_states=mode.saved_rank_states,
+    )
+    same_world = loaded.metadata.get("world_size") == strategy.world_size
+    checkpoint = per_rank_state.restore_own(dict(loaded.state), loaded.rank_state, same_world=same_world)
+    checkpoint["callbacks"] = loaded.rank_state.get("callbacks", {})
+    mode.apply_loaded(
+        loaded.path, checkpoint, loaded.rank_state, loaded.metadata, saved_rank_states=loaded.saved_rank_states
+    )
+    if not fitting:  # validate/test/predict load weights; nothing is resumed
+        rank_zero_info(loaded_message(loaded.path, loaded.metadata, stage=trainer.state.fn.value))
+        return checkpoint
+    elastic_resume = strategy._elastic_resume
+    # The policy is applied at on_train_start, once the new run's DataLoader (its batch size) is known.
+    elastic_resume.checkpoint_loaded(
+        loaded.path, loaded.metadata, load_start_time=load_start, load_end_time=time.time()
+    )
+    rng = elastic_resume.rng_states(
+        loaded.rank_state.get("rng"), rank=strategy.global_rank, saved_rank=loaded.saved_rank
+    )
+    if rng and strategy._tracker is not None:
+        strategy._tracker.restore_rng_at_next_batch(rng)
+    return checkpoint

@@ -1,0 +1,269 @@
+"""Elastic resume inside the strategy: the policy's decision, the learning-rate scale, and the ``resumed`` record.
+
+``ElasticFT3D`` inserts one :class:`ElasticResume` into ``trainer.callbacks``. The strategy tells it what it loaded
+(:meth:`ElasticResume.checkpoint_loaded`, from ``load_checkpoint``); at ``on_train_start``, once the training
+DataLoader exists, it decides from the declared :class:`~lightning_ft.elastic.ElasticPolicy`, the checkpoint's
+metadata and the new Trainer's settings (per-device batch, ``accumulate_grad_batches``) what the run trains with:
+gradient accumulation and learning-rate scale. A resume the policy cannot serve fails there, before any step. The
+learning-rate scale is applied in the optimizers themselves
+(:class:`~lightning_ft.elastic.ScaledLearningRates`); its whole state goes into every checkpoint's metadata.
+
+Rank 0 writes the ``resumed`` event once the first step after the resume is done (or when the attempt ends before
+it), with the decision and the time the world change cost, in parts (:mod:`lightning_ft.elastic.resume_timing`).
+The strategy's ``attempt_end`` (every rank, at teardown) carries :meth:`ElasticResume.last_step`: the time of the
+last completed step, which the next attempt's timing starts from.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from torch.utils.data import DataLoader
+from typing_extensions import override
+
+from lightning_ft import _compat
+from lightning_ft.elastic import (
+    ElasticPolicy,
+    ResumeDecision,
+    ScaledLearningRates,
+    plan_resume_from_metadata,
+    resumed_rng_states,
+)
+from lightning_ft.elastic.resume_timing import previous_world, resume_timing
+from lightning_ft.events import EventLog, process_start_time, read_events
+from lightning_ft.strategy.resume_message import resume_message
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+    from lightning_ft.strategy.elastic_ft3d import ElasticFT3D
+
+
+class ElasticResume(Callback):
+    """Decides and applies an elastic resume; see the module docstring. Users never add it themselves.
+
+    Args:
+        policy: the strategy's ``elastic=`` (``None`` refuses a new data-parallel size).
+        event_log: returns the event log (``None`` before it is open).
+        sizes: returns ``(world_size, data_parallel_size, tensor_parallel_size, pipeline_parallel_size, mesh)`` of
+            the current run.
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: ElasticPolicy | None,
+        event_log: Callable[[], EventLog | None],
+        sizes: Callable[[], tuple[int, int, int, int, dict[str, int]]],
+    ) -> None:
+        self.policy = policy
+        self.rates = ScaledLearningRates()
+        self._event_log = event_log
+        self._sizes = sizes
+        self._loaded: dict[str, Any] | None = None
+        self._saved_scale = 1.0
+        self._accumulate_set: int | None = None
+        self._configured_accumulate: int | None = None
+        self._pending_event: dict[str, Any] | None = None
+        self._last_step: tuple[int, float] | None = None
+        self._resumed_written = False
+
+    @classmethod
+    def of(cls, strategy: ElasticFT3D) -> ElasticResume:
+        """The instance for ``strategy``: its policy, its event log, its sizes once processes exist."""
+
+        def sizes() -> tuple[int, int, int, int, dict[str, int]]:
+            cfg = strategy.parallel_config
+            assert cfg is not None
+            tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
+            return strategy.world_size, cfg.data_parallel_size, tp, pp, strategy.mesh_shape()
+
+        return cls(policy=strategy.elastic, event_log=lambda: strategy.event_log, sizes=sizes)
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return "lightning_ft._ElasticResume"
+
+    # -- called by the strategy -----------------------------------------------------------------------------------
+
+    def checkpoint_loaded(
+        self, path: Path, metadata: dict[str, Any], *, load_start_time: float, load_end_time: float
+    ) -> None:
+        """Record the checkpoint ``load_checkpoint`` put in place; restores the learning-rate scale state. Every
+        rank calls it; no communication."""
+        self._loaded = {
+            "path": path,
+            "metadata": metadata,
+            "load_start_time": load_start_time,
+            "load_end_time": load_end_time,
+        }
+        state = metadata.get("lr_scale_state")
+        if state:
+            # The saved optimizer rates carry the factor in force when they were saved.
+            self.rates.scale.load_state_dict(state)
+            self._saved_scale = float(metadata.get("lr_scale") or 1.0)
+        else:
+            # lightning-ft 0.1.0 saved unscaled rates and only the factor of the save's step.
+            self.rates.scale.load_constant(float(metadata.get("lr_scale") or 1.0))
+            self._saved_scale = 1.0
+
+    def rng_states(self, saved: dict[str, Any] | None, *, rank: int, saved_rank: int) -> dict[str, Any] | None:
+        """The RNG states this rank continues with after the load (see :mod:`lightning_ft.elastic.rank_rng`)."""
+        step = int((self._loaded or {}).get("metadata", {}).get("step") or 0)
+        return resumed_rng_states(saved, rank=rank, saved_rank=saved_rank, step=step)
+
+    def metadata(self) -> dict[str, Any]:
+        """What every checkpoint's metadata records for the next resume: ``lr_scale`` (the factor the saved optimizer
+        rates carry), ``lr_scale_state`` (the ramp, to continue it) and ``configured_accumulate_grad_batches`` (the
+        user's own Trainer setting, which the policy may have replaced: a resume compares the new Trainer's with
+        it to tell a change the user made from the policy's)."""
+        return {
+            "lr_scale": self.rates.applied,
+            "lr_scale_state": self.rates.scale.state_dict(),
+            "configured_accumulate_grad_batches": self._configured_accumulate,
+        }
+
+    def optimizer_step(self, step: Callable[[], Any], global_step: int) -> Any:
+        """Run ``step`` (the optimizer step taken at ``global_step``) with the rates of that step, then set the
+        rates of the next one, which is what ``param_groups`` shows until then."""
+        self.rates.apply(global_step)
+        try:
+            return step()
+        finally:
+            self.rates.apply(global_step + 1)
+
+    # -- hooks ------------------------------------------------------------------------------------------------------
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last_step = None
+        if self._configured_accumulate is None or trainer.accumulate_grad_batches != self._accumulate_set:
+            # What the user's Trainer says, not what an earlier fit of the same Trainer was given by the policy.
+            self._configured_accumulate = trainer.accumulate_grad_batches
+        if self._loaded is None:
+            self.rates.attach(trainer.optimizers, module=pl_module, saved_scale=1.0)
+            self.rates.apply(trainer.global_step)
+            return
+        decision = self._decide(trainer)
+        trainer.accumulate_grad_batches = self._accumulate_set = decision.accumulate_grad_batches
+        for callback in trainer.checkpoint_callbacks:
+            # The resumed state is saved; the micro-batches before the next step must not save it again half-way.
+            _compat.mark_checkpoint_saved_at(callback, trainer.global_step)
+        self.rates.scale.resume(decision, step=int(self._loaded["metadata"].get("step") or 0))
+        self.rates.attach(trainer.optimizers, module=pl_module, saved_scale=self._saved_scale)
+        self.rates.apply(trainer.global_step)
+        assert self._pending_event is not None
+        self._pending_event.update(lr_scale_now=self.rates.applied, lr_scale_target=self.rates.scale.target)
+        metadata = self._loaded["metadata"]
+        world_size = int(self._pending_event["world_size"])
+        rank_zero_info(resume_message(self._loaded["path"], metadata, decision=decision, world_size=world_size))
+
+    def _decide(self, trainer: pl.Trainer) -> ResumeDecision:
+        """The policy's decision for the loaded checkpoint and this Trainer; prepares the ``resumed`` event."""
+        assert self._loaded is not None
+        metadata = self._loaded["metadata"]
+        world_size, dp, tp, pp, mesh = self._sizes()
+        batch = _per_device_batch_size(trainer)
+        # The Trainer's accumulation is a new choice of the user's only if it differs from the user's own setting in
+        # the run that saved (the policy may have replaced that one; a script relaunched unchanged is no new choice).
+        configured = self._configured_accumulate or trainer.accumulate_grad_batches
+        saved_configured = metadata.get("configured_accumulate_grad_batches")
+        decision = plan_resume_from_metadata(
+            self.policy,
+            metadata,
+            new_dp_size=dp,
+            new_world_size=world_size,
+            new_per_device_batch=batch,
+            new_accumulate=configured if saved_configured is not None and configured != saved_configured else None,
+            tensor_parallel_size=tp,
+            pipeline_parallel_size=pp,
+        )
+        self._pending_event = {
+            "step": metadata.get("step"),
+            "path": str(self._loaded["path"]),
+            "saved_world_size": metadata.get("world_size"),
+            "world_size": world_size,
+            "saved_mesh": metadata.get("mesh"),
+            "mesh": mesh,
+            "per_device_batch_size": batch or metadata.get("per_device_batch_size"),
+            "accumulate_grad_batches": decision.accumulate_grad_batches,
+            "global_batch_before": decision.global_batch_before,
+            "global_batch_after": decision.global_batch_after,
+            "lr_scale": decision.lr_scale,
+            "lr_scale_now": self.rates.scale.at(int(metadata.get("step") or 0)),
+            "lr_scale_target": self.rates.scale.target,
+        }
+        return decision
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._last_step is None or trainer.global_step != self._last_step[0]:
+            self._last_step = (trainer.global_step, time.time())
+        if self._pending_event is not None and trainer.global_step > int(self._pending_event["step"] or 0):
+            self._write_resumed(trainer, first_step_time=self._last_step[1])
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._write_resumed(trainer, first_step_time=None)
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._write_resumed(trainer, first_step_time=None)
+
+    def last_step(self) -> dict[str, Any]:
+        """``last_step`` and ``last_step_time`` (Unix seconds) of the last completed training step of this attempt
+        (``None`` before the first), for the ``attempt_end`` event."""
+        last = self._last_step
+        return {"last_step": last[0] if last else None, "last_step_time": last[1] if last else None}
+
+    def finish(self, trainer: pl.Trainer) -> None:
+        """The strategy's teardown: record a resume whose training loop never started (nothing left to train, say
+        ``max_steps`` already reached) and undo the ``lr_scheduler_step`` wrapper. Every rank calls it."""
+        try:
+            if trainer.state.fn == TrainerFn.FITTING and self._loaded is not None and not self._resumed_written:
+                if self._pending_event is None:
+                    self._decide(trainer)
+                self._write_resumed(trainer, first_step_time=None)
+        finally:
+            self.rates.detach()
+            self._loaded = None
+            self._resumed_written = False
+
+    def _write_resumed(self, trainer: pl.Trainer, *, first_step_time: float | None) -> None:
+        fields, self._pending_event = self._pending_event, None
+        if fields is not None:
+            self._resumed_written = True
+        log = self._event_log()
+        if fields is None or self._loaded is None or trainer.global_rank != 0 or log is None:
+            return
+        previous = previous_world(read_events(log.root_dir), run_id=log.run_id, attempt=log.attempt)
+        timing = resume_timing(
+            previous,
+            process_start_time=process_start_time(),
+            load_start_time=self._loaded["load_start_time"],
+            load_end_time=self._loaded["load_end_time"],
+            first_step_time=first_step_time,
+        )
+        log.write("resumed", **fields, world_change_time=previous.last_step_time, **timing)
+
+
+def _per_device_batch_size(trainer: pl.Trainer) -> int | None:
+    """The batch size of the first training DataLoader (``None`` when it has none, e.g. a custom batch sampler)."""
+    loaders = trainer.train_dataloader
+    if isinstance(loaders, dict):
+        loaders = list(loaders.values())
+    if not isinstance(loaders, (list, tuple)):
+        loaders = [loaders]
+    for loader in loaders:
+        if isinstance(loader, DataLoader) and isinstance(loader.batch_size, int):
+            return loader.batch_size
+    return None

@@ -1,0 +1,149 @@
+"""ElasticFT3D applies the ElasticPolicy from the new Trainer's settings, and the optimizer shows the rate it uses.
+
+A single process can change the global batch without changing the world: a new per-device batch or a new
+``accumulate_grad_batches`` is decided exactly like a new data-parallel size (same policy, same arithmetic).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.loggers.logger import Logger
+from torch.utils.data import DataLoader
+
+from lightning_ft import ElasticFT3D, ElasticPolicy
+from lightning_ft.checkpoint import list_committed
+from lightning_ft.events import read_events
+from tests.strategy.models import RandomVectors, TinyRegressor, make_trainer
+
+BASE_LR = 0.1
+
+
+class StepScheduledRegressor(TinyRegressor):
+    """StepLR stepped every optimizer step (chainable: it reads the rate in the optimizer), batch size chosen."""
+
+    def __init__(self, batch_size: int = 4) -> None:
+        super().__init__(lr=BASE_LR)
+        self.batch_size = batch_size
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+        scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(RandomVectors(), batch_size=self.batch_size, shuffle=True)
+
+
+class MetricsLogger(Logger):
+    """Keeps what LearningRateMonitor logs (what a TensorBoard user would read)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.metrics: dict[int, dict[str, float]] = {}
+
+    @property
+    def name(self) -> str:
+        return "capture"
+
+    @property
+    def version(self) -> str:
+        return "0"
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.metrics.setdefault(int(step or 0), {}).update(metrics)
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+class RatesUsed(Callback):
+    """The rate the optimizer really steps with (a pre-hook on the torch optimizer), per global step."""
+
+    def __init__(self) -> None:
+        self.used: dict[int, float] = {}
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        optimizer = trainer.optimizers[0]
+        optimizer.register_step_pre_hook(
+            lambda opt, args, kwargs: self.used.__setitem__(trainer.global_step, opt.param_groups[0]["lr"])
+        )
+
+
+def fit(root, *, max_steps, batch_size, policy, accumulate=1):
+    logger, used = MetricsLogger(), RatesUsed()
+    trainer = make_trainer(
+        root,
+        strategy=ElasticFT3D(elastic=policy),
+        callbacks=[
+            ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=2, save_top_k=-1),
+            LearningRateMonitor(logging_interval="step"),
+            used,
+        ],
+        logger=logger,
+        max_steps=max_steps,
+        accumulate_grad_batches=accumulate,
+    )
+    trainer.fit(StepScheduledRegressor(batch_size))
+    return trainer, used.used, {step: m["lr-SGD"] for step, m in logger.metrics.items() if "lr-SGD" in m}
+
+
+def test_a_keep_local_ramp_continues_across_resumes_and_the_optimizer_shows_the_rate_it_uses(tmp_path):
+    policy = ElasticPolicy(batch="keep_local", lr_scaling="linear", lr_warmup_steps=4)
+    fit(tmp_path, max_steps=4, batch_size=4, policy=policy)
+    # Half the per-device batch: half the global batch, so the rate ramps to half over 4 steps from step 4.
+    _, used_a, logged_a = fit(tmp_path, max_steps=6, batch_size=2, policy=policy)
+    # Resumed again at step 6, on the same settings, in the middle of the ramp: the ramp goes on to 0.5.
+    _, used_b, logged_b = fit(tmp_path, max_steps=10, batch_size=2, policy=policy)
+
+    def ramp(step: int) -> float:
+        return 1.0 + (0.5 - 1.0) * min(step - 4, 4) / 4
+
+    expected = {s: BASE_LR * 0.5 ** (s // 3) * ramp(s) for s in range(4, 10)}
+    assert {**used_a, **used_b} == pytest.approx(expected)
+    # What LearningRateMonitor logged for a step is what that step used.
+    logged = {**logged_a, **logged_b}
+    assert {s: logged[s] for s in expected if s in logged} == pytest.approx(
+        {s: expected[s] for s in logged if s in expected}
+    )
+    assert len(set(logged) & set(expected)) >= 5
+    resumed = [e for e in read_events(tmp_path) if e["event"] == "resumed"]
+    assert [(e["step"], e["lr_scale"], e["global_batch_after"]) for e in resumed] == [(4, 0.5, 2), (6, 1.0, 2)]
+    assert resumed[1]["lr_scale_now"] == pytest.approx(0.75) and resumed[1]["lr_scale_target"] == 0.5
+
+
+def test_keep_global_with_a_smaller_per_device_batch_accumulates_to_the_saved_global_batch(tmp_path):
+    fit(tmp_path, max_steps=2, batch_size=4, policy=ElasticPolicy())
+    trainer, _, _ = fit(tmp_path, max_steps=4, batch_size=2, policy=ElasticPolicy())
+    assert trainer.accumulate_grad_batches == 2
+    (event,) = [e for e in read_events(tmp_path) if e["event"] == "resumed"]
+    assert (event["accumulate_grad_batches"], event["global_batch_before"], event["global_batch_after"]) == (2, 4, 4)
+    assert event["load_s"] >= 0 and event["first_step_s"] is not None
+    # The first micro-batch after the resume leaves the step count at 2; the resumed state is not saved again there,
+    # half-way through an accumulation.
+    assert [e["step"] for e in read_events(tmp_path) if e["event"] == "checkpoint_committed"] == [2, 4]
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "accumulate", "match"),
+    [
+        (4, 3, r"Trainer\(accumulate_grad_batches=3\) with per-device batch 4 x data-parallel size 1 gives 12"),
+        (3, 1, r"not a multiple of per-device batch 3 .* a per-device batch that divides 4"),
+    ],
+)
+def test_keep_global_that_cannot_keep_the_global_batch_fails_before_training(tmp_path, batch_size, accumulate, match):
+    fit(tmp_path, max_steps=2, batch_size=4, policy=ElasticPolicy())
+    with pytest.raises(ValueError, match=match):
+        fit(tmp_path, max_steps=4, batch_size=batch_size, policy=ElasticPolicy(), accumulate=accumulate)
+    assert [c.step for c in list_committed(tmp_path / "ckpt")] == [2]
+
+
+def test_keep_local_trains_with_the_accumulation_the_user_set(tmp_path):
+    fit(tmp_path, max_steps=2, batch_size=4, policy=ElasticPolicy(batch="keep_local"))
+    trainer, _, _ = fit(tmp_path, max_steps=3, batch_size=4, policy=ElasticPolicy(batch="keep_local"), accumulate=2)
+    assert trainer.accumulate_grad_batches == 2
+    (event,) = [e for e in read_events(tmp_path) if e["event"] == "resumed"]
+    assert (event["global_batch_after"], event["lr_scale"]) == (8, 2.0)
