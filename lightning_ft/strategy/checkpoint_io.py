@@ -152,9 +152,6 @@ class StrategyCheckpoints:
             so the object can exist before the strategy knows its rank.
         event_log: returns the event log (``None`` before it is open).
         checkpoint_format: the storage new checkpoints are written with (``"torchsnapshot"`` or ``"dcp"``).
-        watched: returns the modules and optimizers whose parameters and state a save during ``fit`` copies after the
-            save call returned, before their next optimizer step (:class:`~lightning_ft.checkpoint.CaptureGuard`);
-            ``None``: everything is copied before the save call returns.
     """
 
     def __init__(
@@ -164,14 +161,12 @@ class StrategyCheckpoints:
         event_log: Callable[[], EventLog | None],
         broadcast: Callable[[Any], Any],
         checkpoint_format: str = "torchsnapshot",
-        watched: Callable[[], tuple[list[torch.nn.Module], list[torch.optim.Optimizer]]] | None = None,
     ) -> None:
         self._rank = global_rank
         self._format = checkpoint_format
         self._event_log = event_log
         self._broadcast = broadcast
         self._writer: AsyncCheckpointer | None = None
-        self._watched = watched
         self._guard: CaptureGuard | None = None
         self._lock = threading.Lock()
         self._unaccounted_stall_s = 0.0
@@ -194,7 +189,7 @@ class StrategyCheckpoints:
         """Start the background writer. Collective: it creates a process group of its own. ``storage``: the storage
         seam to write through (``None``: ``SnapshotStorage``; a fault injector passes a wrapper)."""
         if self._writer is None:
-            self._guard = CaptureGuard() if self._watched is not None else None
+            self._guard = CaptureGuard()
             self._writer = AsyncCheckpointer(
                 on_commit=self._on_commit, storage=storage or storage_named(self._format), capture_guard=self._guard
             )
@@ -210,8 +205,20 @@ class StrategyCheckpoints:
             if guard is not None:
                 guard.close()
 
-    def save(self, path: Path, state: dict[str, Any], rank_state: dict[str, Any], metadata: dict[str, Any]) -> None:
+    def save(
+        self,
+        path: Path,
+        state: dict[str, Any],
+        rank_state: dict[str, Any],
+        metadata: dict[str, Any],
+        *,
+        watched: tuple[list[Any], list[torch.optim.Optimizer]] | None = None,
+    ) -> None:
         """Collective: capture now, write and commit in the background (committed before returning outside fit).
+
+        ``watched``: the modules and optimizers whose parameters and state a save during ``fit`` may copy after this
+        call returned, before their next optimizer step (:class:`~lightning_ft.checkpoint.CaptureGuard`); ``None``:
+        everything is copied before it returns.
 
         A save Lightning routes to ``last*.ckpt`` becomes a link to the checkpoint of the same step when one is
         committed or in flight; otherwise the state is written beside the link and the link follows its commit.
@@ -233,8 +240,8 @@ class StrategyCheckpoints:
             finally:
                 one_shot.close()
             return
-        if self._guard is not None and self._watched is not None:
-            modules, optimizers = self._watched()
+        if self._guard is not None:
+            modules, optimizers = watched or ([], [])
             self._guard.watch(modules=modules, optimizers=optimizers)
         self._writer.save(path, state, rank_state=rank_state, metadata=metadata)
         with self._lock:

@@ -251,10 +251,9 @@ class ElasticFT3D(DDPStrategy):
         if self._tracker is None:
             self._tracker = TrainingTracker(
                 event_log=lambda: self.event_log,
-                take_stall_s=self._checkpoint_manager().take_unaccounted_stall_s,
+                checkpoints=self._checkpoint_manager(),
                 on_batch_consumed=self._data_position.advance,
                 attempt_start_time=self._attempt_start_time,
-                wait_for_capture=self._checkpoint_manager().wait_for_capture,
             )
         attach_to_trainer(trainer, callbacks=[self._tracker, self._elastic_resume], run_id=self.event_log.run_id)
         self._auto_resume.install(trainer)
@@ -317,7 +316,6 @@ class ElasticFT3D(DDPStrategy):
                 event_log=lambda: self.event_log,
                 broadcast=self.broadcast,
                 checkpoint_format=self.checkpoint_format,
-                watched=lambda: ([self.lightning_module], list(self.optimizers)),
             )
         return self._checkpoints
 
