@@ -339,11 +339,8 @@ def torchsnapshot_take_hooks(plugin: Any) -> Iterator[None]:
 
 
 class GatheredBuffer:
-    """The parts of one torchsnapshot slab, in file order, in place of their copy into one buffer.
-
-    ``len()`` is the slab's size, which is all torchsnapshot's scheduler reads of a staged buffer; the storage plugin
-    writes ``parts`` one after the other.
-    """
+    """The parts of one torchsnapshot slab in file order, instead of their copy. ``len()`` is the slab's size (all
+    torchsnapshot's scheduler reads of a staged buffer); the storage plugin writes ``parts`` one after the other."""
 
     def __init__(self, parts: list[memoryview]) -> None:
         self.parts = parts
@@ -370,8 +367,7 @@ async def _stage_gathered(self: Any, executor: Any = None) -> GatheredBuffer:
 
 
 def tensor_version(tensor: Any) -> int:
-    """The tensor's version counter (``Tensor._version``): bumped by every in-place write to it, to a view of it or to
-    a ``detach()``-ed alias, in or out of ``no_grad``. Checked against torch 2.4-2.13."""
+    """``Tensor._version``: bumped by every in-place write to it, a view or a ``detach()`` of it (torch 2.4-2.13)."""
     return tensor._version
 
 
