@@ -12,7 +12,7 @@ waits for the deferred copies). The phases are timed by wrapping the checkpointe
 - loop slowdown: how much longer the iterations between a save and its commit took than the median iteration
   without a save in flight (what training loses to the writer on a machine short of cores).
 
-Run: ``python benchmarks/checkpoint_breakdown.py [--size-mb 350] [--saves 4] [--every 10]``.
+Run: ``python benchmarks/checkpoint_breakdown.py [--size-mb 350] [--saves 4] [--every 60]``.
 """
 
 from __future__ import annotations
@@ -69,13 +69,13 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, root: str,
     guard = CaptureGuard()
     guard.watch(modules=[model], optimizers=[optimizer])
     checkpointer = AsyncCheckpointer(capture_guard=guard)
-    a = torch.randn(256, 256)
+    a = torch.randn(512, 512)
     iteration_s, in_flight = [], []
     save_call = []
     for i in range(args.every * (args.saves + 1)):
         start = time.perf_counter()
         for _ in range(4):
-            a = torch.tanh(a @ a)  # the forward and backward
+            a = torch.tanh(a @ a) / 16  # the forward and backward
         optimizer.step()  # waits for the deferred copies, as a real step would
         busy = checkpointer.in_flight is not None
         if i % args.every == args.every - 1 and i // args.every < args.saves:
@@ -100,7 +100,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mb", type=float, default=350.0)
     parser.add_argument("--saves", type=int, default=4)
-    parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--every", type=int, default=60, help="iterations between saves (let each save finish)")
     parser.add_argument("--dir", type=Path, default=None)
     args = parser.parse_args()
     import socket

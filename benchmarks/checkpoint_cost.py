@@ -87,7 +87,7 @@ def worker(args: argparse.Namespace) -> None:
     rank = int(os.environ["RANK"])
     if args.contender == "floor":
         result = _floor(args, run_dir)
-        print("RESULT " + json.dumps({"rank": rank, **result}), flush=True)
+        (run_dir / f"result-{rank}.json").write_text(json.dumps({"rank": rank, **result}))
         return
 
     import lightning as L
@@ -206,7 +206,7 @@ def worker(args: argparse.Namespace) -> None:
         "save_call_s": save_calls,
         "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
-    print("RESULT " + json.dumps(result), flush=True)
+    (run_dir / f"result-{rank}.json").write_text(json.dumps(result))  # stdout: the ranks' lines interleave
 
 
 # -- driver ----------------------------------------------------------------------------------------------------------
@@ -227,8 +227,8 @@ def run_once(args: argparse.Namespace, contender: str, root: Path) -> dict[str, 
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    results = [json.loads(f.read_text()) for f in sorted(run_dir.glob("result-*.json"))]
     shutil.rmtree(run_dir, ignore_errors=True)
-    results = [json.loads(line[7:]) for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     if out.returncode != 0 or len(results) != 2:
         raise RuntimeError(f"{contender} failed (exit {out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     return {r["rank"]: r for r in results}
@@ -340,6 +340,8 @@ def main() -> None:
                 started = time.perf_counter()
                 runs[contender].append(run_once(args, contender, Path(tmp)))
                 print(f"  [{rep + 1}/{args.repeats}] {contender}: {time.perf_counter() - started:.0f} s", flush=True)
+                if args.json:  # the raw runs so far, so that a failure late in a long run loses nothing
+                    args.json.with_suffix(".runs.json").write_text(json.dumps(runs))
     results = {c: summarize(c, r, args) for c, r in runs.items()}
     print_table(args, results, " ".join(f"{x:.2f}" for x in load))
     if args.json:
