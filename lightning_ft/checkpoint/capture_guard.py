@@ -8,7 +8,7 @@ until the capture in flight has copied everything, and tells the stager which te
 watched modules' parameters and of the watched optimizers' state).
 
 Everything else is copied at the save call, before ``save()`` returns: buffers (BatchNorm statistics change in every
-forward), per-rank state, CUDA tensors, and any tensor the guard does not know. A write to a guarded tensor that does
+forward), per-rank state, CUDA tensors, DTensors, and any tensor the guard does not know. A write to a guarded tensor that does
 not go through ``optimizer.step()`` (a callback or user code writing weights between the save call and the next step)
 is caught by the tensors' version counters: each deferred tensor's counter is read at the save call and again after
 its copy, and a difference fails the save with :class:`CaptureRaceError` instead of committing a mixed state. Writes
@@ -36,10 +36,11 @@ class CaptureRaceError(CheckpointError):
 
 
 def storage_key(tensor: torch.Tensor) -> int | None:
-    """Identity of the CPU memory a tensor lives in: the same for a parameter, its ``detach()`` and its views (a
-    DTensor: its local shard). ``None`` for what is never deferred: CUDA, sparse and storage-less tensors."""
+    """Identity of the CPU memory a tensor lives in: the same for a parameter, its ``detach()`` and its views.
+    ``None`` for what is never deferred: DTensors (FSDP2 and tensor parallelism manage their shards' memory
+    themselves), CUDA, sparse and storage-less tensors."""
     if isinstance(tensor, _compat.DTensor):
-        tensor = tensor.to_local()
+        return None
     if tensor.is_cuda or tensor.layout != torch.strided:
         return None
     try:
