@@ -4,6 +4,8 @@
 captured (the "stall"): it waits for the previous save, encodes the non-tensor state to JSON, decides which regions
 this rank writes (:mod:`~lightning_ft.checkpoint.ownership`; one small exchange on the checkpoint group when the state
 holds DTensors, none otherwise) and copies only those into staging buffers (:mod:`~lightning_ft.checkpoint.staging`).
+With a :class:`~lightning_ft.checkpoint.capture_guard.CaptureGuard`, the parameters and optimizer state it guards are
+copied after ``save()`` returned, beside the next forward and backward, and the next optimizer step waits for them.
 A background thread then runs the save in three collective steps, each ended by
 :func:`~lightning_ft.checkpoint.agreement.agree` so that a failure on one rank fails the save on every rank:
 
@@ -42,7 +44,8 @@ import torch.distributed as dist
 
 from lightning_ft.checkpoint import json_codec
 from lightning_ft.checkpoint.agreement import agree, is_distributed
-from lightning_ft.checkpoint.commit import FORMAT_VERSION, write_marker, write_metadata
+from lightning_ft.checkpoint.capture_guard import CaptureGuard
+from lightning_ft.checkpoint.commit import build_document, owned_records, write_marker, write_metadata
 from lightning_ft.checkpoint.coverage import coverage_problems
 from lightning_ft.checkpoint.errors import CheckpointError, CheckpointWriteError
 from lightning_ft.checkpoint.in_progress import discard, mark_in_flight, remove_record, unmark_in_flight
@@ -50,6 +53,7 @@ from lightning_ft.checkpoint.ownership import regions_to_write
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 from lightning_ft.checkpoint.staging import Capture, Stager, encode_state
 from lightning_ft.checkpoint.swap import Swap, prepare
+from lightning_ft.checkpoint.writer_threads import DeferredCopy, lower_thread_priority
 
 __all__ = ["THREAD_NAME", "AsyncCheckpointer", "CommitInfo"]
 
@@ -88,6 +92,8 @@ class _Job:
     """The folder the data goes to: ``path``, or a staging folder beside it."""
     committed: bool = False
     """Whether the marker exists and the save was not undone."""
+    copier: DeferredCopy | None = None
+    """The copies of guarded tensors still being made after ``save()`` returned."""
 
 
 class AsyncCheckpointer:
@@ -107,6 +113,11 @@ class AsyncCheckpointer:
             this rank's share of the state stays in host memory).
         timeout: collective timeout of the gloo group created when ``group`` is ``None`` (default: torch's default);
             a save stuck on a dead peer fails after it.
+        capture_guard: lets ``save()`` return before the parameters and optimizer state it guards are copied; they
+            are copied in the background, at normal priority, before the watched optimizers' next step
+            (:mod:`~lightning_ft.checkpoint.capture_guard`). ``None``: everything is copied before ``save()`` returns.
+        writer_niceness: added to the background writer's nice value (Linux: per thread; its I/O threads inherit it),
+            so that where the machine is short of cores the write yields to training. ``0`` leaves it unchanged.
 
     Example::
 
@@ -124,7 +135,11 @@ class AsyncCheckpointer:
         on_commit: Callable[[CommitInfo], None] | None = None,
         reuse_buffers: bool = True,
         timeout: timedelta | None = None,
+        capture_guard: CaptureGuard | None = None,
+        writer_niceness: int = 10,
     ) -> None:
+        if writer_niceness < 0:
+            raise ValueError(f"AsyncCheckpointer(writer_niceness={writer_niceness}): must be >= 0 (0: unchanged)")
         self._owns_group = group is None and is_distributed()
         if self._owns_group:
             group = dist.new_group(backend="gloo", timeout=timeout)
@@ -132,6 +147,8 @@ class AsyncCheckpointer:
         self._storage = storage or SnapshotStorage()
         self._on_commit = on_commit
         self._stager = Stager(reuse_buffers=reuse_buffers)
+        self._guard = capture_guard
+        self._niceness = writer_niceness
         self._rank = dist.get_rank(group) if is_distributed() else 0
         self._world_size = dist.get_world_size(group) if is_distributed() else 1
         self._queue: SimpleQueue[_Job | None] = SimpleQueue()
@@ -190,7 +207,10 @@ class AsyncCheckpointer:
         encoded = encode_state(state, rank_state, rank=self._rank)
         # The background thread is idle after wait(), so the exchange of DTensor regions may use the group here.
         writes = regions_to_write(encoded.shared, rank=self._rank, world_size=self._world_size, group=self._group)
-        capture = self._stager.capture(encoded, writes)
+        defer = self._guard.guarded_storages() if self._guard is not None else ()
+        capture = self._stager.capture(encoded, writes, defer=defer)
+        # Started from this thread, so the copies run at the training loop's priority, not the writer's.
+        copier = DeferredCopy(capture, self._guard) if capture.deferred and self._guard is not None else None
         full_state, run_id = user_metadata.get("full_state"), user_metadata.get("run_id")
         job = _Job(
             path=Path(path),
@@ -205,6 +225,7 @@ class AsyncCheckpointer:
             stall_s=time.perf_counter() - started,
             future=Future(),
             registered=Path(path),
+            copier=copier,
         )
         mark_in_flight(job.path)
         self._current = job
@@ -247,6 +268,7 @@ class AsyncCheckpointer:
     # -- background thread -------------------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        lower_thread_priority(self._niceness)
         while True:
             job = self._queue.get()
             if job is None:
@@ -287,10 +309,11 @@ class AsyncCheckpointer:
         _discard_quietly(job.folder, "the folder of a failed save")  # type: ignore[arg-type]
 
     def _write_steps(self, job: _Job) -> None:
-        # 1. Rank 0 creates the folder, with the in-progress record, before any byte of data; its path wins.
-        error: BaseException | None = None
+        # 1. The deferred copies end (a write that raced them fails the save); rank 0 creates the folder, with the
+        # in-progress record, before any byte of data; its path wins.
+        error = job.copier.join() if job.copier is not None else None
         prepared = None
-        if self._rank == 0:
+        if self._rank == 0 and error is None:
             try:
                 job.folder = self._prepare(job)
                 prepared = (str(job.path), str(job.folder))
@@ -320,7 +343,11 @@ class AsyncCheckpointer:
         except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
             error = e
         capture = job.capture
-        payload = (records, capture.tensors if self._rank == 0 else _owned(capture, records), capture.rank_state_json)
+        payload = (
+            records,
+            capture.tensors if self._rank == 0 else owned_records(capture.tensors, records),
+            capture.rank_state_json,
+        )
         gathered = self._agree(error, payload)
 
         # 3. Rank 0 commits; the exchange tells every rank whether it did. Should that exchange itself fail (a peer
@@ -333,36 +360,15 @@ class AsyncCheckpointer:
                 error = e
         self._agree(error)
 
-    def _document(self, job: _Job, gathered: list[Any]) -> tuple[dict[str, Any], int]:
-        tensors: dict[str, dict[str, Any]] = {}
-        for _, known, _ in gathered:
-            for key, record in known.items():
-                tensors.setdefault(key, {**record, "shards": []})
-        size_bytes = 0
-        for records, _, _ in gathered:
-            for record in records:
-                shard = {k: v for k, v in record.items() if k != "key"}
-                tensors[record["key"]]["shards"].append(shard)
-                size_bytes += record["nbytes"]
-        metadata = {
-            **job.metadata["user"],
-            "format_version": FORMAT_VERSION,
-            "step": job.metadata["step"],
-            "world_size": self._world_size,
-            "size_bytes": size_bytes,
-        }
-        document = {
-            "format_version": FORMAT_VERSION,
-            "metadata": metadata,
-            "state": job.capture.state_json,
-            "rank_states": [rank_state for _, _, rank_state in gathered],
-            "tensors": tensors,
-        }
-        return document, size_bytes
-
     def _commit(self, job: _Job, gathered: list[Any]) -> None:
         assert job.folder is not None
-        document, size_bytes = self._document(job, gathered)
+        document, size_bytes = build_document(
+            job.metadata["user"],
+            step=job.metadata["step"],
+            world_size=self._world_size,
+            state_json=job.capture.state_json,
+            gathered=gathered,
+        )
         problems = coverage_problems(document)
         if problems:
             more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
@@ -411,9 +417,3 @@ def _discard_quietly(folder: Path, what: str) -> None:
         discard(folder)
     except Exception as e:  # noqa: BLE001 - a leftover of ours is removed by the next cleanup instead
         log.warning("lightning-ft: could not delete %s (%s): %s; the next cleanup removes it", what, folder, e)
-
-
-def _owned(capture: Capture, records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Index records of the tensors this rank wrote shards of (rank 0 already knows every shared tensor)."""
-    keys = {r["key"] for r in records} | {k for k in capture.tensors if k.startswith("rank_state/")}
-    return {k: capture.tensors[k] for k in keys}

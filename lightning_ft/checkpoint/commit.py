@@ -62,6 +62,44 @@ def write_marker(path: Path, *, step: int | None, metadata_crc32: int, full_stat
     atomic_write(path / COMMIT_MARKER, json.dumps(marker).encode())
 
 
+def build_document(
+    user_metadata: dict[str, Any], *, step: int | None, world_size: int, state_json: Any, gathered: list[Any]
+) -> tuple[dict[str, Any], int]:
+    """The metadata document of a save from every rank's ``(records, known tensors, rank state)``, and its tensor
+    bytes: each tensor's index record with the shards every rank wrote."""
+    tensors: dict[str, dict[str, Any]] = {}
+    for _, known, _ in gathered:
+        for key, record in known.items():
+            tensors.setdefault(key, {**record, "shards": []})
+    size_bytes = 0
+    for records, _, _ in gathered:
+        for record in records:
+            tensors[record["key"]]["shards"].append({k: v for k, v in record.items() if k != "key"})
+            size_bytes += record["nbytes"]
+    metadata = {
+        **user_metadata,
+        "format_version": FORMAT_VERSION,
+        "step": step,
+        "world_size": world_size,
+        "size_bytes": size_bytes,
+    }
+    document = {
+        "format_version": FORMAT_VERSION,
+        "metadata": metadata,
+        "state": state_json,
+        "rank_states": [rank_state for _, _, rank_state in gathered],
+        "tensors": tensors,
+    }
+    return document, size_bytes
+
+
+def owned_records(tensors: dict[str, dict[str, Any]], records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Index records of the tensors this rank wrote shards of, and of its per-rank tensors (what a rank other than 0
+    sends: rank 0 already knows every shared tensor)."""
+    keys = {r["key"] for r in records} | {k for k in tensors if k.startswith("rank_state/")}
+    return {k: tensors[k] for k in keys}
+
+
 def uncommit(path: Path) -> None:
     """Remove the marker first (durably), so a checkpoint being replaced is never seen half-deleted as committed."""
     marker = path / COMMIT_MARKER

@@ -65,8 +65,11 @@ class _DurableFSPlugin(FSStoragePlugin):
         path.parent.mkdir(parents=True, exist_ok=True)
         with self._lock:
             self.dirs.add(path.parent)
+        buf = write_io.buf
         with open(path, "wb") as f:
-            f.write(write_io.buf)
+            # One file, written sequentially, one fsync: a batch of small entries arrives as its parts, not copied.
+            for part in buf.parts if isinstance(buf, _compat.GatheredBuffer) else (buf,):
+                f.write(part)
             f.flush()
             os.fsync(f.fileno())
 

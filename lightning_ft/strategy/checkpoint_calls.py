@@ -51,7 +51,8 @@ def save_for_strategy(strategy: ElasticFT3D, checkpoint: dict[str, Any], filepat
         event_log=strategy.event_log,
         **strategy._elastic_resume.metadata(),
     )
-    strategy._checkpoint_manager().save(path, state, rank_state, metadata)
+    # Parameters and optimizer state are copied beside the next step, which waits for them at optimizer.step().
+    strategy._checkpoint_manager().save(path, state, rank_state, metadata, watched=([module], strategy.optimizers))
 
 
 def load_for_strategy(strategy: ElasticFT3D, checkpoint_path: Any) -> dict[str, Any]:

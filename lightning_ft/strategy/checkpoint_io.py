@@ -29,6 +29,7 @@ from lightning_ft.checkpoint import (
     IN_PROGRESS_RECORD,
     METADATA_FILE,
     AsyncCheckpointer,
+    CaptureGuard,
     CheckpointError,
     CommitInfo,
     Retention,
@@ -217,6 +218,7 @@ class StrategyCheckpoints:
         self._event_log = event_log
         self._broadcast = broadcast
         self._writer: AsyncCheckpointer | None = None
+        self._guard: CaptureGuard | None = None
         self._lock = threading.Lock()
         self._unaccounted_stall_s = 0.0
         self._last_save: tuple[Path, int | None] | None = None
@@ -239,7 +241,10 @@ class StrategyCheckpoints:
         seam to write through (``None``: the format's storage, with object storage for URLs; a fault injector passes a
         wrapper, which keeps its faults around them)."""
         if self._writer is None:
-            self._writer = ObjectStoreCheckpointer(on_commit=self._on_commit, storage=self._storage(storage))
+            self._guard = CaptureGuard()
+            self._writer = ObjectStoreCheckpointer(
+                on_commit=self._on_commit, storage=self._storage(storage), capture_guard=self._guard
+            )
 
     def _storage(self, wrapper: Any) -> Any:
         """The seam the writer uses: this format's storage for folders, object storage for URLs; inside ``wrapper`` (a
@@ -257,11 +262,28 @@ class StrategyCheckpoints:
     def close(self) -> None:
         """Wait for the save in flight and stop the writer; re-raise a background failure. Every rank calls it."""
         writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.close()
+        guard, self._guard = self._guard, None
+        try:
+            if writer is not None:
+                writer.close()
+        finally:
+            if guard is not None:
+                guard.close()
 
-    def save(self, path: Path, state: dict[str, Any], rank_state: dict[str, Any], metadata: dict[str, Any]) -> None:
+    def save(
+        self,
+        path: Path,
+        state: dict[str, Any],
+        rank_state: dict[str, Any],
+        metadata: dict[str, Any],
+        *,
+        watched: tuple[list[Any], list[torch.optim.Optimizer]] | None = None,
+    ) -> None:
         """Collective: capture now, write and commit in the background (committed before returning outside fit).
+
+        ``watched``: the modules and optimizers whose parameters and state a save during ``fit`` may copy after this
+        call returned, before their next optimizer step (:class:`~lightning_ft.checkpoint.CaptureGuard`); ``None``:
+        everything is copied before it returns.
 
         A save Lightning routes to ``last*.ckpt`` becomes a link to the checkpoint of the same step when one is
         committed or in flight; otherwise the state is written beside the link and the link follows its commit.
@@ -283,15 +305,25 @@ class StrategyCheckpoints:
             finally:
                 one_shot.close()
             return
+        if self._guard is not None:
+            modules, optimizers = watched or ([], [])
+            self._guard.watch(modules=modules, optimizers=optimizers)
         self._writer.save(path, state, rank_state=rank_state, metadata=metadata)
         with self._lock:
             self._unaccounted_stall_s += time.perf_counter() - start
 
     def take_unaccounted_stall_s(self) -> float:
-        """Seconds save calls blocked the loop since the previous call (the tracker books them as stalls)."""
+        """Seconds save calls, and optimizer steps waiting for a save's deferred copies, blocked the loop since the
+        previous call (the tracker books them as stalls)."""
+        waited = self._guard.take_waited_s() if self._guard is not None else 0.0
         with self._lock:
             stall, self._unaccounted_stall_s = self._unaccounted_stall_s, 0.0
-        return stall
+        return stall + waited
+
+    def wait_for_capture(self) -> None:
+        """Block until the save in flight has copied what it deferred (every tensor is the caller's again)."""
+        if self._guard is not None:
+            self._guard.wait()
 
     def wait(self) -> None:
         if self._writer is not None:

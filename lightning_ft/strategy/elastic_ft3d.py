@@ -251,7 +251,7 @@ class ElasticFT3D(DDPStrategy):
         if self._tracker is None:
             self._tracker = TrainingTracker(
                 event_log=lambda: self.event_log,
-                take_stall_s=self._checkpoint_manager().take_unaccounted_stall_s,
+                checkpoints=self._checkpoint_manager(),
                 on_batch_consumed=self._data_position.advance,
                 attempt_start_time=self._attempt_start_time,
             )

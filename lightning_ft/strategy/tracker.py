@@ -31,13 +31,19 @@ from lightning_ft.events import EventLog
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
+    from lightning_ft.strategy.checkpoint_io import StrategyCheckpoints
+
 
 class TrainingTracker(Callback):
     """Per-batch bookkeeping of ``ElasticFT3D``; see the module docstring.
 
     Args:
         event_log: returns the event log (``None`` before it is open).
-        take_stall_s: returns, and resets, the seconds save calls blocked the loop since the previous call.
+        checkpoints: the strategy's checkpoint I/O: its ``take_unaccounted_stall_s()`` returns, and resets, the seconds
+            saves blocked the loop since the previous call; its ``wait_for_capture()`` blocks until a save's deferred
+            copies are done, and is called where Lightning's callbacks may write weights outside ``optimizer.step()``
+            (validation start, epoch end, train end), before them, since this callback runs first
+            (``WeightAveraging`` swaps weights through ``.data``, which version counters do not see).
         on_batch_consumed: called once per training batch on every rank, before any checkpoint callback.
         attempt_start_time: Unix time this attempt started (``first_step`` reports the time since).
     """
@@ -46,12 +52,13 @@ class TrainingTracker(Callback):
         self,
         *,
         event_log: Callable[[], EventLog | None],
-        take_stall_s: Callable[[], float],
+        checkpoints: StrategyCheckpoints,
         on_batch_consumed: Callable[[], None],
         attempt_start_time: float,
     ) -> None:
+        self._wait_for_capture = checkpoints.wait_for_capture
         self._event_log = event_log
-        self._take_stall_s = take_stall_s
+        self._take_stall_s = checkpoints.take_unaccounted_stall_s
         self._on_batch_consumed = on_batch_consumed
         self._attempt_start_time = attempt_start_time
         self._pending_rng: dict[str, Any] | None = None
@@ -103,7 +110,16 @@ class TrainingTracker(Callback):
             self._write_progress(log, step)
 
     @override
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._wait_for_capture()
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._wait_for_capture()
+
+    @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._wait_for_capture()
         log = self._event_log()
         if trainer.global_rank == 0 and log is not None and self._timer.pending():
             self._write_progress(log, trainer.global_step)

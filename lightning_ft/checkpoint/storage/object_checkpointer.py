@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_ft.checkpoint.async_checkpointer import AsyncCheckpointer, CommitInfo
+from lightning_ft.checkpoint.commit import build_document
 from lightning_ft.checkpoint.coverage import coverage_problems
 from lightning_ft.checkpoint.errors import CheckpointError
 from lightning_ft.checkpoint.storage.object_store import ObjectStore, as_url, is_remote
@@ -110,7 +111,13 @@ class ObjectStoreCheckpointer(AsyncCheckpointer):
         if not is_remote(job.path):
             super()._commit(job, gathered)
             return
-        document, size_bytes = self._document(job, gathered)
+        document, size_bytes = build_document(
+            job.metadata["user"],
+            step=job.metadata["step"],
+            world_size=self._world_size,
+            state_json=job.capture.state_json,
+            gathered=gathered,
+        )
         problems = coverage_problems(document)
         if problems:
             more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
