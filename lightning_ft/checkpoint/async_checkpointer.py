@@ -46,8 +46,7 @@ from lightning_ft.checkpoint import json_codec
 from lightning_ft.checkpoint.agreement import agree, is_distributed
 from lightning_ft.checkpoint.capture_guard import CaptureGuard
 from lightning_ft.checkpoint.commit import build_document, owned_records, write_marker, write_metadata
-from lightning_ft.checkpoint.coverage import coverage_problems
-from lightning_ft.checkpoint.errors import CheckpointError, CheckpointWriteError
+from lightning_ft.checkpoint.errors import CheckpointWriteError
 from lightning_ft.checkpoint.in_progress import discard, mark_in_flight, remove_record, unmark_in_flight
 from lightning_ft.checkpoint.ownership import regions_to_write
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
@@ -360,6 +359,10 @@ class AsyncCheckpointer:
                 error = e
         self._agree(error)
 
+    def _commit_info(self, job: _Job, size_bytes: int) -> CommitInfo:
+        total_s = time.perf_counter() - job.started
+        return CommitInfo(job.path, job.metadata["step"], job.stall_s, total_s, size_bytes)
+
     def _commit(self, job: _Job, gathered: list[Any]) -> None:
         assert job.folder is not None
         document, size_bytes = build_document(
@@ -368,13 +371,8 @@ class AsyncCheckpointer:
             world_size=self._world_size,
             state_json=job.capture.state_json,
             gathered=gathered,
+            name=job.path,
         )
-        problems = coverage_problems(document)
-        if problems:
-            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-            raise CheckpointError(
-                f"checkpoint {job.path} not committed: it could not be loaded back: {'; '.join(problems[:3])}{more}"
-            )
         crc = write_metadata(job.folder, document)
         write_marker(job.folder, step=job.metadata["step"], metadata_crc32=crc, full_state=job.metadata["full_state"])
         job.committed = True
@@ -384,15 +382,7 @@ class AsyncCheckpointer:
             if swap is not None:
                 swap.swap()
             if self._on_commit is not None:
-                self._on_commit(
-                    CommitInfo(
-                        path=job.path,
-                        step=job.metadata["step"],
-                        stall_s=job.stall_s,
-                        total_s=time.perf_counter() - job.started,
-                        size_bytes=size_bytes,
-                    )
-                )
+                self._on_commit(self._commit_info(job, size_bytes))
         except BaseException:
             # A save reported as failed must not stay committed; a checkpoint it replaced comes back.
             try:

@@ -24,7 +24,13 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from lightning_ft.checkpoint.errors import CorruptCheckpointError, FormatVersionError, UncommittedCheckpointError
+from lightning_ft.checkpoint.coverage import coverage_problems
+from lightning_ft.checkpoint.errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    FormatVersionError,
+    UncommittedCheckpointError,
+)
 from lightning_ft.checkpoint.snapshot_storage import fsync_dir
 
 FORMAT_VERSION = 1
@@ -63,10 +69,21 @@ def write_marker(path: Path, *, step: int | None, metadata_crc32: int, full_stat
 
 
 def build_document(
-    user_metadata: dict[str, Any], *, step: int | None, world_size: int, state_json: Any, gathered: list[Any]
+    user_metadata: dict[str, Any],
+    *,
+    step: int | None,
+    world_size: int,
+    state_json: Any,
+    gathered: list[Any],
+    name: Any,
 ) -> tuple[dict[str, Any], int]:
     """The metadata document of a save from every rank's ``(records, known tensors, rank state)``, and its tensor
-    bytes: each tensor's index record with the shards every rank wrote."""
+    bytes: each tensor's index record with the shards every rank wrote.
+
+    Raises:
+        CheckpointError: the shards do not cover the index (:func:`~lightning_ft.checkpoint.coverage.coverage_problems`):
+            checkpoint ``name`` could not be loaded back, so it must not be committed.
+    """
     tensors: dict[str, dict[str, Any]] = {}
     for _, known, _ in gathered:
         for key, record in known.items():
@@ -90,6 +107,12 @@ def build_document(
         "rank_states": [rank_state for _, _, rank_state in gathered],
         "tensors": tensors,
     }
+    problems = coverage_problems(document)
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise CheckpointError(
+            f"checkpoint {name} not committed: it could not be loaded back: {'; '.join(problems[:3])}{more}"
+        )
     return document, size_bytes
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,10 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lightning_ft.checkpoint.async_checkpointer import AsyncCheckpointer, CommitInfo
+from lightning_ft.checkpoint.async_checkpointer import AsyncCheckpointer
 from lightning_ft.checkpoint.commit import build_document
-from lightning_ft.checkpoint.coverage import coverage_problems
-from lightning_ft.checkpoint.errors import CheckpointError
 from lightning_ft.checkpoint.storage.object_store import ObjectStore, as_url, is_remote
 
 __all__ = ["ObjectStoreCheckpointer", "RoutedStorage"]
@@ -117,29 +114,15 @@ class ObjectStoreCheckpointer(AsyncCheckpointer):
             world_size=self._world_size,
             state_json=job.capture.state_json,
             gathered=gathered,
+            name=as_url(job.path),
         )
-        problems = coverage_problems(document)
-        if problems:
-            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-            raise CheckpointError(
-                f"checkpoint {as_url(job.path)} not committed: it could not be loaded back: "
-                f"{'; '.join(problems[:3])}{more}"
-            )
         commit = self._objects.commit(
             as_url(job.folder), document, step=job.metadata["step"], full_state=job.metadata["full_state"]
         )
         job.committed = True
         try:
             if self._on_commit is not None:
-                self._on_commit(
-                    CommitInfo(
-                        path=job.path,
-                        step=job.metadata["step"],
-                        stall_s=job.stall_s,
-                        total_s=time.perf_counter() - job.started,
-                        size_bytes=size_bytes,
-                    )
-                )
+                self._on_commit(self._commit_info(job, size_bytes))
         except BaseException:
             try:
                 commit.undo()
