@@ -363,16 +363,22 @@ class AsyncCheckpointer:
         total_s = time.perf_counter() - job.started
         return CommitInfo(job.path, job.metadata["step"], job.stall_s, total_s, size_bytes)
 
+    def _document(self, job: _Job, gathered: list[Any], name: Any) -> tuple[dict[str, Any], int]:
+        """The save's metadata document and tensor bytes (refused when the shards do not cover the index)."""
+        meta = job.metadata
+        state_json = job.capture.state_json
+        return build_document(
+            meta["user"],
+            step=meta["step"],
+            world_size=self._world_size,
+            state_json=state_json,
+            gathered=gathered,
+            name=name,
+        )
+
     def _commit(self, job: _Job, gathered: list[Any]) -> None:
         assert job.folder is not None
-        document, size_bytes = build_document(
-            job.metadata["user"],
-            step=job.metadata["step"],
-            world_size=self._world_size,
-            state_json=job.capture.state_json,
-            gathered=gathered,
-            name=job.path,
-        )
+        document, size_bytes = self._document(job, gathered, job.path)
         crc = write_metadata(job.folder, document)
         write_marker(job.folder, step=job.metadata["step"], metadata_crc32=crc, full_state=job.metadata["full_state"])
         job.committed = True

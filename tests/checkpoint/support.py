@@ -7,12 +7,15 @@ the tests that the ``checkpoint_format`` fixture (tests/checkpoint/conftest.py) 
 from __future__ import annotations
 
 import errno
+import json
 import os
+import pickle
 import signal
 import threading
 from pathlib import Path
 
 import torch
+import yaml
 
 from lightning_ft.checkpoint import COMMIT_MARKER, METADATA_FILE, AsyncCheckpointer, in_progress
 from lightning_ft.checkpoint.storage import storage_named
@@ -161,3 +164,19 @@ def in_forked_child(fn) -> int:
 def kill_this_process() -> None:
     """Die at once, as under ``kill -9``: nothing after this line runs, no cleanup, no ``finally``."""
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def plant_pickled_entry(path: Path, payload: object) -> None:
+    """Add a torchsnapshot object entry ``0/shards/evil`` to checkpoint ``path`` whose file is ``payload`` pickled:
+    what a malicious checkpoint would hold. lightning-ft must refuse it without unpickling."""
+    (path / "0").mkdir(exist_ok=True)
+    (path / "0" / "evil").write_bytes(pickle.dumps(payload))
+    manifest = yaml.safe_load((path / ".snapshot_metadata").read_text())
+    manifest["manifest"]["0/shards/evil"] = {
+        "type": "object",
+        "location": "0/evil",
+        "serializer": "torch_save",
+        "obj_type": "builtins.object",
+        "replicated": False,
+    }
+    (path / ".snapshot_metadata").write_text(json.dumps(manifest))

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import pickle
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import yaml
 
 from lightning_ft.checkpoint import (
     CheckpointError,
@@ -19,7 +17,7 @@ from lightning_ft.checkpoint import (
     load_checkpoint,
     verify,
 )
-from tests.checkpoint.support import CreatesFileWhenUnpickled, data_files, save, uncommitted
+from tests.checkpoint.support import CreatesFileWhenUnpickled, data_files, plant_pickled_entry, save, uncommitted
 from tests.helpers import run_distributed
 
 pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
@@ -74,17 +72,7 @@ def test_a_shard_file_replaced_by_a_pickle_is_refused_without_unpickling(tmp_pat
 def test_a_planted_torchsnapshot_object_entry_is_refused_without_unpickling(tmp_path):
     path = save(tmp_path / "c", 1)
     sentinel = tmp_path / "pwned"
-    (path / "0" / "evil").parent.mkdir(exist_ok=True)
-    (path / "0" / "evil").write_bytes(pickle.dumps(CreatesFileWhenUnpickled(sentinel)))
-    manifest = yaml.safe_load((path / ".snapshot_metadata").read_text())
-    manifest["manifest"]["0/shards/evil"] = {
-        "type": "object",
-        "location": "0/evil",
-        "serializer": "torch_save",
-        "obj_type": "builtins.object",
-        "replicated": False,
-    }
-    (path / ".snapshot_metadata").write_text(json.dumps(manifest))
+    plant_pickled_entry(path, CreatesFileWhenUnpickled(sentinel))
     with pytest.raises(UnsafeCheckpointError, match="0/shards/evil"):
         load_checkpoint(path)
     assert any("pickled" in p for p in verify(path))

@@ -17,14 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_ft import ElasticFT3D
 from lightning_ft import checkpoint as lft_checkpoint
 from lightning_ft.checkpoint import COMMIT_MARKER, METADATA_FILE
 from lightning_ft.checkpoint.storage import FORMATS
-from tests.checkpoint.support import flip_a_byte_of
+from tests.checkpoint.support import flip_a_byte_of, plant_pickled_entry
 from tests.helpers import REPO_ROOT
 from tests.strategy.models import TinyRegressor, make_trainer
 
@@ -133,17 +132,7 @@ def _pickled_entry(ckpt: Path) -> Path:
     path = ckpt / "epoch=0-step=2.ckpt"
     if not (path / ".snapshot_metadata").exists():
         pytest.skip("a DCP folder holds no entry lightning-ft would unpickle (test_load.py plants one in .metadata)")
-    (path / "0").mkdir(exist_ok=True)
-    (path / "0" / "evil").write_bytes(pickle.dumps(Unpickled(str(ckpt / "pwned"))))
-    manifest = yaml.safe_load((path / ".snapshot_metadata").read_text())
-    manifest["manifest"]["0/shards/evil"] = {
-        "type": "object",
-        "location": "0/evil",
-        "serializer": "torch_save",
-        "obj_type": "builtins.object",
-        "replicated": False,
-    }
-    (path / ".snapshot_metadata").write_text(json.dumps(manifest))
+    plant_pickled_entry(path, Unpickled(str(ckpt / "pwned")))
     return path
 
 

@@ -23,7 +23,6 @@ import torch
 import torch.distributed as dist
 
 from lightning_ft.checkpoint.async_checkpointer import AsyncCheckpointer
-from lightning_ft.checkpoint.commit import build_document
 from lightning_ft.checkpoint.storage.object_store import ObjectStore, as_url, is_remote
 
 __all__ = ["ObjectStoreCheckpointer", "RoutedStorage"]
@@ -108,14 +107,7 @@ class ObjectStoreCheckpointer(AsyncCheckpointer):
         if not is_remote(job.path):
             super()._commit(job, gathered)
             return
-        document, size_bytes = build_document(
-            job.metadata["user"],
-            step=job.metadata["step"],
-            world_size=self._world_size,
-            state_json=job.capture.state_json,
-            gathered=gathered,
-            name=as_url(job.path),
-        )
+        document, size_bytes = self._document(job, gathered, as_url(job.path))
         commit = self._objects.commit(
             as_url(job.folder), document, step=job.metadata["step"], full_state=job.metadata["full_state"]
         )
