@@ -12,7 +12,13 @@ waits for the deferred copies). The phases are timed by wrapping the checkpointe
 - loop slowdown: how much longer the iterations between a save and its commit took than the median iteration
   without a save in flight (what training loses to the writer on a machine short of cores).
 
-Run: ``python benchmarks/checkpoint_breakdown.py [--size-mb 350] [--saves 4] [--every 60]``.
+Beside each phase's wall time, the CPU time of the thread that ran it; and the CPU time of each thread of the save, all
+of it (the writer thread, the deferred-copy thread, torchsnapshot's I/O threads, which make the file writes), per
+checkpoint: on a machine short of cores that CPU time is what training loses. ``--buffered`` writes through the page
+cache instead of ``O_DIRECT``, ``--niceness`` sets the writer's priority, for comparison.
+
+Run: ``python benchmarks/checkpoint_breakdown.py [--size-mb 350] [--saves 4] [--every 60] [--buffered]
+[--niceness 19]``.
 """
 
 from __future__ import annotations
@@ -32,16 +38,37 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+CPU = " CPU"  # suffix of a phase's CPU time (the calling thread's), beside its wall time
+
 
 def _timed(totals: dict[str, float], name: str, fn: Any) -> Any:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         try:
             return fn(*args, **kwargs)
         finally:
             totals[name] += time.perf_counter() - start
+            totals[name + CPU] += time.thread_time() - cpu
 
     return wrapper
+
+
+def _thread_cpu(totals: dict[str, float]) -> None:
+    """Book every thread's CPU time when it ends, by what it does (they end at each save or at ``close()``)."""
+    import threading
+
+    run = threading.Thread.run
+
+    def counted(self: threading.Thread) -> None:
+        try:
+            run(self)
+        finally:
+            kind = {"lightning-ft-checkpoint-writer": "writer thread", "lightning-ft-checkpoint-capture": "capture"}
+            name = kind.get(self.name, "file writes (torchsnapshot I/O threads)" if "asyncio" in self.name else "")
+            if name:
+                totals["thread: " + name + CPU] += time.thread_time()
+
+    threading.Thread.run = counted  # type: ignore[method-assign]
 
 
 def _rank(rank: int, world: int, port: int, args: argparse.Namespace, root: str, out: Any) -> None:
@@ -54,6 +81,12 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, root: str,
     from lightning_ft.checkpoint.staging import Stager
 
     totals: dict[str, float] = defaultdict(float)
+    _thread_cpu(totals)
+    if args.buffered:  # the page cache instead of O_DIRECT, for comparison
+        from lightning_ft.checkpoint import snapshot_storage
+
+        write_file = snapshot_storage.write_file
+        snapshot_storage.write_file = lambda path, parts, direct=True: write_file(path, parts, direct=False)
     ac.agree = _timed(totals, "collectives", ac.agree)
     ac.write_metadata = _timed(totals, "commit (metadata + marker)", ac.write_metadata)
     ac.write_marker = _timed(totals, "commit (metadata + marker)", ac.write_marker)
@@ -68,7 +101,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, root: str,
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     guard = CaptureGuard()
     guard.watch(modules=[model], optimizers=[optimizer])
-    checkpointer = AsyncCheckpointer(capture_guard=guard)
+    checkpointer = AsyncCheckpointer(capture_guard=guard, writer_niceness=args.niceness)
     a = torch.randn(512, 512)
     iteration_s, in_flight = [], []
     save_call = []
@@ -102,6 +135,8 @@ def main() -> None:
     parser.add_argument("--saves", type=int, default=4)
     parser.add_argument("--every", type=int, default=60, help="iterations between saves (let each save finish)")
     parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--buffered", action="store_true", help="write through the page cache instead of O_DIRECT")
+    parser.add_argument("--niceness", type=int, default=19, help="AsyncCheckpointer(writer_niceness=...)")
     args = parser.parse_args()
     import socket
 
@@ -121,15 +156,23 @@ def main() -> None:
         raise SystemExit("a rank failed")
     print(
         f"\nstate {args.size_mb:.0f} MB per rank (each rank writes half), 2 ranks, per checkpoint (mean of"
-        f" {args.saves}); load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+        f" {args.saves}), {'buffered writes' if args.buffered else 'O_DIRECT writes'}, writer nice +{args.niceness};"
+        f" load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
     order = ["save call", "deferred copy (beside the loop)", "checksum", "write (torchsnapshot + fsync)",
              "  of which fsync", "collectives", "commit (metadata + marker)", "loop slowdown while writing",
              "typical iteration"]  # fmt: skip
     names = [n for n in order if any(n in r for r in results.values())]
-    print("| phase | rank 0 ms | rank 1 ms |\n|---|---|---|")
+    print("| phase | rank 0 wall ms | rank 0 CPU ms | rank 1 wall ms | rank 1 CPU ms |\n|---|---|---|---|---|")
     for name in names:
-        print(f"| {name} | {results[0].get(name, 0) * 1e3:.1f} | {results[1].get(name, 0) * 1e3:.1f} |")
+        cells = [f"{r.get(name, 0) * 1e3:.1f} | " + (f"{r[name + CPU] * 1e3:.1f}" if name + CPU in r else "-")
+                 for r in (results[0], results[1])]  # fmt: skip
+        print(f"| {name} | {' | '.join(cells)} |")
+    threads = sorted({n for r in results.values() for n in r if n.startswith("thread: ")})
+    for name in threads:
+        label = name.removeprefix("thread: ").removesuffix(CPU)
+        cells = [f"- | {r.get(name, 0) * 1e3:.1f}" for r in (results[0], results[1])]
+        print(f"| {label}, all of it | {' | '.join(cells)} |")
     print(json.dumps(results))
 
 

@@ -11,7 +11,10 @@ Every contender trains the same model (a stack of ``Linear(2048, 2048)`` layers 
 - ``ts-async``: torchsnapshot's own ``Snapshot.async_take`` of the module and optimizer (no copy of CPU tensors: it
   may save a mixed state; shown for its cost only);
 - ``floor``: no training; each rank copies the half of the state it would write and writes it (one file, fsync),
-  both ranks at once: the cost of the bytes alone.
+  both ranks at once: the cost of the bytes alone;
+- ``floor-beside``: the same bytes beside training (``ElasticFT3D`` without checkpoints; every N steps each rank
+  copies its half at the call and a thread at the writer's lowered priority writes it, one file, one fsync): what
+  any checkpoint of this state costs the loop on this machine, with no format, checksum or commit.
 
 Repetitions are interleaved (every contender once, then again), and every ratio compares numbers of the same run.
 Per contender (median over repetitions): the loop's stall per checkpoint (the step after a save call, less the
@@ -44,8 +47,10 @@ from typing import Any
 HIDDEN = 2048
 BATCH = 16
 WARMUP = 3
-CONTENDERS = ["none", "none-ft3d", "ft3d", "lightning-sync", "lightning-async", "dcp-async", "ts-async", "floor"]
-BASELINE = {"ft3d": "none-ft3d", "none-ft3d": "none-ft3d"}
+CONTENDERS = [
+    "none", "none-ft3d", "ft3d", "lightning-sync", "lightning-async", "dcp-async", "ts-async", "floor", "floor-beside"
+]  # fmt: skip
+BASELINE = {"ft3d": "none-ft3d", "none-ft3d": "none-ft3d", "floor-beside": "none-ft3d"}
 
 
 def layers_for(size_mb: float) -> int:
@@ -65,10 +70,10 @@ def _floor(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     state = [torch.randn(HIDDEN, HIDDEN) for _ in range(3 * n)]
     mine = state[rank::world]
     buffers = [torch.empty_like(t) for t in mine]
-    times = []
+    times, cpu = [], []
     for i in range(args.steps // args.every):
         dist.barrier()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         for buf, t in zip(buffers, mine, strict=True):
             buf.copy_(t)
         with open(run_dir / f"floor-{rank}-{i}", "wb") as f:
@@ -76,10 +81,11 @@ def _floor(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
                 f.write(buf.numpy().data)
             f.flush()
             os.fsync(f.fileno())
+        cpu.append(time.process_time() - cpu_start)
         dist.barrier()
         times.append(time.perf_counter() - start)
     dist.destroy_process_group()
-    return {"durable_s": times, "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {"durable_s": times, "cpu_s": cpu, "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -157,6 +163,74 @@ def worker(args: argparse.Namespace) -> None:
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
             self._wait()
 
+    blocked: dict[int, float] = {}  # step -> seconds the loop was blocked by the save issued at that step
+
+    def timed_hook(hook: Any) -> Any:
+        def timed(trainer: Any, *rest: Any) -> Any:
+            step, start = trainer.global_step, time.perf_counter()
+            try:
+                return hook(trainer, *rest)
+            finally:
+                if not step % args.every:
+                    blocked[step] = blocked.get(step, 0.0) + time.perf_counter() - start
+
+        return timed
+
+    from lightning_ft.checkpoint import capture_guard
+
+    before_step = capture_guard.CaptureGuard._before_step
+
+    def waited_before_step(self: Any, *a: Any) -> None:  # the optimizer step waiting for a save's deferred copies
+        start = time.perf_counter()
+        before_step(self, *a)
+        waited = time.perf_counter() - start
+        if waited > 1e-4 and blocked:
+            last = max(blocked)
+            blocked[last] += waited
+
+    capture_guard.CaptureGuard._before_step = waited_before_step
+
+    class FloorBeside(Callback):
+        """The bytes alone, beside training: every N steps copy this rank's half of the state into reused buffers and
+        write it (one file, one fsync) from a thread at the writer's lowered priority; no format, no commit."""
+
+        def __init__(self) -> None:
+            self.buffers: list[torch.Tensor] | None = None
+            self.thread: Any = None
+
+        def _write(self, path: Path) -> None:
+            from lightning_ft.checkpoint.writer_threads import lower_thread_priority
+
+            lower_thread_priority(19)
+            with open(path, "wb") as f:
+                for buf in self.buffers or []:
+                    f.write(buf.numpy().data)
+                f.flush()
+                os.fsync(f.fileno())
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            import threading
+
+            if trainer.global_step % args.every:
+                return
+            self.on_train_end(trainer, pl_module)
+            optimizer = trainer.optimizers[0]
+            tensors = [p.detach() for p in pl_module.parameters()]
+            tensors += [v for st in optimizer.state.values() for v in st.values() if v.numel() > 1]
+            mine = tensors[rank::2]
+            if self.buffers is None:
+                self.buffers = [torch.empty_like(t) for t in mine]
+            for buf, t in zip(self.buffers, mine, strict=True):
+                buf.copy_(t)
+            path = run_dir / f"floor-beside-{rank}-{trainer.global_step}"
+            self.thread = threading.Thread(target=self._write, args=(path,))
+            self.thread.start()
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            if self.thread is not None:
+                self.thread.join()
+                self.thread = None
+
     kind = args.contender
     timer = StepTimes()
     callbacks: list[Any] = [timer]
@@ -168,7 +242,11 @@ def worker(args: argparse.Namespace) -> None:
         plugins.append(AsyncCheckpointIO())
     if kind in ("dcp-async", "ts-async"):
         callbacks.append(EveryN(kind))
-    strategy = ElasticFT3D() if kind in ("ft3d", "none-ft3d") else DDPStrategy()
+    if kind == "floor-beside":
+        callbacks.append(FloorBeside())
+    for cb in callbacks[1:]:  # the save call with everything Lightning and the contender do around it
+        cb.on_train_batch_end = timed_hook(cb.on_train_batch_end)
+    strategy = ElasticFT3D() if kind in ("ft3d", "none-ft3d", "floor-beside") else DDPStrategy()
     data = TensorDataset(torch.randn(BATCH * 2 * (args.steps + 1), HIDDEN))
     trainer = L.Trainer(
         accelerator="cpu",
@@ -183,9 +261,9 @@ def worker(args: argparse.Namespace) -> None:
         enable_model_summary=False,
         default_root_dir=run_dir,
     )
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     trainer.fit(Net(), DataLoader(data, batch_size=BATCH))
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     durable: list[float] = []
     save_calls: list[float] = []
     events = run_dir / "lightning-ft" / "events" / "rank0.jsonl"
@@ -201,6 +279,8 @@ def worker(args: argparse.Namespace) -> None:
     result = {
         "rank": rank,
         "wall_s": wall,
+        "cpu_s": cpu,
+        "blocked_s": [blocked[k] for k in sorted(blocked)],
         "ends": timer.ends,
         "durable_s": durable,
         "save_call_s": save_calls,
@@ -238,10 +318,18 @@ def summarize(contender: str, runs: list[dict[int, dict[str, Any]]], args: argpa
     saves = args.steps // args.every
     if contender == "floor":
         durable = [statistics.median(r[0]["durable_s"]) for r in runs]
-        return {"durable_s": statistics.median(durable), "maxrss_mb": max(r[k]["maxrss_mb"] for r in runs for k in r)}
-    walls, stalls, rates = [], [], []
+        cpu = [sum(statistics.median(r[k]["cpu_s"]) for k in r) for r in runs]  # both ranks' CPU, per checkpoint
+        return {
+            "durable_s": statistics.median(durable),
+            "cpu_s": statistics.median(cpu),
+            "maxrss_mb": max(r[k]["maxrss_mb"] for r in runs for k in r),
+        }
+    walls, stalls, rates, cpus, blocked = [], [], [], [], []
     for r in runs:
         walls.append(max(r[k]["wall_s"] for k in r))
+        cpus.append(sum(r[k]["cpu_s"] for k in r))
+        if r[0].get("blocked_s"):
+            blocked.append(statistics.median(r[0]["blocked_s"][1:] or r[0]["blocked_s"]))  # the first save allocates
         ends = r[0]["ends"]
         intervals = [b - a for a, b in zip(ends[:-1], ends[1:], strict=True)]  # intervals[i] ends at step i + 2
         after_save = {s for s in range(args.every, args.steps, args.every)}  # the step whose interval holds a save
@@ -254,6 +342,8 @@ def summarize(contender: str, runs: list[dict[int, dict[str, Any]]], args: argpa
     save_calls = [d for r in runs for d in r[0].get("save_call_s", [])[1:]]
     return {
         "wall_s": statistics.median(walls),
+        "cpu_s": statistics.median(cpus),
+        "blocked_s": statistics.median(blocked) if blocked else None,
         "stall_s": statistics.median(stalls) if stalls else 0.0,
         "steps_per_s": statistics.median(rates),
         "durable_s": statistics.median(durable) if durable else None,
@@ -278,11 +368,19 @@ def print_table(args: argparse.Namespace, results: dict[str, dict[str, Any]], lo
             continue
         base = results.get(BASELINE.get(c, "none"))
         extra[c] = (r["wall_s"] - base["wall_s"]) / r["saves"] if base else None
+    cpu = {}
+    for c, r in results.items():
+        base = results.get(BASELINE.get(c, "none"))
+        if c != "floor" and not c.startswith("none") and base:
+            cpu[c] = (r["cpu_s"] - base["cpu_s"]) / r["saves"]
+    best_blocked = min((results[c]["blocked_s"] for c in peers if results[c].get("blocked_s")), default=None)
     best_stall = min((results[c]["stall_s"] for c in peers), default=None)
     best_extra = min((extra[c] for c in peers if extra[c] is not None), default=None)
-    header = "| contender | stall/ckpt ms | extra wall/ckpt ms | durable ms | throughput vs none | peak extra MB |"
-    print(header)
-    print("|" + "---|" * 6)
+    print(
+        "| contender | loop blocked/ckpt ms | step after a save ms | extra wall/ckpt ms | CPU/ckpt ms | durable ms"
+        " | throughput vs none | peak extra MB |"
+    )
+    print("|" + "---|" * 8)
     for c, r in results.items():
         if c == "floor":
             continue
@@ -292,21 +390,38 @@ def print_table(args: argparse.Namespace, results: dict[str, dict[str, Any]], lo
         ex = f"{extra[c] * 1e3:.0f}" if extra.get(c) is not None else "-"
         dur = f"{r['durable_s'] * 1e3:.0f}" if r.get("durable_s") else "-"
         stall = f"{r['stall_s'] * 1e3:.0f}" if not c.startswith("none") else "-"
-        print(f"| {c} | {stall} | {ex} | {dur} | {through:.1%} | {mem:.0f} |")
+        blocked = f"{r['blocked_s'] * 1e3:.1f}" if r.get("blocked_s") is not None else "-"
+        used = f"{cpu[c] * 1e3:.0f}" if c in cpu else "-"
+        print(f"| {c} | {blocked} | {stall} | {ex} | {used} | {dur} | {through:.1%} | {mem:.0f} |")
     if floor is not None:
-        print(f"| floor (copy + write + fsync, both ranks, nothing else running) | - | - | {floor * 1e3:.0f} | - | - |")
+        floor_cpu = results["floor"]["cpu_s"]
+        print(
+            f"| floor (copy + write + fsync, both ranks, nothing else running) | - | - | - | {floor_cpu * 1e3:.0f}"
+            f" | {floor * 1e3:.0f} | - | - |"
+        )
     if "ft3d" in results:
         ft = results["ft3d"]
+        base = results.get("none-ft3d")
         print("\nratios (same run):")
+        if best_blocked and ft.get("blocked_s") is not None:
+            print(f"  ft3d loop blocked / best peer's         {ft['blocked_s'] / best_blocked:.2f}  (goal <= 0.1)")
         if best_stall:
-            print(f"  ft3d stall / best peer's stall          {ft['stall_s'] / best_stall:.2f}  (goal <= 0.1)")
+            print(f"  ft3d step after a save / best peer's    {ft['stall_s'] / best_stall:.2f}")
         if best_extra and extra.get("ft3d") is not None:
             print(f"  ft3d extra wall / best peer's           {extra['ft3d'] / best_extra:.2f}  (goal <= 0.5)")
         if floor and extra.get("ft3d") is not None:
             print(f"  ft3d extra wall / floor                 {extra['ft3d'] / floor:.2f}  (goal <= 1.5)")
+        if extra.get("floor-beside") and extra.get("ft3d") is not None:
+            print(f"  ft3d extra wall / floor beside training {extra['ft3d'] / extra['floor-beside']:.2f}")
+        if floor is not None and "ft3d" in cpu:
+            print(f"  ft3d CPU / floor's CPU                  {cpu['ft3d'] / results['floor']['cpu_s']:.2f}")
+        if cpu.get("floor-beside") and "ft3d" in cpu:
+            print(f"  ft3d CPU / floor beside training's CPU  {cpu['ft3d'] / cpu['floor-beside']:.2f}")
+        beside = results.get("floor-beside")
+        if beside and base:
+            print(f"  floor beside training throughput / none {beside['steps_per_s'] / base['steps_per_s']:.3f}")
         if ft.get("save_call_s") is not None:
             print(f"  ft3d save call (checkpoint_committed.stall_s) {ft['save_call_s'] * 1e3:.1f} ms")
-        base = results.get("none-ft3d")
         if base:
             print(
                 f"  ft3d throughput / none                  {ft['steps_per_s'] / base['steps_per_s']:.3f}  (goal >= 0.95)"
@@ -318,7 +433,7 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", help=argparse.SUPPRESS)
     parser.add_argument("--contender", help=argparse.SUPPRESS)
-    parser.add_argument("--quick", action="store_true", help="100 MB, 30 steps, 2 repetitions")
+    parser.add_argument("--quick", action="store_true", help="100 MB, 60 steps, 2 repetitions")
     parser.add_argument("--size-mb", type=float, default=350.0)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--every", type=int, default=10)
@@ -331,7 +446,7 @@ def main() -> None:
         worker(args)
         return
     if args.quick:
-        args.size_mb, args.steps, args.repeats = 100.0, 30, 2
+        args.size_mb, args.steps, args.repeats = 100.0, 60, 2
     load = os.getloadavg()
     runs: dict[str, list[dict[int, dict[str, Any]]]] = {c: [] for c in args.contenders}
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:

@@ -115,8 +115,9 @@ class AsyncCheckpointer:
         capture_guard: lets ``save()`` return before the parameters and optimizer state it guards are copied; they
             are copied in the background, at normal priority, before the watched optimizers' next step
             (:mod:`~lightning_ft.checkpoint.capture_guard`). ``None``: everything is copied before ``save()`` returns.
-        writer_niceness: added to the background writer's nice value (Linux: per thread; its I/O threads inherit it),
-            so that where the machine is short of cores the write yields to training. ``0`` leaves it unchanged.
+        writer_niceness: added to the background writer's nice value (Linux: per thread; its I/O threads inherit it;
+            capped at 19, the lowest priority), so that where the machine is short of cores the write yields to
+            training. ``0`` leaves it unchanged.
 
     Example::
 
@@ -135,7 +136,7 @@ class AsyncCheckpointer:
         reuse_buffers: bool = True,
         timeout: timedelta | None = None,
         capture_guard: CaptureGuard | None = None,
-        writer_niceness: int = 10,
+        writer_niceness: int = 19,
     ) -> None:
         if writer_niceness < 0:
             raise ValueError(f"AsyncCheckpointer(writer_niceness={writer_niceness}): must be >= 0 (0: unchanged)")

@@ -4,8 +4,9 @@
 entries back by ``(rank, name)``; any rank can read any rank's entries. Everything lightning-ft-specific (the index,
 checksums, DTensor geometry, JSON state, the commit marker) lives outside torchsnapshot, in our own metadata.
 
-torchsnapshot's filesystem plugin never fsyncs, so writes go through :class:`_DurableFSPlugin`, which fsyncs every file
-and the directories it created. It also holds back an I/O error (e.g. ``ENOSPC``) until the collective ``Snapshot.take``
+torchsnapshot's filesystem plugin never fsyncs, so writes go through :class:`_DurableFSPlugin`, which writes every file
+without the page cache where the filesystem allows it (:mod:`~lightning_ft.checkpoint.direct_write`), fsyncs it and
+the directories it created. It also holds back an I/O error (e.g. ``ENOSPC``) until the collective ``Snapshot.take``
 has finished on every rank: raising in the middle would leave the other ranks waiting in torchsnapshot's barrier.
 Tests replace the whole class with a fake whose ``write`` raises, to inject a full disk.
 """
@@ -27,6 +28,7 @@ from torchsnapshot.manifest import ChunkedTensorEntry, ObjectEntry, TensorEntry
 from torchsnapshot.storage_plugins.fs import FSStoragePlugin
 
 from lightning_ft import _compat
+from lightning_ft.checkpoint.direct_write import write_file
 
 _APP_KEY = "shards"
 _SAFE_SERIALIZER = "buffer_protocol"
@@ -44,8 +46,9 @@ def fsync_dir(path: Path) -> None:
 class _DurableFSPlugin(FSStoragePlugin):
     """torchsnapshot's filesystem plugin plus fsync of every file and directory; defers the first write error."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, *, direct: bool = True) -> None:
         super().__init__(root=root)
+        self.direct = direct
         self.error: BaseException | None = None
         self.dirs: set[Path] = set()
         self._lock = threading.Lock()
@@ -66,12 +69,9 @@ class _DurableFSPlugin(FSStoragePlugin):
         with self._lock:
             self.dirs.add(path.parent)
         buf = write_io.buf
-        with open(path, "wb") as f:
-            # One file, written sequentially, one fsync: a batch of small entries arrives as its parts, not copied.
-            for part in buf.parts if isinstance(buf, _compat.GatheredBuffer) else (buf,):
-                f.write(part)
-            f.flush()
-            os.fsync(f.fileno())
+        # One file, written sequentially, one fsync: a batch of small entries arrives as its parts, not copied.
+        parts = buf.parts if isinstance(buf, _compat.GatheredBuffer) else [memoryview(buf).cast("B")]
+        write_file(path, parts, direct=self.direct)
 
 
 class SnapshotReader:
@@ -151,6 +151,10 @@ class SnapshotStorage:
         storage.reader(Path("ckpt")).read(0, "t0", out)
     """
 
+    def __init__(self, *, direct_io: bool = True) -> None:
+        self.direct_io = direct_io
+        """Write data files with ``O_DIRECT`` where the filesystem accepts it (falls back to buffered writes)."""
+
     def write(self, path: Path, entries: Mapping[str, torch.Tensor], *, group: dist.ProcessGroup | None) -> None:
         """Write this rank's ``entries`` (CPU tensors) into the snapshot at ``path`` and fsync them.
 
@@ -159,7 +163,7 @@ class SnapshotStorage:
         uses torchsnapshot's buffer-protocol serializer, so reading never goes through ``torch.load``. A substitute
         (a test fake) that fails on some ranks only must still take part in the collective write before raising.
         """
-        plugin = _DurableFSPlugin(root=str(path))
+        plugin = _DurableFSPlugin(root=str(path), direct=self.direct_io)
         with _compat.torchsnapshot_take_hooks(plugin):
             Snapshot.take(path=str(path), app_state={_APP_KEY: StateDict(dict(entries))}, pg=group)
         if plugin.error is not None:

@@ -31,6 +31,7 @@ from lightning_ft import _compat
 from lightning_ft._compat import DTensor
 from lightning_ft.checkpoint import json_codec
 from lightning_ft.checkpoint.capture_guard import check_unchanged, storage_key
+from lightning_ft.checkpoint.direct_write import aligned_empty
 from lightning_ft.checkpoint.dtensor_geometry import describe_placements
 from lightning_ft.checkpoint.ownership import Region
 
@@ -174,8 +175,10 @@ class Stager:
     def _buffer_for(self, key: str, source: torch.Tensor) -> torch.Tensor:
         buf = self._buffers.get(key)
         if buf is None or buf.shape != source.shape or buf.dtype != source.dtype:
-            pin = source.is_cuda and torch.cuda.is_available()
-            buf = torch.empty(source.shape, dtype=source.dtype, device="cpu", pin_memory=pin)
+            if source.is_cuda and torch.cuda.is_available():
+                buf = torch.empty(source.shape, dtype=source.dtype, device="cpu", pin_memory=True)
+            else:  # page-aligned: the writer sends it to the disk without the page cache, straight from here
+                buf = aligned_empty(source.shape, source.dtype)
             if self._reuse:
                 self._buffers[key] = buf
         return buf

@@ -33,7 +33,7 @@ from typing_extensions import override
 from lightning_ft.events import get_event_log, open_event_log
 from lightning_ft.fault.fault_policy import EXIT_CODE_TEMPFAIL
 from lightning_ft.fault.stop import checkpoint_and_stop
-from lightning_ft.monitors._collectives import PendingRows, start_gather_rows
+from lightning_ft.monitors._collectives import PendingRows, acquire_group, release_group, start_gather_rows
 from lightning_ft.monitors._replay import replayed_through
 from lightning_ft.monitors._timing import StepClock, percentile, rise_step
 from lightning_ft.monitors.straggler_detector import DetectorConfig, StragglerDetector, WindowResult, median
@@ -134,12 +134,22 @@ class StragglerMonitor(Callback):
         self._previous_window: list[dict[str, float]] = []
         self._previous_median = -math.inf
         self._replayed_through = -1
+        self._gathers_on_own_group = False
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._clock = StepClock(trainer.strategy.root_device, self.clock)
         if stage == "fit":
             open_event_log(trainer)  # collective: every rank sets up; detections are written from rank 0 only
+            if not self._gathers_on_own_group:
+                acquire_group()  # collective: the windows' gathers run beside the training step's collectives
+                self._gathers_on_own_group = True
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._gathers_on_own_group:
+            self._gathers_on_own_group = False
+            release_group()
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

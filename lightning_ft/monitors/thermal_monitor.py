@@ -22,7 +22,13 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_ft.events import get_event_log, open_event_log
-from lightning_ft.monitors._collectives import PendingRows, any_rank, start_gather_rows
+from lightning_ft.monitors._collectives import (
+    PendingRows,
+    acquire_group,
+    any_rank,
+    release_group,
+    start_gather_rows,
+)
 from lightning_ft.monitors._replay import replayed_through
 from lightning_ft.monitors.nvml import NVML, READING_FIELDS, NVMLLike, NVMLUnavailable, decode_reasons
 
@@ -90,6 +96,7 @@ class ThermalMonitor(Callback):
         self._last_violation: dict[str, float] = {}
         self._pending: tuple[PendingRows, int] | None = None
         self._replayed_through = -1
+        self._gathers_on_own_group = False
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -116,6 +123,9 @@ class ThermalMonitor(Callback):
             self._readable = False
         any_readable = any_rank(self._readable, trainer.strategy.root_device)
         self.enabled = any_readable
+        if any_readable and not self._gathers_on_own_group:  # the same decision on every rank: collective
+            acquire_group()
+            self._gathers_on_own_group = True
         if not any_readable:
             rank_zero_warn(f"ThermalMonitor is off: no rank can read NVML ({problem}). Training continues without it.")
             self.nvml.shutdown()
@@ -148,6 +158,9 @@ class ThermalMonitor(Callback):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._gathers_on_own_group:
+            self._gathers_on_own_group = False
+            release_group()
         if self.enabled:
             self.nvml.shutdown()
             self.enabled = False
