@@ -2,18 +2,18 @@
 
 Starts 2 ranks (gloo, no Lightning), each holding the same ``--size-mb`` state (float32 tensors of 16 MB, a
 data-parallel replica: each rank writes half). Each rank runs a matmul loop that stands in for training; every
-``--every`` iterations it saves through ``AsyncCheckpointer`` (with a ``CaptureGuard``: the loop's "optimizer step"
-waits for the deferred copies). The phases are timed by wrapping the checkpointer's own functions:
+``--every`` iterations it saves through ``AsyncCheckpointer``. The phases are timed by wrapping the checkpointer's own
+functions:
 
-- save call: ``AsyncCheckpointer.save`` (JSON, ownership, the copies that cannot be deferred);
-- deferred copy: ``Stager.finish`` (the guarded tensors, beside the loop); step wait: the loop blocked on it;
+- save call: ``AsyncCheckpointer.save`` (JSON, ownership, and the copy of every byte this rank writes, at the call);
+- copy at the call: ``Stager.capture`` (part of the save call);
 - checksum: ``zlib.crc32`` of the staged bytes; write: ``SnapshotStorage.write`` (torchsnapshot and the writes), of
   which fsync: every ``os.fsync``; collectives: the three ``agree`` exchanges; commit: metadata file and marker;
 - loop slowdown: how much longer the iterations between a save and its commit took than the median iteration
   without a save in flight (what training loses to the writer on a machine short of cores).
 
 Beside each phase's wall time, the CPU time of the thread that ran it; and the CPU time of each thread of the save, all
-of it (the writer thread, the deferred-copy thread, torchsnapshot's I/O threads, which make the file writes), per
+of it (the writer thread, torchsnapshot's I/O threads, which make the file writes), per
 checkpoint: on a machine short of cores that CPU time is what training loses. ``--buffered`` writes through the page
 cache instead of ``O_DIRECT``, ``--niceness`` sets the writer's priority, for comparison.
 
@@ -75,7 +75,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, root: str,
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    from lightning_ft.checkpoint import AsyncCheckpointer, CaptureGuard
+    from lightning_ft.checkpoint import AsyncCheckpointer
     from lightning_ft.checkpoint import async_checkpointer as ac
     from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
     from lightning_ft.checkpoint.staging import Stager
@@ -93,15 +93,13 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, root: str,
     ac.zlib = argparse.Namespace(crc32=_timed(totals, "checksum", zlib.crc32))
     SnapshotStorage.write = _timed(totals, "write (torchsnapshot + fsync)", SnapshotStorage.write)
     os.fsync = _timed(totals, "  of which fsync", os.fsync)
-    Stager.finish = staticmethod(_timed(totals, "deferred copy (beside the loop)", Stager.finish))
+    Stager.capture = _timed(totals, "copy at the call", Stager.capture)
 
     n = max(1, round(args.size_mb * 1e6 / (4 * 2048 * 2048)))
     model = torch.nn.Module()
     model.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(2048, 2048)) for _ in range(n))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    guard = CaptureGuard()
-    guard.watch(modules=[model], optimizers=[optimizer])
-    checkpointer = AsyncCheckpointer(capture_guard=guard, writer_niceness=args.niceness)
+    checkpointer = AsyncCheckpointer(writer_niceness=args.niceness)
     a = torch.randn(512, 512)
     iteration_s, in_flight = [], []
     save_call = []
@@ -109,7 +107,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, root: str,
         start = time.perf_counter()
         for _ in range(4):
             a = torch.tanh(a @ a) / 16  # the forward and backward
-        optimizer.step()  # waits for the deferred copies, as a real step would
+        optimizer.step()
         busy = checkpointer.in_flight is not None
         if i % args.every == args.every - 1 and i // args.every < args.saves:
             t = time.perf_counter()
@@ -118,7 +116,6 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, root: str,
         iteration_s.append(time.perf_counter() - start)
         in_flight.append(busy)
     checkpointer.close()
-    guard.close()
     typical = statistics.median(d for d, busy in zip(iteration_s, in_flight, strict=True) if not busy)
     lost = sum(d - typical for d, busy in zip(iteration_s, in_flight, strict=True) if busy) / args.saves
     result = {name: total / args.saves for name, total in totals.items()}
@@ -159,7 +156,7 @@ def main() -> None:
         f" {args.saves}), {'buffered writes' if args.buffered else 'O_DIRECT writes'}, writer nice +{args.niceness};"
         f" load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
-    order = ["save call", "deferred copy (beside the loop)", "checksum", "write (torchsnapshot + fsync)",
+    order = ["save call", "copy at the call", "checksum", "write (torchsnapshot + fsync)",
              "  of which fsync", "collectives", "commit (metadata + marker)", "loop slowdown while writing",
              "typical iteration"]  # fmt: skip
     names = [n for n in order if any(n in r for r in results.values())]

@@ -4,7 +4,7 @@ Every contender trains the same model (a stack of ``Linear(2048, 2048)`` layers 
 ``--size-mb``) with the same loop, under ``torchrun --nproc_per_node 2``, and checkpoints every ``--every`` steps:
 
 - ``none`` / ``none-ft3d``: no checkpoint (Lightning's ``DDPStrategy`` / ``ElasticFT3D``): the baselines;
-- ``ft3d``: ``ElasticFT3D`` with ``ModelCheckpoint`` (async, sharded, committed; the capture overlaps the next step);
+- ``ft3d``: ``ElasticFT3D`` with ``ModelCheckpoint`` (async, sharded, committed; every tensor copied at the save call);
 - ``lightning-sync``: ``DDPStrategy`` with ``ModelCheckpoint`` (rank 0 ``torch.save``, blocking);
 - ``lightning-async``: the same with Lightning's ``AsyncCheckpointIO`` (rank 0 clones, then writes from a thread);
 - ``dcp-async``: ``torch.distributed.checkpoint.async_save`` on every rank, on a gloo group of its own;
@@ -175,20 +175,6 @@ def worker(args: argparse.Namespace) -> None:
                     blocked[step] = blocked.get(step, 0.0) + time.perf_counter() - start
 
         return timed
-
-    from lightning_ft.checkpoint import capture_guard
-
-    before_step = capture_guard.CaptureGuard._before_step
-
-    def waited_before_step(self: Any, *a: Any) -> None:  # the optimizer step waiting for a save's deferred copies
-        start = time.perf_counter()
-        before_step(self, *a)
-        waited = time.perf_counter() - start
-        if waited > 1e-4 and blocked:
-            last = max(blocked)
-            blocked[last] += waited
-
-    capture_guard.CaptureGuard._before_step = waited_before_step
 
     class FloorBeside(Callback):
         """The bytes alone, beside training: every N steps copy this rank's half of the state into reused buffers and

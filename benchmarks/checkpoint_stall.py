@@ -2,7 +2,9 @@
 
 For a ~50 MB and a ~200 MB state (float32 tensors of 4 MB, like a model's parameters), in one CPU process:
 
-- stall: time until ``AsyncCheckpointer.save()`` returns (the capture into staging buffers);
+- stall: time until ``AsyncCheckpointer.save()`` returns (the copy of every tensor into staging buffers, at the call);
+- copy floor: one ``copy_`` of the same tensors into buffers allocated beforehand, nothing else: what any consistent
+  capture must pay at the call, and what the stall is measured against;
 - total: time until the commit marker is durable (``CommitInfo.total_s``);
 - torch.save: a synchronous ``torch.save`` of the same state plus an fsync, which blocks training for all of it.
 
@@ -39,6 +41,17 @@ def torch_save_s(state: dict[str, torch.Tensor], path: Path) -> float:
     return time.perf_counter() - start
 
 
+def copy_floor_s(state: dict[str, torch.Tensor], repeats: int) -> float:
+    buffers = [torch.empty_like(t) for t in state.values()]
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        for buf, tensor in zip(buffers, state.values(), strict=True):
+            buf.copy_(tensor)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
 def measure(size_mb: int, repeats: int, root: Path) -> None:
     state = make_state(size_mb)
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
@@ -59,12 +72,17 @@ def measure(size_mb: int, repeats: int, root: Path) -> None:
     first_stall, steady_stall = stalls[0], statistics.median(stalls[1:])
     total = statistics.median(c.total_s for c in commits[1:])
     sync_s = statistics.median(sync)
+    floor = copy_floor_s(state, repeats)
     print(f"state {nbytes / 1e6:.0f} MB ({len(state)} tensors), median of {repeats}:")
     print(f"  stall (save() returns)     first {first_stall * 1e3:8.1f} ms   steady {steady_stall * 1e3:8.1f} ms")
+    print(
+        f"  copy floor (copy_ alone)         {floor * 1e3:8.1f} ms   ({floor * 1e3 * 100e6 / nbytes:.1f} ms per 100 MB)"
+    )
     print(f"  total (marker durable)           {total * 1e3:8.1f} ms")
     print(f"  torch.save + fsync               {sync_s * 1e3:8.1f} ms")
     print(
-        f"  ratios: stall/total {steady_stall / total:.3f}   stall/torch.save {steady_stall / sync_s:.3f}   "
+        f"  ratios: stall/copy floor {steady_stall / floor:.2f}   stall/total {steady_stall / total:.3f}   "
+        f"stall/torch.save {steady_stall / sync_s:.3f}   "
         f"total/torch.save {total / sync_s:.2f}"
     )
 

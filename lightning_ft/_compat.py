@@ -58,7 +58,6 @@ __all__ = [
     "Shard",
     "StridedShard",
     "GatheredBuffer",
-    "tensor_version",
     "torchsnapshot_take_hooks",
     "mark_checkpoint_saved_at",
     "call_resume_start",
@@ -361,14 +360,6 @@ async def _stage_gathered(self: Any, executor: Any = None) -> GatheredBuffer:
         parts.append(buf)
         end = stop
     return GatheredBuffer(parts)
-
-
-# -- torch tensors ---------------------------------------------------------------------------------------------------
-
-
-def tensor_version(tensor: Any) -> int:
-    """``Tensor._version``: bumped by every in-place write to it, a view or a ``detach()`` of it (torch 2.4-2.13)."""
-    return tensor._version
 
 
 # -- torch.distributed.checkpoint ------------------------------------------------------------------------------------

@@ -19,7 +19,6 @@ unrestricted unpickling), ``dcp_folder`` (``ModelParallelStrategy`` folders in),
 from __future__ import annotations
 
 from lightning_ft.checkpoint.async_checkpointer import AsyncCheckpointer, CommitInfo
-from lightning_ft.checkpoint.capture_guard import CaptureGuard, CaptureRaceError
 from lightning_ft.checkpoint.commit import FORMAT_VERSION, METADATA_FILE
 from lightning_ft.checkpoint.discovery import (
     COMMIT_MARKER,
@@ -53,8 +52,6 @@ from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 __all__ = [
     "AsyncCheckpointer",
     "COMMIT_MARKER",
-    "CaptureGuard",
-    "CaptureRaceError",
     "CheckpointError",
     "CheckpointInfo",
     "CheckpointNotFoundError",

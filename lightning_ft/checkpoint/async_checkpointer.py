@@ -3,10 +3,8 @@
 :class:`AsyncCheckpointer` is what the strategy calls at every checkpoint. ``save()`` blocks only while the state is
 captured (the "stall"): it waits for the previous save, encodes the non-tensor state to JSON, decides which regions
 this rank writes (:mod:`~lightning_ft.checkpoint.ownership`; one small exchange on the checkpoint group when the state
-holds DTensors, none otherwise) and copies only those into staging buffers (:mod:`~lightning_ft.checkpoint.staging`).
-With a :class:`~lightning_ft.checkpoint.capture_guard.CaptureGuard`, the parameters and optimizer state it guards are
-copied after ``save()`` returned, beside the next forward and backward, and the next optimizer step waits for them.
-A background thread then runs the save in three collective steps, each ended by
+holds DTensors, none otherwise) and copies only those into staging buffers (:mod:`~lightning_ft.checkpoint.staging`),
+all before ``save()`` returns, so that nothing the caller does afterwards reaches the checkpoint. A background thread then runs the save in three collective steps, each ended by
 :func:`~lightning_ft.checkpoint.agreement.agree` so that a failure on one rank fails the save on every rank:
 
 1. rank 0 creates the folder the save writes into and, before any data, its in-progress record
@@ -42,9 +40,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lightning_ft import _compat
 from lightning_ft.checkpoint import json_codec
 from lightning_ft.checkpoint.agreement import agree, is_distributed
-from lightning_ft.checkpoint.capture_guard import CaptureGuard
 from lightning_ft.checkpoint.commit import build_document, owned_records, write_marker, write_metadata
 from lightning_ft.checkpoint.errors import CheckpointWriteError
 from lightning_ft.checkpoint.in_progress import discard, mark_in_flight, remove_record, unmark_in_flight
@@ -52,7 +50,7 @@ from lightning_ft.checkpoint.ownership import regions_to_write
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 from lightning_ft.checkpoint.staging import Capture, Stager, encode_state
 from lightning_ft.checkpoint.swap import Swap, prepare
-from lightning_ft.checkpoint.writer_threads import DeferredCopy, lower_thread_priority
+from lightning_ft.checkpoint.writer_threads import lower_thread_priority
 
 __all__ = ["THREAD_NAME", "AsyncCheckpointer", "CommitInfo"]
 
@@ -91,8 +89,6 @@ class _Job:
     """The folder the data goes to: ``path``, or a staging folder beside it."""
     committed: bool = False
     """Whether the marker exists and the save was not undone."""
-    copier: DeferredCopy | None = None
-    """The copies of guarded tensors still being made after ``save()`` returned."""
 
 
 class AsyncCheckpointer:
@@ -112,9 +108,6 @@ class AsyncCheckpointer:
             this rank's share of the state stays in host memory).
         timeout: collective timeout of the gloo group created when ``group`` is ``None`` (default: torch's default);
             a save stuck on a dead peer fails after it.
-        capture_guard: lets ``save()`` return before the parameters and optimizer state it guards are copied; they
-            are copied in the background, at normal priority, before the watched optimizers' next step
-            (:mod:`~lightning_ft.checkpoint.capture_guard`). ``None``: everything is copied before ``save()`` returns.
         writer_niceness: added to the background writer's nice value (Linux: per thread; its I/O threads inherit it;
             capped at 19, the lowest priority), so that where the machine is short of cores the write yields to
             training. ``0`` leaves it unchanged.
@@ -135,7 +128,6 @@ class AsyncCheckpointer:
         on_commit: Callable[[CommitInfo], None] | None = None,
         reuse_buffers: bool = True,
         timeout: timedelta | None = None,
-        capture_guard: CaptureGuard | None = None,
         writer_niceness: int = 19,
     ) -> None:
         if writer_niceness < 0:
@@ -147,7 +139,8 @@ class AsyncCheckpointer:
         self._storage = storage or SnapshotStorage()
         self._on_commit = on_commit
         self._stager = Stager(reuse_buffers=reuse_buffers)
-        self._guard = capture_guard
+        self._reuse_buffers = reuse_buffers
+        self._previous: tuple[Path, Capture] | None = None
         self._niceness = writer_niceness
         self._rank = dist.get_rank(group) if is_distributed() else 0
         self._world_size = dist.get_world_size(group) if is_distributed() else 1
@@ -207,10 +200,7 @@ class AsyncCheckpointer:
         encoded = encode_state(state, rank_state, rank=self._rank)
         # The background thread is idle after wait(), so the exchange of DTensor regions may use the group here.
         writes = regions_to_write(encoded.shared, rank=self._rank, world_size=self._world_size, group=self._group)
-        defer = self._guard.guarded_storages() if self._guard is not None else ()
-        capture = self._stager.capture(encoded, writes, defer=defer)
-        # Started from this thread, so the copies run at the training loop's priority, not the writer's.
-        copier = DeferredCopy(capture, self._guard) if capture.deferred and self._guard is not None else None
+        capture = self._stager.capture(encoded, writes)
         full_state, run_id = user_metadata.get("full_state"), user_metadata.get("run_id")
         job = _Job(
             path=Path(path),
@@ -225,11 +215,56 @@ class AsyncCheckpointer:
             stall_s=time.perf_counter() - started,
             future=Future(),
             registered=Path(path),
-            copier=copier,
         )
         mark_in_flight(job.path)
+        # The staged copies stay in the Stager's buffers until the next capture: what matches_last_save compares.
+        self._previous = (job.path, capture) if self._reuse_buffers else None
         self._current = job
         self._queue.put(job)
+
+    def matches_last_save(
+        self,
+        state: dict[str, Any],
+        *,
+        rank_state: dict[str, Any] | None = None,
+        normalize_rank_state: Callable[[Any], Any] | None = None,
+    ) -> Path | None:
+        """The path of the previous :meth:`save` if what this rank would write of ``state`` and ``rank_state`` is,
+        bitwise, what that save captured on this rank; otherwise ``None``.
+
+        Local: no communication and no wait for the save in flight (its staged copies are only read). Every rank
+        answers for its own regions, so the caller must agree across ranks before relying on it. ``None`` as well when
+        there is nothing to compare with: no previous save, ``reuse_buffers=False``, a DTensor in the state (its regions
+        need an exchange) or a CUDA tensor (its copy would cost what a save costs). ``normalize_rank_state`` is applied
+        to both rank states' JSON before they are compared (to leave out what may differ by design).
+        """
+        previous = self._previous
+        if previous is None:
+            return None
+        path, captured = previous
+        encoded = encode_state(state, rank_state, rank=self._rank)
+        tensors = [*encoded.shared, *encoded.per_rank]
+        if any(isinstance(t, _compat.DTensor) or t.is_cuda for _, t in tensors):
+            return None
+        normalize = normalize_rank_state or (lambda j: j)
+        if encoded.state_json != captured.state_json or normalize(encoded.rank_state_json) != normalize(
+            captured.rank_state_json
+        ):
+            return None
+        writes = regions_to_write(encoded.shared, rank=self._rank, world_size=self._world_size, group=self._group)
+        mine = [(region.key, value) for region, value in writes] + encoded.per_rank
+        staged = {shard.key: shard.data for shard in captured.shards}
+        if {key for key, value in mine if value.numel() > 0} != set(staged):
+            return None
+        for key, value in mine:
+            if value.numel() == 0:
+                continue
+            copy = staged[key]
+            if copy.dtype != value.dtype or copy.shape != value.shape:
+                return None
+            if not torch.equal(_bytes_of(value), _bytes_of(copy)):  # bytes: nan equals nan, -0.0 differs from 0.0
+                return None
+        return path
 
     def wait(self) -> None:
         """Block until the in-flight save (if any) is committed; raise a pending background error, once."""
@@ -309,11 +344,10 @@ class AsyncCheckpointer:
         _discard_quietly(job.folder, "the folder of a failed save")  # type: ignore[arg-type]
 
     def _write_steps(self, job: _Job) -> None:
-        # 1. The deferred copies end (a write that raced them fails the save); rank 0 creates the folder, with the
-        # in-progress record, before any byte of data; its path wins.
-        error = job.copier.join() if job.copier is not None else None
+        # 1. Rank 0 creates the folder, with the in-progress record, before any byte of data; its path wins.
+        error: BaseException | None = None
         prepared = None
-        if self._rank == 0 and error is None:
+        if self._rank == 0:
             try:
                 job.folder = self._prepare(job)
                 prepared = (str(job.path), str(job.folder))
@@ -407,6 +441,10 @@ class AsyncCheckpointer:
             raise
         if swap is not None:
             _discard_quietly(swap.old, "the checkpoint it replaced")
+
+
+def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
 def _discard_quietly(folder: Path, what: str) -> None:

@@ -6,10 +6,11 @@ and asks for ``last*.ckpt`` as a second save of the same state. With asynchronou
 point at a write in progress. :class:`Retention` defers both to the moment a checkpoint commits. It runs on rank 0
 only; the strategy calls it from the training thread and from the checkpoint writer thread.
 
-``last`` holds the newest state Lightning asked to save as last. When a checkpoint of that step is committed or being
-written in the same folder, ``last`` becomes an atomically repointed link to it (no second copy). Otherwise the state
-is written to a folder of lightning-ft's own beside the link, ``<link name>.step=<N>.lft``, and the link follows it when
-it commits; the superseded one is removed after that.
+``last`` holds the newest state Lightning asked to save as last. When the caller has proven that a checkpoint committed
+or being written in the same folder holds exactly that state (the save just before, of the same step, with the same
+bytes), ``last`` becomes an atomically repointed link to it (no second copy). Otherwise the state is written to a
+folder of lightning-ft's own beside the link, ``<link name>.step=<N>.lft``, and the link follows it when it commits; the
+superseded one is removed after that.
 
 Only what lightning-ft can prove it wrote is deleted (:func:`~lightning_ft.checkpoint.in_progress.is_ours`): a file or
 folder Lightning asks to remove that holds neither our commit marker nor our in-progress record (a ``.ckpt`` file of an
@@ -78,39 +79,41 @@ class Retention:
 
         rank_zero_warn(message)
 
-    def plan_last(self, link: Path, step: int | None) -> Path | None:
+    def plan_last(self, link: Path, step: int | None, *, same_state: Path | None = None) -> Path | None:
         """Decide how the ``last`` save at ``step`` to ``link`` is kept.
 
-        Returns None when no write is needed: a checkpoint of that step in the link's folder is committed (the link
-        is repointed now) or being written (the link follows its commit). Otherwise returns the folder the caller
-        must write the state to; the link follows it when it commits.
+        ``same_state``: a checkpoint the caller has proven to hold exactly the state of this save (``None``: none).
+        Returns None when no write is needed: ``same_state`` is in the link's folder and committed (the link is
+        repointed now) or being written (the link follows its commit). Otherwise returns the folder the caller must
+        write the state to; the link follows it when it commits.
         """
         if is_remote(link):
-            return self._plan_remote_last(link, step)
+            return self._plan_remote_last(link, step, same_state)
         if link.exists() and not link.is_symlink():
             self._warn_not_a_link(link)
             return None
-        in_flight = self._in_flight()
-        if in_flight is not None and in_flight.parent == link.parent and self._in_flight_step() == step:
-            self._follow(link, in_flight)
-            return None
-        for info in reversed(discovery.list_committed(link.parent)):
-            if info.step == step:
+        if same_state is not None and same_state.parent == link.parent:
+            in_flight = self._in_flight()
+            if in_flight is not None and in_flight == same_state and self._in_flight_step() == step:
+                self._follow(link, in_flight)
+                return None
+            if discovery.is_committed(same_state):
                 self._follow(link, None)
-                self._repoint(link, info.path)
+                self._repoint(link, same_state)
                 return None
         target = last_data_path(link, step)
         self._follow(link, target)
         return target
 
-    def _plan_remote_last(self, link: Path, step: int | None) -> Path | None:
-        # Object stores have no links: `last` is the newest marker found by listing. A state of a step that is
-        # committed or being written needs no second copy; another one is written at the path Lightning asked for.
-        in_flight = self._in_flight()
-        if in_flight is not None and in_flight.parent == link.parent and self._in_flight_step() == step:
-            return None
-        if any(info.step == step for info in discovery.list_committed(link.parent)):
-            return None
+    def _plan_remote_last(self, link: Path, step: int | None, same_state: Path | None) -> Path | None:
+        # Object stores have no links: `last` is the newest marker found by listing. The same state committed or being
+        # written in that folder needs no second copy; another one is written at the path Lightning asked for.
+        if same_state is not None and same_state.parent == link.parent:
+            in_flight = self._in_flight()
+            if in_flight is not None and in_flight == same_state and self._in_flight_step() == step:
+                return None
+            if any(info.path == same_state for info in discovery.list_committed(link.parent)):
+                return None
         return link
 
     def _follow(self, link: Path, target: Path | None) -> None:

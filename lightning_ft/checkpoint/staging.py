@@ -7,11 +7,16 @@ A capture has two steps, with the ownership decision between them (:meth:`AsyncC
    per-rank state and builds their index records (dtype, global shape, DTensor placements and mesh).
 2. :meth:`Stager.capture` copies what this rank writes, the regions chosen by
    :func:`~lightning_ft.checkpoint.ownership.regions_to_write` plus every per-rank tensor, into staging buffers it
-   owns: a pinned CPU buffer with a non-blocking copy for CUDA tensors (then a synchronize), a plain CPU buffer for CPU
-   tensors, or, for the tensors a :class:`~lightning_ft.checkpoint.capture_guard.CaptureGuard` guards, reserves their
-   buffers and leaves the copy to :meth:`Stager.finish` (in the background, before the next optimizer step). Buffers
-   are reused from one save to the next (at most one save is in flight, so the previous write has
-   finished with them); a buffer this capture does not use is released.
+   owns, before it returns: a pinned CPU buffer with a non-blocking copy for CUDA tensors (then a synchronize), a
+   page-aligned CPU buffer for CPU tensors. Buffers are reused from one save to the next (at most one save is in
+   flight, so the previous write has finished with them); a buffer this capture does not use is released.
+
+Every byte a save writes is copied before the save call returns. That is what makes a checkpoint the state at its
+save call whatever user code does next (in place, under ``no_grad``, through ``.data``, by assigning a new tensor,
+loading another state): nothing after the call can reach the copy. An earlier design deferred the copy of parameters
+and optimizer state until the next optimizer step; user hooks between the save and that step (an EMA swap at
+``on_validation_start``, clipping in ``on_train_batch_end``, Lightning's SWA) either mixed two states into one
+checkpoint or failed the save, so it was removed (docs/checkpointing.md, "Consistency").
 
 DTensors are never handed to torchsnapshot: each owned local shard becomes a plain tensor with its global offset
 recorded in our own index (``_StridedShard`` included). A sparse tensor is stored as its dense parts
@@ -21,16 +26,14 @@ is refused by :func:`encode_state`, naming its key, before anything is copied.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from lightning_ft import _compat
 from lightning_ft._compat import DTensor
 from lightning_ft.checkpoint import json_codec
-from lightning_ft.checkpoint.capture_guard import check_unchanged, storage_key
 from lightning_ft.checkpoint.direct_write import aligned_empty
 from lightning_ft.checkpoint.dtensor_geometry import describe_placements
 from lightning_ft.checkpoint.ownership import Region
@@ -76,8 +79,6 @@ class Capture:
     """Index records (dtype, global shape, kind, placements) for every logical tensor this rank knows."""
     shards: list[StagedShard] = field(default_factory=list)
     """The copies of everything this rank writes."""
-    deferred: list[tuple[StagedShard, torch.Tensor, int]] = field(default_factory=list)
-    """Shards whose copy :meth:`Stager.finish` makes later: ``(shard, source, source's version at the capture)``."""
 
     @property
     def nbytes(self) -> int:
@@ -183,19 +184,11 @@ class Stager:
                 self._buffers[key] = buf
         return buf
 
-    def capture(
-        self,
-        encoded: EncodedState,
-        writes: Sequence[tuple[Region, torch.Tensor]],
-        *,
-        defer: Collection[int] = (),
-    ) -> Capture:
+    def capture(self, encoded: EncodedState, writes: Sequence[tuple[Region, torch.Tensor]]) -> Capture:
         """Copy ``writes`` (regions of the shared state with their local values) and every per-rank tensor.
 
-        Blocks until the copies are done, except those of shared CPU tensors whose
-        :func:`~lightning_ft.checkpoint.capture_guard.storage_key` is in ``defer``: their buffers are reserved and
-        their version counters read, and :meth:`finish` copies them. From the return on, the caller may mutate every
-        tensor it passed except the deferred ones, which must stay untouched until :meth:`finish` returned.
+        Blocks until every copy is done (CUDA copies included); from the return on, the caller may mutate every tensor
+        it passed.
         """
         to_copy = [(region.key, value, list(region.offset)) for region, value in writes]
         to_copy += [(key, tensor, [0] * tensor.dim()) for key, tensor in encoded.per_rank]
@@ -210,9 +203,6 @@ class Stager:
             buf = self._buffer_for(key, source)
             shard = StagedShard(key=key, name=f"t{n}", data=buf, offset=offset)
             capture.shards.append(shard)
-            if n < len(writes) and defer and storage_key(source) in defer:
-                capture.deferred.append((shard, source, _compat.tensor_version(source)))
-                continue
             buf.copy_(source, non_blocking=source.is_cuda)
             if source.is_cuda:
                 cuda_devices.add(source.device.index or 0)
@@ -224,18 +214,3 @@ class Stager:
             used = {shard.key for shard in capture.shards}
             self._buffers = {key: buf for key, buf in self._buffers.items() if key in used}
         return capture
-
-    @staticmethod
-    def finish(capture: Capture) -> None:
-        """Make the deferred copies of ``capture`` (any thread); each source must not have been written since
-        :meth:`capture`.
-
-        Raises:
-            CaptureRaceError: a deferred source was written in place after :meth:`capture` (its version counter moved);
-                the capture holds a mixed state and must not be committed.
-        """
-        deferred, capture.deferred = capture.deferred, []
-        for shard, source, version in deferred:
-            shard.data.copy_(source)
-            # Read after the copy: a write before or during it has moved the counter by now.
-            check_unchanged(shard.key, source, version)

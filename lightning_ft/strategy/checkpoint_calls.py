@@ -51,8 +51,10 @@ def save_for_strategy(strategy: ElasticFT3D, checkpoint: dict[str, Any], filepat
         event_log=strategy.event_log,
         **strategy._elastic_resume.metadata(),
     )
-    # Parameters and optimizer state are copied beside the next step, which waits for them at optimizer.step().
-    strategy._checkpoint_manager().save(path, state, rank_state, metadata, watched=([module], strategy.optimizers))
+    # Everything is copied before this returns: what the user's hooks do next never reaches the checkpoint.
+    trainer = module.trainer if module is not None else None
+    volatile = frozenset(cb.state_key for cb in trainer.checkpoint_callbacks) if trainer is not None else frozenset()
+    strategy._checkpoint_manager().save(path, state, rank_state, metadata, volatile_callbacks=volatile)
 
 
 def load_for_strategy(strategy: ElasticFT3D, checkpoint_path: Any) -> dict[str, Any]:

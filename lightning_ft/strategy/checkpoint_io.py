@@ -29,7 +29,6 @@ from lightning_ft.checkpoint import (
     IN_PROGRESS_RECORD,
     METADATA_FILE,
     AsyncCheckpointer,
-    CaptureGuard,
     CheckpointError,
     CommitInfo,
     Retention,
@@ -202,6 +201,8 @@ class StrategyCheckpoints:
         global_rank: returns this process's rank (rank 0 commits, repoints ``last`` and deletes); read at each use,
             so the object can exist before the strategy knows its rank.
         event_log: returns the event log (``None`` before it is open).
+        broadcast: rank 0's value on every rank (collective).
+        all_ranks_agree: ``True`` on every rank when every rank passed ``True`` (collective).
         checkpoint_format: the storage new checkpoints are written with (``"torchsnapshot"`` or ``"dcp"``).
     """
 
@@ -211,14 +212,15 @@ class StrategyCheckpoints:
         global_rank: Callable[[], int],
         event_log: Callable[[], EventLog | None],
         broadcast: Callable[[Any], Any],
+        all_ranks_agree: Callable[[bool], bool] = lambda decision: decision,
         checkpoint_format: str = "torchsnapshot",
     ) -> None:
         self._rank = global_rank
+        self._all_ranks_agree = all_ranks_agree
         self._format = checkpoint_format
         self._event_log = event_log
         self._broadcast = broadcast
         self._writer: AsyncCheckpointer | None = None
-        self._guard: CaptureGuard | None = None
         self._lock = threading.Lock()
         self._unaccounted_stall_s = 0.0
         self._last_save: tuple[Path, int | None] | None = None
@@ -241,10 +243,7 @@ class StrategyCheckpoints:
         seam to write through (``None``: the format's storage, with object storage for URLs; a fault injector passes a
         wrapper, which keeps its faults around them)."""
         if self._writer is None:
-            self._guard = CaptureGuard()
-            self._writer = ObjectStoreCheckpointer(
-                on_commit=self._on_commit, storage=self._storage(storage), capture_guard=self._guard
-            )
+            self._writer = ObjectStoreCheckpointer(on_commit=self._on_commit, storage=self._storage(storage))
 
     def _storage(self, wrapper: Any) -> Any:
         """The seam the writer uses: this format's storage for folders, object storage for URLs; inside ``wrapper`` (a
@@ -262,13 +261,8 @@ class StrategyCheckpoints:
     def close(self) -> None:
         """Wait for the save in flight and stop the writer; re-raise a background failure. Every rank calls it."""
         writer, self._writer = self._writer, None
-        guard, self._guard = self._guard, None
-        try:
-            if writer is not None:
-                writer.close()
-        finally:
-            if guard is not None:
-                guard.close()
+        if writer is not None:
+            writer.close()
 
     def save(
         self,
@@ -277,20 +271,24 @@ class StrategyCheckpoints:
         rank_state: dict[str, Any],
         metadata: dict[str, Any],
         *,
-        watched: tuple[list[Any], list[torch.optim.Optimizer]] | None = None,
+        volatile_callbacks: frozenset[str] = frozenset(),
     ) -> None:
         """Collective: capture now, write and commit in the background (committed before returning outside fit).
 
-        ``watched``: the modules and optimizers whose parameters and state a save during ``fit`` may copy after this
-        call returned, before their next optimizer step (:class:`~lightning_ft.checkpoint.CaptureGuard`); ``None``:
-        everything is copied before it returns.
+        Every tensor is copied before this returns, so the checkpoint is the state at this call whatever the caller
+        does next.
 
-        A save Lightning routes to ``last*.ckpt`` becomes a link to the checkpoint of the same step when one is
-        committed or in flight; otherwise the state is written beside the link and the link follows its commit.
+        A save Lightning routes to ``last*.ckpt`` becomes a link to the previous save when that one is of the same
+        step, in the same folder, committed or in flight, and every rank finds this state bitwise equal to what it
+        captured (Lightning's ``ModelCheckpoint`` saves the top-k checkpoint, then ``last``, from one hook); otherwise
+        the state is written beside the link and the link follows its commit. ``volatile_callbacks``: the state keys
+        of the checkpoint callbacks, left out of that comparison (each records the path it is saving to, so their
+        state differs between the two saves by design, as with Lightning's own ``save_last="link"``).
         """
         if is_last_path(path):
             step = metadata.get("step")
-            target = self.retention.plan_last(path, step) if self._rank() == 0 else None
+            same = self._same_as_previous(path, state, rank_state, step, volatile_callbacks)
+            target = self.retention.plan_last(path, step, same_state=same) if self._rank() == 0 else None
             target = self._broadcast(str(target) if target is not None else None)
             if target is None:
                 return
@@ -305,25 +303,44 @@ class StrategyCheckpoints:
             finally:
                 one_shot.close()
             return
-        if self._guard is not None:
-            modules, optimizers = watched or ([], [])
-            self._guard.watch(modules=modules, optimizers=optimizers)
         self._writer.save(path, state, rank_state=rank_state, metadata=metadata)
         with self._lock:
             self._unaccounted_stall_s += time.perf_counter() - start
 
+    def _same_as_previous(
+        self,
+        link: Path,
+        state: dict[str, Any],
+        rank_state: dict[str, Any],
+        step: int | None,
+        volatile_callbacks: frozenset[str],
+    ) -> Path | None:
+        """The previous save, if it holds exactly this state on every rank (collective: every rank calls)."""
+        previous = self._last_save
+        same = None
+        if (
+            self._writer is not None
+            and previous is not None
+            and previous[1] == step
+            and previous[0].parent == link.parent
+        ):
+
+            def normalize(rank_state_json: Any) -> Any:
+                callbacks = rank_state_json.get("callbacks") if isinstance(rank_state_json, dict) else None
+                if not isinstance(callbacks, dict):
+                    return rank_state_json
+                kept = {k: v for k, v in callbacks.items() if k not in volatile_callbacks}
+                return {**rank_state_json, "callbacks": kept}
+
+            found = self._writer.matches_last_save(state, rank_state=rank_state, normalize_rank_state=normalize)
+            same = found if found == previous[0] else None
+        return same if self._all_ranks_agree(same is not None) else None
+
     def take_unaccounted_stall_s(self) -> float:
-        """Seconds save calls, and optimizer steps waiting for a save's deferred copies, blocked the loop since the
-        previous call (the tracker books them as stalls)."""
-        waited = self._guard.take_waited_s() if self._guard is not None else 0.0
+        """Seconds save calls blocked the loop since the previous call (the tracker books them as stalls)."""
         with self._lock:
             stall, self._unaccounted_stall_s = self._unaccounted_stall_s, 0.0
-        return stall + waited
-
-    def wait_for_capture(self) -> None:
-        """Block until the save in flight has copied what it deferred (every tensor is the caller's again)."""
-        if self._guard is not None:
-            self._guard.wait()
+        return stall
 
     def wait(self) -> None:
         if self._writer is not None:

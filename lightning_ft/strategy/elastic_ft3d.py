@@ -315,6 +315,7 @@ class ElasticFT3D(DDPStrategy):
                 global_rank=lambda: self.global_rank,
                 event_log=lambda: self.event_log,
                 broadcast=self.broadcast,
+                all_ranks_agree=self.reduce_boolean_decision,
                 checkpoint_format=self.checkpoint_format,
             )
         return self._checkpoints

@@ -40,10 +40,7 @@ class TrainingTracker(Callback):
     Args:
         event_log: returns the event log (``None`` before it is open).
         checkpoints: the strategy's checkpoint I/O: its ``take_unaccounted_stall_s()`` returns, and resets, the seconds
-            saves blocked the loop since the previous call; its ``wait_for_capture()`` blocks until a save's deferred
-            copies are done, and is called where Lightning's callbacks may write weights outside ``optimizer.step()``
-            (validation start, epoch end, train end), before them, since this callback runs first
-            (``WeightAveraging`` swaps weights through ``.data``, which version counters do not see).
+            saves blocked the loop since the previous call.
         on_batch_consumed: called once per training batch on every rank, before any checkpoint callback.
         attempt_start_time: Unix time this attempt started (``first_step`` reports the time since).
     """
@@ -56,7 +53,6 @@ class TrainingTracker(Callback):
         on_batch_consumed: Callable[[], None],
         attempt_start_time: float,
     ) -> None:
-        self._wait_for_capture = checkpoints.wait_for_capture
         self._event_log = event_log
         self._take_stall_s = checkpoints.take_unaccounted_stall_s
         self._on_batch_consumed = on_batch_consumed
@@ -110,16 +106,7 @@ class TrainingTracker(Callback):
             self._write_progress(log, step)
 
     @override
-    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._wait_for_capture()
-
-    @override
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._wait_for_capture()
-
-    @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._wait_for_capture()
         log = self._event_log()
         if trainer.global_rank == 0 and log is not None and self._timer.pending():
             self._write_progress(log, trainer.global_step)

@@ -60,11 +60,11 @@ def test_the_last_link_waits_for_the_save_of_its_step_and_never_points_at_a_save
     retention = Retention(in_flight=writing, in_flight_step=lambda: 2 if writing.path == second else None)
     link = tmp_path / "last.ckpt"
 
-    assert retention.plan_last(link, 1) is None  # a committed checkpoint of that step: linked now
+    assert retention.plan_last(link, 1, same_state=first) is None  # a committed checkpoint of that state: linked now
     assert os.readlink(link) == "step=1"
 
     writing.path = second  # step 2 is being written: the link stays on the committed one until it commits
-    assert retention.plan_last(link, 2) is None
+    assert retention.plan_last(link, 2, same_state=second) is None
     assert os.readlink(link) == "step=1"
 
     save(second, 2)
@@ -90,6 +90,15 @@ def test_a_last_save_with_no_checkpoint_of_its_step_is_written_beside_the_link_a
     assert os.readlink(link) == second.name and not first.exists()
 
 
+def test_a_committed_checkpoint_of_the_same_step_not_proven_to_hold_the_same_state_gets_no_link(tmp_path):
+    # Two saves of one step can hold two states (a callback wrote the weights between them): `last` is written.
+    save(tmp_path / "step=4", 4)
+    retention = Retention(in_flight=InFlight())
+    link = tmp_path / "last.ckpt"
+    assert retention.plan_last(link, 4) == tmp_path / "last.ckpt.step=4.lft"
+    assert not link.exists()
+
+
 def test_a_last_file_that_is_not_our_link_is_left_alone(tmp_path):
     foreign = tmp_path / "last.ckpt"
     foreign.write_bytes(b"a Lightning file of another run")
@@ -103,7 +112,7 @@ def test_removing_a_link_deletes_the_link_and_leaves_its_target(tmp_path):
     target = save(tmp_path / "step=1", 1)
     retention = Retention(in_flight=InFlight())
     link = tmp_path / "last.ckpt"
-    retention.plan_last(link, 1)
+    retention.plan_last(link, 1, same_state=target)
     retention.remove(link)
     assert not link.exists() and not link.is_symlink()
     assert is_committed(target)
