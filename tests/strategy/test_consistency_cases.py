@@ -254,7 +254,12 @@ class TwoOptimizers(L.LightningModule):
 
 def test_manual_optimization_with_two_optimizers_commits_every_checkpoint_as_saved(tmp_path):
     recorder = _fit(
-        tmp_path, TwoOptimizers(), [_every_step(tmp_path)], max_epochs=2, limit_val_batches=0, find_unused_parameters=True
+        tmp_path,
+        TwoOptimizers(),
+        [_every_step(tmp_path)],
+        max_epochs=2,
+        limit_val_batches=0,
+        find_unused_parameters=True,
     )
     _assert_every_save_committed_as_called(recorder, at_least=8)
 
