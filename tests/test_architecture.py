@@ -15,18 +15,18 @@ from tests.helpers import REPO_ROOT, subprocess_env
 PACKAGE = Path(REPO_ROOT) / "lightning_ft"
 MAX_LINES = 420
 
-# Which subpackage may import which (module-level or inside functions). The top-level modules (_compat, events,
-# batch_timer) are shared by all; the strategy composes everything; nothing imports the strategy or the CLI.
+# Which package may import which (module-level or inside functions), as docs/architecture.md draws it. The top-level
+# modules in SHARED are leaves shared by all; the strategy composes everything; nothing imports the strategy or the CLI.
 ALLOWED = {
     "checkpoint": {"checkpoint"},
     "elastic": {"elastic", "parallel"},
     "parallel": {"parallel"},
-    "monitors": {"monitors", "fault"},
-    "fault": {"fault", "checkpoint", "monitors"},
+    "monitors": {"monitors"},
+    "fault": {"fault", "checkpoint"},
     "strategy": {"strategy", "checkpoint", "elastic", "parallel", "fault"},
     "cli": {"cli", "checkpoint", "monitors", "parallel", "fault"},
 }
-SHARED = {"_compat", "events", "batch_timer"}
+SHARED = {"_compat", "events", "batch_timer", "nvml", "stop"}
 
 
 def _modules() -> dict[str, Path]:
@@ -94,32 +94,62 @@ def test_no_module_is_longer_than_the_layout_allows():
     assert not too_long, f"modules over {MAX_LINES} lines: {too_long}"
 
 
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                return stack[stack.index(dep) :] + [dep]
+            if dep not in state and (cycle := visit(dep)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def _package_graph() -> dict[str, set[str]]:
+    """Package -> the packages it imports: ``checkpoint``, ``fault``, ... and each shared top-level module by name."""
+    packages: dict[str, set[str]] = {}
+    for module, deps in _graph().items():
+        own = _subpackage(module)
+        if not own:
+            continue  # lightning_ft/__init__.py: the public face imports every package lazily
+        packages.setdefault(own, set()).update(o for d in deps if (o := _subpackage(d)) and o != own)
+    return packages
+
+
+def test_the_package_graph_is_acyclic():
+    cycle = _find_cycle(_package_graph())
+    assert cycle is None, f"package cycle: {' -> '.join(cycle)}"
+
+
+def test_the_shared_top_level_modules_import_only_each_other():
+    graph = _package_graph()
+    problems = {name: graph.get(name, set()) - SHARED for name in SHARED if graph.get(name, set()) - SHARED}
+    assert not problems, f"shared leaves importing packages: {problems}"
+
+
 def test_there_is_no_import_cycle_between_modules():
     graph = _graph()
 
     # A package's __init__ re-exports its modules; edges into a package __init__ from its own modules are the
     # package's public face, not a cycle of logic, and are not followed.
-    def edges(module: str) -> set[str]:
-        return {d for d in graph[module] if not (module.startswith(d + ".") and d != "lightning_ft")}
-
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(module: str) -> None:
-        state[module] = 1
-        stack.append(module)
-        for dep in edges(module):
-            if state.get(dep) == 1:
-                cycle = stack[stack.index(dep) :] + [dep]
-                pytest.fail(f"import cycle: {' -> '.join(cycle)}")
-            if dep not in state:
-                visit(dep)
-        stack.pop()
-        state[module] = 2
-
-    for module in graph:
-        if module not in state and module != "lightning_ft":
-            visit(module)
+    edges = {
+        module: {d for d in deps if not (module.startswith(d + ".") and d != "lightning_ft")}
+        for module, deps in graph.items()
+        if module != "lightning_ft"
+    }
+    cycle = _find_cycle(edges)
+    assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
 
 
 def test_subpackages_import_only_what_the_layout_allows_and_no_one_s_private_module():

@@ -9,8 +9,8 @@ from lightning_ft.fault.fault_handler import FaultHandler, end_attempt
 from lightning_ft.fault.fault_policy import FaultPolicy
 from lightning_ft.fault.health import HealthCheckError
 from lightning_ft.fault.injector import FaultInjector, InjectedFault, checkpoint_storage
-from lightning_ft.fault.stop import CheckpointedStop, attempt_end_fields, checkpoint_and_stop
 from lightning_ft.fault.watchdog import HANG_EXIT_CODE
+from lightning_ft.stop import CheckpointedStop, attempt_end_fields, checkpoint_and_stop
 
 __all__ = [
     "CheckpointedStop",

@@ -5,7 +5,7 @@ import torch
 
 from lightning_ft.monitors import NVML, FakeNVML
 from lightning_ft.monitors._timing import StepClock
-from lightning_ft.monitors.nvml import READING_FIELDS, REASONS, NVMLUnavailable, decode_reasons
+from lightning_ft.nvml import READING_FIELDS, REASONS, NVMLUnavailable, decode_reasons
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour on a machine without a GPU")
