@@ -1,5 +1,5 @@
-"""The layout rules of docs/architecture.md, checked on the source: sizes, import direction, no cycles, one place
-for other libraries' private names."""
+"""The layout rules of docs/architecture.md, checked on the source: import direction, an acyclic package graph, no
+module cycles, long modules that say why, one place for other libraries' private names."""
 
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ import pytest
 from tests.helpers import REPO_ROOT, subprocess_env
 
 PACKAGE = Path(REPO_ROOT) / "lightning_ft"
-MAX_LINES = 420
+LONG_MODULE_LINES = 600
+LONG_MODULE_REASON = "Why one module:"
+"""A module is as long as its one concept needs; past LONG_MODULE_LINES its docstring says why, in a paragraph that
+starts with LONG_MODULE_REASON (why the concept does not split)."""
 
 # Which package may import which (module-level or inside functions), as docs/architecture.md draws it. The top-level
 # modules in SHARED are leaves shared by all; the strategy composes everything; nothing imports the strategy or the CLI.
@@ -85,13 +88,14 @@ def _subpackage(module: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
-def test_no_module_is_longer_than_the_layout_allows():
-    too_long = {
+def test_a_module_past_the_long_mark_says_in_its_docstring_why_it_is_one_module():
+    unexplained = {
         str(p.relative_to(PACKAGE)): n
         for p in PACKAGE.rglob("*.py")
-        if (n := len(p.read_text().splitlines())) > MAX_LINES
+        if (n := len(p.read_text().splitlines())) > LONG_MODULE_LINES
+        and LONG_MODULE_REASON not in (ast.get_docstring(ast.parse(p.read_text())) or "")
     }
-    assert not too_long, f"modules over {MAX_LINES} lines: {too_long}"
+    assert not unexplained, f"modules over {LONG_MODULE_LINES} lines without {LONG_MODULE_REASON!r}: {unexplained}"
 
 
 def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

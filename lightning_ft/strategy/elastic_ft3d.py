@@ -5,7 +5,7 @@ It is a drop-in for Lightning's ``ModelParallelStrategy`` (same ``configure_mode
 for a module whose parameters are not DTensors after ``configure_model()``. This module holds the Lightning hooks;
 each delegates to the piece that owns the concern:
 
-- arguments, process groups, the 3-D ``DeviceMesh``: :mod:`~lightning_ft.strategy.arguments`, ``process_group``,
+- arguments (checked here), process groups, the 3-D ``DeviceMesh``: ``process_group``,
   ``parallel/``; the callbacks a run attaches: :mod:`~lightning_ft.strategy.run_setup`;
 - the parallel mode (data parallel, DTensor, pipeline): :mod:`~lightning_ft.strategy.parallel_modes`;
 - saving and loading: :mod:`~lightning_ft.strategy.checkpoint_calls` over ``checkpoint_io`` (``last``, retention,
@@ -31,13 +31,15 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_ft import _compat
+from lightning_ft.checkpoint.storage import storage_named
 from lightning_ft.elastic import ElasticPolicy, TrainingDataPosition, align_batch_progress, check_accumulation_scheduler
 from lightning_ft.events import EventLog, open_event_log
 from lightning_ft.fault import FaultHandler, FaultPolicy, checkpoint_storage, end_attempt
 from lightning_ft.parallel.layout import build_device_mesh
 from lightning_ft.parallel.parallel_config import ParallelConfig
+from lightning_ft.parallel.schedules import PIPELINE_SCHEDULES
+from lightning_ft.parallel.validation import check_positive_int
 from lightning_ft.strategy import process_group
-from lightning_ft.strategy.arguments import check_strategy_arguments
 from lightning_ft.strategy.auto_resume import AutoResume, checkpoint_dirpaths
 from lightning_ft.strategy.best_path import resolving_best
 from lightning_ft.strategy.checkpoint_calls import load_for_strategy, save_for_strategy
@@ -110,7 +112,7 @@ class ElasticFT3D(DDPStrategy):
         find_unused_parameters: bool = False,
         checkpoint_format: str = "torchsnapshot",
     ) -> None:
-        check_strategy_arguments(
+        _check_arguments(
             data_parallel_size=data_parallel_size,
             tensor_parallel_size=tensor_parallel_size,
             pipeline_parallel_size=pipeline_parallel_size,
@@ -418,3 +420,32 @@ class ElasticFT3D(DDPStrategy):
         steps.run(super().teardown, "running DDPStrategy.teardown")
         self._exception = None  # the next run of this strategy starts clean
         steps.finish()
+
+
+def _check_arguments(
+    *,
+    data_parallel_size: Any,
+    tensor_parallel_size: Any,
+    pipeline_parallel_size: Any,
+    pipeline_schedule: str,
+    num_microbatches: Any,
+    elastic: Any,
+    fault: Any,
+    checkpoint_format: str,
+) -> None:
+    """The checks ``ElasticFT3D(...)`` runs on its arguments at construction, before any process or file exists: raise
+    ``TypeError`` or ``ValueError`` naming the option, its value and the rule for the first bad argument."""
+    check_positive_int("ElasticFT3D", "data_parallel_size", data_parallel_size, allow_auto=True)
+    check_positive_int("ElasticFT3D", "tensor_parallel_size", tensor_parallel_size, allow_auto=True)
+    check_positive_int("ElasticFT3D", "pipeline_parallel_size", pipeline_parallel_size)
+    if pipeline_schedule not in PIPELINE_SCHEDULES:
+        raise ValueError(
+            f"ElasticFT3D(pipeline_schedule={pipeline_schedule!r}): must be one of {', '.join(PIPELINE_SCHEDULES)}"
+        )
+    if num_microbatches is not None:
+        check_positive_int("ElasticFT3D", "num_microbatches", num_microbatches)
+    if elastic is not None and not isinstance(elastic, ElasticPolicy):
+        raise TypeError(f"ElasticFT3D(elastic={elastic!r}): must be an ElasticPolicy or None")
+    if fault is not None and not isinstance(fault, FaultPolicy):
+        raise TypeError(f"ElasticFT3D(fault={fault!r}): must be a FaultPolicy or None")
+    storage_named(checkpoint_format, owner="ElasticFT3D")

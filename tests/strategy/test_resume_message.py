@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_ft.elastic import ElasticPolicy, plan_resume_from_metadata
 from lightning_ft.events import read_events
-from lightning_ft.strategy.resume_message import resume_message
+from lightning_ft.strategy.elastic_resume import resume_message
 from tests.strategy.models import TinyRegressor, make_trainer
 
 
