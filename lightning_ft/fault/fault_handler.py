@@ -24,7 +24,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from lightning_ft.checkpoint import discovery
+from lightning_ft.checkpoint.internal import discovery
 from lightning_ft.events import STATE_DIR, EventLog
 from lightning_ft.fault import health, slurm
 from lightning_ft.fault.agreement import StopAgreement, StopDecision

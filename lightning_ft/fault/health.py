@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lightning_ft.checkpoint.storage.object_store import is_remote
+from lightning_ft.checkpoint.internal import is_remote
 from lightning_ft.nvml import NVML, NVMLUnavailable, decode_reasons
 
 # Optimizer state per parameter, in parameter-sized tensors, for optimizers whose state does not exist yet (it is

@@ -31,14 +31,14 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_ft import _compat
-from lightning_ft.checkpoint.storage import storage_named
-from lightning_ft.elastic import ElasticPolicy, TrainingDataPosition, align_batch_progress, check_accumulation_scheduler
+from lightning_ft.checkpoint.internal import storage_named
+from lightning_ft.elastic import ElasticPolicy
+from lightning_ft.elastic.internal import TrainingDataPosition, align_batch_progress, check_accumulation_scheduler
 from lightning_ft.events import EventLog, open_event_log
-from lightning_ft.fault import FaultHandler, FaultPolicy, checkpoint_storage, end_attempt
-from lightning_ft.parallel.layout import build_device_mesh
-from lightning_ft.parallel.parallel_config import ParallelConfig
-from lightning_ft.parallel.schedules import PIPELINE_SCHEDULES
-from lightning_ft.parallel.validation import check_positive_int
+from lightning_ft.fault import FaultPolicy, checkpoint_storage
+from lightning_ft.fault.internal import FaultHandler, end_attempt
+from lightning_ft.parallel import ParallelConfig, build_device_mesh
+from lightning_ft.parallel.internal import PIPELINE_SCHEDULES, check_positive_int
 from lightning_ft.strategy import process_group
 from lightning_ft.strategy.auto_resume import AutoResume, checkpoint_dirpaths
 from lightning_ft.strategy.best_path import resolving_best

@@ -31,14 +31,15 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_ft import _compat
-from lightning_ft.elastic import (
-    ElasticPolicy,
+from lightning_ft.elastic import ElasticPolicy
+from lightning_ft.elastic.internal import (
     ResumeDecision,
     ScaledLearningRates,
     plan_resume_from_metadata,
+    previous_world,
+    resume_timing,
     resumed_rng_states,
 )
-from lightning_ft.elastic.resume_timing import previous_world, resume_timing
 from lightning_ft.events import EventLog, process_start_time, read_events
 
 if TYPE_CHECKING:

@@ -9,14 +9,9 @@ import threading
 import pytest
 import torch
 
-from lightning_ft.checkpoint import (
-    AsyncCheckpointer,
-    CaptureGuard,
-    CaptureRaceError,
-    is_committed,
-    load_checkpoint,
-)
+from lightning_ft.checkpoint import AsyncCheckpointer, CaptureGuard, CaptureRaceError, load_checkpoint
 from lightning_ft.checkpoint.async_checkpointer import THREAD_NAME
+from lightning_ft.checkpoint.internal import is_committed
 from lightning_ft.checkpoint.staging import Stager
 
 

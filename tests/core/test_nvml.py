@@ -3,8 +3,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_ft.monitors import NVML, FakeNVML
+from lightning_ft.monitors import FakeNVML
 from lightning_ft.monitors._timing import StepClock
+from lightning_ft.monitors.internal import NVML
 from lightning_ft.nvml import READING_FIELDS, REASONS, NVMLUnavailable, decode_reasons
 
 

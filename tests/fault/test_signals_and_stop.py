@@ -8,8 +8,9 @@ import signal
 from pathlib import Path
 from types import SimpleNamespace
 
-from lightning_ft.fault import CheckpointedStop, attempt_end_fields
+from lightning_ft.fault import CheckpointedStop
 from lightning_ft.fault.agreement import StopAgreement, decide
+from lightning_ft.fault.internal import attempt_end_fields
 from lightning_ft.fault.signals import PreemptionSignals
 
 

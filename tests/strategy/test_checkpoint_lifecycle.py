@@ -10,7 +10,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_ft import ElasticFT3D
-from lightning_ft.checkpoint import IN_PROGRESS_RECORD, CheckpointError, is_committed, list_committed, load_checkpoint
+from lightning_ft.checkpoint import CheckpointError, list_committed, load_checkpoint
+from lightning_ft.checkpoint.internal import IN_PROGRESS_RECORD, is_committed
 from lightning_ft.events import read_events
 from tests.checkpoint.support import flip_a_byte_of
 from tests.strategy.models import TinyRegressor, make_trainer

@@ -10,7 +10,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_ft import ElasticFT3D
-from lightning_ft.checkpoint import AsyncCheckpointer, is_committed, list_committed, read_metadata
+from lightning_ft.checkpoint import AsyncCheckpointer, list_committed
+from lightning_ft.checkpoint.internal import is_committed, read_metadata
 from lightning_ft.events import read_events
 from tests.strategy.models import TinyRegressor, make_trainer
 

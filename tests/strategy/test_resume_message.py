@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_ft.elastic import ElasticPolicy, plan_resume_from_metadata
+from lightning_ft.elastic import ElasticPolicy
+from lightning_ft.elastic.internal import plan_resume_from_metadata
 from lightning_ft.events import read_events
 from lightning_ft.strategy.elastic_resume import resume_message
 from tests.strategy.models import TinyRegressor, make_trainer
@@ -99,7 +100,7 @@ def test_evaluating_a_checkpoint_from_another_world_size_needs_no_elastic_policy
     import zlib
 
     from lightning_ft import ElasticFT3D
-    from lightning_ft.checkpoint import COMMIT_MARKER, METADATA_FILE
+    from lightning_ft.checkpoint.internal import COMMIT_MARKER, METADATA_FILE
 
     # As if two ranks had written it: an elastic *resume* would need a policy; loading weights to evaluate does not.
     document = json.loads((trained / METADATA_FILE).read_text())
