@@ -1,7 +1,8 @@
 """The seam between the packages: what the strategy (and, where docs/architecture.md allows it, fault handling and the
 CLI) use of this package beyond its public names. It is not API: users are taught the public names of
-:mod:`lightning_ft.checkpoint` (docs/); these may change in any release. The architecture test allows this module to be imported only
-by the packages that may import ``checkpoint`` (tests/test_architecture.py, ``ALLOWED``) and by the tests.
+:mod:`lightning_ft.checkpoint` (docs/); these may change in any release. The architecture test allows this module to
+be imported only by the packages that may import ``checkpoint`` (tests/test_architecture.py, ``ALLOWED``) and by the
+tests.
 
 The strategy's checkpoint I/O reads the on-disk names, drives :class:`Retention` and the storages, and imports
 foreign checkpoints; fault handling finds the newest committed checkpoint and wraps :class:`SnapshotStorage`; the

@@ -1,7 +1,7 @@
 """The seam between the packages: what the strategy (and, where docs/architecture.md allows it, fault handling and the
 CLI) use of this package beyond its public names. It is not API: users are taught the public names of
-:mod:`lightning_ft.fault` (docs/); these may change in any release. The architecture test allows this module to be imported only
-by the packages that may import ``fault`` (tests/test_architecture.py, ``ALLOWED``) and by the tests.
+:mod:`lightning_ft.fault` (docs/); these may change in any release. The architecture test allows this module to be
+imported only by the packages that may import ``fault`` (tests/test_architecture.py, ``ALLOWED``) and by the tests.
 
 The strategy runs one :class:`FaultHandler` per ``fit`` and records the attempt's end with :func:`end_attempt`.
 """
