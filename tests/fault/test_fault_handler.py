@@ -1,4 +1,4 @@
-"""Fault handling inside a real one-process ``fit``: a real SIGTERM, the handlers, the health checks, the events."""
+"""The fault handler (fault/fault_handler.py) inside a real one-process ``fit``: a real SIGTERM, the handlers, the health checks, the events."""
 
 from __future__ import annotations
 
