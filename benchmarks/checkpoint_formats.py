@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from lightning_ft.checkpoint import AsyncCheckpointer, CommitInfo, SnapshotStorage, load_checkpoint
+from lightning_ft.checkpoint import AsyncCheckpointer, load_checkpoint
+from lightning_ft.checkpoint.internal import CommitInfo, SnapshotStorage
 from lightning_ft.checkpoint.storage import DcpStorage
 
 

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from lightning_ft.checkpoint import AsyncCheckpointer, CommitInfo
+from lightning_ft.checkpoint import AsyncCheckpointer
+from lightning_ft.checkpoint.internal import CommitInfo
 
 
 def make_state(size_mb: int) -> dict[str, torch.Tensor]:

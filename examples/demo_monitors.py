@@ -15,7 +15,7 @@ import time
 from lightning.pytorch.callbacks import Callback
 
 from lightning_ft import GoodputMonitor, StragglerMonitor, ThermalMonitor
-from lightning_ft.monitors.nvml import FakeNVML
+from lightning_ft.nvml import FakeNVML
 
 
 class ThermalIncident(Callback):

@@ -69,7 +69,8 @@ def free_port() -> int:
 
 
 def committed_worlds(root: Path) -> list[tuple[int, int]]:
-    from lightning_ft.checkpoint import list_committed, read_metadata
+    from lightning_ft.checkpoint import list_committed
+    from lightning_ft.checkpoint.internal import read_metadata
 
     folder = root / "checkpoints"
     return [(c.step, read_metadata(c.path)["world_size"]) for c in list_committed(folder)] if folder.exists() else []

@@ -4,8 +4,10 @@ Other libraries' private names change without notice. Keeping them here means on
 breaks something, and one place that says which versions each name was checked against. Every patch of another
 library's object is a :class:`Patch`: a named object with an ``undo``, which the owner calls at teardown.
 
-Checked against: torch 2.4.1 (imports) and 2.13.0 (CI); Lightning 2.4.0, 2.5.x and 2.6.6; torchsnapshot-nightly
-2024.7.26 (the last build).
+Only what the declared versions need (pyproject.toml: ``torch>=2.13``, ``lightning>=2.5,<3``,
+``torchsnapshot-nightly==2024.7.26``). Each name says which versions it was checked against: torch 2.13.0 (the CPU
+build CI installs), Lightning 2.5.0 (the lowest, ``scripts/test.sh``) and 2.6.6, torchsnapshot-nightly 2024.7.26 (the
+last build).
 """
 
 from __future__ import annotations
@@ -18,37 +20,20 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.distributed import _destroy_dist_connection  # Lightning 2.4-2.6
-from lightning.fabric.utilities.init import _materialize_distributed_module  # Lightning 2.4-2.6
-from lightning.fabric.utilities.optimizer import _optimizers_to_device  # Lightning 2.4-2.6
-from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states  # Lightning 2.4-2.6
-from lightning.fabric.utilities.types import _PATH  # Lightning 2.4-2.6
-from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher  # Lightning 2.4-2.6
-from lightning.pytorch.utilities.data import _update_dataloader  # Lightning 2.4-2.6
+from lightning.fabric.utilities.distributed import _destroy_dist_connection  # Lightning 2.5.0, 2.6.6
+from lightning.fabric.utilities.init import _materialize_distributed_module  # Lightning 2.5.0, 2.6.6
+from lightning.fabric.utilities.optimizer import _optimizers_to_device  # Lightning 2.5.0, 2.6.6
+from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states  # Lightning 2.5.0, 2.6.6
+from lightning.fabric.utilities.types import _PATH  # Lightning 2.5.0, 2.6.6
+from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher  # Lightning 2.5.0, 2.6.6
+from lightning.pytorch.utilities.data import _update_dataloader  # Lightning 2.5.0, 2.6.6
 
 # -- DTensor ---------------------------------------------------------------------------------------------------------
-try:  # torch >= 2.5
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-except ImportError:  # torch 2.4
-    from torch.distributed._tensor import DTensor, Replicate, Shard  # type: ignore[no-redef]
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor  # public names, here for one import
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # torch 2.13.0
 
-try:  # torch >= 2.5: FSDP2 over tensor parallel produces it
-    from torch.distributed.tensor.placement_types import _StridedShard as StridedShard
-except ImportError:
-    try:
-        from torch.distributed._tensor.placement_types import _StridedShard as StridedShard  # type: ignore[no-redef]
-    except ImportError:
-        StridedShard = None  # type: ignore[assignment,misc]
-
-try:  # torch >= 2.5
-    from torch.distributed.tensor import distribute_tensor
-except ImportError:  # torch 2.4
-    from torch.distributed._tensor import distribute_tensor  # type: ignore[no-redef]
-
-try:  # torch >= 2.5
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-except ImportError:  # torch 2.4
-    from torch.distributed._tensor._utils import compute_local_shape_and_global_offset  # type: ignore[no-redef]
+# FSDP2 over tensor parallel produces it. torch 2.13.0.
+from torch.distributed.tensor.placement_types import _StridedShard as StridedShard
 
 __all__ = [
     "DTensor",
@@ -90,15 +75,9 @@ update_dataloader = _update_dataloader
 
 
 def local_shard_of_full(full: torch.Tensor, like: Any) -> torch.Tensor:
-    """This rank's local shard of the full tensor ``full`` laid out as the DTensor ``like``, without communication.
-
-    ``distribute_tensor(..., src_data_rank=None)`` (torch >= 2.6) cuts every placement, ``_StridedShard`` included;
-    older torch slices the box ``compute_local_shape_and_global_offset`` gives (exact for ``Shard``/``Replicate``).
-    """
-    if _accepts(distribute_tensor, "src_data_rank"):
-        return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None).to_local()
-    shape, offset = compute_local_shape_and_global_offset(list(full.shape), like.device_mesh, list(like.placements))
-    return full[tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))]
+    """This rank's local shard of the full tensor ``full`` laid out as the DTensor ``like``, without communication:
+    ``distribute_tensor(..., src_data_rank=None)`` cuts every placement, ``_StridedShard`` included (torch 2.13.0)."""
+    return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None).to_local()
 
 
 def collect_rng_states() -> dict[str, Any]:
@@ -109,7 +88,7 @@ def collect_rng_states() -> dict[str, Any]:
 def init_optim_state(optimizer: torch.optim.Optimizer) -> None:
     """Create an optimizer's lazily initialised state (zeros), so that it can be loaded in place.
 
-    ``torch.distributed.checkpoint.state_dict._init_optim_state``: torch 2.4-2.13.
+    ``torch.distributed.checkpoint.state_dict._init_optim_state``: torch 2.13.0.
     """
     from torch.distributed.checkpoint.state_dict import _init_optim_state
 
@@ -117,7 +96,7 @@ def init_optim_state(optimizer: torch.optim.Optimizer) -> None:
 
 
 def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer:
-    """The torch optimizer inside Lightning's ``LightningOptimizer`` (``_optimizer``: Lightning 2.4-2.6)."""
+    """The torch optimizer inside Lightning's ``LightningOptimizer`` (``_optimizer``: Lightning 2.5.0, 2.6.6)."""
     from lightning.pytorch.core.optimizer import LightningOptimizer
 
     return optimizer._optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
@@ -125,14 +104,15 @@ def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer:
 
 def mark_checkpoint_saved_at(callback: Any, global_step: int) -> None:
     """Tell a ``ModelCheckpoint`` that the state of ``global_step`` is saved (``_last_global_step_saved``: Lightning
-    2.4-2.6). It is not restored from a checkpoint, so after a resume with gradient accumulation the first micro-batch,
-    which leaves the step count unchanged, would otherwise trigger a save in the middle of an accumulation."""
+    2.5.0, 2.6.6). It is not restored from a checkpoint, so after a resume with gradient accumulation the first
+    micro-batch, which leaves the step count unchanged, would otherwise trigger a save in the middle of an
+    accumulation."""
     if hasattr(callback, "_last_global_step_saved"):
         callback._last_global_step_saved = global_step
 
 
 def set_scheduler_last_lr(scheduler: Any, values: list[float]) -> None:
-    """Make ``scheduler.get_last_lr()`` return ``values`` (``LRScheduler._last_lr``: torch 2.4-2.13; also set by
+    """Make ``scheduler.get_last_lr()`` return ``values`` (``LRScheduler._last_lr``: torch 2.13.0; also set by
     ``ReduceLROnPlateau``). Schedulers without it are left alone."""
     if hasattr(scheduler, "_last_lr"):
         scheduler._last_lr = list(values)
@@ -141,7 +121,7 @@ def set_scheduler_last_lr(scheduler: Any, values: list[float]) -> None:
 def set_logger_version(logger: Any, version: str) -> bool:
     """Give a ``TensorBoardLogger`` whose version the user left unset a fixed ``version``; True if it was set.
 
-    Lightning reads ``_version`` lazily (Lightning 2.4-2.6), so setting it before the first log keeps one folder.
+    Lightning reads ``_version`` lazily (Lightning 2.5.0, 2.6.6), so setting it before the first log keeps one folder.
     """
     from lightning.pytorch.loggers import TensorBoardLogger
 
@@ -152,19 +132,20 @@ def set_logger_version(logger: Any, version: str) -> bool:
 
 
 def train_combined_loader_mode(trainer: Any) -> str | None:
-    """The mode of the training ``CombinedLoader`` (``fit_loop._combined_loader._mode``: Lightning 2.4-2.6), if any."""
+    """The mode of the training ``CombinedLoader``, if any (``fit_loop._combined_loader._mode``: Lightning 2.5.0,
+    2.6.6)."""
     loader = getattr(getattr(trainer, "fit_loop", None), "_combined_loader", None)
     return getattr(loader, "_mode", None)
 
 
 def checkpoint_connector(trainer: Any) -> Any:
-    """The trainer's checkpoint connector (``Trainer._checkpoint_connector``: Lightning 2.4-2.6)."""
+    """The trainer's checkpoint connector (``Trainer._checkpoint_connector``: Lightning 2.5.0, 2.6.6)."""
     return trainer._checkpoint_connector
 
 
 def ckpt_path_parser_patch(trainer: Any, wrapper: Callable[..., Any], *, name: str) -> Patch:
     """A :class:`Patch` (not installed) of the trainer's ``_checkpoint_connector._parse_ckpt_path``, which turns
-    ``"best"`` and ``"last"`` into a path before any strategy code runs (Lightning 2.4-2.6). The replacement calls
+    ``"best"`` and ``"last"`` into a path before any strategy code runs (Lightning 2.5.0, 2.6.6). The replacement calls
     ``wrapper(original, state_fn, ckpt_path, model_provided, model_connected)``."""
     connector = trainer._checkpoint_connector
     original = connector._parse_ckpt_path
@@ -192,7 +173,7 @@ def hook_launcher(strategy: Any, before_launch: Callable[[Any], Any]) -> None:
 
     The launcher is the first object of a strategy that sees the trainer in those calls, before Lightning resolves
     ``ckpt_path``. Call it from ``_configure_launcher`` after Lightning's own (``strategy._launcher``: Lightning
-    2.4-2.6); a launcher other than the script launcher DDP uses is left as it is.
+    2.5.0, 2.6.6); a launcher other than the script launcher DDP uses is left as it is.
     """
     launcher = strategy._launcher
     if type(launcher) is _SubprocessScriptLauncher:
@@ -200,11 +181,11 @@ def hook_launcher(strategy: Any, before_launch: Callable[[Any], Any]) -> None:
 
 
 def signal_connector(trainer: Any) -> Any:
-    """The trainer's signal connector (``Trainer._signal_connector``: Lightning 2.4-2.6).
+    """The trainer's signal connector (``Trainer._signal_connector``: Lightning 2.5.0, 2.6.6).
 
     ``Trainer._run`` calls its ``register_signal_handlers()`` right before ``_run_stage()`` (after the restore) and its
-    ``teardown()`` in ``Trainer._teardown``; both methods exist with these names and no arguments in 2.4.0, 2.5.x and
-    2.6.6. Its SIGTERM handler broadcasts from rank 0 inside the handler (2.6) and its loops check rank 0's flag.
+    ``teardown()`` in ``Trainer._teardown``; both methods exist with these names and no arguments in 2.5.0 and 2.6.6.
+    Its SIGTERM handler broadcasts from rank 0 inside the handler (2.6) and its loops check rank 0's flag.
     """
     return trainer._signal_connector
 
@@ -212,7 +193,7 @@ def signal_connector(trainer: Any) -> Any:
 def call_resume_start(original: Callable[..., None], checkpoint_path: Any, weights_only: Any) -> None:
     """Call the connector's original ``resume_start`` with the arguments this Lightning accepts.
 
-    Lightning 2.6 added ``weights_only``; 2.4 and 2.5 take ``checkpoint_path`` only.
+    Lightning 2.6 added ``weights_only`` (2.6.6); 2.5 takes ``checkpoint_path`` only (2.5.0).
     """
     if _accepts(original, "weights_only"):
         original(checkpoint_path, weights_only)
@@ -370,7 +351,7 @@ def dcp_metadata_globals() -> dict[tuple[str, str], Any]:
 
     DCP pickles its ``Metadata`` dataclass tree; besides the public dataclasses it names ``_StorageInfo``
     (``torch.distributed.checkpoint.filesystem``), ``_MEM_FORMAT_ENCODING`` (``...checkpoint.metadata``) and
-    ``torch.serialization._get_layout``. Checked against torch 2.4-2.13.
+    ``torch.serialization._get_layout``. Checked against torch 2.13.0.
     """
     import pathlib
 

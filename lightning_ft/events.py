@@ -31,6 +31,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
+__all__ = ["get_event_log", "read_events"]
+"""The public part (docs/monitors.md): a LightningModule reads the run's event log with these. The rest is shared by
+lightning-ft's packages, not API."""
+
 STATE_DIR = "lightning-ft"
 """The folder under ``default_root_dir`` that holds lightning-ft's own records."""
 EVENTS_SUBDIR = Path(STATE_DIR) / "events"

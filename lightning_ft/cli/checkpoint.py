@@ -55,7 +55,7 @@ def run_inspect(args: argparse.Namespace) -> int:
         CLIError: nothing exists at ``args.path``.
     """
     require_path(args.path, "checkpoint")
-    from lightning_ft.checkpoint import describe, format_description
+    from lightning_ft.checkpoint.internal import describe, format_description
 
     desc = describe(args.path)
     print(json.dumps(desc, indent=2, default=str) if args.json else format_description(desc))
@@ -72,7 +72,8 @@ def run_export(args: argparse.Namespace) -> int:
     """
     require_path(args.path, "checkpoint")
     require_path(Path(args.out).absolute().parent, "folder for OUT")
-    from lightning_ft.checkpoint import CheckpointError, export_checkpoint
+    from lightning_ft.checkpoint import CheckpointError
+    from lightning_ft.checkpoint.internal import export_checkpoint
 
     try:
         out = export_checkpoint(args.path, args.out, full=args.full, progress=not args.no_progress)

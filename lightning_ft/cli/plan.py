@@ -12,17 +12,8 @@ import sys
 from typing import Any, TextIO
 
 from lightning_ft.cli.errors import EXIT_NO, EXIT_OK, CLIError
-from lightning_ft.parallel.planner import (
-    DEVICE_PRESETS,
-    GIB,
-    MODEL_PRESETS,
-    RECOMPUTE,
-    SCHEDULES,
-    ClusterSpec,
-    ModelSpec,
-    Plan,
-    plan_parallelism,
-)
+from lightning_ft.parallel import DEVICE_PRESETS, MODEL_PRESETS, ClusterSpec, ModelSpec, Plan, plan_parallelism
+from lightning_ft.parallel.internal import GIB, RECOMPUTE, SCHEDULES
 
 __all__ = ["add_plan_arguments", "register", "run_plan"]
 

@@ -39,7 +39,7 @@ def run_report(args: argparse.Namespace) -> int:
     if args.png:
         require_module("matplotlib", "--png", extra="plot")
     from lightning_ft.events import events_dir, read_events
-    from lightning_ft.monitors.goodput_report import format_report, plot_timeline, summarize
+    from lightning_ft.monitors.internal import format_report, plot_timeline, summarize
 
     events = read_events(logdir)
     if not events:

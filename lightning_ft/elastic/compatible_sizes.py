@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lightning_ft.parallel.validation import check_positive_int, divisors
+from lightning_ft.parallel.internal import check_positive_int, divisors
 
 __all__ = ["compatible_data_parallel_sizes", "compatible_world_sizes"]
 

@@ -24,15 +24,15 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from lightning_ft.checkpoint import discovery
+from lightning_ft.checkpoint.internal import discovery
 from lightning_ft.events import STATE_DIR, EventLog
 from lightning_ft.fault import health, slurm
 from lightning_ft.fault.agreement import StopAgreement, StopDecision
 from lightning_ft.fault.fault_policy import FaultPolicy
 from lightning_ft.fault.heartbeat import HeartbeatBoard, Progress
 from lightning_ft.fault.signals import PreemptionSignals
-from lightning_ft.fault.stop import attempt_end_fields, checkpoint_and_stop, preempt_checkpoint_path
 from lightning_ft.fault.watchdog import Watchdog
+from lightning_ft.stop import attempt_end_fields, checkpoint_and_stop, preempt_checkpoint_path
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -317,7 +317,7 @@ def end_attempt(
 ) -> None:
     """At the strategy's teardown: undo ``handler``'s run (if any) and, after ``fit``, write ``attempt_end``.
 
-    ``exception`` is what ended ``fit`` (``None``: it returned); see :func:`~lightning_ft.fault.stop.attempt_end_fields`.
+    ``exception`` is what ended ``fit`` (``None``: it returned); see :func:`~lightning_ft.stop.attempt_end_fields`.
     ``fields`` are added to the event (the strategy's ``last_step`` and ``last_step_time``). Written with or without a
     ``FaultPolicy``: the event log's account of attempts does not depend on it.
     """

@@ -11,13 +11,11 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
+from lightning_ft.stop import EXIT_CODE_TEMPFAIL
+
 # torchrun (torch.distributed.elastic) sends SIGTERM to its workers on shutdown and SIGKILLs them 30 s later
 # (`PContext.close(timeout=30)`, `LocalElasticAgent(shutdown_timeout=30)`); the preemption checkpoint must fit inside.
 TORCHRUN_SHUTDOWN_TIMEOUT_S = 30.0
-
-EXIT_CODE_TEMPFAIL = 75
-"""``EX_TEMPFAIL`` (sysexits.h): a temporary failure, to be retried. The exit code of a process that stopped after a
-preemption or straggler checkpoint: non-zero, so torchrun restarts the worker group and a scheduler requeues the job."""
 
 _UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
 

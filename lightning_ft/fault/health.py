@@ -28,7 +28,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lightning_ft.checkpoint.storage.object_store import is_remote
+from lightning_ft.checkpoint.internal import is_remote
+from lightning_ft.nvml import NVML, NVMLUnavailable, decode_reasons
 
 # Optimizer state per parameter, in parameter-sized tensors, for optimizers whose state does not exist yet (it is
 # created at the first step). Unknown optimizers count as Adam, the common worst case.
@@ -158,13 +159,11 @@ def nvml_index(cuda_index: int) -> int:
 def check_gpu(rank: int, device: torch.device, nvml: Any = None) -> list[Failure]:
     """``gpu``: ECC, retired pages and row remaps, hardware slowdown at rest, from NVML. Nothing on a CPU.
 
-    ``nvml``: an object like :class:`~lightning_ft.monitors.nvml.NVML` (tests pass a ``FakeNVML``); ``None`` opens the
+    ``nvml``: an object like :class:`~lightning_ft.nvml.NVML` (tests pass a ``FakeNVML``); ``None`` opens the
     real one. A machine where NVML cannot be used skips the check (the training would not use NVML either).
     """
     if device.type != "cuda" and nvml is None:
         return []
-    from lightning_ft.monitors.nvml import NVML, NVMLUnavailable, decode_reasons
-
     nvml = nvml if nvml is not None else NVML()
     index = nvml_index(device.index or 0) if device.type == "cuda" else 0
     try:

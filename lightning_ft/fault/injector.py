@@ -394,7 +394,7 @@ def checkpoint_storage(trainer: pl.Trainer) -> Any:
     injectors = [cb for cb in trainer.callbacks if isinstance(cb, FaultInjector) and cb.has_storage_faults]
     if not injectors:
         return None
-    from lightning_ft.checkpoint import SnapshotStorage
+    from lightning_ft.checkpoint.internal import SnapshotStorage
 
     storage: Any = SnapshotStorage()
     for injector in injectors:

@@ -31,12 +31,11 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_ft.events import get_event_log, open_event_log
-from lightning_ft.fault.fault_policy import EXIT_CODE_TEMPFAIL
-from lightning_ft.fault.stop import checkpoint_and_stop
 from lightning_ft.monitors._collectives import PendingRows, acquire_group, release_group, start_gather_rows
 from lightning_ft.monitors._replay import replayed_through
 from lightning_ft.monitors._timing import StepClock, percentile, rise_step
 from lightning_ft.monitors.straggler_detector import DetectorConfig, StragglerDetector, WindowResult, median
+from lightning_ft.stop import EXIT_CODE_TEMPFAIL, checkpoint_and_stop
 
 log = logging.getLogger(__name__)
 

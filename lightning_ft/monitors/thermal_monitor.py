@@ -2,7 +2,7 @@
 
 Every ``interval`` training batches each rank reads its device (temperature against the slowdown threshold, SM clock
 against its maximum, power against the enforced limit, clock-event reasons, thermal and power violation time, ECC
-counts) through the seam in :mod:`lightning_ft.monitors.nvml`. The readings are gathered to rank 0 in one small
+counts) through the seam in :mod:`lightning_ft.nvml`. The readings are gathered to rank 0 in one small
 ``all_gather`` and logged as per-rank scalars; the rank that owns a device writes a ``thermal`` event when the device
 enters or leaves throttling. Without NVML or without a GPU the monitor says so once and turns itself off. Steps an
 earlier attempt of the run already reached are not logged again after a restart.
@@ -30,7 +30,7 @@ from lightning_ft.monitors._collectives import (
     start_gather_rows,
 )
 from lightning_ft.monitors._replay import replayed_through
-from lightning_ft.monitors.nvml import NVML, READING_FIELDS, NVMLLike, NVMLUnavailable, decode_reasons
+from lightning_ft.nvml import NVML, READING_FIELDS, NVMLLike, NVMLUnavailable, decode_reasons
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class ThermalMonitor(Callback):
         devices: NVML index for each local rank (``devices[local_rank]``). Default: the local rank, mapped through
             ``CUDA_VISIBLE_DEVICES`` when that lists indices.
         nvml: the NVML to read (default: the real one); tests and CPU demos pass a
-            :class:`~lightning_ft.monitors.nvml.FakeNVML`.
+            :class:`~lightning_ft.nvml.FakeNVML`.
         log_per_rank: log ``thermal/<field>/rank_<r>`` for every rank; fleet maxima are always logged.
 
     Raises:

@@ -4,8 +4,9 @@
 own parts: :mod:`~lightning_ft.strategy.elastic_ft3d` (the Lightning hooks), :mod:`~lightning_ft.strategy.process_group`,
 :mod:`~lightning_ft.strategy.torchrun_world`, :mod:`~lightning_ft.strategy.parallel_modes`,
 :mod:`~lightning_ft.strategy.checkpoint_io`, :mod:`~lightning_ft.strategy.auto_resume`,
-:mod:`~lightning_ft.strategy.tracker`, :mod:`~lightning_ft.strategy.resume_message`,
-:mod:`~lightning_ft.strategy.teardown` and :mod:`~lightning_ft.strategy.registry`.
+:mod:`~lightning_ft.strategy.tracker`, :mod:`~lightning_ft.strategy.elastic_resume`,
+:mod:`~lightning_ft.strategy.run` (the collaborators of one run), :mod:`~lightning_ft.strategy.teardown` and
+:mod:`~lightning_ft.strategy.registry`.
 
 Importing this package registers the strategy's names with Lightning's ``StrategyRegistry``
 (``Trainer(strategy="elastic_ft3d")``; see :mod:`~lightning_ft.strategy.registry`).

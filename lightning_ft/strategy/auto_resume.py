@@ -17,9 +17,9 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_ft import _compat
-from lightning_ft.checkpoint import CheckpointError, CheckpointNotFoundError, UncommittedCheckpointError, discovery
-from lightning_ft.checkpoint.foreign_discovery import list_foreign
-from lightning_ft.checkpoint.storage import ObjectStore, as_url, is_remote
+from lightning_ft.checkpoint import CheckpointError, CheckpointNotFoundError, UncommittedCheckpointError
+from lightning_ft.checkpoint.internal import as_url, discovery, is_remote, list_foreign
+from lightning_ft.checkpoint.storage import ObjectStore
 from lightning_ft.strategy.checkpoint_io import is_last_path, is_lightning_ft_checkpoint
 
 if TYPE_CHECKING:

@@ -21,8 +21,8 @@ from typing import Any
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_ft import _compat
-from lightning_ft.checkpoint import CheckpointError, discovery
-from lightning_ft.checkpoint.rank_state import read_rank_state
+from lightning_ft.checkpoint import CheckpointError
+from lightning_ft.checkpoint.internal import discovery, read_rank_state
 from lightning_ft.strategy.auto_resume import newest_remote_checkpoint
 
 __all__ = ["resolving_best", "restore_checkpoint_callbacks"]

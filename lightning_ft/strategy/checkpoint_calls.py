@@ -24,8 +24,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning_ft.strategy import per_rank_state
 from lightning_ft.strategy.auto_resume import resolve_explicit_ckpt_path
 from lightning_ft.strategy.checkpoint_io import is_lightning_ft_checkpoint, run_metadata, split_checkpoint
+from lightning_ft.strategy.elastic_resume import loaded_message
 from lightning_ft.strategy.foreign_import import import_for_strategy
-from lightning_ft.strategy.resume_message import loaded_message
 
 if TYPE_CHECKING:
     from lightning_ft.strategy.elastic_ft3d import ElasticFT3D

@@ -24,20 +24,23 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_ft import _compat
-from lightning_ft.checkpoint import (
+from lightning_ft.checkpoint import AsyncCheckpointer, CheckpointError, load_checkpoint
+from lightning_ft.checkpoint.internal import (
     COMMIT_MARKER,
+    ENTRIES_FILE,
     IN_PROGRESS_RECORD,
     METADATA_FILE,
-    AsyncCheckpointer,
-    CheckpointError,
     CommitInfo,
+    ObjectStoreCheckpointer,
     Retention,
+    RoutedStorage,
+    as_url,
     discovery,
-    load_checkpoint,
+    is_remote,
+    protocol_of,
+    storage_named,
 )
-from lightning_ft.checkpoint.storage import ObjectStore, ObjectStoreCheckpointer, RoutedStorage, storage_named
-from lightning_ft.checkpoint.storage.dcp_storage import ENTRIES_FILE
-from lightning_ft.checkpoint.storage.object_store import as_url, is_remote, protocol_of
+from lightning_ft.checkpoint.storage import ObjectStore
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl

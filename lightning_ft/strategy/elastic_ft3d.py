@@ -2,16 +2,43 @@
 
 It is a drop-in for Lightning's ``ModelParallelStrategy`` (same ``configure_model()`` contract, same mesh axis names
 ``"data_parallel"`` and ``"tensor_parallel"``, plus ``"pipeline_parallel"``) and behaves exactly like ``DDPStrategy``
-for a module whose parameters are not DTensors after ``configure_model()``. This module holds the Lightning hooks;
-each delegates to the piece that owns the concern:
+for a module whose parameters are not DTensors after ``configure_model()``. This module holds the Lightning hooks
+and the checks of the constructor's arguments; each hook delegates to the part that owns the concern (one module each
+in this package, listed in docs/architecture.md).
 
-- arguments, process groups, the 3-D ``DeviceMesh``: :mod:`~lightning_ft.strategy.arguments`, ``process_group``,
-  ``parallel/``; the callbacks a run attaches: :mod:`~lightning_ft.strategy.run_setup`;
-- the parallel mode (data parallel, DTensor, pipeline): :mod:`~lightning_ft.strategy.parallel_modes`;
-- saving and loading: :mod:`~lightning_ft.strategy.checkpoint_calls` over ``checkpoint_io`` (``last``, retention,
-  fallback), ``foreign_import`` and ``per_rank_state``; auto-resume: :mod:`~lightning_ft.strategy.auto_resume`;
-- per-batch bookkeeping: :mod:`~lightning_ft.strategy.tracker`; elastic resume: ``elastic_resume`` and ``elastic/``;
-  faults: ``fault/``; the event log: :mod:`lightning_ft.events`; teardown: :mod:`~lightning_ft.strategy.teardown`.
+Lifecycle: the hooks that drive a collaborator, in the order Lightning calls them in ``fit``, and what each
+collaborator does there (tests/strategy/test_elastic_ft3d.py holds the order). The collaborators of one run
+(checkpoint I/O, auto-resume, tracker, data position, elastic resume, event log) live on one
+:class:`~lightning_ft.strategy.run.StrategyRun`, which a pickled strategy drops; the fault handler (from ``fault=``)
+and the parallel mode (chosen in ``setup``) live on the strategy.
+
+======================  ================================================================================================
+hook                    what the collaborators do
+======================  ================================================================================================
+``__init__``            arguments checked; fault handler built; a fresh run: auto-resume, data position, elastic resume
+``setup_environment``   (every rank) torchrun world, ``ParallelConfig``, process group, mesh; event log opened; fault
+                        handler installs signal handlers and watchdog hooks; checkpoint I/O opened; tracker built;
+                        tracker and elastic resume put first in ``trainer.callbacks``; auto-resume patches the
+                        checkpoint connector
+``setup``               (after ``configure_model``) checkpoint folders checked; the parallel mode chosen and set up (DDP
+                        wrap, DTensor or pipeline); fault handler's pre-flight health checks (collective)
+(connector)             auto-resume's patch picks the ``ckpt_path``
+``load_checkpoint``     auto-resume hands over its fallbacks; checkpoint I/O loads; elastic resume told what was loaded;
+                        tracker restores the RNG states at the next batch
+``process_dataloader``  data position swaps in the resumable sampler at the saved position
+``on_train_start``      (after the callbacks': elastic resume decides accumulation and LR scale) a foreign
+                        checkpoint's sampler positioned, batch progress aligned; rank 0's checkpoint I/O cleans up
+                        leftovers of uncommitted saves
+``optimizer_step``      elastic resume applies the LR scale around the mode's optimizer step
+``save_checkpoint``     elastic resume's metadata; checkpoint I/O captures the state, then writes in the background
+``remove_checkpoint``   checkpoint I/O's retention (never the save in flight)
+``on_exception``        the error kept for teardown
+``teardown``            checkpoint I/O closed (waits for the save in flight); auto-resume patch undone; mode torn down;
+                        elastic resume writes ``resumed`` if due; ``attempt_end`` recorded; the two callbacks removed
+======================  ================================================================================================
+
+The other overrides answer Lightning's questions (``num_nodes``, ``distributed_sampler_kwargs``, the state dicts
+through the mode) and hold no state of a run.
 """
 
 from __future__ import annotations
@@ -31,25 +58,26 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_ft import _compat
-from lightning_ft.elastic import ElasticPolicy, TrainingDataPosition, align_batch_progress, check_accumulation_scheduler
-from lightning_ft.events import EventLog, open_event_log
-from lightning_ft.fault import FaultHandler, FaultPolicy, checkpoint_storage, end_attempt
-from lightning_ft.parallel.layout import build_device_mesh
-from lightning_ft.parallel.parallel_config import ParallelConfig
+from lightning_ft.checkpoint.internal import storage_named
+from lightning_ft.elastic import ElasticPolicy
+from lightning_ft.elastic.internal import align_batch_progress, check_accumulation_scheduler
+from lightning_ft.events import open_event_log
+from lightning_ft.fault import FaultPolicy, checkpoint_storage
+from lightning_ft.fault.internal import FaultHandler, end_attempt
+from lightning_ft.parallel import ParallelConfig, build_device_mesh
+from lightning_ft.parallel.internal import PIPELINE_SCHEDULES, check_positive_int
 from lightning_ft.strategy import process_group
-from lightning_ft.strategy.arguments import check_strategy_arguments
-from lightning_ft.strategy.auto_resume import AutoResume, checkpoint_dirpaths
+from lightning_ft.strategy.auto_resume import checkpoint_dirpaths
 from lightning_ft.strategy.best_path import resolving_best
 from lightning_ft.strategy.checkpoint_calls import load_for_strategy, save_for_strategy
 from lightning_ft.strategy.checkpoint_io import (
     StrategyCheckpoints,
     check_checkpoint_dirpath,
 )
-from lightning_ft.strategy.elastic_resume import ElasticResume
 from lightning_ft.strategy.foreign_import import position_sampler
 from lightning_ft.strategy.parallel_modes import DataParallelMode, has_dtensor_parameters, mode_for
 from lightning_ft.strategy.registry import register_strategy_names
-from lightning_ft.strategy.run_setup import attach_to_trainer
+from lightning_ft.strategy.run import RunPart, StrategyRun, attach_to_trainer
 from lightning_ft.strategy.teardown import TeardownSteps, attached_trainer, remove_callback
 from lightning_ft.strategy.torchrun_world import follow_torchrun
 from lightning_ft.strategy.tracker import TrainingTracker
@@ -94,6 +122,14 @@ class ElasticFT3D(DDPStrategy):
 
     strategy_name = "elastic_ft3d"
 
+    # The collaborators of one run live on ``self._run`` (a StrategyRun); these names are how the hooks reach them.
+    _checkpoints = RunPart("checkpoints")
+    _tracker = RunPart("tracker")
+    event_log = RunPart("event_log")
+    _auto_resume = RunPart("auto_resume")
+    _data_position = RunPart("data_position")
+    _elastic_resume = RunPart("elastic_resume")
+
     def __init__(
         self,
         data_parallel_size: int | Literal["auto"] = "auto",
@@ -110,7 +146,7 @@ class ElasticFT3D(DDPStrategy):
         find_unused_parameters: bool = False,
         checkpoint_format: str = "torchsnapshot",
     ) -> None:
-        check_strategy_arguments(
+        _check_arguments(
             data_parallel_size=data_parallel_size,
             tensor_parallel_size=tensor_parallel_size,
             pipeline_parallel_size=pipeline_parallel_size,
@@ -132,19 +168,14 @@ class ElasticFT3D(DDPStrategy):
         self.pipeline_schedule = pipeline_schedule
         self.num_microbatches = num_microbatches
         self.parallel_config: ParallelConfig | None = None
-        self.event_log: EventLog | None = None
         self._device_mesh: DeviceMesh | None = None
         self._parallelized = False
         self._mode: DataParallelMode = DataParallelMode(self)
         self._attempt_start_time = time.time()
-        self._checkpoints: StrategyCheckpoints | None = None
-        self._auto_resume = AutoResume(enabled=auto_resume, broadcast=self.broadcast)
-        self._tracker: TrainingTracker | None = None
-        self._data_position = TrainingDataPosition()
         self._foreign_batches_into_epoch = 0
         self._fault = FaultHandler(fault) if fault is not None else None
         self._exception: BaseException | None = None
-        self._elastic_resume = ElasticResume.of(self)
+        self._run = StrategyRun.for_strategy(self)
 
     @classmethod
     @override
@@ -379,18 +410,12 @@ class ElasticFT3D(DDPStrategy):
         # part of the strategy's configuration: a pickled or deep-copied Trainer (or `torch.save(model)`) gets a
         # strategy that sets them up again when it runs.
         state = super().__getstate__()  # Lightning's drops its optimizer wrappers
-        for name in ("_checkpoints", "_tracker", "event_log", "_auto_resume", "_data_position", "_elastic_resume"):
-            state.pop(name, None)
+        state.pop("_run", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        self._checkpoints = None
-        self._tracker = None
-        self.event_log = None
-        self._auto_resume = AutoResume(enabled=self.auto_resume, broadcast=self.broadcast)
-        self._data_position = TrainingDataPosition()
-        self._elastic_resume = ElasticResume.of(self)
+        self._run = StrategyRun.for_strategy(self)
 
     @override
     def on_exception(self, exception: BaseException) -> None:
@@ -419,3 +444,32 @@ class ElasticFT3D(DDPStrategy):
         steps.run(super().teardown, "running DDPStrategy.teardown")
         self._exception = None  # the next run of this strategy starts clean
         steps.finish()
+
+
+def _check_arguments(
+    *,
+    data_parallel_size: Any,
+    tensor_parallel_size: Any,
+    pipeline_parallel_size: Any,
+    pipeline_schedule: str,
+    num_microbatches: Any,
+    elastic: Any,
+    fault: Any,
+    checkpoint_format: str,
+) -> None:
+    """The checks ``ElasticFT3D(...)`` runs on its arguments at construction, before any process or file exists: raise
+    ``TypeError`` or ``ValueError`` naming the option, its value and the rule for the first bad argument."""
+    check_positive_int("ElasticFT3D", "data_parallel_size", data_parallel_size, allow_auto=True)
+    check_positive_int("ElasticFT3D", "tensor_parallel_size", tensor_parallel_size, allow_auto=True)
+    check_positive_int("ElasticFT3D", "pipeline_parallel_size", pipeline_parallel_size)
+    if pipeline_schedule not in PIPELINE_SCHEDULES:
+        raise ValueError(
+            f"ElasticFT3D(pipeline_schedule={pipeline_schedule!r}): must be one of {', '.join(PIPELINE_SCHEDULES)}"
+        )
+    if num_microbatches is not None:
+        check_positive_int("ElasticFT3D", "num_microbatches", num_microbatches)
+    if elastic is not None and not isinstance(elastic, ElasticPolicy):
+        raise TypeError(f"ElasticFT3D(elastic={elastic!r}): must be an ElasticPolicy or None")
+    if fault is not None and not isinstance(fault, FaultPolicy):
+        raise TypeError(f"ElasticFT3D(fault={fault!r}): must be a FaultPolicy or None")
+    storage_named(checkpoint_format, owner="ElasticFT3D")

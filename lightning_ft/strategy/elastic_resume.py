@@ -12,6 +12,9 @@ Rank 0 writes the ``resumed`` event once the first step after the resume is done
 it), with the decision and the time the world change cost, in parts (:mod:`lightning_ft.elastic.resume_timing`).
 The strategy's ``attempt_end`` (every rank, at teardown) carries :meth:`ElasticResume.last_step`: the time of the
 last completed step, which the next attempt's timing starts from.
+
+The one console line rank 0 prints when a checkpoint is loaded is written here too (:func:`resume_message`, and
+:func:`loaded_message` for ``validate``/``test``/``predict``, which load weights and resume nothing).
 """
 
 from __future__ import annotations
@@ -28,16 +31,16 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_ft import _compat
-from lightning_ft.elastic import (
-    ElasticPolicy,
+from lightning_ft.elastic import ElasticPolicy
+from lightning_ft.elastic.internal import (
     ResumeDecision,
     ScaledLearningRates,
     plan_resume_from_metadata,
+    previous_world,
+    resume_timing,
     resumed_rng_states,
 )
-from lightning_ft.elastic.resume_timing import previous_world, resume_timing
 from lightning_ft.events import EventLog, process_start_time, read_events
-from lightning_ft.strategy.resume_message import resume_message
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -266,3 +269,33 @@ def _per_device_batch_size(trainer: pl.Trainer) -> int | None:
         if isinstance(loader, DataLoader) and isinstance(loader.batch_size, int):
             return loader.batch_size
     return None
+
+
+def resume_message(path: Path, metadata: dict[str, Any], *, decision: ResumeDecision, world_size: int) -> str:
+    """``lightning-ft: resuming from PATH (step N): world size 2 -> 3, gradient accumulation 1 -> 2, LR x1.00 -> x1.50``.
+
+    The LR factor is relative to the learning rates the run configured: the factor the checkpoint's run trained with
+    (earlier elastic resumes) and the one this run trains with once any warm-up of it is over. Values that did not
+    change are shown as such.
+    """
+    saved_world = metadata.get("world_size")
+    saved_accumulate = int(metadata.get("accumulate_grad_batches") or 1)
+    carried = float(metadata.get("lr_scale") or 1.0)
+    lr = _change("LR", f"x{carried:.2f}", f"x{carried * decision.lr_scale:.2f}")
+    if decision.lr_scale != 1.0 and decision.lr_warmup_steps > 0:
+        lr += f" (ramped in over {decision.lr_warmup_steps} steps)"
+    parts = [
+        _change("world size", saved_world if saved_world is not None else world_size, world_size),
+        _change("gradient accumulation", saved_accumulate, decision.accumulate_grad_batches),
+        lr,
+    ]
+    return f"lightning-ft: resuming from {path} (step {metadata.get('step')}): {', '.join(parts)}"
+
+
+def loaded_message(path: Path, metadata: dict[str, Any], *, stage: str) -> str:
+    """``lightning-ft: loaded weights from PATH (step N) for test``: what validate/test/predict print instead."""
+    return f"lightning-ft: loaded weights from {path} (step {metadata.get('step')}) for {stage}"
+
+
+def _change(name: str, before: Any, after: Any) -> str:
+    return f"{name} {after} (unchanged)" if before == after else f"{name} {before} -> {after}"

@@ -26,8 +26,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_ft import _compat
 from lightning_ft.checkpoint import CheckpointError, UncommittedCheckpointError
-from lightning_ft.checkpoint.dcp_folder import is_dcp_folder, load_dcp, read_lightning_dcp_meta
-from lightning_ft.checkpoint.safe_load import load_torch_file
+from lightning_ft.checkpoint.internal import is_dcp_folder, load_dcp, load_torch_file, read_lightning_dcp_meta
 
 if TYPE_CHECKING:
     from lightning_ft.events import EventLog
@@ -251,7 +250,7 @@ def position_sampler(trainer: Any, batches: int, *, data_parallel_size: int) -> 
     Call from ``on_train_start`` before the batch progress is aligned, on every rank. Returns the global samples
     skipped (0 if the loader has no resumable sampler or already holds a position).
     """
-    from lightning_ft.elastic import find_resumable_sampler
+    from lightning_ft.elastic.internal import find_resumable_sampler
 
     loader = getattr(trainer, "train_dataloader", None)
     sampler = find_resumable_sampler(loader)

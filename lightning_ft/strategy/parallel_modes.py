@@ -24,7 +24,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from lightning_ft import _compat
 from lightning_ft.checkpoint import CheckpointError
-from lightning_ft.parallel.pipeline import PipelineRunner
+from lightning_ft.parallel import PipelineRunner
 from lightning_ft.strategy.pipeline_reshard import assemble_stage, check_pipeline_resume, stage_sources, writes_stage
 
 if TYPE_CHECKING:

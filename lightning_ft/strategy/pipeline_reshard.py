@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lightning_ft.parallel.layout import rank_at
+from lightning_ft.parallel.internal import rank_at
 
 _AXES = ("pipeline_parallel", "data_parallel", "tensor_parallel")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from lightning_ft.checkpoint import async_checkpointer
-from lightning_ft.checkpoint.storage import FORMATS, storage_named
+from lightning_ft.checkpoint.internal import FORMATS, storage_named
 from lightning_ft.strategy import checkpoint_io
 from tests.checkpoint import support
 

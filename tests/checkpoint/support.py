@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from lightning_ft.checkpoint import COMMIT_MARKER, METADATA_FILE, AsyncCheckpointer, in_progress
-from lightning_ft.checkpoint.storage import storage_named
+from lightning_ft.checkpoint import AsyncCheckpointer, in_progress
+from lightning_ft.checkpoint.internal import COMMIT_MARKER, METADATA_FILE, storage_named
 from lightning_ft.checkpoint.storage.dcp_storage import ENTRIES_FILE
 
 _format = ["torchsnapshot"]  # replaced by the checkpoint_format fixture for the duration of a test

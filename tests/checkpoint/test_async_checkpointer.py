@@ -11,15 +11,10 @@ import pytest
 import torch
 from torch.distributed.checkpoint import filesystem as dcp_filesystem
 
-from lightning_ft.checkpoint import (
-    AsyncCheckpointer,
-    is_committed,
-    load_checkpoint,
-    read_metadata,
-    verify,
-)
+from lightning_ft.checkpoint import AsyncCheckpointer, load_checkpoint, verify
 from lightning_ft.checkpoint import snapshot_storage as storage_module
 from lightning_ft.checkpoint.async_checkpointer import THREAD_NAME
+from lightning_ft.checkpoint.internal import is_committed, read_metadata
 from tests.checkpoint.support import FlakyStorage, GatedStorage, enospc
 
 pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats

@@ -11,14 +11,8 @@ import socket
 import pytest
 import torch
 
-from lightning_ft.checkpoint import (
-    IN_PROGRESS_RECORD,
-    AsyncCheckpointer,
-    cleanup_uncommitted,
-    is_committed,
-    list_committed,
-    load_checkpoint,
-)
+from lightning_ft.checkpoint import AsyncCheckpointer, cleanup_uncommitted, list_committed, load_checkpoint
+from lightning_ft.checkpoint.internal import IN_PROGRESS_RECORD, is_committed
 from tests.checkpoint.support import GatedStorage, StorageWrapper, in_forked_child, kill_this_process, save
 
 pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats

@@ -9,17 +9,14 @@ import zlib
 import pytest
 
 from lightning_ft.checkpoint import (
-    COMMIT_MARKER,
-    FORMAT_VERSION,
-    METADATA_FILE,
     CorruptCheckpointError,
     FormatVersionError,
     UncommittedCheckpointError,
     commit,
-    is_committed,
     load_checkpoint,
     verify,
 )
+from lightning_ft.checkpoint.internal import COMMIT_MARKER, FORMAT_VERSION, METADATA_FILE, is_committed
 from tests.checkpoint.support import CreatesFileWhenUnpickled, save
 
 pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats

@@ -11,21 +11,23 @@ import pytest
 import torch
 
 from lightning_ft.checkpoint import (
-    COMMIT_MARKER,
-    METADATA_FILE,
     AsyncCheckpointer,
     CheckpointError,
     CheckpointWriteError,
     CorruptCheckpointError,
-    describe,
-    format_description,
-    is_committed,
     list_committed,
     load_checkpoint,
     verify,
 )
 from lightning_ft.checkpoint.coverage import coverage_problems
-from lightning_ft.checkpoint.storage import storage_named
+from lightning_ft.checkpoint.internal import (
+    COMMIT_MARKER,
+    METADATA_FILE,
+    describe,
+    format_description,
+    is_committed,
+    storage_named,
+)
 from tests.checkpoint.support import save
 from tests.helpers import run_distributed
 

@@ -12,7 +12,8 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from lightning_ft.checkpoint import AsyncCheckpointer, CorruptCheckpointError, load_checkpoint
 from lightning_ft.checkpoint.dcp_folder import load_dcp
-from lightning_ft.checkpoint.storage import DcpStorage, EntryLayout
+from lightning_ft.checkpoint.internal import EntryLayout
+from lightning_ft.checkpoint.storage import DcpStorage
 from tests.checkpoint.support import data_files
 from tests.helpers import run_distributed
 

@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-from lightning_ft.checkpoint import SnapshotStorage
 from lightning_ft.checkpoint.direct_write import ALIGNMENT, aligned_empty, supports_direct_io, write_file
+from lightning_ft.checkpoint.internal import SnapshotStorage
 from lightning_ft.checkpoint.ownership import regions_to_write
 from lightning_ft.checkpoint.staging import Stager, encode_state
 

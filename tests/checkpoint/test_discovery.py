@@ -8,16 +8,8 @@ import threading
 
 import pytest
 
-from lightning_ft.checkpoint import (
-    COMMIT_MARKER,
-    METADATA_FILE,
-    cleanup_uncommitted,
-    is_committed,
-    latest_committed,
-    list_committed,
-    repoint_last,
-    verify,
-)
+from lightning_ft.checkpoint import cleanup_uncommitted, latest_committed, list_committed, repoint_last, verify
+from lightning_ft.checkpoint.internal import COMMIT_MARKER, METADATA_FILE, is_committed
 from tests.checkpoint.support import save, uncommitted
 
 pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats

@@ -11,16 +11,9 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from lightning_ft._compat import Replicate, Shard
-from lightning_ft.checkpoint import (
-    METADATA_FILE,
-    AsyncCheckpointer,
-    CheckpointWriteError,
-    is_committed,
-    load_checkpoint,
-    verify,
-)
+from lightning_ft.checkpoint import AsyncCheckpointer, CheckpointWriteError, load_checkpoint, verify
 from lightning_ft.checkpoint import snapshot_storage as storage_module
-from lightning_ft.checkpoint.storage import storage_named
+from lightning_ft.checkpoint.internal import METADATA_FILE, is_committed, storage_named
 from tests.helpers import run_distributed
 
 try:

@@ -9,8 +9,9 @@ import torch
 import torch.distributed as dist
 
 from lightning_ft._compat import DTensor, Shard
-from lightning_ft.checkpoint import AsyncCheckpointer, export_checkpoint
+from lightning_ft.checkpoint import AsyncCheckpointer
 from lightning_ft.checkpoint.export import _by_position
+from lightning_ft.checkpoint.internal import export_checkpoint
 from lightning_ft.checkpoint.torch_file import TensorSlot, save_streaming
 from tests.helpers import run_distributed
 

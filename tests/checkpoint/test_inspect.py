@@ -9,13 +9,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from lightning_ft.checkpoint import (
-    COMMIT_MARKER,
-    AsyncCheckpointer,
-    describe,
-    export_state_dict,
-    format_description,
-)
+from lightning_ft.checkpoint import AsyncCheckpointer
+from lightning_ft.checkpoint.internal import COMMIT_MARKER, describe, export_state_dict, format_description
 
 pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
 

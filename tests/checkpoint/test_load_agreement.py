@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_ft.checkpoint import AsyncCheckpointer, CorruptCheckpointError, SnapshotStorage, load_checkpoint
+from lightning_ft.checkpoint import AsyncCheckpointer, CorruptCheckpointError, load_checkpoint
+from lightning_ft.checkpoint.internal import SnapshotStorage
 from tests.helpers import run_distributed
 
 

@@ -9,7 +9,8 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_ft import load_from_checkpoint
-from lightning_ft.checkpoint import COMMIT_MARKER, CheckpointNotFoundError, UncommittedCheckpointError
+from lightning_ft.checkpoint import CheckpointNotFoundError, UncommittedCheckpointError
+from lightning_ft.checkpoint.internal import COMMIT_MARKER
 from tests.helpers import run_distributed
 from tests.strategy.conftest import _release_lightning_process_group  # noqa: F401 - autouse in this module too
 from tests.strategy.models import TinyRegressor, make_trainer

@@ -10,8 +10,9 @@ import pytest
 import torch
 from fsspec.implementations.memory import MemoryFileSystem
 
-from lightning_ft.checkpoint import COMMIT_MARKER, CheckpointError, CheckpointNotFoundError, UncommittedCheckpointError
-from lightning_ft.checkpoint.storage import ObjectStore, as_url, is_remote
+from lightning_ft.checkpoint import CheckpointError, CheckpointNotFoundError, UncommittedCheckpointError
+from lightning_ft.checkpoint.internal import COMMIT_MARKER, as_url, is_remote
+from lightning_ft.checkpoint.storage import ObjectStore
 
 
 class FakeObjectStore(MemoryFileSystem):
@@ -150,8 +151,8 @@ def test_urls_survive_pathlib_which_folds_their_double_slash():
 
 
 def test_the_async_checkpointer_for_urls_saves_replaces_and_undoes_in_a_bucket_without_rename(bucket):
-    from lightning_ft.checkpoint import SnapshotStorage, load_checkpoint
-    from lightning_ft.checkpoint.storage import ObjectStoreCheckpointer, RoutedStorage
+    from lightning_ft.checkpoint import load_checkpoint
+    from lightning_ft.checkpoint.internal import ObjectStoreCheckpointer, RoutedStorage, SnapshotStorage
 
     url = "fakeobj://bucket/ckpt/latest"
     weight = torch.arange(6.0)

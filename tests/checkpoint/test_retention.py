@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_ft.checkpoint import Retention, is_committed, repoint_last
+from lightning_ft.checkpoint import repoint_last
+from lightning_ft.checkpoint.internal import Retention, is_committed
 from tests.checkpoint.support import save
 
 pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats

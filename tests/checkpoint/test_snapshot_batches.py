@@ -6,7 +6,7 @@ import torch
 from torchsnapshot.batcher import BatchedBufferStager
 
 from lightning_ft import _compat
-from lightning_ft.checkpoint import SnapshotStorage
+from lightning_ft.checkpoint.internal import SnapshotStorage
 from lightning_ft.checkpoint.snapshot_storage import _DurableFSPlugin
 
 

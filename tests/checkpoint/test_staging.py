@@ -13,7 +13,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from lightning_ft._compat import Replicate, Shard
-from lightning_ft.checkpoint import METADATA_FILE, AsyncCheckpointer, json_codec
+from lightning_ft.checkpoint import AsyncCheckpointer, json_codec
+from lightning_ft.checkpoint.internal import METADATA_FILE
 from lightning_ft.checkpoint.ownership import regions_to_write
 from lightning_ft.checkpoint.staging import Stager, encode_state
 from tests.helpers import run_distributed

@@ -10,7 +10,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
-from lightning_ft.checkpoint import METADATA_FILE, AsyncCheckpointer, load_checkpoint
+from lightning_ft.checkpoint import AsyncCheckpointer, load_checkpoint
+from lightning_ft.checkpoint.internal import METADATA_FILE
 from tests.helpers import run_distributed
 
 

@@ -12,11 +12,9 @@ import pytest
 import torch
 
 from lightning_ft.checkpoint import (
-    IN_PROGRESS_RECORD,
     AsyncCheckpointer,
     cleanup_uncommitted,
     in_progress,
-    is_committed,
     list_committed,
     load_checkpoint,
     recover_interrupted_swaps,
@@ -24,6 +22,7 @@ from lightning_ft.checkpoint import (
     verify,
 )
 from lightning_ft.checkpoint import async_checkpointer as writer_module
+from lightning_ft.checkpoint.internal import IN_PROGRESS_RECORD, is_committed
 from tests.checkpoint.support import (
     FlakyStorage,
     GatedStorage,

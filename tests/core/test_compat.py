@@ -33,12 +33,12 @@ def test_a_patch_of_a_module_attribute_puts_the_original_back():
 def test_resume_start_is_called_with_the_arguments_this_lightning_accepts():
     calls = []
 
-    def lightning_2_4(checkpoint_path=None):
+    def lightning_2_5(checkpoint_path=None):
         calls.append((checkpoint_path,))
 
     def lightning_2_6(checkpoint_path=None, weights_only=None):
         calls.append((checkpoint_path, weights_only))
 
-    _compat.call_resume_start(lightning_2_4, "a", True)
+    _compat.call_resume_start(lightning_2_5, "a", True)
     _compat.call_resume_start(lightning_2_6, "b", False)
     assert calls == [("a",), ("b", False)]

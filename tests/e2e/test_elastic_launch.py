@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_ft.checkpoint import list_committed, read_metadata
-from lightning_ft.elastic import new_rank_rng_states
+from lightning_ft.checkpoint import list_committed
+from lightning_ft.checkpoint.internal import read_metadata
+from lightning_ft.elastic.internal import new_rank_rng_states
 from lightning_ft.events import read_events
 from tests.e2e._elastic_launch import ElasticJob
 from tests.e2e._torchrun import SCRIPT, assert_ok, load_run, torchrun

@@ -12,7 +12,8 @@ from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities.data import _update_dataloader
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
-from lightning_ft.elastic import ResumableSampler, find_resumable_sampler, swap_in_resumable_sampler
+from lightning_ft.elastic import ResumableSampler
+from lightning_ft.elastic.internal import find_resumable_sampler, swap_in_resumable_sampler
 
 
 class RangeDataset(Dataset):

@@ -17,12 +17,8 @@ import torch
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_ft.elastic import (
-    ResumableSampler,
-    align_batch_progress,
-    find_resumable_sampler,
-    swap_in_resumable_sampler,
-)
+from lightning_ft.elastic import ResumableSampler
+from lightning_ft.elastic.internal import align_batch_progress, find_resumable_sampler, swap_in_resumable_sampler
 
 N, BATCH, EPOCHS = 22, 4, 2  # 6 batches per epoch, the last one short
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_ft.elastic import LRScale, ResumeDecision, ScaledLearningRates
+from lightning_ft.elastic.internal import LRScale, ResumeDecision, ScaledLearningRates
 
 
 def decision(lr_scale: float, warmup: int) -> ResumeDecision:

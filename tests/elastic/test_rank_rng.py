@@ -7,7 +7,8 @@ import random
 import numpy as np
 import torch
 
-from lightning_ft.elastic import new_rank_rng_states, new_rank_seed, resumed_rng_states
+from lightning_ft.elastic import new_rank_seed
+from lightning_ft.elastic.internal import new_rank_rng_states, resumed_rng_states
 
 
 def test_a_rank_that_existed_gets_its_own_saved_states():

@@ -8,13 +8,8 @@ import lightning as L
 import pytest
 from lightning.pytorch.callbacks import GradientAccumulationScheduler
 
-from lightning_ft.elastic import (
-    ElasticPolicy,
-    ResumeDecision,
-    check_accumulation_scheduler,
-    compatible_world_sizes,
-    plan_resume,
-)
+from lightning_ft.elastic import ElasticPolicy, compatible_world_sizes
+from lightning_ft.elastic.internal import ResumeDecision, check_accumulation_scheduler, plan_resume
 
 
 def plan(policy, *, saved_dp, new_dp, batch=4, new_batch=None, accumulate=1, **kwargs):

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from lightning_ft.checkpoint import is_committed, verify
-from lightning_ft.fault import HANG_EXIT_CODE
+from lightning_ft.checkpoint import verify
+from lightning_ft.checkpoint.internal import is_committed
+from lightning_ft.fault.internal import HANG_EXIT_CODE
 from tests.fault._launch import events, output, torchrun
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ from lightning_ft.fault.health import (
     nvml_index,
     raise_if_failed,
 )
-from lightning_ft.monitors.nvml import FakeNVML
+from lightning_ft.nvml import FakeNVML
 
 
 def _model() -> torch.nn.Module:

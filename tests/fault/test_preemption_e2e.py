@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from lightning_ft.checkpoint import is_committed
+from lightning_ft.checkpoint.internal import is_committed
 from tests.fault._launch import events, output, torchrun, torchrun_command
 from tests.helpers import REPO_ROOT, subprocess_env
 

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from lightning_ft.events import EventLog, read_events
-from lightning_ft.fault import HANG_EXIT_CODE
 from lightning_ft.fault.heartbeat import Heartbeat, HeartbeatBoard, Progress, name_culprits
+from lightning_ft.fault.internal import HANG_EXIT_CODE
 from lightning_ft.fault.watchdog import Watchdog
 
 

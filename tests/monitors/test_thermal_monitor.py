@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_ft.events import EventLog, read_events
 from lightning_ft.monitors import FakeNVML, ThermalMonitor
-from lightning_ft.monitors.nvml import REASONS, decode_reasons
+from lightning_ft.nvml import REASONS, decode_reasons
 from tests.monitors.tiny_module import TinyModule
 
 

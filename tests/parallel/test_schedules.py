@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_ft.parallel import PIPELINE_SCHEDULES, ClusterSpec, ModelSpec, plan_parallelism
+from lightning_ft.parallel import ClusterSpec, ModelSpec, plan_parallelism
+from lightning_ft.parallel.internal import PIPELINE_SCHEDULES
 from lightning_ft.parallel.pipeline import SCHEDULES as RUNNER_SCHEDULE_CLASSES
 from lightning_ft.parallel.planner import SCHEDULES as PLANNED
 from lightning_ft.parallel.schedules import PLANNER_SCHEDULES

@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from lightning_ft.parallel import ClusterShape, ParallelConfig, check_positive_int
+from lightning_ft.parallel import ClusterShape, ParallelConfig
+from lightning_ft.parallel.internal import check_positive_int
 from lightning_ft.parallel.validation import divisors, render_call
 
 

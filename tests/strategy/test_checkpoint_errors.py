@@ -21,8 +21,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_ft import ElasticFT3D
 from lightning_ft import checkpoint as lft_checkpoint
-from lightning_ft.checkpoint import COMMIT_MARKER, METADATA_FILE
-from lightning_ft.checkpoint.storage import FORMATS
+from lightning_ft.checkpoint.internal import COMMIT_MARKER, FORMATS, METADATA_FILE
 from tests.checkpoint.support import flip_a_byte_of, plant_pickled_entry
 from tests.helpers import REPO_ROOT
 from tests.strategy.models import TinyRegressor, make_trainer

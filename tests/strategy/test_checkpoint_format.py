@@ -8,7 +8,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from lightning_ft import ElasticFT3D
-from lightning_ft.checkpoint import is_committed, list_committed, load_checkpoint
+from lightning_ft.checkpoint import list_committed, load_checkpoint
+from lightning_ft.checkpoint.internal import is_committed
 from lightning_ft.events import read_events
 from tests.strategy.models import TinyRegressor, make_trainer
 

@@ -1,4 +1,5 @@
-"""What a Trainer user sees of ElasticFT3D's checkpoints: the last link, retention, auto-resume, bad paths."""
+"""What a Trainer user sees of ElasticFT3D's checkpoints across fits: auto-resume (the newest *full* committed state,
+on every rank alike), bad and refused paths, the logger version, exact weights after a resume."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_ft import ElasticFT3D
-from lightning_ft.checkpoint import IN_PROGRESS_RECORD, CheckpointError, is_committed, list_committed, load_checkpoint
+from lightning_ft.checkpoint import AsyncCheckpointer, CheckpointError, list_committed, load_checkpoint
+from lightning_ft.checkpoint.internal import IN_PROGRESS_RECORD
 from lightning_ft.events import read_events
 from tests.checkpoint.support import flip_a_byte_of
 from tests.strategy.models import TinyRegressor, make_trainer
@@ -18,33 +20,12 @@ from tests.strategy.models import TinyRegressor, make_trainer
 pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
 
 
-def _fit(tmp_path, max_steps, *, ckpt_path=None, strategy=None, **ckpt_kwargs):
-    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", **ckpt_kwargs)
-    trainer = make_trainer(tmp_path, strategy=strategy, callbacks=[ckpt], max_steps=max_steps)
+def _fit(tmp_path, max_steps, *, ckpt_path=None, strategy=None, callbacks=None, **ckpt_kwargs):
+    callbacks = callbacks if callbacks is not None else [ModelCheckpoint(dirpath=tmp_path / "ckpt", **ckpt_kwargs)]
+    trainer = make_trainer(tmp_path, strategy=strategy, callbacks=callbacks, max_steps=max_steps)
     model = TinyRegressor()
     trainer.fit(model, ckpt_path=ckpt_path)
     return trainer, model
-
-
-def test_save_last_repoints_a_link_at_the_newest_committed_checkpoint_instead_of_saving_twice(tmp_path):
-    _fit(tmp_path, 6, every_n_train_steps=2, save_top_k=-1, save_last=True)
-    folder = tmp_path / "ckpt"
-    last = folder / "last.ckpt"
-    assert last.is_symlink()
-    assert last.resolve() == (folder / "epoch=0-step=6.ckpt").resolve()
-    assert is_committed(last.resolve())
-    # Only the three real checkpoints hold data: no full copy was written for "last".
-    assert sorted(p.name for p in folder.iterdir() if not p.is_symlink()) == [
-        "epoch=0-step=2.ckpt",
-        "epoch=0-step=4.ckpt",
-        "epoch=0-step=6.ckpt",
-    ]
-
-
-def test_save_top_k_keeps_the_newest_committed_checkpoints_only(tmp_path):
-    _fit(tmp_path, 8, every_n_train_steps=2, save_top_k=2, monitor="step", mode="max")
-    steps = [c.step for c in list_committed(tmp_path / "ckpt")]
-    assert steps == [6, 8]
 
 
 def test_fit_without_ckpt_path_resumes_from_the_highest_committed_step(tmp_path):
@@ -124,40 +105,6 @@ def test_a_checkpoint_file_holding_a_malicious_pickle_is_refused(tmp_path):
     assert not os.path.exists("/tmp/lightning_ft_pwned")
 
 
-def test_unwritable_checkpoint_directory_fails_at_setup_naming_the_path(tmp_path):
-    # /sys refuses new files even to root, so this holds for any user CI runs as.
-    ckpt = ModelCheckpoint(dirpath="/sys/lightning_ft_ckpt", every_n_train_steps=1)
-    trainer = make_trainer(tmp_path, callbacks=[ckpt], max_steps=1)
-    with pytest.raises(ValueError, match=r"dirpath='/sys/lightning_ft_ckpt'.*cannot write into '/sys'"):
-        trainer.fit(TinyRegressor())
-    assert trainer.global_step == 0
-
-
-def test_checkpoint_directory_with_a_missing_parent_fails_at_setup(tmp_path):
-    ckpt = ModelCheckpoint(dirpath=tmp_path / "no" / "such" / "ckpt", every_n_train_steps=1)
-    trainer = make_trainer(tmp_path, callbacks=[ckpt], max_steps=1)
-    with pytest.raises(ValueError, match=r"parent folder .*no/such.* does not exist"):
-        trainer.fit(TinyRegressor())
-    assert trainer.global_step == 0
-
-
-def test_every_event_line_carries_the_contract_fields(tmp_path):
-    _fit(tmp_path, 4, every_n_train_steps=2, save_top_k=-1)
-    _fit(tmp_path, 6, every_n_train_steps=2, save_top_k=-1)
-    events = read_events(tmp_path)
-    for e in events:
-        assert {"time", "run_id", "attempt", "rank", "event", "step"} <= e.keys()
-    assert len({e["run_id"] for e in events}) == 1
-    starts = [e for e in events if e["event"] == "attempt_start"]
-    assert [e["attempt"] for e in starts] == [0, 1]
-    assert all(e["world_size"] == 1 and e["step"] is None for e in starts)
-    commits = [e for e in events if e["event"] == "checkpoint_committed"]
-    assert [e["step"] for e in commits] == [2, 4, 6]
-    assert all(e["size_bytes"] > 0 and 0 <= e["stall_s"] <= e["total_s"] for e in commits)
-    progress = [e for e in events if e["event"] == "progress"]
-    assert progress and all(e["productive_s"] >= 0 and e["data_wait_s"] >= 0 for e in progress)
-
-
 def test_tensorboard_keeps_one_version_folder_across_restarts(tmp_path):
     from lightning.pytorch.loggers import TensorBoardLogger
 
@@ -205,14 +152,25 @@ def test_validate_after_fit_in_the_same_process_is_the_same_attempt(tmp_path):
     assert [e["attempt"] for e in read_events(tmp_path) if e["event"] == "attempt_start"] == [0]
 
 
-def test_trainer_save_checkpoint_after_fit_writes_a_committed_checkpoint_that_resumes(tmp_path):
-    trainer, model = _fit(tmp_path, 3, every_n_train_steps=100)
-    final = tmp_path / "ckpt" / "final.ckpt"
-    trainer.save_checkpoint(final)
-    assert is_committed(final)
-    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=100)
-    trainer2 = make_trainer(tmp_path, callbacks=[ckpt], max_steps=3)
-    model2 = TinyRegressor()
-    trainer2.fit(model2, ckpt_path=str(final))
-    for k, v in model.state_dict().items():
-        assert torch.equal(model2.state_dict()[k], v), k
+def test_auto_resume_skips_a_newer_weights_only_checkpoint(tmp_path):
+    full = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1, filename="full-{step}")
+    weights = ModelCheckpoint(
+        dirpath=tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1, save_weights_only=True, filename="w-{step}"
+    )
+    _fit(tmp_path, 3, callbacks=[full, weights])
+    steps = {p.path.name: p.step for p in list_committed(tmp_path / "ckpt")}
+    assert steps == {"full-step=2.ckpt": 2, "w-step=3.ckpt": 3}
+    trainer2, _ = _fit(tmp_path, 4, every_n_train_steps=2, save_top_k=-1, filename="full-{step}")
+    assert [e["path"].rsplit("/", 1)[-1] for e in read_events(tmp_path) if e["event"] == "resumed"] == [
+        "full-step=2.ckpt"
+    ]
+    assert trainer2.global_step == 4
+
+
+def test_a_committed_checkpoint_without_a_step_does_not_break_auto_resume(tmp_path):
+    _fit(tmp_path, 2, every_n_train_steps=2, save_top_k=-1)
+    writer = AsyncCheckpointer()
+    writer.save(tmp_path / "ckpt" / "foreign-tool", {"w": torch.ones(2)}, metadata={})
+    writer.close()
+    trainer2, _ = _fit(tmp_path, 4, every_n_train_steps=2, save_top_k=-1)
+    assert [e["step"] for e in read_events(tmp_path) if e["event"] == "resumed"] == [2]

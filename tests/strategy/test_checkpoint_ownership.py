@@ -11,8 +11,9 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from lightning_ft.checkpoint import AsyncCheckpointer, is_committed, list_committed, read_metadata
-from lightning_ft.checkpoint import discovery as discovery_module
+from lightning_ft.checkpoint import AsyncCheckpointer, list_committed
+from lightning_ft.checkpoint.internal import discovery as discovery_module
+from lightning_ft.checkpoint.internal import is_committed, read_metadata
 from lightning_ft.events import read_events
 from lightning_ft.strategy.auto_resume import resume_candidates
 from tests.checkpoint.support import format_storage_class

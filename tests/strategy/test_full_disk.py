@@ -7,7 +7,8 @@ import errno
 import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_ft.checkpoint import is_committed, list_committed, load_checkpoint
+from lightning_ft.checkpoint import list_committed, load_checkpoint
+from lightning_ft.checkpoint.internal import is_committed
 from tests.checkpoint.support import format_storage_class
 from tests.strategy.models import TinyRegressor, make_trainer
 

@@ -11,8 +11,9 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_ft import ElasticFT3D
-from lightning_ft.checkpoint import COMMIT_MARKER, list_committed, load_checkpoint
-from lightning_ft.checkpoint.storage import FORMATS, ObjectStore
+from lightning_ft.checkpoint import list_committed, load_checkpoint
+from lightning_ft.checkpoint.internal import COMMIT_MARKER, FORMATS
+from lightning_ft.checkpoint.storage import ObjectStore
 from lightning_ft.events import read_events
 from lightning_ft.strategy.checkpoint_io import check_checkpoint_callback, check_checkpoint_dirpath
 from tests.strategy.models import TinyRegressor, make_trainer

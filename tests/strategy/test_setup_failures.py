@@ -170,7 +170,7 @@ def test_a_failure_at_each_stage_of_set_up_is_the_error_the_user_gets(
 
 
 def test_a_failed_background_save_does_not_replace_the_error_that_stopped_the_run(tmp_path, monkeypatch, caplog):
-    from lightning_ft.checkpoint import SnapshotStorage
+    from lightning_ft.checkpoint.internal import SnapshotStorage
 
     def disk_full(self, path, entries, *, group):
         raise OSError(errno.ENOSPC, "No space left on device")

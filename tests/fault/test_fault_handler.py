@@ -1,4 +1,4 @@
-"""Fault handling inside a real one-process ``fit``: a real SIGTERM, the handlers, the health checks, the events."""
+"""The fault handler (fault/fault_handler.py) inside a real one-process ``fit``: a real SIGTERM, the handlers, the health checks, the events."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lightning_ft import ElasticFT3D, FaultPolicy
-from lightning_ft.checkpoint import is_committed
+from lightning_ft.checkpoint.internal import is_committed
 from lightning_ft.events import read_events
 from lightning_ft.fault import CheckpointedStop, FaultInjector
 from tests.strategy.models import TinyRegressor, make_trainer

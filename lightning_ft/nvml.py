@@ -3,7 +3,8 @@
 :class:`NVML` reads one device in one call (:meth:`NVML.read`), mapping NVML's "not supported" answers to ``None``
 per field, so a query a GPU cannot answer is skipped instead of failing. :class:`FakeNVML` has the same interface
 and holds scripted readings: tests throttle a device with it, and the CPU demo stages a thermal incident with it.
-The rest of lightning-ft never imports ``pynvml``.
+The rest of lightning-ft never imports ``pynvml``. A shared leaf (like :mod:`lightning_ft.events`): the thermal monitor
+and the pre-flight health checks of ``fault/`` both read it, and it imports nothing of lightning-ft.
 """
 
 from __future__ import annotations

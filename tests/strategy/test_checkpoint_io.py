@@ -1,4 +1,6 @@
-"""`last` holds the newest state Lightning asked for; auto-resume picks the newest *full* state, on every rank alike."""
+"""The strategy's checkpoint I/O (strategy/checkpoint_io.py) as a Trainer user sees it: `last` holds the newest state
+Lightning asked for (a link when a committed checkpoint of that step exists), retention keeps the newest, a bad
+`dirpath` fails at set-up, and a save outside `fit` commits before it returns."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_ft import ElasticFT3D
-from lightning_ft.checkpoint import AsyncCheckpointer, is_committed, list_committed, read_metadata
+from lightning_ft.checkpoint import AsyncCheckpointer, list_committed
+from lightning_ft.checkpoint.internal import is_committed, read_metadata
 from lightning_ft.events import read_events
 from tests.strategy.models import TinyRegressor, make_trainer
 
@@ -85,30 +88,6 @@ def test_an_explicit_save_to_last_ckpt_is_written(tmp_path):
     assert is_committed(last.resolve()) and read_metadata(last.resolve())["step"] == 3
 
 
-def test_auto_resume_skips_a_newer_weights_only_checkpoint(tmp_path):
-    full = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1, filename="full-{step}")
-    weights = ModelCheckpoint(
-        dirpath=tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1, save_weights_only=True, filename="w-{step}"
-    )
-    _fit(tmp_path, 3, callbacks=[full, weights])
-    steps = {p.path.name: p.step for p in list_committed(tmp_path / "ckpt")}
-    assert steps == {"full-step=2.ckpt": 2, "w-step=3.ckpt": 3}
-    trainer2, _ = _fit(tmp_path, 4, every_n_train_steps=2, save_top_k=-1, filename="full-{step}")
-    assert [e["path"].rsplit("/", 1)[-1] for e in read_events(tmp_path) if e["event"] == "resumed"] == [
-        "full-step=2.ckpt"
-    ]
-    assert trainer2.global_step == 4
-
-
-def test_a_committed_checkpoint_without_a_step_does_not_break_auto_resume(tmp_path):
-    _fit(tmp_path, 2, every_n_train_steps=2, save_top_k=-1)
-    writer = AsyncCheckpointer()
-    writer.save(tmp_path / "ckpt" / "foreign-tool", {"w": torch.ones(2)}, metadata={})
-    writer.close()
-    trainer2, _ = _fit(tmp_path, 4, every_n_train_steps=2, save_top_k=-1)
-    assert [e["step"] for e in read_events(tmp_path) if e["event"] == "resumed"] == [2]
-
-
 def test_a_trainer_can_be_pickled_and_deep_copied_and_a_trained_model_saved_whole(tmp_path):
     trainer = make_trainer(tmp_path, callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt")], max_steps=2)
     clone = pickle.loads(pickle.dumps(trainer))
@@ -157,3 +136,54 @@ def test_remove_checkpoint_works_before_the_strategy_is_set_up_and_keeps_the_new
     strategy.remove_checkpoint(tmp_path / "step=2")
     assert not (tmp_path / "step=1").exists()
     assert is_committed(tmp_path / "step=2"), "the newest committed checkpoint was deleted"
+
+
+def test_save_last_repoints_a_link_at_the_newest_committed_checkpoint_instead_of_saving_twice(tmp_path):
+    _fit(tmp_path, 6, every_n_train_steps=2, save_top_k=-1, save_last=True)
+    folder = tmp_path / "ckpt"
+    last = folder / "last.ckpt"
+    assert last.is_symlink()
+    assert last.resolve() == (folder / "epoch=0-step=6.ckpt").resolve()
+    assert is_committed(last.resolve())
+    # Only the three real checkpoints hold data: no full copy was written for "last".
+    assert sorted(p.name for p in folder.iterdir() if not p.is_symlink()) == [
+        "epoch=0-step=2.ckpt",
+        "epoch=0-step=4.ckpt",
+        "epoch=0-step=6.ckpt",
+    ]
+
+
+def test_save_top_k_keeps_the_newest_committed_checkpoints_only(tmp_path):
+    _fit(tmp_path, 8, every_n_train_steps=2, save_top_k=2, monitor="step", mode="max")
+    steps = [c.step for c in list_committed(tmp_path / "ckpt")]
+    assert steps == [6, 8]
+
+
+def test_unwritable_checkpoint_directory_fails_at_setup_naming_the_path(tmp_path):
+    # /sys refuses new files even to root, so this holds for any user CI runs as.
+    ckpt = ModelCheckpoint(dirpath="/sys/lightning_ft_ckpt", every_n_train_steps=1)
+    trainer = make_trainer(tmp_path, callbacks=[ckpt], max_steps=1)
+    with pytest.raises(ValueError, match=r"dirpath='/sys/lightning_ft_ckpt'.*cannot write into '/sys'"):
+        trainer.fit(TinyRegressor())
+    assert trainer.global_step == 0
+
+
+def test_checkpoint_directory_with_a_missing_parent_fails_at_setup(tmp_path):
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "no" / "such" / "ckpt", every_n_train_steps=1)
+    trainer = make_trainer(tmp_path, callbacks=[ckpt], max_steps=1)
+    with pytest.raises(ValueError, match=r"parent folder .*no/such.* does not exist"):
+        trainer.fit(TinyRegressor())
+    assert trainer.global_step == 0
+
+
+def test_trainer_save_checkpoint_after_fit_writes_a_committed_checkpoint_that_resumes(tmp_path):
+    trainer, model = _fit(tmp_path, 3, every_n_train_steps=100)
+    final = tmp_path / "ckpt" / "final.ckpt"
+    trainer.save_checkpoint(final)
+    assert is_committed(final)
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=100)
+    trainer2 = make_trainer(tmp_path, callbacks=[ckpt], max_steps=3)
+    model2 = TinyRegressor()
+    trainer2.fit(model2, ckpt_path=str(final))
+    for k, v in model.state_dict().items():
+        assert torch.equal(model2.state_dict()[k], v), k

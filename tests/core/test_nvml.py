@@ -3,9 +3,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_ft.monitors import NVML, FakeNVML
+from lightning_ft.monitors import FakeNVML
 from lightning_ft.monitors._timing import StepClock
-from lightning_ft.monitors.nvml import READING_FIELDS, REASONS, NVMLUnavailable, decode_reasons
+from lightning_ft.monitors.internal import NVML
+from lightning_ft.nvml import READING_FIELDS, REASONS, NVMLUnavailable, decode_reasons
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour on a machine without a GPU")

@@ -3,7 +3,8 @@
 Used by the preemption handling (after the ranks agreed on a signal) and by ``StragglerMonitor(action=
 "checkpoint_and_stop")``. The exit is a :class:`CheckpointedStop`, a ``SystemExit`` raised from inside ``fit``:
 Lightning's ``_call_and_handle_interrupt`` runs the strategy's teardown and re-raises it, so the process exits with
-the code unless the script catches it.
+the code unless the script catches it. A shared leaf (like :mod:`lightning_ft.events`), so that ``fault/`` and
+``monitors/`` both use it without importing each other; it imports nothing of lightning-ft.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STOP_REASONS = ("preempted", "stopped")
+
+EXIT_CODE_TEMPFAIL = 75
+"""``EX_TEMPFAIL`` (sysexits.h): a temporary failure, to be retried. The exit code of a process that stopped after a
+preemption or straggler checkpoint: non-zero, so torchrun restarts the worker group and a scheduler requeues the job."""
 
 
 class CheckpointedStop(SystemExit):

@@ -1,0 +1,75 @@
+"""The seam between the packages: what the strategy (and, where docs/architecture.md allows it, fault handling and the
+CLI) use of this package beyond its public names. It is not API: users are taught the public names of
+:mod:`lightning_ft.checkpoint` (docs/); these may change in any release. The architecture test allows this module to
+be imported only by the packages that may import ``checkpoint`` (tests/test_architecture.py, ``ALLOWED``) and by the
+tests.
+
+The strategy's checkpoint I/O reads the on-disk names, drives :class:`Retention` and the storages, and imports
+foreign checkpoints; fault handling finds the newest committed checkpoint and wraps :class:`SnapshotStorage`; the
+CLI's ``inspect`` and ``export`` call :func:`describe`, :func:`format_description` and :func:`export_checkpoint`.
+"""
+
+from __future__ import annotations
+
+from lightning_ft.checkpoint import discovery
+from lightning_ft.checkpoint.async_checkpointer import CommitInfo
+from lightning_ft.checkpoint.commit import FORMAT_VERSION, METADATA_FILE
+from lightning_ft.checkpoint.dcp_folder import is_dcp_folder, load_dcp, read_lightning_dcp_meta
+from lightning_ft.checkpoint.discovery import COMMIT_MARKER, is_committed, read_metadata
+from lightning_ft.checkpoint.export import export_checkpoint, export_state_dict, exported_checkpoint
+from lightning_ft.checkpoint.foreign_discovery import list_foreign
+from lightning_ft.checkpoint.in_progress import IN_PROGRESS_RECORD
+from lightning_ft.checkpoint.inspect import describe, format_description
+from lightning_ft.checkpoint.rank_state import read_rank_state
+from lightning_ft.checkpoint.retention import Retention
+from lightning_ft.checkpoint.safe_load import load_torch_file
+from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
+from lightning_ft.checkpoint.storage.dcp_storage import ENTRIES_FILE, DcpReader, EntryLayout
+from lightning_ft.checkpoint.storage.object_checkpointer import ObjectStoreCheckpointer, RoutedStorage
+from lightning_ft.checkpoint.storage.object_store import (
+    ObjectCheckpointInfo,
+    ObjectCommit,
+    ObjectReader,
+    as_url,
+    is_remote,
+    protocol_of,
+)
+from lightning_ft.checkpoint.storage.registry import FORMATS, storage_for_path, storage_named
+
+__all__ = [
+    "COMMIT_MARKER",
+    "CommitInfo",
+    "DcpReader",
+    "ENTRIES_FILE",
+    "EntryLayout",
+    "FORMATS",
+    "FORMAT_VERSION",
+    "IN_PROGRESS_RECORD",
+    "METADATA_FILE",
+    "ObjectCheckpointInfo",
+    "ObjectCommit",
+    "ObjectReader",
+    "ObjectStoreCheckpointer",
+    "Retention",
+    "RoutedStorage",
+    "SnapshotStorage",
+    "as_url",
+    "describe",
+    "discovery",
+    "export_checkpoint",
+    "export_state_dict",
+    "exported_checkpoint",
+    "format_description",
+    "is_committed",
+    "is_dcp_folder",
+    "is_remote",
+    "list_foreign",
+    "load_dcp",
+    "load_torch_file",
+    "protocol_of",
+    "read_lightning_dcp_meta",
+    "read_metadata",
+    "read_rank_state",
+    "storage_for_path",
+    "storage_named",
+]

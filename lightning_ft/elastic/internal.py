@@ -1,0 +1,42 @@
+"""The seam between the packages: what the strategy (and, where docs/architecture.md allows it, fault handling and the
+CLI) use of this package beyond its public names. It is not API: users are taught the public names of
+:mod:`lightning_ft.elastic` (docs/); these may change in any release. The architecture test allows this module to be
+imported only by the packages that may import ``elastic`` (tests/test_architecture.py, ``ALLOWED``) and by the tests.
+
+The strategy decides a resume (:func:`plan_resume_from_metadata`), applies its learning-rate scale
+(:class:`ScaledLearningRates`), keeps the data position and swaps in the resumable sampler.
+"""
+
+from lightning_ft.elastic.dataloader import (
+    TrainingDataPosition,
+    align_batch_progress,
+    find_resumable_sampler,
+    swap_in_resumable_sampler,
+)
+from lightning_ft.elastic.lr_scale import LRScale
+from lightning_ft.elastic.rank_rng import new_rank_rng_states, resumed_rng_states
+from lightning_ft.elastic.rescale import (
+    ResumeDecision,
+    check_accumulation_scheduler,
+    plan_resume,
+    plan_resume_from_metadata,
+)
+from lightning_ft.elastic.resume_timing import previous_world, resume_timing
+from lightning_ft.elastic.scaled_learning_rates import ScaledLearningRates
+
+__all__ = [
+    "LRScale",
+    "ResumeDecision",
+    "ScaledLearningRates",
+    "TrainingDataPosition",
+    "align_batch_progress",
+    "check_accumulation_scheduler",
+    "find_resumable_sampler",
+    "new_rank_rng_states",
+    "plan_resume",
+    "plan_resume_from_metadata",
+    "previous_world",
+    "resume_timing",
+    "resumed_rng_states",
+    "swap_in_resumable_sampler",
+]

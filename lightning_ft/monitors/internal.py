@@ -1,0 +1,20 @@
+"""The seam between the packages: what the strategy (and, where docs/architecture.md allows it, fault handling and the
+CLI) use of this package beyond its public names. It is not API: users are taught the public names of
+:mod:`lightning_ft.monitors` (docs/); these may change in any release. The architecture test allows this module to be
+imported only by the packages that may import ``monitors`` (tests/test_architecture.py, ``ALLOWED``) and by the
+tests.
+
+The CLI's ``report`` summarizes the event logs and draws the timeline.
+"""
+
+from lightning_ft.monitors.goodput_report import format_report, plot_timeline, summarize
+from lightning_ft.monitors.straggler_detector import StragglerDetector
+from lightning_ft.nvml import NVML
+
+__all__ = [
+    "NVML",
+    "StragglerDetector",
+    "format_report",
+    "plot_timeline",
+    "summarize",
+]

@@ -1,0 +1,106 @@
+"""One run of ``ElasticFT3D``: the collaborators it holds for the run, and what it attaches to the Trainer.
+
+A strategy object outlives a run: Lightning pickles or deep-copies it with the Trainer (``torch.save(model)``, a
+spawn launcher), and one strategy may serve ``fit`` then ``validate``. What belongs to one run (the checkpoint
+writer with its thread and locks, the open event log, the callbacks the strategy put on the Trainer, the resume
+decision, the data position) is held in one :class:`StrategyRun`, so that a pickled strategy drops one thing and
+gets a fresh run when it is unpickled. The strategy's configuration, its fault handler (built from the policy) and
+its parallel mode (chosen at ``setup``) stay on the strategy.
+
+The lifecycle (which Lightning hook calls which collaborator, in order) is the table in the docstring of
+:mod:`lightning_ft.strategy.elastic_ft3d`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+from lightning_ft import _compat
+from lightning_ft.elastic.internal import TrainingDataPosition
+from lightning_ft.strategy.auto_resume import AutoResume
+from lightning_ft.strategy.checkpoint_io import check_checkpoint_callback
+from lightning_ft.strategy.elastic_resume import ElasticResume
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+    from lightning_ft.events import EventLog
+    from lightning_ft.strategy.checkpoint_io import StrategyCheckpoints
+    from lightning_ft.strategy.elastic_ft3d import ElasticFT3D
+    from lightning_ft.strategy.tracker import TrainingTracker
+
+__all__ = ["RunPart", "StrategyRun", "attach_to_trainer"]
+
+
+@dataclass
+class StrategyRun:
+    """The collaborators of one run of a strategy (see the module docstring). Built by :meth:`for_strategy`."""
+
+    auto_resume: AutoResume
+    """Chooses the checkpoint ``fit`` resumes from; patches the checkpoint connector from ``setup_environment`` to
+    ``teardown``."""
+    data_position: TrainingDataPosition
+    """Where the training data stands: swaps in the resumable sampler in ``process_dataloader``, counts batches."""
+    elastic_resume: ElasticResume
+    """The elastic decision (a callback): told what was loaded, decides at ``on_train_start``, scales the LR."""
+    checkpoints: StrategyCheckpoints | None = None
+    """The checkpoint I/O (its writer thread): built on first use, opened in ``setup_environment``."""
+    tracker: TrainingTracker | None = None
+    """The per-batch callback (data position, RNG restore, progress events): built in ``setup_environment``."""
+    event_log: EventLog | None = None
+    """This attempt's event log: opened in the first ``setup_environment`` of the process."""
+
+    @classmethod
+    def for_strategy(cls, strategy: ElasticFT3D) -> StrategyRun:
+        """A fresh run for ``strategy``: nothing opened, nothing attached yet."""
+        return cls(
+            auto_resume=AutoResume(enabled=strategy.auto_resume, broadcast=strategy.broadcast),
+            data_position=TrainingDataPosition(),
+            elastic_resume=ElasticResume.of(strategy),
+        )
+
+
+class RunPart:
+    """A strategy attribute that lives on its run: ``strategy.<name>`` reads and sets ``strategy._run.<part>``.
+
+    The strategy's modules keep their names for its collaborators (``strategy._tracker``, ``strategy.event_log``);
+    the run holds them.
+    """
+
+    def __init__(self, part: str) -> None:
+        self.part = part
+
+    def __get__(self, strategy: Any, owner: type | None = None) -> Any:
+        if strategy is None:
+            return self
+        return getattr(strategy._run, self.part)
+
+    def __set__(self, strategy: Any, value: Any) -> None:
+        setattr(strategy._run, self.part, value)
+
+
+def attach_to_trainer(trainer: pl.Trainer, *, callbacks: list[Any], run_id: str) -> None:
+    """Put ``callbacks`` first in ``trainer.callbacks`` (in this order; those already there stay where they are),
+    keep every logger's version at ``run_<run_id>``, and warn about a ``ModelCheckpoint`` without a ``dirpath``.
+
+    Raises:
+        ValueError: a ``ModelCheckpoint`` option that its object-store ``dirpath`` cannot work with
+            (:func:`~lightning_ft.strategy.checkpoint_io.check_checkpoint_callback`), before any step.
+    """
+    for position, callback in enumerate(callbacks):
+        if callback not in trainer.callbacks:
+            trainer.callbacks.insert(position, callback)
+    for logger in trainer.loggers:
+        # TensorBoard's default version counts up at every launch; one run must keep one folder across restarts.
+        _compat.set_logger_version(logger, f"run_{run_id}")
+    for cb in trainer.checkpoint_callbacks:
+        if isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
+            rank_zero_warn(
+                "ModelCheckpoint(dirpath=None): the default path contains the logger version and changes at every"
+                " restart, so auto-resume cannot find earlier checkpoints. Set ModelCheckpoint(dirpath=...)."
+            )
+        check_checkpoint_callback(cb, world_size=trainer.world_size)

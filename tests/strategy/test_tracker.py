@@ -1,0 +1,62 @@
+"""The strategy's per-batch callback (strategy/tracker.py): the progress events of every attempt, and the RNG states
+of a resumed run set at its first batch, so the resumed run draws what an uninterrupted one draws."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_ft.events import read_events
+from tests.strategy.models import TinyRegressor, make_trainer
+
+
+def _fit(tmp_path, max_steps, *, model=None, **ckpt_kwargs):
+    trainer = make_trainer(
+        tmp_path, callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt", **ckpt_kwargs)], max_steps=max_steps
+    )
+    trainer.fit(model or TinyRegressor())
+    return trainer
+
+
+class _DrawingRegressor(TinyRegressor):
+    """Records one draw of torch's global RNG per training step, as dropout or augmentation would make."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.draws: list[float] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.draws.append(torch.rand(()).item())
+        return super().training_step(batch, batch_idx)
+
+
+def test_every_event_line_carries_the_contract_fields(tmp_path):
+    _fit(tmp_path, 4, every_n_train_steps=2, save_top_k=-1)
+    _fit(tmp_path, 6, every_n_train_steps=2, save_top_k=-1)
+    events = read_events(tmp_path)
+    for e in events:
+        assert {"time", "run_id", "attempt", "rank", "event", "step"} <= e.keys()
+    assert len({e["run_id"] for e in events}) == 1
+    starts = [e for e in events if e["event"] == "attempt_start"]
+    assert [e["attempt"] for e in starts] == [0, 1]
+    assert all(e["world_size"] == 1 and e["step"] is None for e in starts)
+    commits = [e for e in events if e["event"] == "checkpoint_committed"]
+    assert [e["step"] for e in commits] == [2, 4, 6]
+    assert all(e["size_bytes"] > 0 and 0 <= e["stall_s"] <= e["total_s"] for e in commits)
+    progress = [e for e in events if e["event"] == "progress"]
+    assert progress and all(e["productive_s"] >= 0 and e["data_wait_s"] >= 0 for e in progress)
+
+
+def test_a_resumed_run_draws_the_random_numbers_an_uninterrupted_run_draws(tmp_path):
+    torch.manual_seed(0)
+    uninterrupted = _DrawingRegressor()
+    _fit(tmp_path / "one", 4, model=uninterrupted)
+
+    torch.manual_seed(0)
+    _fit(tmp_path / "two", 2, model=_DrawingRegressor(), every_n_train_steps=2)
+    torch.manual_seed(1)  # whatever the process drew in between, the resume puts the saved states back
+    resumed = _DrawingRegressor()
+    _fit(tmp_path / "two", 4, model=resumed, every_n_train_steps=2)
+    assert resumed.draws == uninterrupted.draws[2:]
