@@ -20,6 +20,13 @@ from lightning_ft.checkpoint.export import export_checkpoint, export_state_dict,
 from lightning_ft.checkpoint.foreign_discovery import list_foreign
 from lightning_ft.checkpoint.in_progress import IN_PROGRESS_RECORD
 from lightning_ft.checkpoint.inspect import describe, format_description
+from lightning_ft.checkpoint.location import (
+    CheckpointLocation,
+    is_last_path,
+    is_lightning_ft_checkpoint,
+    listed,
+    locate,
+)
 from lightning_ft.checkpoint.rank_state import read_rank_state
 from lightning_ft.checkpoint.retention import Retention
 from lightning_ft.checkpoint.safe_load import load_torch_file
@@ -38,6 +45,7 @@ from lightning_ft.checkpoint.storage.registry import FORMATS, storage_for_path, 
 
 __all__ = [
     "COMMIT_MARKER",
+    "CheckpointLocation",
     "CommitInfo",
     "DcpReader",
     "ENTRIES_FILE",
@@ -62,10 +70,14 @@ __all__ = [
     "format_description",
     "is_committed",
     "is_dcp_folder",
+    "is_last_path",
+    "is_lightning_ft_checkpoint",
     "is_remote",
     "list_foreign",
+    "listed",
     "load_dcp",
     "load_torch_file",
+    "locate",
     "protocol_of",
     "read_lightning_dcp_meta",
     "read_metadata",

@@ -36,6 +36,7 @@ from lightning_ft.checkpoint.errors import (
     CorruptCheckpointError,
     UncommittedCheckpointError,
 )
+from lightning_ft.checkpoint.location import CheckpointLocation
 from lightning_ft.checkpoint.shard_reader import ShardReader
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 from lightning_ft.checkpoint.storage.object_store import ObjectStore, is_remote
@@ -105,7 +106,7 @@ def _fill(reader: ShardReader, key: str, path: str, target: torch.Tensor | None)
 
 
 def load_checkpoint(
-    path: str | os.PathLike,
+    path: str | os.PathLike | CheckpointLocation,
     state: Any = None,
     *,
     group: dist.ProcessGroup | None = None,
@@ -123,7 +124,9 @@ def load_checkpoint(
     also needs (a pipeline stage saved by one data-parallel replica, say); they are read into
     :attr:`LoadedCheckpoint.saved_rank_states`. ``path`` may be an object-store URL (``s3://...``, or a ``Path`` made
     from one): a checkpoint that :class:`~lightning_ft.checkpoint.storage.ObjectStoreCheckpointer` wrote there loads
-    the same way.
+    the same way. ``path`` may also be a :class:`~lightning_ft.checkpoint.location.CheckpointLocation` of a
+    lightning-ft checkpoint (what :func:`~lightning_ft.checkpoint.location.locate` found): its ``path`` is read, and
+    what the location already says (local or remote, a folder that exists) is not looked up again.
 
     Raises:
         CheckpointNotFoundError: nothing exists at ``path`` (an ``UncommittedCheckpointError`` and a
@@ -135,13 +138,19 @@ def load_checkpoint(
             stored shards do not cover a tensor of the index.
         CheckpointError: the template does not match (shape), or another rank failed.
     """
-    path = Path(path)
+    location = path if isinstance(path, CheckpointLocation) else None
+    path = location.path if location is not None else Path(path)
+    remote = location.remote if location is not None else is_remote(path)
     rank = dist.get_rank(group) if is_distributed() else 0
     error: BaseException | None = None
     loaded = None
     try:
-        if is_remote(path):
+        if location is not None and not location.ours:
+            raise UncommittedCheckpointError(f"checkpoint {path} is not a lightning-ft checkpoint ({location.kind})")
+        if remote:
             document = ObjectStore().read_document(path)
+        elif location is not None:
+            document = read_document(path)  # located: a committed folder of ours
         elif not path.exists():
             raise CheckpointNotFoundError(f"checkpoint {path} does not exist")
         elif not path.is_dir():
@@ -151,7 +160,12 @@ def load_checkpoint(
         problems = coverage_problems(document)
         if problems:
             raise CorruptCheckpointError(f"checkpoint {path} cannot be loaded: {'; '.join(problems)}")
-        reader = ShardReader(path, document, storage or storage_for_path(path), verify_checksums=verify_checksums)
+        reader = ShardReader(
+            path,
+            document,
+            storage or (ObjectStore() if remote else storage_for_path(path)),
+            verify_checksums=verify_checksums,
+        )
         templates = _template_tensors(state) if state is not None else {}
         state_out = json_codec.decode(
             document["state"], lambda key, p: _fill(reader, key, p, templates.get(p) if p in templates else None)

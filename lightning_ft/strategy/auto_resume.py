@@ -4,7 +4,9 @@ Lightning resolves ``ckpt_path`` before any strategy code runs and loads nothing
 connector's ``resume_start`` is the one place where a strategy can choose the checkpoint itself: :class:`AutoResume`
 installs a :class:`~lightning_ft._compat.Patch` there for the run and undoes it at teardown. The patch also checks a
 ``ckpt_path`` the user gave before anything loads (a ``last`` link to an uncommitted save, a missing path, a
-lightning-ft folder without its commit marker).
+lightning-ft folder without its commit marker): the path is classified once there
+(:func:`~lightning_ft.checkpoint.location.locate`), and the load that follows takes that classification
+(:meth:`AutoResume.location_for`).
 """
 
 from __future__ import annotations
@@ -17,64 +19,19 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_ft import _compat
-from lightning_ft.checkpoint import CheckpointError, CheckpointNotFoundError, UncommittedCheckpointError
-from lightning_ft.checkpoint.internal import as_url, discovery, is_remote, list_foreign
-from lightning_ft.checkpoint.storage import ObjectStore
-from lightning_ft.strategy.checkpoint_io import is_last_path, is_lightning_ft_checkpoint
+from lightning_ft.checkpoint import CheckpointError
+from lightning_ft.checkpoint.internal import (
+    CheckpointLocation,
+    as_url,
+    discovery,
+    is_remote,
+    list_foreign,
+    listed,
+    locate,
+)
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
-
-
-def resolve_explicit_ckpt_path(path: Path) -> Path:
-    """Check a ``ckpt_path`` the user gave (after Lightning resolved ``"last"``/``"best"``) before anything loads.
-
-    Raises:
-        CheckpointNotFoundError: nothing exists at ``path`` (also a ``FileNotFoundError``).
-        UncommittedCheckpointError: ``path`` is a lightning-ft checkpoint without its commit marker, or a ``last`` link
-            to one while no committed checkpoint exists beside it.
-    """
-    if is_remote(path):
-        return _resolve_remote(path)
-    if path.is_symlink():
-        target = path.resolve()
-        if target.exists() and discovery.is_committed(target):
-            return target
-        latest = discovery.latest_committed(path.parent)
-        if latest is None:
-            raise UncommittedCheckpointError(
-                f"ckpt_path={str(path)!r} points at {str(target)!r}, which is not committed"
-            )
-        rank_zero_warn(f"{path} points at an uncommitted checkpoint; resuming from {latest.path} instead")
-        return latest.path
-    if not path.exists():
-        raise CheckpointNotFoundError(f"ckpt_path={str(path)!r} does not exist{discovery.newest_alternative(path)}")
-    if is_lightning_ft_checkpoint(path) and not discovery.is_committed(path):
-        raise UncommittedCheckpointError(
-            f"ckpt_path={str(path)!r} is a lightning-ft checkpoint without its commit marker (its save never"
-            f" finished){discovery.newest_alternative(path)}"
-        )
-    return path
-
-
-def _resolve_remote(path: Path) -> Path:
-    # An object store has no `last` link: a `last*.ckpt` path that holds no committed checkpoint means the newest one
-    # found by listing the markers beside it.
-    if is_last_path(path) and not discovery.is_committed(path):
-        latest = discovery.latest_committed(path.parent)
-        if latest is not None:
-            return latest.path
-    if not discovery.is_committed(path):
-        if not ObjectStore().exists(path):
-            raise CheckpointNotFoundError(
-                f"ckpt_path={as_url(path)!r} does not exist{discovery.newest_alternative(path)}"
-            )
-        if is_lightning_ft_checkpoint(path):
-            raise UncommittedCheckpointError(
-                f"ckpt_path={as_url(path)!r} is a lightning-ft checkpoint without its commit marker (its save never"
-                f" finished){discovery.newest_alternative(path)}"
-            )
-    return path
 
 
 def newest_remote_checkpoint(trainer: pl.Trainer) -> str | None:
@@ -96,7 +53,7 @@ def checkpoint_dirpaths(trainer: pl.Trainer) -> list[Path]:
     return list(seen)
 
 
-def resume_candidates(dirpaths: list[Path]) -> list[Path]:
+def resume_candidates(dirpaths: list[Path]) -> list[CheckpointLocation]:
     """Checkpoints under ``dirpaths`` that hold the full training state, newest first.
 
     Newest is the highest step, then a lightning-ft checkpoint before another strategy's file of the same step, then
@@ -108,7 +65,7 @@ def resume_candidates(dirpaths: list[Path]) -> list[Path]:
     whose metadata cannot be read stays a candidate (the load then rejects it with its reason, and falls back from
     there).
     """
-    found: list[tuple[tuple[bool, int, int, float], Path]] = []
+    found: list[tuple[tuple[bool, int, int, float], CheckpointLocation]] = []
     for dirpath in dirpaths:
         for info in discovery.list_committed(dirpath):
             full = info.full_state
@@ -118,12 +75,13 @@ def resume_candidates(dirpaths: list[Path]) -> list[Path]:
                 except CheckpointError:
                     full = True  # let the load reject it with its reason, and fall back from there
             if full:
-                found.append(((info.step is not None, info.step or 0, 1, info.mtime), info.path))
+                found.append(((info.step is not None, info.step or 0, 1, info.mtime), listed(info.path, ours=True)))
         for foreign in list_foreign(dirpath):
             if foreign.full_state:
-                found.append(((foreign.step is not None, foreign.step or 0, 0, foreign.mtime), foreign.path))
+                key = (foreign.step is not None, foreign.step or 0, 0, foreign.mtime)
+                found.append((key, listed(foreign.path, ours=False)))
     found.sort(key=lambda item: item[0], reverse=True)
-    return [path for _, path in found]
+    return [location for _, location in found]
 
 
 class AutoResume:
@@ -137,7 +95,8 @@ class AutoResume:
     def __init__(self, *, enabled: bool, broadcast: Callable[[Any], Any]) -> None:
         self.enabled = enabled
         self._broadcast = broadcast
-        self._candidates: list[Path] = []
+        self._candidates: list[CheckpointLocation] = []
+        self._chosen: CheckpointLocation | None = None
         self._patch: _compat.Patch | None = None
 
     def install(self, trainer: pl.Trainer) -> None:
@@ -173,16 +132,38 @@ class AutoResume:
         if trainer.global_rank == 0:
             for folder in folders:
                 discovery.recover_interrupted_swaps(folder)
-            names = resume_candidates(checkpoint_dirpaths(trainer)) if ckpt_path is None else []
+            candidates = resume_candidates(checkpoint_dirpaths(trainer)) if ckpt_path is None else []
+            names = [(str(c.path), c.ours) for c in candidates]
         # Also the barrier after the recovery: no rank looks at the folders before rank 0 has settled them.
-        names = self._broadcast([str(p) for p in names] if names is not None else None)
+        names = self._broadcast(names)
         if ckpt_path is not None:
-            return resolve_explicit_ckpt_path(Path(ckpt_path))
-        self._candidates = [Path(p) for p in names]
-        return self._candidates[0] if self._candidates else None
+            self._candidates = []
+            self._chosen = self._located(locate(Path(ckpt_path)))
+            return self._chosen.path
+        self._candidates = [listed(Path(p), ours=ours) for p, ours in names]
+        self._chosen = self._candidates[0] if self._candidates else None
+        return self._chosen.path if self._chosen is not None else None
 
-    def take_fallbacks(self, chosen: Path) -> list[Path]:
-        """The other candidates of the last automatic choice, newest first; forgets them."""
-        fallbacks = [p for p in self._candidates if p != chosen]
-        self._candidates = []
+    @staticmethod
+    def _located(location: CheckpointLocation) -> CheckpointLocation:
+        if location.note:
+            rank_zero_warn(location.note)
+        return location
+
+    def location_for(self, path: Path) -> CheckpointLocation:
+        """The classification of the path a load was given: the one :meth:`select` made of it, else found now (a
+        ``validate``/``test``/``predict`` ``ckpt_path``, which :meth:`select` does not see).
+
+        Raises:
+            CheckpointNotFoundError, UncommittedCheckpointError: as :func:`~lightning_ft.checkpoint.location.locate`.
+        """
+        chosen = self._chosen
+        if chosen is not None and path in (chosen.path, chosen.requested):
+            return chosen
+        return self._located(locate(path))
+
+    def take_fallbacks(self, chosen: CheckpointLocation) -> list[CheckpointLocation]:
+        """The other candidates of the last automatic choice, newest first; forgets them and the choice."""
+        fallbacks = [c for c in self._candidates if c.path != chosen.path]
+        self._candidates, self._chosen = [], None
         return fallbacks

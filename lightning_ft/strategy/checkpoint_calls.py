@@ -22,8 +22,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightning_ft.strategy import per_rank_state
-from lightning_ft.strategy.auto_resume import resolve_explicit_ckpt_path
-from lightning_ft.strategy.checkpoint_io import is_lightning_ft_checkpoint, run_metadata, split_checkpoint
+from lightning_ft.strategy.checkpoint_io import run_metadata, split_checkpoint
 from lightning_ft.strategy.elastic_resume import loaded_message
 from lightning_ft.strategy.foreign_import import import_for_strategy
 
@@ -59,18 +58,20 @@ def save_for_strategy(strategy: ElasticFT3D, checkpoint: dict[str, Any], filepat
 
 def load_for_strategy(strategy: ElasticFT3D, checkpoint_path: Any) -> dict[str, Any]:
     """The checkpoint dict Lightning restores from, for ``checkpoint_path`` (every rank calls it; collective)."""
-    # validate/test/predict reach here without the auto-resume check; a missing path is a FileNotFoundError.
-    path = resolve_explicit_ckpt_path(Path(strategy.broadcast(str(checkpoint_path))))
+    # The path was classified once, by auto-resume's choice (fit) or here (validate/test/predict reach here without
+    # it); a missing path is a FileNotFoundError.
+    location = strategy._auto_resume.location_for(Path(strategy.broadcast(str(checkpoint_path))))
     trainer = strategy.lightning_module.trainer
     fitting = trainer.state.fn == TrainerFn.FITTING
-    if not is_lightning_ft_checkpoint(path):
-        checkpoint, strategy._foreign_batches_into_epoch = import_for_strategy(strategy, path, fitting=fitting)
+    fallbacks = [c for c in strategy._auto_resume.take_fallbacks(location) if c.ours]
+    if not location.ours:
+        checkpoint, strategy._foreign_batches_into_epoch = import_for_strategy(strategy, location, fitting=fitting)
         return checkpoint
     load_start = time.time()
     mode = strategy._mode
     loaded = strategy._checkpoint_manager().load(
-        path,
-        fallbacks=[p for p in strategy._auto_resume.take_fallbacks(path) if is_lightning_ft_checkpoint(p)],
+        location,
+        fallbacks=fallbacks,
         template=mode.load_template(),
         rank_states=mode.saved_rank_states,
     )

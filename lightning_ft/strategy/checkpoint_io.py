@@ -10,7 +10,6 @@ falling back to older committed ones when the newest is refused. Checkpoints of 
 
 from __future__ import annotations
 
-import re
 import tempfile
 import threading
 import time
@@ -26,45 +25,23 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from lightning_ft import _compat
 from lightning_ft.checkpoint import AsyncCheckpointer, CheckpointError, load_checkpoint
 from lightning_ft.checkpoint.internal import (
-    COMMIT_MARKER,
-    ENTRIES_FILE,
-    IN_PROGRESS_RECORD,
-    METADATA_FILE,
+    CheckpointLocation,
     CommitInfo,
     ObjectStoreCheckpointer,
     Retention,
     RoutedStorage,
     as_url,
     discovery,
+    is_last_path,
     is_remote,
     protocol_of,
     storage_named,
 )
-from lightning_ft.checkpoint.storage import ObjectStore
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
     from lightning_ft.events import EventLog
-
-_LAST_NAME = re.compile(r"^last(-v?\d+)?$")
-
-
-def is_last_path(path: Path) -> bool:
-    """Whether Lightning routes a save to ``path`` as its ``last`` checkpoint (``last.ckpt``, ``last-v1.ckpt``, with
-    any ``ModelCheckpoint.FILE_EXTENSION``)."""
-    return bool(_LAST_NAME.match(path.name.removesuffix(".ckpt")) or _LAST_NAME.match(path.stem))
-
-
-def is_lightning_ft_checkpoint(path: Path) -> bool:
-    """A folder that lightning-ft wrote (committed or not): it holds our metadata, our marker, our in-progress record
-    or snapshot data; or an object-store checkpoint holding our marker or a generation of ours."""
-    if is_remote(path):
-        return ObjectStore().is_ours(path)
-    if not path.is_dir():
-        return False
-    names = (METADATA_FILE, COMMIT_MARKER, IN_PROGRESS_RECORD, ".snapshot_metadata", "batched", ENTRIES_FILE)
-    return any((path / name).exists() for name in names) or any(p.name.isdigit() for p in path.iterdir())
 
 
 def check_checkpoint_dirpath(dirpath: str) -> None:
@@ -383,13 +360,14 @@ class StrategyCheckpoints:
 
     def load(
         self,
-        path: Path,
+        location: CheckpointLocation,
         *,
-        fallbacks: list[Path],
+        fallbacks: list[CheckpointLocation],
         template: dict[str, Any] | None,
         rank_states: Callable[[dict[str, Any]], Any] | None = None,
     ) -> Any:
-        """Load ``path`` on every rank, or the first of ``fallbacks`` that loads when it is refused.
+        """Load the committed lightning-ft checkpoint at ``location`` on every rank, or the first of ``fallbacks``
+        (lightning-ft checkpoints too) that loads when it is refused.
 
         ``rank_states`` names other saved ranks whose rank state this rank needs (see
         :func:`~lightning_ft.checkpoint.load_checkpoint`).
@@ -403,9 +381,10 @@ class StrategyCheckpoints:
         """
         fallbacks = list(fallbacks)
         while True:
+            path = location.path
             try:
                 try:
-                    return load_checkpoint(path, template, rank_states=rank_states)
+                    return load_checkpoint(location, template, rank_states=rank_states)
                 except CheckpointError:
                     raise
                 except Exception as err:
@@ -415,10 +394,17 @@ class StrategyCheckpoints:
                     raise
                 log = self._event_log()
                 if self._rank() == 0 and log is not None:
-                    step = (discovery.read_metadata(path) or {}).get("step") if discovery.is_committed(path) else None
-                    log.write("checkpoint_rejected", step=step, path=as_url(path), reason=str(err))
-                rank_zero_warn(f"Skipping checkpoint {path}: {err}. Falling back to {fallbacks[0]}.")
-                path = fallbacks.pop(0)
+                    log.write("checkpoint_rejected", step=_saved_step(path), path=as_url(path), reason=str(err))
+                rank_zero_warn(f"Skipping checkpoint {path}: {err}. Falling back to {fallbacks[0].path}.")
+                location = fallbacks.pop(0)
+
+
+def _saved_step(path: Path) -> int | None:
+    """The step a located (committed) checkpoint records, or ``None`` when even its metadata cannot be read."""
+    try:
+        return discovery.read_metadata(path).get("step")
+    except CheckpointError:
+        return None
 
 
 def split_checkpoint(checkpoint: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

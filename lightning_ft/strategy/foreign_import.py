@@ -25,8 +25,14 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_ft import _compat
-from lightning_ft.checkpoint import CheckpointError, UncommittedCheckpointError
-from lightning_ft.checkpoint.internal import is_dcp_folder, load_dcp, load_torch_file, read_lightning_dcp_meta
+from lightning_ft.checkpoint import CheckpointError
+from lightning_ft.checkpoint.internal import (
+    CheckpointLocation,
+    load_dcp,
+    load_torch_file,
+    locate,
+    read_lightning_dcp_meta,
+)
 
 if TYPE_CHECKING:
     from lightning_ft.events import EventLog
@@ -113,14 +119,15 @@ def _rekey_optimizer_state(saved: dict[str, Any], template: dict[str, Any], inde
 
 
 def import_foreign_checkpoint(
-    path: Path,
+    location: CheckpointLocation | Path,
     *,
     model: torch.nn.Module,
     optimizers: Sequence[torch.optim.Optimizer],
     parallelized: bool,
     pipelined: bool,
 ) -> ForeignImport:
-    """Read the foreign checkpoint ``path`` and, for a parallelized model, load model and optimizer state in place.
+    """Read the foreign checkpoint at ``location`` (a :func:`~lightning_ft.checkpoint.location.locate` result, or a
+    path to locate) and, for a parallelized model, load model and optimizer state in place.
 
     ``model`` is the strategy's (wrapped) model; ``optimizers`` those to restore (none outside ``fit``). Every rank
     calls it; it does no communication (each rank reads what it needs).
@@ -136,18 +143,18 @@ def import_foreign_checkpoint(
         set_optimizer_state_dict,
     )
 
+    if not isinstance(location, CheckpointLocation):
+        location = locate(location)
+    path = location.path
+    if location.ours:
+        raise CheckpointError(f"ckpt_path={str(path)!r} is a lightning-ft checkpoint, not another strategy's")
     if pipelined:
         raise CheckpointError(
             f"ckpt_path={str(path)!r}: a checkpoint of another strategy cannot be imported into pipeline stages;"
             " import it with pipeline_parallel_size=1, save, and resume that checkpoint with pipeline parallelism"
         )
     optimizers = [_compat.unwrap_optimizer(opt) for opt in optimizers]
-    if path.is_dir():
-        if not is_dcp_folder(path):
-            raise UncommittedCheckpointError(
-                f"ckpt_path={str(path)!r} is a folder but neither a lightning-ft checkpoint nor a distributed checkpoint"
-                " (no .metadata file)"
-            )
+    if location.kind == "dcp_folder":
         checkpoint = read_lightning_dcp_meta(path)
         state: dict[str, Any] = {"state_dict": get_model_state_dict(model)}
         for i, opt in enumerate(optimizers):
@@ -227,13 +234,16 @@ def report_import(
     return imported.batches_into_epoch
 
 
-def import_for_strategy(strategy: ElasticFT3D, path: Path, *, fitting: bool) -> tuple[dict[str, Any], int]:
+def import_for_strategy(
+    strategy: ElasticFT3D, location: CheckpointLocation, *, fitting: bool
+) -> tuple[dict[str, Any], int]:
     """``ElasticFT3D.load_checkpoint`` for a checkpoint of another strategy: the checkpoint dict Lightning restores
     the rest from, and the batches per process to skip in the current epoch (:func:`position_sampler`)."""
     from lightning_ft.strategy.parallel_modes import PipelineMode
 
+    path = location.path
     imported = import_foreign_checkpoint(
-        path,
+        location,
         model=strategy.model,
         optimizers=strategy.optimizers if fitting else [],
         parallelized=strategy._parallelized,

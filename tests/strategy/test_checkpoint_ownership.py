@@ -155,6 +155,6 @@ def test_resume_candidates_take_full_state_from_the_markers_and_sort_a_checkpoin
         return real_read_metadata(path)
 
     monkeypatch.setattr(discovery_module, "read_metadata", recording_read_metadata)
-    assert [p.name for p in resume_candidates([tmp_path])] == ["full", "older-release", "no-step"]
+    assert [c.path.name for c in resume_candidates([tmp_path])] == ["full", "older-release", "no-step"]
     assert read == ["older-release"]
     assert json.loads((tmp_path / "full" / "lightning_ft.committed").read_text())["full_state"] is True
