@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ import torch.distributed as dist
 from lightning_ft import _compat
 from lightning_ft.checkpoint import json_codec
 from lightning_ft.checkpoint.agreement import agree, is_distributed
+from lightning_ft.checkpoint.checksum import crc32
 from lightning_ft.checkpoint.commit import build_document, owned_records, write_marker, write_metadata
 from lightning_ft.checkpoint.errors import CheckpointWriteError
 from lightning_ft.checkpoint.in_progress import discard, mark_in_flight, remove_record, unmark_in_flight
@@ -370,7 +370,7 @@ class AsyncCheckpointer:
                         "offset": shard.offset,
                         "shape": list(shard.data.shape),
                         "nbytes": data.numel(),
-                        "crc32": zlib.crc32(data.numpy()),
+                        "crc32": crc32(data.numpy()),
                     }
                 )
             self._storage.write(job.folder, entries, group=self._group)

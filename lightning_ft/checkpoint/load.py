@@ -97,11 +97,15 @@ def _fill(reader: ShardReader, key: str, path: str, target: torch.Tensor | None)
         if target.device_mesh.get_coordinate() is None:
             return target
         shape, offset = local_region(target.shape, target.device_mesh, target.placements)
+        local = target.to_local()
         with torch.no_grad():
-            target.to_local().copy_(reader.assemble(key, offset, shape))
+            if list(local.shape) != list(shape) or not reader.read_into(key, offset, local.detach()):
+                local.copy_(reader.assemble(key, offset, shape))
         return target
     with torch.no_grad():
-        target.copy_(reader.assemble(key, [0] * len(global_shape), global_shape))
+        offset = [0] * len(global_shape)
+        if not reader.read_into(key, offset, target.detach()):
+            target.copy_(reader.assemble(key, offset, global_shape))
     return target
 
 
