@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_ft.strategy.registry import register_when_lightning_loads
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+"""The package version; pyproject.toml reads it from here, and CHANGELOG.md's newest release heading names it."""
 
 _EXPORTS = {
     "ElasticFT3D": "lightning_ft.strategy",
