@@ -3,14 +3,16 @@ from :mod:`lightning_ft.pytorch_lightning`, by object and by name, a fit with a 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, TensorDataset
 
-from tests.strategy.models import RandomVectors
+from tests.helpers import REPO_ROOT, subprocess_env
 
 pl = pytest.importorskip("pytorch_lightning")
 
@@ -34,7 +36,10 @@ class PlRegressor(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)}
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(RandomVectors(), batch_size=4, shuffle=True)
+        g = torch.Generator().manual_seed(0)  # not tests.strategy.models: it imports the lightning package
+        return DataLoader(
+            TensorDataset(torch.randn(64, 8, generator=g), torch.randn(64, 1, generator=g)), batch_size=4, shuffle=True
+        )
 
 
 def _trainer(root, *, max_steps: int, checkpoints=None) -> pl.Trainer:
@@ -79,3 +84,34 @@ def test_a_pytorch_lightning_fit_resumes_from_its_checkpoint_exactly(tmp_path):
     resumed = _fit(tmp_path / "run", max_steps=8, checkpoints=tmp_path / "run" / "checkpoints", ckpt_path="last")
     for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
+
+
+_PL_ONLY = """
+import sys
+
+import pytorch_lightning as pl
+
+from lightning_ft.pytorch_lightning import ElasticFT3D, StragglerMonitor
+from tests.strategy.test_pytorch_lightning import PlRegressor
+
+trainer = pl.Trainer(
+    accelerator="cpu", devices=1, strategy=ElasticFT3D(), max_steps=2, default_root_dir=sys.argv[1], logger=False,
+    enable_progress_bar=False, callbacks=[StragglerMonitor(), pl.callbacks.ModelCheckpoint(dirpath=sys.argv[1])],
+)
+trainer.fit(PlRegressor())
+print(trainer.global_step, sorted(m for m in sys.modules if m == "lightning" or m.startswith("lightning.")))
+"""
+
+
+def test_a_pytorch_lightning_run_never_imports_the_lightning_package(tmp_path):
+    # Every class the strategy checks against is pytorch_lightning's: nothing of lightning.pytorch is even loaded.
+    proc = subprocess.run(
+        [sys.executable, "-c", _PL_ONLY, str(tmp_path)],
+        cwd=REPO_ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "2 []"
