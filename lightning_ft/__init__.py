@@ -3,7 +3,9 @@
 Add ``strategy=ElasticFT3D(...)`` and a few callbacks to the ``Trainer`` you already have; nothing else changes.
 
 The public names are imported on first use, so that ``import lightning_ft.strategy`` does not import the monitors
-and the ``lightning-ft`` command starts without importing torch.
+and the ``lightning-ft`` command starts without importing torch. ``import lightning_ft`` registers the strategy's names
+with Lightning's ``StrategyRegistry`` (``Trainer(strategy="elastic_ft3d")``) when Lightning is imported, before or
+after it (:mod:`lightning_ft.strategy.registry`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from lightning_ft.strategy.registry import register_when_lightning_loads
+
+__version__ = "0.2.0"
+"""The package version; pyproject.toml reads it from here, and CHANGELOG.md's newest release heading names it."""
 
 _EXPORTS = {
     "ElasticFT3D": "lightning_ft.strategy",
@@ -50,6 +55,10 @@ if TYPE_CHECKING:
     from lightning_ft.monitors import GoodputMonitor, StragglerMonitor, ThermalMonitor
     from lightning_ft.parallel import ParallelConfig, Plan, pipeline_step, plan_parallelism
     from lightning_ft.strategy import ElasticFT3D
+
+
+if __name__ == "lightning_ft":  # not in lightning_ft.pytorch_lightning, built from this file
+    register_when_lightning_loads()
 
 
 def __getattr__(name: str) -> Any:

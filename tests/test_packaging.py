@@ -45,3 +45,25 @@ def test_pip_install_into_an_environment_with_torch_and_lightning_replaces_neith
     planned = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
     assert "lightning-ft" in planned
     assert not planned & {"torch", "lightning", "pytorch-lightning", "nvidia-cudnn-cu12", "triton"}, planned
+
+
+def test_the_version_is_written_once_and_the_changelog_and_the_installed_metadata_agree():
+    import importlib.metadata
+    import re
+
+    import lightning_ft
+
+    project = tomllib.loads((Path(REPO_ROOT) / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "lightning_ft.__version__"}
+    changelog = (Path(REPO_ROOT) / "CHANGELOG.md").read_text()
+    newest_release = re.search(r"^## (\d+\.\d+\.\d+)\b", changelog, flags=re.M)
+    assert newest_release is not None and newest_release.group(1) == lightning_ft.__version__
+    # The installed metadata (a stale lightning_ft.egg-info left in a clone's root by an older build is not it).
+    installed = [
+        d.version
+        for d in importlib.metadata.distributions()
+        if d.metadata["Name"] == "lightning-ft"
+        and Path(str(d.locate_file(""))).resolve().is_relative_to(Path(sys.prefix).resolve())
+    ]
+    assert installed and set(installed) == {lightning_ft.__version__}

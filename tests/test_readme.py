@@ -26,6 +26,13 @@ def test_the_readme_quick_start_is_examples_quickstart_py_verbatim():
     assert "torchrun --standalone --nproc-per-node=2 examples/quickstart.py" in section
 
 
+def test_the_readme_quick_start_says_what_a_run_writes_into_the_working_folder():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    assert "`lightning-ft/`" in section and "lightning-ft/events/rank<N>.jsonl" in section
+    assert "working folder" in section and "default_root_dir" in section
+
+
 def test_the_readme_says_how_to_install_and_how_to_load_for_inference():
     readme = (ROOT / "README.md").read_text()
     install = readme.split("## Installation", 1)[1].split("\n## ", 1)[0]

@@ -18,6 +18,7 @@ because ``weights_only`` loading refuses anything else.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import enum
 import os
 import pathlib
@@ -55,6 +56,8 @@ def _plain(obj: Any) -> Any:
         return tuple(items) if isinstance(obj, tuple) else items
     if isinstance(obj, enum.Enum):
         return _plain(obj.value)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # the checkpoint restores it as itself
+        return _plain({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)})
     if isinstance(obj, pathlib.PurePath):
         return str(obj)
     if isinstance(obj, np.ndarray):

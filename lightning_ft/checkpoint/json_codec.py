@@ -2,13 +2,18 @@
 
 A checkpoint's nested state (Lightning's checkpoint dict, optimizer state, RNG states, callback states) is split in two:
 tensors go to torchsnapshot as flat entries, everything else goes through this codec into the checkpoint's metadata JSON,
-with each tensor replaced by a reference ``{"__lft__": "tensor", "key": ...}``. Loading never unpickles: a value the codec
-does not know is stored as a tagged ``repr`` string (with a warning) and comes back as that string.
+with each tensor replaced by a reference ``{"__lft__": "tensor", "key": ...}``.
 
 Supported beyond plain JSON: dicts with non-string keys (optimizer state uses ``int`` keys), tuples, sets, ``float``
 nan/inf, ``bytes``, numpy arrays and scalars (bit-exact, so ``np.random.get_state()`` round-trips), ``argparse.Namespace``,
-dataclass instances (restored as dicts), ``pathlib.Path``, enums (restored as the enum member when its class is already
-imported, else as its value), ``torch.dtype``, ``torch.device`` and ``torch.Size``.
+dataclass instances and enums (restored as themselves when their class is already imported where the checkpoint is
+read, else as a dict of their fields or their value, with a warning), ``pathlib.Path``, ``torch.dtype``,
+``torch.device`` and ``torch.Size``.
+
+Every other object comes back as itself or is refused at the save call: it is stored with ``torch.save`` when the
+user allowed its class (``torch.serialization.add_safe_globals``; see :mod:`~lightning_ft.checkpoint.safe_load`) and
+read back through torch's restricted unpickler, which admits only allowed globals; otherwise ``encode`` raises a
+``TypeError`` naming its key and what to do. Loading never unpickles anything else.
 
 A sparse tensor (COO, CSR, CSC, BSR, BSC) is stored as its dense parts (indices and values, each handed to
 ``on_tensor``) plus its layout and size, and comes back as a sparse tensor of the same layout, checked for the sparse
@@ -30,6 +35,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from lightning_ft.checkpoint.safe_load import load_pickled, pickled_bytes
 
 TAG = "__lft__"
 """The key that marks an encoded non-JSON value; a user dict holding this key is encoded in the tagged item form."""
@@ -111,6 +118,7 @@ def encode(obj: Any, on_tensor: EncodeTensor | None = None, path: str = "") -> A
         return {TAG: "namespace", "fields": encode(vars(obj), on_tensor, path)}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+        fields.update(getattr(obj, "__dict__", {}))  # attributes set in __post_init__ too
         return {TAG: "dataclass", "type": _qualname(obj), "fields": encode(fields, on_tensor, path)}
     if isinstance(obj, pathlib.PurePath):
         return {TAG: "path", "value": str(obj)}
@@ -118,13 +126,9 @@ def encode(obj: Any, on_tensor: EncodeTensor | None = None, path: str = "") -> A
         return {TAG: "dtype", "value": str(obj).removeprefix("torch.")}
     if isinstance(obj, torch.device):
         return {TAG: "device", "value": str(obj)}
-    # Storing a repr keeps the checkpoint loadable without unpickling; the value cannot be restored exactly.
-    warnings.warn(
-        f"lightning-ft checkpoint: {path or 'value'} of type {_qualname(obj)} has no plain encoding; "
-        "it is stored as its repr() and restored as that string",
-        stacklevel=2,
-    )
-    return {TAG: "repr", "type": _qualname(obj), "repr": repr(obj)}
+    # No stand-in (a repr would come back as a string): the object itself, if its class is allowed, or a refusal now.
+    data = pickled_bytes(obj, path or "value")
+    return {TAG: "pickle", "type": _qualname(obj), "data": _b64(data)}
 
 
 def _sparse_parts(tensor: torch.Tensor, layout: str) -> dict[str, torch.Tensor]:
@@ -177,19 +181,45 @@ def _decode_sparse(obj: dict[str, Any], on_tensor: DecodeTensor | None, path: st
     )
 
 
-def _decode_enum(type_name: str, value: Any) -> Any:
+def _imported_class(type_name: str) -> Any:
     # Only classes already imported are used: resolving a name never imports code (that would be unpickling by another
     # name).
     module_name, _, qualname = type_name.rpartition(".")
     obj: Any = sys.modules.get(module_name)
     for part in qualname.split("."):
         obj = getattr(obj, part, None)
-    if isinstance(obj, type) and issubclass(obj, enum.Enum):
+    return obj if isinstance(obj, type) else None
+
+
+def _decode_enum(type_name: str, value: Any, path: str) -> Any:
+    cls = _imported_class(type_name)
+    if cls is not None and issubclass(cls, enum.Enum):
         try:
-            return obj(value)
+            return cls(value)
         except ValueError:
-            return value
+            pass
+    warnings.warn(
+        f"lightning-ft checkpoint: {path or 'value'} is a {type_name}, which is not imported (or has no member"
+        f" {value!r}) where the checkpoint is read; restored as its value. Import the class before loading",
+        stacklevel=3,
+    )
     return value
+
+
+def _decode_dataclass(type_name: str, fields: dict[str, Any], path: str) -> Any:
+    cls = _imported_class(type_name)
+    if cls is None or not dataclasses.is_dataclass(cls):
+        warnings.warn(
+            f"lightning-ft checkpoint: {path or 'value'} is a {type_name}, which is not imported where the checkpoint"
+            " is read; restored as a dict of its fields. Import the class before loading",
+            stacklevel=3,
+        )
+        return fields
+    # As unpickling does: the fields are set, neither __init__ nor __post_init__ runs.
+    instance = object.__new__(cls)
+    for name, value in fields.items():
+        object.__setattr__(instance, name, value)
+    return instance
 
 
 def decode(obj: Any, on_tensor: DecodeTensor | None = None, path: str = "") -> Any:
@@ -225,11 +255,11 @@ def decode(obj: Any, on_tensor: DecodeTensor | None = None, path: str = "") -> A
     if tag == "namespace":
         return argparse.Namespace(**decode(obj["fields"], on_tensor, path))
     if tag == "dataclass":
-        return decode(obj["fields"], on_tensor, path)
+        return _decode_dataclass(obj["type"], decode(obj["fields"], on_tensor, path), path)
     if tag == "path":
         return pathlib.Path(obj["value"])
     if tag == "enum":
-        return _decode_enum(obj["type"], decode(obj["value"], None, path))
+        return _decode_enum(obj["type"], decode(obj["value"], None, path), path)
     if tag == "dtype":
         dtype = getattr(torch, obj["value"], None)
         if not isinstance(dtype, torch.dtype):
@@ -239,6 +269,8 @@ def decode(obj: Any, on_tensor: DecodeTensor | None = None, path: str = "") -> A
         return torch.device(obj["value"])
     if tag == "sparse":
         return _decode_sparse(obj, on_tensor, path)
-    if tag == "repr":
+    if tag == "pickle":
+        return load_pickled(base64.b64decode(obj["data"]), path or "value")
+    if tag == "repr":  # written by lightning-ft 0.2.0 and earlier, which stored what it could not encode as a repr
         return obj["repr"]
     raise ValueError(f"{path or 'value'}: unknown encoded type {tag!r} (written by a newer lightning-ft?)")

@@ -192,7 +192,8 @@ def load_checkpoint(
             saved_rank_states=others,
         )
     except CheckpointError as e:
-        error = type(e)(f"{e}{newest_alternative(path)}")
+        named = str(e) if str(path) in str(e) else f"checkpoint {path}: {e}"  # a stored object's refusal names its key
+        error = type(e)(f"{named}{newest_alternative(path)}")
         error.__cause__ = e.__cause__
     except Exception as e:  # noqa: BLE001 - still agree with the other ranks before raising
         error = e

@@ -11,6 +11,12 @@ of one load (torch's ``safe_globals`` context, never the process-wide list):
 
 A file that needs anything else is refused with :class:`~lightning_ft.checkpoint.UnsafeCheckpointError`, naming the
 globals that blocked it and how to allow one explicitly (``torch.serialization.safe_globals([...])`` around the call).
+
+The same rule loads the objects that a lightning-ft checkpoint stores pickled (:func:`pickled_bytes`,
+:func:`load_pickled`): an object of a class the user allowed through torch's own list
+(``torch.serialization.add_safe_globals``), which the JSON codec cannot store as plain data. They are written with
+``torch.save`` and read back with ``torch.load(weights_only=True)``, torch's restricted unpickler, which admits only
+the allowed globals; a payload that needs any other global (a tampered one calling ``os.system``, say) is refused.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import io
 import os
 import pathlib
 import re
@@ -32,7 +39,7 @@ import torch
 
 from lightning_ft.checkpoint.errors import CorruptCheckpointError, UnsafeCheckpointError
 
-__all__ = ["default_safe_globals", "load_torch_file", "safe_globals_for"]
+__all__ = ["default_safe_globals", "load_pickled", "load_torch_file", "pickled_bytes", "safe_globals_for"]
 
 _BLOCKED_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
 
@@ -85,12 +92,14 @@ def _data_type(name: str) -> Any:
     return None
 
 
-def safe_globals_for(path: str | os.PathLike) -> tuple[list[Any], list[str]]:
-    """``(allowed, blocked)`` for the ``torch.save`` file at ``path``: the globals a load allows (the defaults plus the
-    already-imported enums and dataclasses the file names) and the names still refused."""
+def safe_globals_for(path: str | os.PathLike | io.BytesIO) -> tuple[list[Any], list[str]]:
+    """``(allowed, blocked)`` for the ``torch.save`` file at ``path`` (or in a buffer): the globals a load allows (the
+    defaults, torch's list, plus the already-imported enums and dataclasses the file names) and the names still
+    refused."""
     allowed = default_safe_globals()
+    source = path if isinstance(path, io.BytesIO) else str(path)
     with torch.serialization.safe_globals(_new(allowed)):
-        named = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
+        named = torch.serialization.get_unsafe_globals_in_checkpoint(source)
     blocked = []
     for name in sorted(named):
         found = _data_type(name)
@@ -154,3 +163,67 @@ def load_torch_file(path: str | os.PathLike, *, mmap: bool = False) -> Any:
         if found is None:
             raise CorruptCheckpointError(f"{path} is not a readable torch.save file ({type(e).__name__}: {e})") from e
         raise _refusal(path, [found.group(1)]) from e
+
+
+_ALLOW_HINT = (
+    "If you trust the class, allow it in every process that saves or loads, before fit:"
+    " `torch.serialization.add_safe_globals([{name}])` (docs/checkpointing.md#your-own-classes-in-a-checkpoint)"
+)
+
+
+def pickled_bytes(obj: Any, where: str) -> bytes:
+    """``torch.save(obj)`` as bytes, checked to load back under :func:`load_pickled`'s rule; called at the save call.
+
+    Raises:
+        TypeError: ``obj`` cannot be pickled, or loading it back needs a global that is not allowed; the message names
+            ``where`` (the key in the checkpoint), the globals and what to do.
+    """
+    name = f"{type(obj).__module__}.{type(obj).__qualname__}"
+    buffer = io.BytesIO()
+    try:
+        torch.save(obj, buffer)
+    except Exception as e:  # noqa: BLE001 - pickling runs the object's own __reduce__
+        raise TypeError(
+            f"{where}: a {name} cannot be stored in a lightning-ft checkpoint: it has no plain encoding and cannot be"
+            f" pickled ({type(e).__name__}: {e}). Keep it out of the checkpoint (for hyperparameters:"
+            " save_hyperparameters(ignore=[...]))"
+        ) from e
+    buffer.seek(0)
+    _, blocked = safe_globals_for(buffer)
+    if blocked:
+        raise TypeError(
+            f"{where}: a {name} cannot be stored in a lightning-ft checkpoint: it has no plain encoding, and loading it"
+            f" back would need {', '.join(blocked)}, which lightning-ft does not unpickle unless allowed. "
+            + _ALLOW_HINT.format(name=blocked[0])
+            + "; or keep it out of the checkpoint (for hyperparameters: save_hyperparameters(ignore=[...]))"
+        )
+    return buffer.getvalue()
+
+
+def load_pickled(data: bytes, where: str) -> Any:
+    """The object :func:`pickled_bytes` stored, through torch's restricted unpickler (``weights_only=True``) with the
+    allowed globals only; tensors come back on the CPU.
+
+    Raises:
+        UnsafeCheckpointError: the payload needs a global that is not allowed (in this process), naming ``where``.
+        CorruptCheckpointError: the payload is not a readable ``torch.save`` buffer.
+    """
+    try:
+        allowed, blocked = safe_globals_for(io.BytesIO(data))
+    except Exception as e:  # noqa: BLE001 - not a torch.save buffer at all
+        raise CorruptCheckpointError(f"{where}: the stored object is not a readable torch.save payload ({e})") from e
+    if not blocked:
+        try:
+            with _allowing(allowed):
+                return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - a global pushed dynamically is only found while loading
+            found = _BLOCKED_GLOBAL.search(str(e))
+            if found is None:
+                raise CorruptCheckpointError(
+                    f"{where}: the stored object cannot be read ({type(e).__name__}: {e})"
+                ) from e
+            blocked = [found.group(1)]
+    raise UnsafeCheckpointError(
+        f"{where}: the checkpoint stores an object that needs {', '.join(blocked)}, which is not an allowed global in"
+        " this process, so lightning-ft does not unpickle it. " + _ALLOW_HINT.format(name=blocked[0])
+    )

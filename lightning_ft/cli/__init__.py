@@ -3,7 +3,8 @@
 Each subcommand is a thin shell over a library function, so everything it prints can also be had from Python. One
 module per subcommand registers its parser and runs it (:mod:`~lightning_ft.cli.plan`,
 :mod:`~lightning_ft.cli.checkpoint` for ``inspect`` and ``export``, :mod:`~lightning_ft.cli.report`); each imports
-the library it wraps only when it runs.
+the library it wraps only when it runs. :func:`main` registers in full only the subcommand it runs (``plan``'s
+options need the planner, which imports torch), so ``lightning-ft report`` imports neither torch nor Lightning.
 
 A failure the user can act on is printed as one line on stderr, ``lightning-ft <command>: error: <what to do>``, and
 the process exits with a documented code (:mod:`~lightning_ft.cli.errors`): 0 done, 1 done and the answer is no,
@@ -13,6 +14,7 @@ the process exits with a documented code (:mod:`~lightning_ft.cli.errors`): 0 do
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
@@ -21,10 +23,17 @@ from lightning_ft.cli.errors import EXIT_CODES_HELP, CLIError
 __all__ = ["build_parser", "main"]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``lightning-ft`` parser with every subcommand; ``args.func(args)`` runs the chosen one."""
-    from lightning_ft.cli import checkpoint, plan, report
+_MODULES = {"plan": "plan", "inspect": "checkpoint", "export": "checkpoint", "report": "report"}
+"""Subcommand -> the module of :mod:`lightning_ft.cli` that registers and runs it."""
 
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``lightning-ft`` parser; ``args.func(args)`` runs the chosen subcommand.
+
+    ``command``: the one subcommand to register in full (the others get an empty parser, so the name is still
+    accepted); ``None`` or an unknown name registers every one in full (for ``--help`` and usage errors).
+    """
+    full = set(_MODULES.values()) if command not in _MODULES else {_MODULES[command]}
     parser = argparse.ArgumentParser(
         prog="lightning-ft",
         description=__doc__.splitlines()[0],
@@ -32,9 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    plan.register(sub)
-    checkpoint.register(sub)
-    report.register(sub)
+    for name, module in _MODULES.items():
+        if module not in full:
+            sub.add_parser(name)
+        elif name == next(n for n, m in _MODULES.items() if m == module):  # one register() per module
+            importlib.import_module(f"lightning_ft.cli.{module}").register(sub)
     return parser
 
 
@@ -44,7 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     A :class:`~lightning_ft.cli.errors.CLIError` from the subcommand is printed as one line on stderr and its exit
     code returned; argparse's own usage errors exit with 2 (``SystemExit``), as argparse does.
     """
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except CLIError as error:

@@ -40,6 +40,7 @@ from lightning_ft.monitors.run_history import attempts as attempt_records
 from lightning_ft.monitors.run_history import latest_run, link, num
 
 INCIDENT_EVENTS = ("preempted", "hang", "straggler", "thermal", "checkpoint_rejected")
+_ONE_PER_ATTEMPT = frozenset({"preempted", "hang"})  # they stop the attempt; each rank may write its own record
 DEFAULT_MTBF_HOURS = 24.0
 """The MTBF the checkpoint-interval suggestion assumes when a run observed no failure and none is given."""
 
@@ -102,11 +103,7 @@ def summarize(events: Iterable[dict[str, Any]], *, mtbf_hours: float | None = No
         "straggler_s": sum(num(e.get("lost_s")) for e in run_events if e.get("event") == "straggler_cleared"),
         "device_s_held": held_device_s,
     }
-    incidents = [
-        {k: e.get(k) for k in ("time", "attempt", "rank", "event", "step")} | _incident_detail(e)
-        for e in run_events
-        if e.get("event") in INCIDENT_EVENTS and (e.get("event") != "thermal" or e.get("reasons"))
-    ]
+    incidents = _incidents(run_events)
     for a in attempts:
         del a["_progress"]
     return {
@@ -121,6 +118,28 @@ def summarize(events: Iterable[dict[str, Any]], *, mtbf_hours: float | None = No
         "stragglers": _stragglers(run_events, totals["straggler_s"]),
         "incidents": incidents,
     }
+
+
+def _incidents(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per incident. A preemption or a hang stops the whole attempt and every rank may record it: those
+    of one attempt are one incident, at the earliest record, with ``ranks_recorded``."""
+    out: list[dict[str, Any]] = []
+    merged: dict[tuple[Any, str], dict[str, Any]] = {}
+    for e in events:
+        name = e.get("event")
+        if name not in INCIDENT_EVENTS or (name == "thermal" and not e.get("reasons")):
+            continue
+        incident = {k: e.get(k) for k in ("time", "attempt", "rank", "event", "step")} | _incident_detail(e)
+        if name not in _ONE_PER_ATTEMPT:
+            out.append(incident)
+            continue
+        first = merged.get((e.get("attempt"), name))
+        if first is None:
+            merged[(e.get("attempt"), name)] = incident | {"ranks_recorded": [e.get("rank")]}
+            out.append(merged[(e.get("attempt"), name)])
+        elif e.get("rank") not in first["ranks_recorded"]:
+            first["ranks_recorded"] = sorted([*first["ranks_recorded"], e.get("rank")], key=lambda r: num(r))
+    return out
 
 
 def _stragglers(events: list[dict[str, Any]], lost_s: float) -> dict[str, Any]:
@@ -234,15 +253,29 @@ def format_report(summary: dict[str, Any]) -> str:
         f"checkpoint stalls {_fmt_s(t['checkpoint_stall_s'])}, restarts {_fmt_s(t['restart_s'])}, "
         f"lost work {t['lost_steps']} steps / {_fmt_s(t['lost_s'])}, stragglers {_fmt_s(t['straggler_s'])}",
     ]
+    ended_by: dict[int, str] = {}
     for a in summary["attempts"]:
         ended = _END_TEXT.get(a["end_reason"], a["end_reason"])
         if a.get("signal"):
             ended += f" ({a['signal']})"
         if a.get("killed_ranks"):
-            ended += f" (rank {', '.join(map(str, a['killed_ranks']))} left no record)"
+            ranks = ", ".join(map(str, a["killed_ranks"]))
+            ended = f"killed: rank {ranks} recorded no end; the others recorded {a.get('recorded_reason')}"
+            if a.get("signal"):
+                ended += f" ({a['signal']})"
+        if a["last_step"] is None:
+            steps = "no step trained" + (
+                f" (resumed at step {a['start_step']})" if a["resumed_step"] is not None else ""
+            )
+        else:
+            steps = f"steps {a['start_step']}..{a['last_step']}"
+        ended_by[a["attempt"]] = (
+            f"killed: rank {', '.join(map(str, a['killed_ranks']))} recorded no end"
+            if a.get("killed_ranks")
+            else _END_TEXT.get(a["end_reason"], a["end_reason"])
+        )
         lines.append(
-            f"  attempt {a['attempt']}: world size {a['world_size']}, wall {_fmt_s(a['wall_s'])}, "
-            f"steps {a['start_step']}..{a['last_step'] if a['last_step'] is not None else '-'}, "
+            f"  attempt {a['attempt']}: world size {a['world_size']}, wall {_fmt_s(a['wall_s'])}, {steps}, "
             f"productive {_fmt_s(a['productive_s'])}, {a['checkpoints']} checkpoint(s), ended: {ended}"
         )
     for c in summary.get("continuations", []):
@@ -264,7 +297,7 @@ def format_report(summary: dict[str, Any]) -> str:
             if r[key] is not None
         )
         lines.append(
-            f"  restart before attempt {r['attempt']} (after: {_END_TEXT.get(r['cause'], r['cause'])}): "
+            f"  restart before attempt {r['attempt']} (after: {ended_by.get(r['after_attempt'], r['cause'])}): "
             f"{_fmt_s(r['restart_s'])} = {phases}; resumed at step {r['resumed_step']}, "
             f"recomputed {r['lost_steps']} steps ({_fmt_s(r['lost_s'])})"
             + (

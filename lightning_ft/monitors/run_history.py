@@ -7,7 +7,10 @@ adds them up. The rules, in one place:
   ``stopped``); when ranks disagree, the earliest reason other than ``finished`` is the cause. An attempt without
   ``attempt_end`` was killed (a later attempt followed) or is still running (``unknown``, the last attempt). When
   every rank records its end but some rank of an attempt did not, that rank was killed and the attempt ended
-  ``killed`` whatever the others wrote (they were stopped because of it). Logs without ``attempt_end`` (lightning-ft
+  ``killed`` whatever the others wrote (they were stopped because of it; ``recorded_reason`` keeps what they wrote).
+- An attempt's steps run from the step it resumed at to the highest step its records show; records with a lower
+  step were written before the checkpoint was restored (a crash while loading), and an attempt that trained no step
+  has ``last_step`` ``None``. Logs without ``attempt_end`` (lightning-ft
   0.1.0) fall back on ``hang`` and ``preempted`` events.
 - An attempt that follows a ``finished`` one is a *continuation* (the run was launched again to train longer): the
   wall-clock gap between them is not lost time and no step counts as recomputed. Any other next attempt is a
@@ -95,6 +98,8 @@ def _attempt(attempt: int, evs: list[dict[str, Any]], *, every_rank_ends: bool) 
     resumed = next((e for e in rank0 if e.get("event") == "resumed"), None)
     resumed_step = int(resumed["step"]) if resumed is not None and isinstance(resumed.get("step"), int) else None
     steps = [e["step"] for e in evs if e.get("event") in LIVE_STEP_EVENTS and isinstance(e.get("step"), int)]
+    if resumed_step is not None:  # records written before the checkpoint's step was restored (a crash while loading)
+        steps = [s for s in steps if s >= resumed_step]
     committed = [e for e in rank0 if e.get("event") == "checkpoint_committed"]
     last_progress_time = num(progress[-1].get("time")) if progress else None
     record = {
@@ -143,7 +148,8 @@ def _end(
         out["signal"] = preempted[0].get("signal")
     missing = sorted({e.get("rank", 0) for e in starts} - {e.get("rank", 0) for e in ends})
     if ends and every_rank_ends and missing:
-        out.update(end_reason="killed", killed_ranks=missing)
+        recorded = [e for e in ends if e.get("reason") != "finished"] or ends
+        out.update(end_reason="killed", killed_ranks=missing, recorded_reason=str(recorded[0].get("reason")))
     elif ends:
         causes = [e for e in ends if e.get("reason") != "finished"]
         out["end_reason"] = str((causes or ends)[0].get("reason", "unknown"))

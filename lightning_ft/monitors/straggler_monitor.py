@@ -303,9 +303,10 @@ class StragglerMonitor(Callback):
             )
         finite = [(x, i) for i, x in enumerate(result.ratios) if math.isfinite(x)]
         if finite:
-            worst, suspect = max(finite)
-            metrics["straggler/max_ratio"] = worst
-            metrics["straggler/suspect_rank"] = float(suspect)
+            metrics["straggler/max_ratio"] = max(finite)[0]
+        named = [(x, i) for x, i in finite if i in self.detector.named]
+        if named:  # only a named rank is a suspect: the slowest rank of a healthy fleet is not one
+            metrics["straggler/suspect_rank"] = float(max(named)[1])
         metrics["straggler/named_ranks"] = float(len(self.detector.named))
         metrics["straggler/threshold"] = result.threshold
         metrics["straggler/noise"] = result.noise

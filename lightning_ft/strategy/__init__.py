@@ -8,14 +8,24 @@ own parts: :mod:`~lightning_ft.strategy.elastic_ft3d` (the Lightning hooks), :mo
 :mod:`~lightning_ft.strategy.run` (the collaborators of one run), :mod:`~lightning_ft.strategy.teardown` and
 :mod:`~lightning_ft.strategy.registry`.
 
-Importing this package registers the strategy's names with Lightning's ``StrategyRegistry``
-(``Trainer(strategy="elastic_ft3d")``; see :mod:`~lightning_ft.strategy.registry`).
+``ElasticFT3D`` is imported on first use, so that ``import lightning_ft`` can import
+:mod:`~lightning_ft.strategy.registry` (which registers ``Trainer(strategy="elastic_ft3d")``) without Lightning.
 """
 
-from lightning.pytorch.strategies import StrategyRegistry
+from __future__ import annotations
 
-from lightning_ft.strategy.elastic_ft3d import ElasticFT3D
+from typing import TYPE_CHECKING, Any
 
-ElasticFT3D.register_strategies(StrategyRegistry)
+if TYPE_CHECKING:
+    from lightning_ft.strategy.elastic_ft3d import ElasticFT3D
 
 __all__ = ["ElasticFT3D"]
+
+
+def __getattr__(name: str) -> Any:
+    if name != "ElasticFT3D":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from lightning_ft.strategy.elastic_ft3d import ElasticFT3D
+
+    globals()[name] = ElasticFT3D
+    return ElasticFT3D

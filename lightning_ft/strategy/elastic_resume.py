@@ -145,6 +145,17 @@ class ElasticResume(Callback):
     # -- hooks ------------------------------------------------------------------------------------------------------
 
     @override
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # A resume at or past max_steps trains nothing: Lightning's fit loop says "`Trainer.fit` stopped" before any
+        # on_train_start, so the resume line comes now (the saved per-device batch stands in for the DataLoader's).
+        if self._loaded is None or self._pending_event is not None or trainer.max_steps in (None, -1):
+            return
+        if int(self._loaded["metadata"].get("step") or 0) >= trainer.max_steps:
+            self._decide(trainer)
+
+    @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last_step = None
         if self._configured_accumulate is None or trainer.accumulate_grad_batches != self._accumulate_set:

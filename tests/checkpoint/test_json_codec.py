@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import dataclasses
 import enum
+import io
 import json
 import math
+import os
 import random
 from pathlib import Path
 
@@ -14,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_ft.checkpoint import json_codec
+from lightning_ft.checkpoint import CorruptCheckpointError, UnsafeCheckpointError, json_codec
 
 
 class Color(enum.Enum):
@@ -28,8 +31,20 @@ class HParams:
 
 
 class Opaque:
-    def __repr__(self) -> str:
-        return "Opaque()"
+    """A class of the user's with no plain encoding."""
+
+    def __init__(self, value: int = 1) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Opaque and other.value == self.value
+
+
+class Payload:
+    """What a tampered checkpoint would hold: unpickling it runs a command."""
+
+    def __reduce__(self):
+        return (os.system, ("echo unpickled",))
 
 
 def roundtrip(obj):
@@ -72,7 +87,7 @@ def test_namespace_dataclass_path_enum_set_and_special_floats_round_trip():
     }
     out = roundtrip(value)
     assert out["ns"] == argparse.Namespace(lr=0.1, name="x")
-    assert out["hp"] == {"lr": 0.5, "layers": (1, 2)}
+    assert out["hp"] == HParams(lr=0.5, layers=(1, 2)) and type(out["hp"]) is HParams
     assert out["path"] == Path("/tmp/data")
     assert out["color"] is Color.RED
     assert out["tags"] == {"a", "b"}
@@ -88,10 +103,59 @@ def test_a_user_dict_using_the_reserved_tag_key_survives():
     assert roundtrip(value) == value
 
 
-def test_unknown_objects_are_stored_as_a_tagged_repr_with_a_warning():
-    with pytest.warns(UserWarning, match="Opaque"):
-        encoded = json_codec.encode({"thing": Opaque()})
-    assert json_codec.decode(encoded) == {"thing": "Opaque()"}
+def test_an_object_of_a_class_not_allowed_is_refused_at_encode_naming_its_key_and_the_fix():
+    # Contract since issue 22 (0.2.0 stored a repr() string, which came back as that string).
+    with pytest.raises(
+        TypeError, match=r"hparams/thing: a tests\.checkpoint\.test_json_codec\.Opaque.*add_safe_globals"
+    ):
+        json_codec.encode({"hparams": {"thing": Opaque()}})
+
+
+def test_an_object_of_an_allowed_class_comes_back_equal_and_of_its_class():
+    with torch.serialization.safe_globals([Opaque]):
+        out = roundtrip({"thing": Opaque(7), "loss": None})
+    assert type(out["thing"]) is Opaque and out["thing"] == Opaque(7)
+
+
+def test_an_nn_module_comes_back_with_its_parameters():
+    module = torch.nn.Linear(3, 2)
+    with torch.serialization.safe_globals([torch.nn.Linear]):
+        out = roundtrip({"head": module})
+    assert type(out["head"]) is torch.nn.Linear
+    assert torch.equal(out["head"].weight, module.weight) and torch.equal(out["head"].bias, module.bias)
+
+
+def test_an_allowed_object_is_refused_at_decode_where_its_class_is_not_allowed():
+    with torch.serialization.safe_globals([Opaque]):
+        encoded = json.loads(json.dumps(json_codec.encode({"thing": Opaque()})))
+    with pytest.raises(UnsafeCheckpointError, match=r"thing: .*Opaque"):
+        json_codec.decode(encoded)
+
+
+def _with_payload(encoded, data: bytes):
+    encoded["thing"]["data"] = base64.b64encode(data).decode("ascii")
+    return encoded
+
+
+def test_a_tampered_payload_is_refused_at_decode_without_running_it(capfd):
+    with torch.serialization.safe_globals([Opaque]):
+        encoded = json.loads(json.dumps(json_codec.encode({"thing": Opaque()})))
+        malicious = io.BytesIO()
+        torch.save(Payload(), malicious)
+        with pytest.raises(UnsafeCheckpointError, match=r"thing: .*system"):
+            json_codec.decode(_with_payload(encoded, malicious.getvalue()))
+        flipped = bytearray(base64.b64decode(encoded["thing"]["data"]))
+        flipped[len(flipped) // 2] ^= 0xFF
+        with pytest.raises((UnsafeCheckpointError, CorruptCheckpointError)):
+            json_codec.decode(_with_payload(encoded, bytes(flipped)))
+    assert "unpickled" not in capfd.readouterr().out
+
+
+def test_a_dataclass_whose_class_is_not_imported_is_restored_as_its_fields_with_a_warning():
+    encoded = json.loads(json.dumps(json_codec.encode(HParams(lr=0.5, layers=(1,)))))
+    encoded["type"] = "not_imported_module.HParams"
+    with pytest.warns(UserWarning, match="not_imported_module.HParams"):
+        assert json_codec.decode(encoded) == {"lr": 0.5, "layers": (1,)}
 
 
 def test_tensors_are_replaced_by_references_and_resolved_on_decode():

@@ -3,6 +3,7 @@ the group after each and training resumes."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +62,8 @@ def test_demo_survives_a_killed_rank_a_preemption_and_a_hang_through_torchrun_re
     )
     assert report.returncode == 0, report.stderr
     assert "restart" in report.stdout and f"straggler detections: {len(stragglers)}" in report.stdout
+    # One hang and one preemption, though both ranks recorded each; no attempt's steps run backwards.
+    (incidents,) = [line for line in report.stdout.splitlines() if line.strip().startswith("incidents:")]
+    assert "1 hang" in incidents and "1 preempted" in incidents, incidents
+    steps = [(int(a), int(b)) for a, b in re.findall(r"steps (\d+)\.\.(\d+)", report.stdout)]
+    assert steps and all(a <= b for a, b in steps), report.stdout

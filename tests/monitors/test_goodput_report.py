@@ -124,7 +124,36 @@ def test_one_rank_killed_while_the_others_record_the_teardown_signal_is_a_kill()
     first = s["attempts"][0]
     assert (first["end_reason"], first["killed_ranks"]) == ("killed", [1])
     assert s["restarts"][0]["failure"] is True
-    assert "ended: killed (no end recorded) (SIGTERM) (rank 1 left no record)" in format_report(s)
+    # Rank 0 recorded its end: the text says who recorded nothing and what the others wrote, not "no end recorded".
+    text = format_report(s)
+    assert "ended: killed: rank 1 recorded no end; the others recorded preempted (SIGTERM)" in text
+    assert "restart before attempt 1 (after: killed: rank 1 recorded no end)" in text
+    assert "no end recorded" not in text
+
+
+def test_each_incident_counts_once_however_many_ranks_recorded_it():
+    # Both ranks of attempt 0 recorded the one preemption; both recorded the hang of an added attempt.
+    events = history("preempted")
+    s = summarize(events)
+    (preempted,) = [i for i in s["incidents"] if i["event"] == "preempted"]
+    assert (preempted["ranks_recorded"], preempted["time"]) == ([0, 1], 1053.0)
+    hang = {"run_id": "pre", "attempt": 1, "event": "hang", "step": 40, "idle_s": 60.0, "ranks": [1]}
+    events += [hang | {"time": 1110.0, "rank": 0}, hang | {"time": 1111.0, "rank": 1}]
+    assert "incidents: 1 hang, 1 preempted" in format_report(summarize(events))
+
+
+def test_an_attempt_that_crashed_while_loading_trained_no_step():
+    # Attempt 1 resumed at step 33 and crashed before its first step; its records say step 0 (not yet restored).
+    events = [
+        e | ({"reason": "crashed", "step": 0} if (e["event"], e["attempt"]) == ("attempt_end", 1) else {})
+        for e in history("preempted")
+        if not (e["attempt"] == 1 and e["event"] in ("first_step", "progress", "checkpoint_committed"))
+    ]
+    s = summarize(events)
+    second = s["attempts"][1]
+    assert (second["end_reason"], second["start_step"], second["last_step"]) == ("crashed", 33, None)
+    text = format_report(s)
+    assert "no step trained (resumed at step 33)" in text and "33..0" not in text
 
 
 def test_a_crashed_last_attempt_is_reported_and_counted_as_a_failure():

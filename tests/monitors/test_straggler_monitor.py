@@ -183,6 +183,17 @@ def test_per_rank_parts_of_the_step_are_logged_and_waiting_shows_on_the_fast_ran
     assert {"straggler/own_ms/median", "straggler/max_ratio", "straggler/named_ranks"} <= set(last)
 
 
+def test_no_suspect_rank_is_logged_while_no_rank_is_named(monkeypatch, tmp_path):
+    fleet = SimulatedFleet(monkeypatch, tmp_path, 3, interval=4, warmup_steps=4)
+    fleet.start()
+    for _ in range(40):
+        fleet.step(forward=[5.0, 5.0, 5.0])
+    fleet.end()
+    logged = [metrics for _, metrics in fleet.logger.logged]
+    assert any("straggler/max_ratio" in m for m in logged)
+    assert not any("straggler/suspect_rank" in m for m in logged)
+
+
 def test_after_a_restart_the_steps_an_earlier_attempt_reached_are_not_logged_again(monkeypatch, tmp_path):
     EventLog(tmp_path, rank=0, run_id="sim", attempt=0).write("progress", step=60, productive_s=1.0, data_wait_s=0.0)
     fleet = SimulatedFleet(monkeypatch, tmp_path, 2, interval=4, warmup_steps=0, attempt=1)

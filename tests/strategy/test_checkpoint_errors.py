@@ -6,6 +6,8 @@ situation for real and drives it through ``fit``.
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import os
 import pickle
@@ -135,6 +137,16 @@ def _pickled_entry(ckpt: Path) -> Path:
     return path
 
 
+def _stored_object_needing_a_global(ckpt: Path) -> Path:
+    # What a tampered metadata document would hold: a stored object whose unpickling calls open(..., "w").
+    path = ckpt / "epoch=0-step=2.ckpt"
+    payload = io.BytesIO()
+    torch.save(Unpickled(str(ckpt / "pwned")), payload)
+    stored = {"__lft__": "pickle", "type": "builtins.object", "data": base64.b64encode(payload.getvalue()).decode()}
+    _rewrite_metadata(path, lambda document: document["state"].update(planted=stored))
+    return path
+
+
 def _unsafe_file(ckpt: Path) -> Path:
     path = ckpt / "evil.ckpt"
     path.write_bytes(pickle.dumps({"state_dict": Unpickled(str(ckpt / "pwned"))}))
@@ -164,6 +176,8 @@ CASES = {
     "the metadata file unreadable or not matching the marker": _bad_metadata,
     "stored shards that do not cover a tensor of the index (a checkpoint of another writer)": _uncovered,
     "a pickled payload (a torchsnapshot object entry, a `torch.save`d entry)": _pickled_entry,
+    "a stored object (see [Your own classes](#your-own-classes-in-a-checkpoint)) that needs a global not allowed in the"
+    " loading process": _stored_object_needing_a_global,
     "a Lightning `.ckpt` file that needs more than `torch.load(weights_only=True)`": _unsafe_file,
     "a Lightning `.ckpt` file that is not a readable `torch.save` file": _unreadable_file,
     "a Lightning `.ckpt` file whose tensors do not fit a parallelized (DTensor) model": _file_for_dtensor_model,

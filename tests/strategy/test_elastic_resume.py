@@ -260,3 +260,15 @@ def test_evaluating_a_checkpoint_from_another_world_size_needs_no_elastic_policy
         make_trainer(tmp_path, strategy=ElasticFT3D(elastic=None), max_steps=6).fit(
             EvalRegressor(), ckpt_path=str(trained)
         )
+
+
+def test_a_resume_with_nothing_left_to_train_prints_its_line_before_lightning_says_fit_stopped(
+    tmp_path, caplog, trained
+):
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1)
+    make_trainer(tmp_path, callbacks=[ckpt], max_steps=4).fit(EvalRegressor())
+    messages = [r.getMessage() for r in caplog.records]
+    resume = [i for i, m in enumerate(messages) if m.startswith("lightning-ft: resuming from")]
+    stopped = [i for i, m in enumerate(messages) if "`Trainer.fit` stopped" in m]
+    assert len(resume) == 1 and stopped and resume[0] < stopped[0], messages
+    assert [e["step"] for e in read_events(tmp_path) if e["event"] == "resumed"] == [4]

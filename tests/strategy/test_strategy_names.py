@@ -74,10 +74,13 @@ def test_a_lightning_cli_yaml_file_selects_the_strategy_by_name(tmp_path):
 _CLI_SCRIPT = """
 import sys
 
+order = sys.argv.pop(1)
+if order == "lightning_ft first":
+    import lightning_ft  # noqa: F401 - the one import line the docs give; Lightning is not imported yet
 from lightning.pytorch.cli import LightningCLI
 
-if sys.argv.pop(1) == "with-import":
-    import lightning_ft.strategy  # noqa: F401 - registers "elastic_ft3d" and "lightning_ft.ElasticFT3D"
+if order == "lightning_ft after lightning":
+    import lightning_ft  # noqa: F401
 from tests.strategy.models import TinyRegressor
 
 cli = LightningCLI(TinyRegressor, run=False, save_config_callback=None)
@@ -99,12 +102,43 @@ def _run_cli_script(tmp_path, *args):
     )
 
 
-def test_a_lightning_cli_script_names_the_strategy_after_the_one_import_line_the_docs_give(tmp_path):
-    # A fresh process, as a user's train.py: the names exist once lightning_ft.strategy is imported.
-    proc = _run_cli_script(tmp_path, "with-import", "--trainer.strategy=lightning_ft.ElasticFT3D")
+@pytest.mark.parametrize("order", ["lightning_ft first", "lightning_ft after lightning"])
+@pytest.mark.parametrize("flag", ["--trainer.strategy=elastic_ft3d", "--trainer.strategy=lightning_ft.ElasticFT3D"])
+def test_a_lightning_cli_script_names_the_strategy_after_import_lightning_ft(tmp_path, order, flag):
+    # A fresh process, as a user's train.py: `import lightning_ft`, before or after Lightning, registers the names.
+    proc = _run_cli_script(tmp_path, order, flag)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "ElasticFT3D"
-    # The class_path form needs no import: jsonargparse imports the class.
-    proc = _run_cli_script(tmp_path, "without", "--trainer.strategy.class_path=lightning_ft.ElasticFT3D")
+
+
+def test_the_class_path_form_needs_no_import(tmp_path):
+    # jsonargparse imports the class itself.
+    proc = _run_cli_script(tmp_path, "no import", "--trainer.strategy.class_path=lightning_ft.ElasticFT3D")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "ElasticFT3D"
+
+
+_TRAINER_SCRIPT = """
+import sys
+
+import lightning_ft
+
+assert "lightning" not in sys.modules and "torch" not in sys.modules, "import lightning_ft imported Lightning or torch"
+import lightning as L
+
+trainer = L.Trainer(strategy="elastic_ft3d", accelerator="cpu", devices=1, logger=False)
+print(type(trainer.strategy) is lightning_ft.ElasticFT3D)
+"""
+
+
+def test_import_lightning_ft_alone_lets_a_trainer_take_the_short_name_without_importing_lightning_itself():
+    proc = subprocess.run(
+        [sys.executable, "-c", _TRAINER_SCRIPT],
+        cwd=REPO_ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "True"
