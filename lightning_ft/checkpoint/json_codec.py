@@ -10,10 +10,10 @@ dataclass instances and enums (restored as themselves when their class is alread
 read, else as a dict of their fields or their value, with a warning), ``pathlib.Path``, ``torch.dtype``,
 ``torch.device`` and ``torch.Size``.
 
-Every other object comes back as itself or is refused at the save call: it is stored with ``torch.save`` when the
-user allowed its class (``torch.serialization.add_safe_globals``; see :mod:`~lightning_ft.checkpoint.safe_load`) and
-read back through torch's restricted unpickler, which admits only allowed globals; otherwise ``encode`` raises a
-``TypeError`` naming its key and what to do. Loading never unpickles anything else.
+Every other object is stored with ``torch.save`` (:func:`~lightning_ft.checkpoint.safe_load.pickled_bytes`: a save
+never fails for its class; a warning names the key when its class is not allowed yet) and comes back as itself through
+torch's restricted unpickler, which admits only allowed globals (``torch.serialization.add_safe_globals``); a load that
+would need any other global is refused, naming the key. Loading never unpickles anything else.
 
 A sparse tensor (COO, CSR, CSC, BSR, BSC) is stored as its dense parts (indices and values, each handed to
 ``on_tensor``) plus its layout and size, and comes back as a sparse tensor of the same layout, checked for the sparse
@@ -126,7 +126,7 @@ def encode(obj: Any, on_tensor: EncodeTensor | None = None, path: str = "") -> A
         return {TAG: "dtype", "value": str(obj).removeprefix("torch.")}
     if isinstance(obj, torch.device):
         return {TAG: "device", "value": str(obj)}
-    # No stand-in (a repr would come back as a string): the object itself, if its class is allowed, or a refusal now.
+    # No stand-in (a repr would come back as a string): the object itself, loaded back once its class is allowed.
     data = pickled_bytes(obj, path or "value")
     return {TAG: "pickle", "type": _qualname(obj), "data": _b64(data)}
 

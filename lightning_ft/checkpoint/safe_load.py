@@ -29,6 +29,7 @@ import os
 import pathlib
 import re
 import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -171,12 +172,20 @@ _ALLOW_HINT = (
 )
 
 
+_warned: set[tuple[str, tuple[str, ...]]] = set()
+
+
 def pickled_bytes(obj: Any, where: str) -> bytes:
-    """``torch.save(obj)`` as bytes, checked to load back under :func:`load_pickled`'s rule; called at the save call.
+    """``torch.save(obj)`` as bytes; called at the save call.
+
+    The save never fails for a class that is not allowed (a save that ``DDPStrategy`` makes must not fail: DESIGN.md,
+    invariant 2): the object is stored, and a warning, once per key, names ``where`` (the key in the checkpoint), the
+    globals a load will need and how to allow them, so that the resume after a crash is not the first to learn it.
+    Loading it stays refused until they are allowed (:func:`load_pickled`).
 
     Raises:
-        TypeError: ``obj`` cannot be pickled, or loading it back needs a global that is not allowed; the message names
-            ``where`` (the key in the checkpoint), the globals and what to do.
+        TypeError: ``obj`` cannot be pickled at all (``torch.save``, and so ``DDPStrategy``, fails on it too); the
+            message names ``where`` and what to do.
     """
     name = f"{type(obj).__module__}.{type(obj).__qualname__}"
     buffer = io.BytesIO()
@@ -190,12 +199,15 @@ def pickled_bytes(obj: Any, where: str) -> bytes:
         ) from e
     buffer.seek(0)
     _, blocked = safe_globals_for(buffer)
-    if blocked:
-        raise TypeError(
-            f"{where}: a {name} cannot be stored in a lightning-ft checkpoint: it has no plain encoding, and loading it"
-            f" back would need {', '.join(blocked)}, which lightning-ft does not unpickle unless allowed. "
+    if blocked and (where, tuple(blocked)) not in _warned:
+        _warned.add((where, tuple(blocked)))
+        warnings.warn(
+            f"lightning-ft checkpoint: {where} is a {name}, which has no plain encoding: it is stored pickled, and"
+            f" loading it back needs {', '.join(blocked)}, which lightning-ft does not unpickle unless allowed, so a"
+            " resume from this checkpoint is refused until then. "
             + _ALLOW_HINT.format(name=blocked[0])
-            + "; or keep it out of the checkpoint (for hyperparameters: save_hyperparameters(ignore=[...]))"
+            + "; or keep it out of the checkpoint (for hyperparameters: save_hyperparameters(ignore=[...]))",
+            stacklevel=3,
         )
     return buffer.getvalue()
 

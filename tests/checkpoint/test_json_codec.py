@@ -103,12 +103,23 @@ def test_a_user_dict_using_the_reserved_tag_key_survives():
     assert roundtrip(value) == value
 
 
-def test_an_object_of_a_class_not_allowed_is_refused_at_encode_naming_its_key_and_the_fix():
-    # Contract since issue 22 (0.2.0 stored a repr() string, which came back as that string).
-    with pytest.raises(
-        TypeError, match=r"hparams/thing: a tests\.checkpoint\.test_json_codec\.Opaque.*add_safe_globals"
+def test_an_object_of_a_class_not_allowed_is_stored_with_a_warning_and_refused_at_decode_until_allowed():
+    # Contract since issue 22 (0.2.0 stored a repr() string, which came back as that string). The save never fails for
+    # it (invariant 2); the warning names the key and the fix, and the load needs the class allowed.
+    with pytest.warns(
+        UserWarning, match=r"hparams/thing is a tests\.checkpoint\.test_json_codec\.Opaque.*add_safe_globals"
     ):
-        json_codec.encode({"hparams": {"thing": Opaque()}})
+        encoded = json.loads(json.dumps(json_codec.encode({"hparams": {"thing": Opaque(3)}})))
+    with pytest.raises(UnsafeCheckpointError, match=r"hparams/thing: .*Opaque.*add_safe_globals"):
+        json_codec.decode(encoded)
+    with torch.serialization.safe_globals([Opaque]):
+        out = json_codec.decode(encoded)
+    assert type(out["hparams"]["thing"]) is Opaque and out["hparams"]["thing"] == Opaque(3)
+
+
+def test_an_object_that_cannot_be_pickled_fails_at_encode_naming_its_key():
+    with pytest.raises(TypeError, match=r"hparams/fn: .*cannot be pickled"):
+        json_codec.encode({"hparams": {"fn": lambda x: x}})
 
 
 def test_an_object_of_an_allowed_class_comes_back_equal_and_of_its_class():

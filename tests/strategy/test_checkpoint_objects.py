@@ -1,6 +1,7 @@
-"""Objects a LightningModule puts into the checkpoint come back as themselves, or the save fails at the call: a custom
-object stored in ``on_save_checkpoint`` and an ``nn.Module`` in the hyperparameters (as pytorch-forecasting does),
-without and with the class allowed through ``torch.serialization.safe_globals``."""
+"""Objects a LightningModule puts into the checkpoint come back as themselves: a custom object stored in
+``on_save_checkpoint`` and an ``nn.Module`` in the hyperparameters (as pytorch-forecasting does). Without the class
+allowed through ``torch.serialization.safe_globals`` every save still commits (as under ``DDPStrategy``) with a warning
+naming the key and the fix, and the resume is refused until it is allowed; allowed, they come back equal."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from lightning_ft import ElasticFT3D
+from lightning_ft.checkpoint import UnsafeCheckpointError, discovery
 from tests.strategy.models import RandomVectors, TinyRegressor
 
 
@@ -79,12 +81,18 @@ def _fit(model: L.LightningModule, root, *, max_steps: int, ckpt_path: str | Non
     return trainer
 
 
-def test_a_custom_object_is_refused_at_the_save_call_naming_its_key_and_the_fix(tmp_path):
-    with pytest.raises(
-        TypeError, match=r"vocabulary: a tests\.strategy\.test_checkpoint_objects\.Vocabulary.*add_safe_globals"
+def test_a_custom_object_not_allowed_is_saved_with_a_warning_and_its_resume_names_the_fix(tmp_path):
+    with pytest.warns(
+        UserWarning, match=r"vocabulary is a tests\.strategy\.test_checkpoint_objects\.Vocabulary.*add_safe_globals"
     ):
         _fit(WithVocabulary(), tmp_path, max_steps=2)
-    assert not list((tmp_path / "checkpoints").glob("*step=2*"))
+    assert [c.path.name for c in discovery.list_committed(tmp_path / "checkpoints")] == ["epoch=0-step=2.ckpt"]
+    with pytest.raises(UnsafeCheckpointError, match=r"vocabulary: .*Vocabulary.*add_safe_globals"):
+        _fit(WithVocabulary(), tmp_path, max_steps=4, ckpt_path="last")
+    with torch.serialization.safe_globals([Vocabulary]):
+        resumed = WithVocabulary()
+        _fit(resumed, tmp_path, max_steps=4, ckpt_path="last")
+    assert resumed.restored == Vocabulary(["a", "b"])
 
 
 def test_an_allowed_custom_object_comes_back_equal_and_of_its_class(tmp_path):
@@ -96,8 +104,8 @@ def test_an_allowed_custom_object_comes_back_equal_and_of_its_class(tmp_path):
 
 
 def test_an_nn_module_in_the_hyperparameters_comes_back_as_that_module(tmp_path):
-    with pytest.raises(TypeError, match=r"hyper_parameters/loss: a torch\.nn\.modules\.loss\.SmoothL1Loss"):
-        _fit(WithLossModule(nn.SmoothL1Loss(beta=0.5)), tmp_path / "refused", max_steps=2)
+    with pytest.warns(UserWarning, match=r"hyper_parameters/loss is a torch\.nn\.modules\.loss\.SmoothL1Loss"):
+        _fit(WithLossModule(nn.SmoothL1Loss(beta=0.5)), tmp_path / "not-allowed", max_steps=2)
     with torch.serialization.safe_globals([nn.SmoothL1Loss]):
         _fit(WithLossModule(nn.SmoothL1Loss(beta=0.5)), tmp_path, max_steps=2)
         resumed = WithLossModule(nn.SmoothL1Loss(beta=2.0))
