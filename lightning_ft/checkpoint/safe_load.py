@@ -178,8 +178,8 @@ _warned: set[tuple[str, tuple[str, ...]]] = set()
 def pickled_bytes(obj: Any, where: str) -> bytes:
     """``torch.save(obj)`` as bytes; called at the save call.
 
-    The save never fails for a class that is not allowed (a save that ``DDPStrategy`` makes must not fail: DESIGN.md,
-    invariant 2): the object is stored, and a warning, once per key, names ``where`` (the key in the checkpoint), the
+    The save never fails for a class that is not allowed (a save that ``DDPStrategy`` makes must not fail under
+    ``ElasticFT3D``): the object is stored, and a warning, once per key, names ``where`` (the key in the checkpoint), the
     globals a load will need and how to allow them, so that the resume after a crash is not the first to learn it.
     Loading it stays refused until they are allowed (:func:`load_pickled`).
 

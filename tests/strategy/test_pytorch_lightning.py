@@ -115,3 +115,10 @@ def test_a_pytorch_lightning_run_never_imports_the_lightning_package(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "2 []"
+
+
+def test_the_pytorch_lightning_namespace_offers_the_names_lightning_ft_offers():
+    import lightning_ft
+    import lightning_ft.pytorch_lightning as ftpl
+
+    assert ftpl.__all__ == lightning_ft.__all__
