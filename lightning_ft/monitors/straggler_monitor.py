@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +37,14 @@ from lightning_ft.fault.stop import checkpoint_and_stop
 from lightning_ft.monitors._collectives import PendingRows, acquire_group, release_group, start_gather_rows
 from lightning_ft.monitors._replay import replayed_through
 from lightning_ft.monitors._timing import StepClock, percentile, rise_step
-from lightning_ft.monitors.straggler_detector import DetectorConfig, StragglerDetector, WindowResult, median
+from lightning_ft.monitors.straggler_detector import (
+    PARTS,
+    DetectorConfig,
+    StragglerDetector,
+    WindowResult,
+    diagnose,
+    median,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +57,8 @@ non-zero so torchrun or the scheduler restarts."""
 _FIELDS = ("own", "data", "compute", "backward", "step")
 _RISE = len(_FIELDS) * 2
 _ROW = _RISE + 2
+
+_PART_NAMES = {"data": "data wait", "compute": "compute (forward, loss, optimizer step)"}
 
 StragglerAction = Callable[["pl.Trainer", int, float], Any]
 
@@ -135,6 +145,7 @@ class StragglerMonitor(Callback):
         self._previous_median = -math.inf
         self._replayed_through = -1
         self._gathers_on_own_group = False
+        self._windows: deque[tuple[int, dict[str, list[float]]]] = deque(maxlen=self.config.noise_windows)
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -157,6 +168,7 @@ class StragglerMonitor(Callback):
         self._window_start_step = trainer.global_step
         self._pending = None
         self._previous_window, self._previous_median = [], -math.inf
+        self._windows.clear()
         self.detector = StragglerDetector(self.config)
         self._recovered_lost_s = 0.0
         self._replayed_through = replayed_through(trainer) if trainer.is_global_zero else -1
@@ -241,6 +253,10 @@ class StragglerMonitor(Callback):
         rows = gathered.wait()
         own = [r[0] for r in rows]
         result = self.detector.update(own, step=step, steps=steps, onset_steps=[r[_RISE] for r in rows])
+        # The medians of each part, per rank, of the recent windows: the diagnosis of a detection compares the named
+        # rank's parts with the others' over the windows since its onset.
+        self._windows.append((step, {part: [r[2 * _FIELDS.index(part)] for r in rows] for part in PARTS}))
+        diagnoses = {d.rank: self._diagnose(d.rank, d.onset_step, steps) for d in result.detections}
         self._recovered_lost_s += sum(r.lost_s for r in result.recoveries)
         self.lost_s = self._recovered_lost_s + sum(self.detector.open_episodes().values())
         if trainer.is_global_zero:
@@ -248,12 +264,16 @@ class StragglerMonitor(Callback):
                 self._log(trainer, rows, result, step)
             event_log = get_event_log(trainer)
             for d in result.detections:
+                part, excess = diagnoses[d.rank]
                 log.warning(
-                    "StragglerMonitor: rank %d is %.2fx slower (%s) since step %d",
+                    "StragglerMonitor: rank %d is %.2fx slower (%s, %s rule) since step %d; its %s grew (%s)",
                     d.rank,
                     d.ratio,
                     d.kind,
+                    d.rule,
                     d.onset_step,
+                    _PART_NAMES.get(part, part),
+                    ", ".join(f"{k} {v:+.1f} ms" for k, v in excess.items()),
                 )
                 event_log.write(
                     "straggler",
@@ -265,6 +285,9 @@ class StragglerMonitor(Callback):
                     fleet_median_ms=result.fleet_median_ms,
                     threshold=d.threshold,
                     noise=result.noise,
+                    rule=d.rule,
+                    part=part,
+                    excess_ms=excess,
                 )
             for r in result.recoveries:
                 event_log.write("straggler_cleared", suspect_rank=r.rank, lost_s=r.lost_s, recovered=True)
@@ -276,10 +299,18 @@ class StragglerMonitor(Callback):
                     "ratio": d.ratio,
                     "onset_step": d.onset_step,
                     "kind": d.kind,
+                    "rule": d.rule,
+                    "part": diagnoses[d.rank][0],
+                    "excess_ms": diagnoses[d.rank][1],
                 }
             )
         for d in result.detections:
             self._act(trainer, d.rank, d.ratio)
+
+    def _diagnose(self, rank: int, onset_step: int, steps: int) -> tuple[str, dict[str, float]]:
+        # The windows that end after the onset (the window the onset lies in included); the latest at least.
+        episode = [parts for end, parts in self._windows if end > onset_step] or [self._windows[-1][1]]
+        return diagnose(episode, rank)
 
     def _log(self, trainer: pl.Trainer, rows: list[list[float]], result: WindowResult, step: int) -> None:
         if not trainer.loggers:
