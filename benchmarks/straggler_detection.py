@@ -114,7 +114,7 @@ def row(label: str, model: str, slowdown: float, lats: list[int | None], fp: flo
     lat = f"{statistics.median(found):.0f}/{max(found)}" if found else "-"
     missed = len(lats) - len(found)
     fp_text = fp if isinstance(fp, str) else f"{fp:.2f}"
-    return f"{label:>6} {model:>10} {slowdown:>6.1f}x {lat:>14} {missed:>4}/{len(lats):<3} {fp_text:>10}"
+    return f"{label:>6} {model:>10} {slowdown:>6.2f}x {lat:>14} {missed:>4}/{len(lats):<3} {fp_text:>10}"
 
 
 def synthetic(args: argparse.Namespace, cfg: DetectorConfig) -> tuple[int, float]:
