@@ -14,7 +14,8 @@ sends the medians and 90th percentiles of its window, plus the step at which its
 windows (the onset it reports if it is named), in one ``all_gather`` of a few numbers, started in the background and
 read at the end of the next window (so no rank waits for it); every rank then runs the same
 :class:`~lightning_ft.monitors.straggler_detector.StragglerDetector` on the same numbers, so all ranks agree on an
-action without another collective. Rank 0 logs and writes the events; it does not log the steps an earlier attempt
+action without another collective. A detection carries its diagnosis: which part of the named rank's step (data
+wait or compute) exceeds the others' over the windows since its onset. Rank 0 logs and writes the events; it does not log the steps an earlier attempt
 of the run already reached (they were logged then).
 """
 
@@ -76,6 +77,11 @@ class StragglerMonitor(Callback):
         patience: slow windows, among the last ``patience + 1``, before a rank is named.
         noise_factor: how many units of the fleet's own window-to-window noise a slow rank must exceed (see
             :class:`~lightning_ft.monitors.straggler_detector.DetectorConfig`); 0 keeps the fixed ``threshold``.
+        cusum_limit: evidence, in noise units, that the sequential test must accumulate over windows to name a rank
+            whose slowdown stays under the bar (``math.inf`` turns it off; see
+            :class:`~lightning_ft.monitors.straggler_detector.DetectorConfig`).
+        cusum_slack: least allowance per window of the sequential test, in noise units: lower names smaller
+            slowdowns sooner on a noisy host, at the risk of naming a healthy rank that runs a little behind.
         warmup_steps: batches ignored at the start of every ``fit`` (compilation, allocator and cache warm-up).
         drift_threshold: slowdown against the rank's own baseline, net of the fleet's, that also names it
             (``math.inf`` turns drift detection off).
@@ -106,6 +112,8 @@ class StragglerMonitor(Callback):
         drift_threshold: float = 0.2,
         min_excess_ms: float = 0.5,
         noise_factor: float = 3.0,
+        cusum_limit: float = 10.0,
+        cusum_slack: float = 1.0,
         action: str | StragglerAction = "log",
         log_per_rank: bool = True,
         clock: Callable[[], float] | None = None,
@@ -129,6 +137,8 @@ class StragglerMonitor(Callback):
             drift_threshold=drift_threshold,
             min_excess_ms=min_excess_ms,
             noise_factor=noise_factor,
+            cusum_limit=cusum_limit,
+            cusum_slack=cusum_slack,
         )
         self.clock = clock
         self.detector = StragglerDetector(self.config)

@@ -50,6 +50,9 @@ def test_every_rank_names_the_stuck_rank_wherever_it_stopped(tmp_path, stuck, ot
             assert beats[rank]["collective"] in others_wait_in, beats
         assert beats["2"]["collective"] == ("all_reduce" if stuck == "collective" else None), beats
         if stuck == "collective":
-            assert beats["2"]["in_collective_since"] < min(beats[r]["in_collective_since"] for r in ("0", "1"))
+            # Every rank waits; rank 2 is behind (ranks 0 and 1 entered step 4's backward before rank 2 reached its
+            # all_reduce in the forward, so the earliest collective alone would not name it).
+            assert beats["2"]["points"] < min(beats[r]["points"] for r in ("0", "1"))
+            assert hang["waiting"] == [0, 1, 2]
     ends = [e for e in read_events(tmp_path) if e["event"] == "attempt_end" and e["reason"] == "hung"]
     assert any(e["exit_code"] == HANG_EXIT_CODE for e in ends)

@@ -243,7 +243,15 @@ def test_on_one_device_without_a_process_group_its_times_are_logged_and_nobody_i
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"interval": 0}, {"action": "page_me"}, {"warmup_steps": -1}, {"patience": 0}, {"noise_factor": -1.0}],
+    [
+        {"interval": 0},
+        {"action": "page_me"},
+        {"warmup_steps": -1},
+        {"patience": 0},
+        {"noise_factor": -1.0},
+        {"cusum_limit": 0.0},
+        {"cusum_slack": -1.0},
+    ],
 )
 def test_bad_options_are_rejected_naming_the_option(kwargs):
     (name,) = kwargs
