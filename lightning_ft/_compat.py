@@ -63,7 +63,6 @@ __all__ = [
     "mark_checkpoint_saved_at",
     "call_resume_start",
     "ckpt_path_parser_patch",
-    "collective_patches",
     "checkpoint_connector",
     "collect_rng_states",
     "compute_local_shape_and_global_offset",
@@ -284,79 +283,6 @@ class Patch:
     def __repr__(self) -> str:
         state = "installed" if self._installed else "not installed"
         return f"Patch({self.name!r}: {type(self.target).__name__}.{self.attribute}, {state})"
-
-
-# -- torch.distributed collectives -----------------------------------------------------------------------------------
-# The blocking collectives of torch.distributed's Python API (torch 2.4-2.13). Each is patched both where users call it
-# (``torch.distributed.<name>``) and in ``torch.distributed.distributed_c10d``, whose own functions call one another
-# through that module's globals (``all_gather_object`` runs ``all_gather``, ``barrier`` ...).
-COLLECTIVES = (
-    "all_gather",
-    "all_gather_into_tensor",
-    "all_gather_object",
-    "all_reduce",
-    "all_to_all",
-    "all_to_all_single",
-    "barrier",
-    "broadcast",
-    "broadcast_object_list",
-    "gather",
-    "gather_object",
-    "monitored_barrier",
-    "recv",
-    "reduce",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "scatter",
-    "scatter_object_list",
-    "send",
-)
-
-
-def collective_patches(
-    enter: Callable[[str], None], leave: Callable[[], None], *, thread_id: int, name: str
-) -> list[Patch]:
-    """Patches (not yet installed) that call ``enter(collective)`` before and ``leave()`` after every blocking call
-    of a torch.distributed collective made by the thread ``thread_id``; other threads and ``async_op=True`` calls
-    (their wait happens later, in ``Work.wait``) pass straight through. Install all, undo all at teardown.
-
-    Every patched attribute keeps its original under ``__wrapped__`` (``functools.wraps``).
-    """
-    import functools
-
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d
-
-    def wrap(collective: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        try:
-            async_index = list(inspect.signature(fn).parameters).index("async_op")
-        except ValueError:
-            async_index = -1
-
-        @functools.wraps(fn)
-        def tracked(*args: Any, **kwargs: Any) -> Any:
-            if (
-                threading.get_ident() != thread_id
-                or kwargs.get("async_op")
-                or (0 <= async_index < len(args) and args[async_index])
-            ):
-                return fn(*args, **kwargs)
-            enter(collective)
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                leave()
-
-        return tracked
-
-    patches = []
-    for collective in COLLECTIVES:
-        for module in (dist, distributed_c10d):
-            fn = getattr(module, collective, None)
-            if fn is None:
-                continue
-            patches.append(Patch(module, collective, wrap(collective, fn), name=f"{name}: {collective}"))
-    return patches
 
 
 # -- torchsnapshot ---------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ at the end of training, asks the ranks whether any of them received a preemption
 commits ``preempt-step=<N>``, writes ``preempted`` and exits with ``FaultPolicy.exit_code``.
 
 So that a hang names the rank the others wait for, the handler wraps torch.distributed's blocking collectives while
-``fit`` runs (:func:`lightning_ft._compat.collective_patches`, undone by :meth:`FaultHandler.uninstall`): the main
+``fit`` runs (:func:`~lightning_ft.fault.collective_waits.collective_patches`, undone by :meth:`FaultHandler.uninstall`): the main
 thread's entry and exit go to :class:`~lightning_ft.fault.heartbeat.Progress`, and the heartbeat says since when the
 rank has been waiting in one. DDP's gradient all-reduce runs inside backward, in C++, out of reach of the wrappers;
 the ``before_backward`` point marks the rank as waiting in ``"ddp_backward"`` until the next point when the backward
@@ -38,6 +38,7 @@ from lightning_ft.checkpoint import discovery
 from lightning_ft.events import STATE_DIR, EventLog
 from lightning_ft.fault import health, slurm
 from lightning_ft.fault.agreement import StopAgreement, StopDecision
+from lightning_ft.fault.collective_waits import collective_patches
 from lightning_ft.fault.fault_policy import FaultPolicy
 from lightning_ft.fault.heartbeat import HeartbeatBoard, Progress
 from lightning_ft.fault.signals import PreemptionSignals
@@ -97,7 +98,7 @@ class FaultHandler(Callback):
         self._last_step = None
         self.signals.install(trainer)
         progress = self.progress
-        self._collective_patches = _compat.collective_patches(
+        self._collective_patches = collective_patches(
             progress.enter_collective,
             progress.leave_collective,
             thread_id=threading.get_ident(),

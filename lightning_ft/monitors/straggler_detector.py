@@ -13,22 +13,21 @@ from one window to the next (the noise of the fleet's own measurements) and name
 decides; on a busy host, where a healthy rank's window median swings by 20% or more from window to window, the bar
 rises with the noise instead of naming a different rank every few windows.
 
-A bar that rises with the noise cannot see a persistent slowdown smaller than itself, and on a loaded host that is
-most of them. Beside the one-window rule the detector therefore runs a sequential test per rank: a one-sided CUSUM
-(Page's cumulative sum) of the rank's log ratio to the median of the others, in units of the same measured noise,
-less half the shift it is tuned for (``cusum_shift``). Evidence accumulates over windows while the rank stays above
-the others and drains away while it does not; the rank is named when its sum reaches ``cusum_limit`` and the sum
-restarts from zero. The window where the sum last left zero is the onset. A named rank recovers when the mirrored sum
-(its evidence of being back below half the shift) reaches the same limit.
+Beside that one-window rule, a sequential test per rank
+(:class:`~lightning_ft.monitors.sequential_test.SequentialTest`, a one-sided CUSUM) lets the evidence of a persistent
+slowdown smaller than the bar accumulate over windows.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+from lightning_ft.monitors.fleet_statistics import median, medians_of_others
+from lightning_ft.monitors.sequential_test import Evidence, SequentialTest
 
 _MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation over its median absolute deviation
 
@@ -65,21 +64,16 @@ class DetectorConfig:
     host that lasts several windows."""
 
     cusum_shift: float = 0.15
-    """The persistent relative excess over the others that the sequential test is tuned to find: 0.15 means 15%
-    slower. Each window adds ``(log ratio - log1p(cusum_shift) / 2) / noise`` to the rank's cumulative sum (which
-    never drops below 0); a rank slower by less than half of it accumulates nothing on average."""
+    """The persistent relative excess the sequential test is tuned for (0.15: 15% slower than the others): a window
+    adds ``(log ratio - allowance) / noise`` to the rank's sum, the allowance being half of ``log1p(cusum_shift)``."""
     cusum_slack: float = 1.0
-    """Least allowance per window, in noise units: a window adds ``(log ratio - allowance) / noise`` with the
-    allowance ``max(log1p(cusum_shift) / 2, cusum_slack * noise)``. On a host so noisy that ``cusum_shift`` is well
-    inside the noise, a healthy rank that merely runs a little behind for long (rank 0 on a loaded host often does)
-    accumulates nothing; the test then looks for slowdowns of about ``2 * cusum_slack`` noise units."""
+    """Least allowance, in noise units: on a host so noisy that ``cusum_shift`` is well inside the noise, a healthy
+    rank that merely runs a little behind (rank 0 on a loaded host often does) accumulates nothing."""
     cusum_limit: float = 10.0
-    """Noise units the cumulative sum must reach to name a rank (and its mirror to clear one). One window adds at
-    most ``cusum_limit / patience``, so no single window (a checkpoint, a stall) names a rank alone. ``math.inf``
-    turns the sequential test off (the one-window rule alone, as in 0.2.0)."""
+    """Noise units a rank's sum must reach to name it (and its mirror to clear it); one window adds at most
+    ``cusum_limit / patience``. ``math.inf`` turns the sequential test off (the one-window rule alone, as in 0.2.0)."""
     cusum_min_noise: float = 0.02
-    """Least noise unit of the sequential test, in log ratio (0.02: 2%). A quiet fleet measures a noise near 0, in
-    which unit a 1% difference would be overwhelming evidence."""
+    """Least noise unit of the sequential test, in log ratio: a quiet fleet measures a noise near 0."""
 
     def __post_init__(self) -> None:
         if not self.threshold > 0:
@@ -96,14 +90,13 @@ class DetectorConfig:
             raise ValueError(f"DetectorConfig(noise_factor={self.noise_factor!r}): must be >= 0 (0 disables)")
         if self.min_noise_windows < 1:
             raise ValueError(f"DetectorConfig(min_noise_windows={self.min_noise_windows!r}): must be >= 1")
-        if not (self.cusum_shift > 0 and math.isfinite(self.cusum_shift)):
-            raise ValueError(f"DetectorConfig(cusum_shift={self.cusum_shift!r}): must be > 0 and finite")
+        for name in ("cusum_shift", "cusum_min_noise"):
+            if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
+                raise ValueError(f"DetectorConfig({name}={getattr(self, name)!r}): must be > 0 and finite")
         if not (self.cusum_slack >= 0 and math.isfinite(self.cusum_slack)):
             raise ValueError(f"DetectorConfig(cusum_slack={self.cusum_slack!r}): must be >= 0 and finite")
         if not self.cusum_limit > 0:
             raise ValueError(f"DetectorConfig(cusum_limit={self.cusum_limit!r}): must be > 0 (inf disables)")
-        if not (self.cusum_min_noise > 0 and math.isfinite(self.cusum_min_noise)):
-            raise ValueError(f"DetectorConfig(cusum_min_noise={self.cusum_min_noise!r}): must be > 0 and finite")
         if self.noise_windows < self.min_noise_windows:
             raise ValueError(
                 f"DetectorConfig(noise_windows={self.noise_windows!r}): must be >= min_noise_windows"
@@ -169,52 +162,6 @@ class _Window(NamedTuple):
     onset_hint: float
 
 
-@dataclass
-class _Evidence:
-    """One rank's open cumulative sum: since the window ``first``, when it last left zero."""
-
-    first: _Window
-    total: float = 0.0
-    windows: int = 0
-    log_ratio_sum: float = 0.0
-    lost_ms: float = 0.0
-
-
-def median(values: Sequence[float]) -> float:
-    """Median of the finite values; NaN when there are none."""
-    finite = sorted(v for v in values if math.isfinite(v))
-    n = len(finite)
-    if n == 0:
-        return math.nan
-    mid = n // 2
-    return finite[mid] if n % 2 else 0.5 * (finite[mid - 1] + finite[mid])
-
-
-def medians_of_others(values: Sequence[float]) -> list[float]:
-    """For each entry, the median of all other finite entries (NaN for a non-finite entry or a lone rank).
-
-    Comparing a rank with the others rather than with a median that includes it keeps a 20% slower rank at ratio 1.2
-    even with two ranks, where the plain median would sit halfway between them. O(n log n).
-    """
-    order = sorted((v, i) for i, v in enumerate(values) if math.isfinite(v))
-    s = [v for v, _ in order]
-    n = len(s)
-    out = [math.nan] * len(values)
-    if n < 2:
-        return out
-    m = n - 1  # size of "the others"
-
-    def pick(k: int, removed: int) -> float:
-        return s[k] if k < removed else s[k + 1]
-
-    for pos, (_, i) in enumerate(order):
-        if m % 2:
-            out[i] = pick(m // 2, pos)
-        else:
-            out[i] = 0.5 * (pick(m // 2 - 1, pos) + pick(m // 2, pos))
-    return out
-
-
 def _log(x: float) -> float:
     return math.log(x) if math.isfinite(x) and x > 0 else math.nan
 
@@ -244,8 +191,15 @@ class StragglerDetector:
         self._baseline: list[float] | None = None
         self._last_log_ratios: list[float] | None = None
         self._changes: deque[float] = deque(maxlen=self.config.noise_windows)
-        self._cusum: dict[int, _Evidence] = {}
-        self._clearing: dict[int, float] = {}  # ranks named by the sequential test: evidence of their recovery
+        cfg = self.config
+        self._sequential = SequentialTest(
+            shift=cfg.cusum_shift,
+            slack=cfg.cusum_slack,
+            limit=cfg.cusum_limit,
+            min_noise=cfg.cusum_min_noise,
+            per_window=cfg.cusum_limit / cfg.patience,
+            min_excess_ms=cfg.min_excess_ms,
+        )
 
     @property
     def named(self) -> dict[int, str]:
@@ -324,16 +278,22 @@ class StragglerDetector:
             recent.append(window)
             slow_fleet = window.log_ratio > bar_fleet and window.excess_ms > least
             slow_drift = window.log_drift > bar_drift and window.drift_excess_ms > least
-            if rank in self._clearing:
+            if self._sequential.clearing(rank):
                 # Named by the sequential test: it recovers by the same kind of evidence, not by the window rule,
                 # whose bar a 15% slowdown on a loaded host never reaches.
                 self._lost_ms[rank] = self._lost_ms.get(rank, 0.0) + max(window.excess_ms, 0.0) * steps
-                if self._clear(rank, window, math.isfinite(bar_fleet)):
-                    del self._named[rank], self._clearing[rank]
+                if math.isfinite(bar_fleet) and self._sequential.clear(rank, window.log_ratio, noise=result.noise):
+                    del self._named[rank]
                     self._healthy.pop(rank, None)
                     result.recoveries.append(Recovery(rank, step, self._lost_ms.pop(rank, 0.0) / 1000.0))
                 continue
-            evidence = self._accumulate(rank, window, steps, math.isfinite(bar_fleet))
+            evidence = None
+            if not self._sequential.enabled or not math.isfinite(bar_fleet) or rank in self._named:
+                self._sequential.forget(rank)
+            else:
+                evidence = self._sequential.add(
+                    rank, window.log_ratio, window.excess_ms, steps, noise=result.noise, window=window
+                )
             if slow_fleet or slow_drift:
                 self._lost_ms[rank] = self._lost_ms.get(rank, 0.0) + max(window.excess_ms, 0.0) * steps
                 self._healthy.pop(rank, None)
@@ -364,70 +324,19 @@ class StragglerDetector:
                     first = recent[_streak_start(flags)]
                     bar = bar_fleet if kind == "fleet" else bar_drift
                     result.detections.append(Detection(rank, ratio, _onset(first, steps), step, kind, math.expm1(bar)))
-                    self._cusum.pop(rank, None)
+                    self._sequential.forget(rank)
                     break
             else:
                 if evidence is not None:
-                    self._lost_ms[rank] = max(self._lost_ms.get(rank, 0.0), evidence.lost_ms)
                     result.detections.append(self._name_by_evidence(rank, evidence, steps, step, bar_fleet))
         return result
 
-    def _unit(self) -> float:
-        """The sequential test's noise unit (log ratio)."""
-        noise = self.noise
-        return max(noise if math.isfinite(noise) else 0.0, self.config.cusum_min_noise)
-
-    def _increment(self, x: float, sign: float) -> float:
-        """One window's standardized evidence for (``sign=1``) or against (``-1``) a shift, clipped."""
-        cfg = self.config
-        cap = cfg.cusum_limit / cfg.patience
-        unit = self._unit()
-        allowance = max(0.5 * math.log1p(cfg.cusum_shift), cfg.cusum_slack * unit)
-        z = sign * (x - allowance) / unit
-        return min(max(z, -cap), cap)
-
-    def _accumulate(self, rank: int, window: _Window, steps: int, noise_known: bool) -> _Evidence | None:
-        """Add the window to the rank's cumulative sum; the evidence when it reached the limit (the sum restarts)."""
-        cfg = self.config
-        if not math.isfinite(cfg.cusum_limit) or not noise_known or rank in self._named:
-            self._cusum.pop(rank, None)
-            return None
-        if not math.isfinite(window.log_ratio):
-            return None
-        z = self._increment(window.log_ratio, 1.0)
-        if window.excess_ms <= cfg.min_excess_ms:
-            z = min(z, 0.0)
-        ev = self._cusum.get(rank)
-        total = (ev.total if ev is not None else 0.0) + z
-        if total <= 0.0:
-            self._cusum.pop(rank, None)
-            return None
-        if ev is None:
-            ev = self._cusum[rank] = _Evidence(first=window)
-        ev.total = total
-        ev.windows += 1
-        ev.log_ratio_sum += window.log_ratio
-        ev.lost_ms += max(window.excess_ms, 0.0) * steps
-        if total < cfg.cusum_limit - 1e-9:  # `patience` windows at the cap reach it, rounding aside
-            return None
-        del self._cusum[rank]
-        return ev
-
-    def _name_by_evidence(self, rank: int, ev: _Evidence, steps: int, step: int, bar_fleet: float) -> Detection:
+    def _name_by_evidence(self, rank: int, ev: Evidence, steps: int, step: int, bar_fleet: float) -> Detection:
         self._named[rank] = "fleet"
-        self._clearing[rank] = 0.0
+        self._sequential.named(rank)
         self._healthy.pop(rank, None)
         self._lost_ms[rank] = max(self._lost_ms.get(rank, 0.0), ev.lost_ms)
-        ratio = math.exp(ev.log_ratio_sum / ev.windows)
-        return Detection(rank, ratio, _onset(ev.first, steps), step, "fleet", math.expm1(bar_fleet), rule="cusum")
-
-    def _clear(self, rank: int, window: _Window, noise_known: bool) -> bool:
-        """Add the window to a named rank's evidence of recovery; True when it reached the limit."""
-        if not noise_known or not math.isfinite(window.log_ratio):
-            return False
-        total = max(self._clearing[rank] + self._increment(window.log_ratio, -1.0), 0.0)
-        self._clearing[rank] = total
-        return total >= self.config.cusum_limit - 1e-9
+        return Detection(rank, ev.ratio, _onset(ev.first, steps), step, "fleet", math.expm1(bar_fleet), rule="cusum")
 
     def open_episodes(self) -> dict[int, float]:
         """Named ranks that have not recovered, with the seconds lost to each so far."""
@@ -491,31 +400,3 @@ def _onset(first_slow: _Window, steps: int) -> int:
     if math.isfinite(hint) and first_slow.start - steps <= hint < first_slow.start + steps:
         return int(hint)
     return first_slow.start
-
-
-PARTS = ("data", "compute", "backward")
-"""The parts of a step that :func:`diagnose` compares: data wait, compute outside backward (forward, loss, optimizer
-step), and backward (its compute plus, under DDP, the wait for the gradient all-reduce)."""
-
-
-def diagnose(windows: Sequence[Mapping[str, Sequence[float]]], rank: int) -> tuple[str, dict[str, float]]:
-    """Which part of ``rank``'s step holds the others back: ``("data" | "compute", excess)``.
-
-    ``windows`` are the windows of the slow episode, each mapping a part of :data:`PARTS` to one median per rank
-    (milliseconds). ``excess[part]`` is the median over the windows of the rank's time in that part less the median
-    of the others'. The part that grew is the larger excess of the two parts of its own time (data wait, compute);
-    ``excess["backward"]`` is normally negative for the slow rank: it arrives last at the all-reduce and waits least,
-    while the others' longer backward is their wait for it. ``("unknown", {})`` without windows.
-    """
-    excess: dict[str, float] = {}
-    for part in PARTS:
-        per_window = []
-        for w in windows:
-            values = list(w.get(part, ()))
-            if rank < len(values) and math.isfinite(values[rank]):
-                per_window.append(values[rank] - medians_of_others(values)[rank])
-        excess[part] = median(per_window)
-    own = {p: excess[p] for p in ("data", "compute") if math.isfinite(excess[p])}
-    if not own:
-        return "unknown", {}
-    return max(own, key=lambda p: own[p]), {p: v for p, v in excess.items() if math.isfinite(v)}

@@ -38,14 +38,8 @@ from lightning_ft.fault.stop import checkpoint_and_stop
 from lightning_ft.monitors._collectives import PendingRows, acquire_group, release_group, start_gather_rows
 from lightning_ft.monitors._replay import replayed_through
 from lightning_ft.monitors._timing import StepClock, percentile, rise_step
-from lightning_ft.monitors.straggler_detector import (
-    PARTS,
-    DetectorConfig,
-    StragglerDetector,
-    WindowResult,
-    diagnose,
-    median,
-)
+from lightning_ft.monitors.fleet_statistics import PARTS, diagnose
+from lightning_ft.monitors.straggler_detector import DetectorConfig, StragglerDetector, WindowResult, median
 
 log = logging.getLogger(__name__)
 

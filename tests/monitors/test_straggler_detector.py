@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from lightning_ft.monitors._timing import rise_step
-from lightning_ft.monitors.straggler_detector import DetectorConfig, StragglerDetector, diagnose, medians_of_others
+from lightning_ft.monitors.fleet_statistics import diagnose
+from lightning_ft.monitors.straggler_detector import DetectorConfig, StragglerDetector, medians_of_others
 from tests.monitors.traces import busy_host_traces, load_trace
 
 HEALTHY = 10  # windows before a slowdown: more than min_noise_windows, so the noise is known by then
