@@ -132,3 +132,45 @@ def test_progress_reports_the_outermost_collective_and_a_synchronizing_backward_
     assert progress.heartbeat(0).in_collective_since is None
     progress.mark_backward(3, synchronizes=False)  # accumulating under no_sync: no all-reduce in this backward
     assert progress.heartbeat(0).in_collective_since is None
+
+
+def test_the_collective_wrappers_see_the_training_threads_blocking_calls_only_and_are_undone(monkeypatch):
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    from lightning_ft.fault.collective_waits import collective_patches
+    from tests.helpers import free_port
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    original = dist.all_reduce
+    seen: list[str] = []
+    depth = [0]
+
+    def enter(name: str) -> None:
+        depth[0] += 1
+        if depth[0] == 1:
+            seen.append(name)
+
+    def leave() -> None:
+        depth[0] -= 1
+
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    patches = collective_patches(enter, leave, thread_id=threading.get_ident(), name="test")
+    try:
+        for patch in patches:
+            patch.install()
+        dist.all_reduce(torch.ones(1))
+        dist.all_gather_object([None], {"a": 1})  # runs all_gather inside: one outermost call
+        dist.all_reduce(torch.ones(1), async_op=True).wait()  # waited for in Work.wait, not in the call
+        other = threading.Thread(target=dist.barrier)
+        other.start()
+        other.join()
+        assert seen == ["all_reduce", "all_gather_object"] and depth == [0]
+    finally:
+        for patch in reversed(patches):
+            patch.undo()
+        dist.destroy_process_group()
+    assert dist.all_reduce is original
