@@ -14,15 +14,20 @@ up to +-5%), and ``loaded``: a busy 2-core host, fitted to recordings of this ma
 sigma 0.5 in log; 3% of steps 2-5x, a descheduled time slice; bursts of 1.1-1.5x on one rank lasting ~16 steps, so the
 slow rank alternates; window medians of a healthy rank swing by ~25% against the others).
 
-Recorded traces (``--trace``): per-rank own step times of real runs, recorded with ``--record`` (a tiny Lightning DDP
-job on this machine, ranks timed exactly as ``StragglerMonitor`` times them). Replayed as they are for false
-positives, and with one rank slowed down from an onset for latency.
+Recorded traces (``--trace``; default: ``tests/monitors/data/*.json`` and ``tests/monitors/histories/busy_host``):
+per-step times of real runs, recorded with ``--record`` (a tiny Lightning DDP job on this machine, ranks timed exactly
+as ``StragglerMonitor`` times them, ``--burners N`` CPU-bound processes loading the host, ``--sleep-ms`` a waited-for
+part of each step; the load average is measured while it runs). Replayed as they are for false positives, and with
+one rank slowed down from an onset: the share of onsets the live monitor names within 50 and 200 steps, printed as the
+table of docs/monitors.md.
 
 Goals: a rank 20% slower is named within 50 steps; no false positive in 10,000 steps at +-10% jitter, at 8 and 1024
-ranks; on the loaded host, no false positive (a late detection costs less trust than a false alarm).
+ranks; on the loaded host, no false positive (a late detection costs less trust than a false alarm), and a rank 15%
+slower named within 50 steps (not met at a measured noise of 0.15 or more: see docs/monitors.md).
 
-Run: ``python benchmarks/straggler_detection.py [--quick] [--noise-factor 0]`` (``--noise-factor 0`` is the fixed
-threshold of lightning-ft 0.1.0), ``--trace FILE ...`` to replay recordings, ``--record FILE --ranks 3 --steps 600``
+Run: ``python benchmarks/straggler_detection.py [--quick] [--noise-factor 0] [--cusum-limit inf]`` (the fixed
+threshold of lightning-ft 0.1.0; the one-window rule of 0.2.0), ``--no-synthetic`` for the recorded traces only,
+``--trace FILE ...`` to replay recordings, ``--record FILE.json.gz --ranks 3 --steps 3000 --burners 2 --sleep-ms 20``
 to record one here.
 """
 
@@ -32,15 +37,20 @@ import argparse
 import dataclasses
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
-from lightning_ft.monitors.straggler_detector import DetectorConfig, StragglerDetector
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from lightning_ft.monitors.straggler_detector import DetectorConfig, StragglerDetector  # noqa: E402
+from tests.monitors.traces import busy_host_traces, load_trace  # noqa: E402
 
 BASE_MS = 100.0
 WARMUP_STEPS = 10
@@ -88,7 +98,7 @@ def detect(times: np.ndarray, cfg: DetectorConfig, interval: int) -> list:
     detector = StragglerDetector(cfg)
     first = WARMUP_STEPS
     usable = (times.shape[0] - first) // interval * interval
-    windows = np.median(times[first : first + usable].reshape(-1, interval, times.shape[1]), axis=1)
+    windows = np.nanmedian(times[first : first + usable].reshape(-1, interval, times.shape[1]), axis=1)
     found = []
     for w, medians in enumerate(windows):
         found.extend(detector.update(medians.tolist(), step=first + (w + 1) * interval, steps=interval).detections)
@@ -109,7 +119,7 @@ def row(label: str, model: str, slowdown: float, lats: list[int | None], fp: flo
     lat = f"{statistics.median(found):.0f}/{max(found)}" if found else "-"
     missed = len(lats) - len(found)
     fp_text = fp if isinstance(fp, str) else f"{fp:.2f}"
-    return f"{label:>6} {model:>10} {slowdown:>6.1f}x {lat:>14} {missed:>4}/{len(lats):<3} {fp_text:>10}"
+    return f"{label:>6} {model:>10} {slowdown:>6.2f}x {lat:>14} {missed:>4}/{len(lats):<3} {fp_text:>10}"
 
 
 def synthetic(args: argparse.Namespace, cfg: DetectorConfig) -> tuple[int, float]:
@@ -142,50 +152,112 @@ def synthetic(args: argparse.Namespace, cfg: DetectorConfig) -> tuple[int, float
     return worst_latency, worst_fp
 
 
-def replay(path: str, cfg: DetectorConfig, interval: int) -> float:
-    with open(path) as f:
-        trace = json.load(f)
-    times = np.array(trace["own_ms"], dtype=float).T  # steps x ranks
+SLOWDOWNS = (1.15, 1.2, 1.3, 1.5, 2.0, 3.0)
+LATE_STEPS = 200
+"""The second horizon of the table: evidence accumulated over 25 windows names what one window cannot."""
+NAMED_SHARE = 0.9
+"""A slowdown counts as seen when the live monitor names it within 50 steps of its onset at this share of onsets."""
+
+
+def replay(path: str, cfg: DetectorConfig, interval: int) -> tuple[float, str]:
+    """Replay one recorded healthy trace: its false alarms, and how often each slowdown injected into one rank from
+    an onset (every 37 steps, ranks in turn) is named within 50 steps by the live monitor (one window later than the
+    detector: its gather overlaps the next window). Returns the false alarms and the table row of docs/monitors.md."""
+    trace = load_trace(path)
+    times = trace.own_ms
     steps, ranks = times.shape
-    fp = len(detect(times, cfg, interval)) * 10_000 / (steps - WARMUP_STEPS)
-    name = os.path.basename(path)
-    for slowdown in (1.2, 2.0, 3.0):
-        onsets = range(WARMUP_STEPS + 12 * interval, steps - 12 * interval, 37)
-        lats = [latency(times, i % ranks, onset, slowdown, cfg, interval) for i, onset in enumerate(onsets)]
-        print(row(str(ranks), name[:10], slowdown, lats, f"{fp:.0f}" if slowdown == 1.2 else ""), flush=True)
-    print(f"       ({name}: {steps} steps recorded, {trace.get('note', '')})")
-    return fp
+    found, noise = detect_with_noise(times, cfg, interval)
+    fp = len(found)
+    shares, late = {}, {}
+    for slowdown in SLOWDOWNS:
+        onsets = list(range(WARMUP_STEPS + 12 * interval, steps - LATE_STEPS - 2 * interval, 37))
+        lats = [
+            latency(times[: onset + LATE_STEPS], i % ranks, onset, slowdown, cfg, interval)
+            for i, onset in enumerate(onsets)
+        ]
+        live = [x + interval if x is not None else None for x in lats]
+        shares[slowdown] = sum(x is not None and x <= 50 for x in live) / len(live)
+        late[slowdown] = sum(x is not None and x <= LATE_STEPS for x in live) / len(live)
+        print(row(str(ranks), trace.name[:10], slowdown, live, f"{fp}" if slowdown == SLOWDOWNS[0] else ""), flush=True)
+    seen = min((s for s in SLOWDOWNS if shares[s] >= NAMED_SHARE), default=None)
+    print(f"       ({trace.name}: {steps} steps, noise {noise:.3f}, {trace.note})")
+    load = f"{trace.load_average:.1f}" if trace.load_average == trace.load_average else "?"
+    table = (
+        f"| {trace.name} | {load} | {noise:.2f} | {f'{seen:.2f}x' if seen else f'> {SLOWDOWNS[-1]:.0f}x'} | "
+        + ", ".join(f"{s:.2f}x: {shares[s]:.0%}" for s in SLOWDOWNS)
+        + " | "
+        + ", ".join(f"{s:.2f}x: {late[s]:.0%}" for s in SLOWDOWNS[:4])
+        + f" | {fp} in {steps} |"
+    )
+    return fp, table
+
+
+def detect_with_noise(times: np.ndarray, cfg: DetectorConfig, interval: int) -> tuple[list, float]:
+    """As :func:`detect`, with the median noise the detector measured over the run."""
+    detector = StragglerDetector(cfg)
+    first = WARMUP_STEPS
+    usable = (times.shape[0] - first) // interval * interval
+    windows = np.nanmedian(times[first : first + usable].reshape(-1, interval, times.shape[1]), axis=1)
+    found, noise = [], []
+    for w, medians in enumerate(windows):
+        result = detector.update(medians.tolist(), step=first + (w + 1) * interval, steps=interval)
+        found.extend(result.detections)
+        noise.append(result.noise)
+    return found, float(np.nanmedian(noise))
+
+
+def _burn() -> None:
+    while True:
+        pass
 
 
 def record(args: argparse.Namespace) -> None:
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    """Run the recording job, with ``--burners`` CPU-bound processes loading the host, and store the per-step parts
+    of every rank's step (milliseconds, 0.01 ms resolution) with the load average measured while it ran."""
+    import gzip
+    import multiprocessing
+
     from tests.helpers import free_port, subprocess_env
 
-    with tempfile.TemporaryDirectory() as root:
-        cmd = [
-            sys.executable,
-            __file__,
-            "--worker",
-            "--root",
-            root,
-            "--ranks",
-            str(args.ranks),
-            "--steps",
-            str(args.steps),
-        ]
-        env = subprocess_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-        started = time.time()
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-        if done.returncode != 0:
-            raise RuntimeError(f"recording failed ({done.returncode}):\n{done.stderr[-3000:]}")
-        with open(os.path.join(root, "trace.json")) as f:
-            trace = json.load(f)
-    load = os.getloadavg()[0]
+    burners = [multiprocessing.Process(target=_burn, daemon=True) for _ in range(args.burners)]
+    for b in burners:
+        b.start()
+    loads: list[float] = []
+    try:
+        time.sleep(args.settle_s)  # the 1-minute load average follows the burners with a lag
+        with tempfile.TemporaryDirectory() as root:
+            cmd = [sys.executable, __file__, "--worker", "--root", root]
+            cmd += ["--ranks", str(args.ranks), "--steps", str(args.steps), "--sleep-ms", str(args.sleep_ms)]
+            env = subprocess_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+            started = time.time()
+            job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            while job.poll() is None:
+                loads.append(os.getloadavg()[0])
+                time.sleep(2.0)
+            _, err = job.communicate()
+            if job.returncode != 0:
+                raise RuntimeError(f"recording failed ({job.returncode}):\n{err[-3000:]}")
+            with open(os.path.join(root, "trace.json")) as f:
+                trace = json.load(f)
+    finally:
+        for b in burners:
+            b.kill()
+            b.join()
+    trace["load_average"] = {
+        "min": round(min(loads), 2),
+        "median": round(statistics.median(loads), 2),
+        "max": round(max(loads), 2),
+    }
+    trace["burners"] = args.burners
     trace["note"] = (
-        f"{args.ranks} CPU ranks on {os.cpu_count()} cores, load average {load:.1f}, tiny model, no slow rank,"
-        f" {time.time() - started:.0f}s"
+        f"{args.ranks} CPU ranks on {os.cpu_count()} cores with {args.burners} CPU burners, load average"
+        f" {trace['load_average']['median']:.1f} (min {trace['load_average']['min']:.1f}, max"
+        f" {trace['load_average']['max']:.1f}), tiny model"
+        + (f" waiting {args.sleep_ms:.0f} ms +-5% per step" if args.sleep_ms else "")
+        + f", no slow rank, {time.time() - started:.0f}s"
     )
-    with open(args.record, "w") as f:
+    opener = gzip.open if args.record.endswith(".gz") else open
+    with opener(args.record, "wt") as f:
         json.dump(trace, f, separators=(",", ":"))
     print(f"wrote {args.record}: {trace['note']}")
 
@@ -225,6 +297,10 @@ def worker(args: argparse.Namespace) -> None:
             self.layer = torch.nn.Linear(8, 1)
 
         def training_step(self, batch, batch_idx):
+            if args.sleep_ms > 0:
+                # A step whose work runs elsewhere (a GPU kernel, a remote read): the host only waits for it, with
+                # 5% jitter, while the loaded host decides when this process runs again.
+                time.sleep(args.sleep_ms * random.uniform(0.95, 1.05) / 1000.0)
             x, y = batch
             return torch.nn.functional.mse_loss(self.layer(x), y)
 
@@ -247,12 +323,19 @@ def worker(args: argparse.Namespace) -> None:
         callbacks=[recorder],
     )
     trainer.fit(Model(), DataLoader(TensorDataset(torch.randn(n, 8), torch.randn(n, 1)), batch_size=4))
-    own = [round(s["own"], 3) if s["own"] == s["own"] else None for s in recorder.clock.drain()]  # JSON has no NaN
+    samples = recorder.clock.drain()
+    # Hundredths of a millisecond as integers keep the file small; JSON has no NaN (the first step's data wait).
+    parts = {
+        f"{name}_ms": [round(s[name] * 100) if s[name] == s[name] else None for s in samples]
+        for name in ("data", "compute", "backward")
+    }
     rows: list = [None] * trainer.world_size
-    dist.all_gather_object(rows, own)
+    dist.all_gather_object(rows, parts)
     if trainer.is_global_zero:
+        trace = {"ranks": args.ranks, "unit_ms": 0.01}
+        trace.update({key: [r[key] for r in rows] for key in parts})
         with open(os.path.join(args.root, "trace.json"), "w") as f:
-            json.dump({"ranks": args.ranks, "own_ms": rows}, f)
+            json.dump(trace, f, separators=(",", ":"))
     dist.destroy_process_group()
 
 
@@ -262,6 +345,8 @@ def main() -> None:
     parser.add_argument("--fp-runs", type=int, default=3, help="10,000-step runs without a slow rank per case")
     parser.add_argument("--interval", type=int, default=8, help="steps per window (StragglerMonitor(interval=...))")
     parser.add_argument("--noise-factor", type=float, default=None, help="0: the fixed threshold of 0.1.0")
+    parser.add_argument("--cusum-limit", type=float, default=None, help="inf: the one-window rule alone (0.2.0)")
+    parser.add_argument("--synthetic", action=argparse.BooleanOptionalAction, default=True, help="synthetic cases")
     parser.add_argument(
         "--models", nargs="+", default=["uniform10", "gauss5", "stalls", "biased", "loaded"], help="noise models"
     )
@@ -269,6 +354,9 @@ def main() -> None:
     parser.add_argument("--record", help="record a trace here on this machine, then exit")
     parser.add_argument("--ranks", type=int, default=3)
     parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--sleep-ms", type=float, default=0.0, help="recording: a waited-for part of each step (ms)")
+    parser.add_argument("--burners", type=int, default=0, help="CPU-bound processes loading the host while recording")
+    parser.add_argument("--settle-s", type=float, default=30.0, help="seconds the burners run before the job starts")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -281,20 +369,31 @@ def main() -> None:
     cfg = DetectorConfig()
     if args.noise_factor is not None:
         cfg = dataclasses.replace(cfg, noise_factor=args.noise_factor)
+    if args.cusum_limit is not None:
+        cfg = dataclasses.replace(cfg, cusum_limit=args.cusum_limit)
     print(f"detector: {cfg}, interval={args.interval}, warmup={WARMUP_STEPS} steps")
     print(f"false positives over {args.fp_runs} runs of 10,000 steps without a slow rank (recorded traces: as long as")
     print("they are, scaled to 10,000 steps)")
     print(f"{'ranks':>6} {'noise':>10} {'slower':>7} {'latency med/max':>14} {'missed':>8} {'FP/10k':>10}")
     started = time.perf_counter()
-    worst_latency, worst_fp = synthetic(args, cfg)
+    worst_latency, worst_fp = synthetic(args, cfg) if args.synthetic else (0, 0.0)
     traces = args.trace
     if traces is None:
-        traces = sorted(os.path.join(TRACES, f) for f in os.listdir(TRACES)) if os.path.isdir(TRACES) else []
-    worst_trace_fp = max((replay(path, cfg, args.interval) for path in traces), default=0.0)
+        traces = [str(p) for p in sorted(Path(TRACES).glob("*.json"))] + [str(p) for p in busy_host_traces()]
+    replayed = [replay(path, cfg, args.interval) for path in traces]
+    worst_trace_fp = max((fp for fp, _ in replayed), default=0)
+    print("\nrecorded busy hosts (docs/monitors.md):")
+    print(
+        "| trace | load average | noise | named within 50 steps at 90% of onsets | share named within 50 steps |"
+        f" share named within {LATE_STEPS} steps | false alarms |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for _, table in replayed:
+        print(table)
     print(
         f"worst detection latency at +-10%-class noise: {worst_latency} steps (goal <= 50; live monitor"
         f" +{args.interval}); worst false positives: {worst_fp:.2f} per 10k steps synthetic,"
-        f" {worst_trace_fp:.0f} recorded (goal 0); {time.perf_counter() - started:.0f}s"
+        f" {worst_trace_fp} recorded (goal 0); {time.perf_counter() - started:.0f}s"
     )
 
 

@@ -7,12 +7,20 @@ does), :meth:`preflight` in ``setup`` (hang watchdog, health checks, the agreeme
 teardown. As a callback it marks progress points for the watchdog and, at every step boundary, after validation and
 at the end of training, asks the ranks whether any of them received a preemption signal; when they agree, every rank
 commits ``preempt-step=<N>``, writes ``preempted`` and exits with ``FaultPolicy.exit_code``.
+
+So that a hang names the rank the others wait for, the handler wraps torch.distributed's blocking collectives while
+``fit`` runs (:func:`~lightning_ft.fault.collective_waits.collective_patches`, undone by :meth:`FaultHandler.uninstall`): the main
+thread's entry and exit go to :class:`~lightning_ft.fault.heartbeat.Progress`, and the heartbeat says since when the
+rank has been waiting in one. DDP's gradient all-reduce runs inside backward, in C++, out of reach of the wrappers;
+the ``before_backward`` point marks the rank as waiting in ``"ddp_backward"`` until the next point when the backward
+synchronizes gradients.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -22,12 +30,15 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
+from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
+from lightning_ft import _compat
 from lightning_ft.checkpoint.internal import discovery
 from lightning_ft.events import STATE_DIR, EventLog
 from lightning_ft.fault import health, slurm
 from lightning_ft.fault.agreement import StopAgreement, StopDecision
+from lightning_ft.fault.collective_waits import collective_patches
 from lightning_ft.fault.fault_policy import FaultPolicy
 from lightning_ft.fault.heartbeat import HeartbeatBoard, Progress
 from lightning_ft.fault.signals import PreemptionSignals
@@ -63,6 +74,7 @@ class FaultHandler(Callback):
         self._active = False
         self._last_step: int | None = None
         self._store: Any = None
+        self._collective_patches: list[_compat.Patch] = []
 
     @property
     @override
@@ -85,6 +97,15 @@ class FaultHandler(Callback):
         self.progress = Progress()
         self._last_step = None
         self.signals.install(trainer)
+        progress = self.progress
+        self._collective_patches = collective_patches(
+            progress.enter_collective,
+            progress.leave_collective,
+            thread_id=threading.get_ident(),
+            name="lightning-ft hang naming",
+        )
+        for patch in self._collective_patches:
+            patch.install()
         trainer.callbacks.append(self)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -116,6 +137,9 @@ class FaultHandler(Callback):
         if not self._active:
             return
         self._active = False
+        for patch in reversed(self._collective_patches):
+            patch.undo()
+        self._collective_patches = []
         self.signals.uninstall()
         if self.watchdog is not None:
             self.watchdog.stop()
@@ -205,7 +229,10 @@ class FaultHandler(Callback):
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
-        self.progress.mark("before_backward", trainer.global_step)
+        model = trainer.strategy.model
+        # DDP all-reduces the gradients inside backward, unless Lightning accumulates under `no_sync`.
+        synchronizes = isinstance(model, DistributedDataParallel) and model.require_backward_grad_sync
+        self.progress.mark_backward(trainer.global_step, synchronizes=synchronizes)
 
     @override
     def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -184,7 +184,16 @@ class Watchdog:
         found = name_culprits(beats, now=now, silent_after_s=self.silent_after_s)
         found["heartbeats"] = {
             str(r): (
-                None if b is None else {"points": b.points, "step": b.step, "point": b.point, "time": b.point_time}
+                None
+                if b is None
+                else {
+                    "points": b.points,
+                    "step": b.step,
+                    "point": b.point,
+                    "time": b.point_time,
+                    "in_collective_since": b.in_collective_since,
+                    "collective": b.collective,
+                }
             )
             for r, b in sorted(beats.items())
         }

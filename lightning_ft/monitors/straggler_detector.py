@@ -12,6 +12,10 @@ from one window to the next (the noise of the fleet's own measurements) and name
 ``noise_factor`` times that noise, and never less than ``threshold``. On a quiet cluster the fixed ``threshold``
 decides; on a busy host, where a healthy rank's window median swings by 20% or more from window to window, the bar
 rises with the noise instead of naming a different rank every few windows.
+
+Beside that one-window rule, a sequential test per rank
+(:class:`~lightning_ft.monitors.sequential_test.SequentialTest`, a one-sided CUSUM) lets the evidence of a persistent
+slowdown smaller than the bar accumulate over windows.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+from lightning_ft.monitors.fleet_statistics import median, medians_of_others
+from lightning_ft.monitors.sequential_test import Evidence, SequentialTest
 
 _MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation over its median absolute deviation
 
@@ -56,6 +63,18 @@ class DetectorConfig:
     warm-up). Fewer would judge the noise from a stretch in which one healthy rank happened to stay slow: on a busy
     host that lasts several windows."""
 
+    cusum_shift: float = 0.15
+    """The persistent relative excess the sequential test is tuned for (0.15: 15% slower than the others): a window
+    adds ``(log ratio - allowance) / noise`` to the rank's sum, the allowance being half of ``log1p(cusum_shift)``."""
+    cusum_slack: float = 1.0
+    """Least allowance, in noise units: on a host so noisy that ``cusum_shift`` is well inside the noise, a healthy
+    rank that merely runs a little behind (rank 0 on a loaded host often does) accumulates nothing."""
+    cusum_limit: float = 10.0
+    """Noise units a rank's sum must reach to name it (and its mirror to clear it); one window adds at most
+    ``cusum_limit / patience``. ``math.inf`` turns the sequential test off (the one-window rule alone, as in 0.2.0)."""
+    cusum_min_noise: float = 0.02
+    """Least noise unit of the sequential test, in log ratio: a quiet fleet measures a noise near 0."""
+
     def __post_init__(self) -> None:
         if not self.threshold > 0:
             raise ValueError(f"DetectorConfig(threshold={self.threshold!r}): must be > 0")
@@ -71,6 +90,13 @@ class DetectorConfig:
             raise ValueError(f"DetectorConfig(noise_factor={self.noise_factor!r}): must be >= 0 (0 disables)")
         if self.min_noise_windows < 1:
             raise ValueError(f"DetectorConfig(min_noise_windows={self.min_noise_windows!r}): must be >= 1")
+        for name in ("cusum_shift", "cusum_min_noise"):
+            if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
+                raise ValueError(f"DetectorConfig({name}={getattr(self, name)!r}): must be > 0 and finite")
+        if not (self.cusum_slack >= 0 and math.isfinite(self.cusum_slack)):
+            raise ValueError(f"DetectorConfig(cusum_slack={self.cusum_slack!r}): must be >= 0 and finite")
+        if not self.cusum_limit > 0:
+            raise ValueError(f"DetectorConfig(cusum_limit={self.cusum_limit!r}): must be > 0 (inf disables)")
         if self.noise_windows < self.min_noise_windows:
             raise ValueError(
                 f"DetectorConfig(noise_windows={self.noise_windows!r}): must be >= min_noise_windows"
@@ -94,6 +120,10 @@ class Detection:
     """``"fleet"`` or ``"drift"``."""
     threshold: float = math.nan
     """The relative excess the rank had to exceed in this window (``DetectorConfig.threshold`` or more)."""
+    rule: str = "window"
+    """Which rule named it: ``"window"`` (slow in ``patience`` windows against the bar) or ``"cusum"`` (the
+    sequential test's evidence reached ``DetectorConfig.cusum_limit``; ``ratio`` is then the geometric mean ratio
+    since the onset)."""
 
 
 @dataclass(frozen=True)
@@ -132,41 +162,6 @@ class _Window(NamedTuple):
     onset_hint: float
 
 
-def median(values: Sequence[float]) -> float:
-    """Median of the finite values; NaN when there are none."""
-    finite = sorted(v for v in values if math.isfinite(v))
-    n = len(finite)
-    if n == 0:
-        return math.nan
-    mid = n // 2
-    return finite[mid] if n % 2 else 0.5 * (finite[mid - 1] + finite[mid])
-
-
-def medians_of_others(values: Sequence[float]) -> list[float]:
-    """For each entry, the median of all other finite entries (NaN for a non-finite entry or a lone rank).
-
-    Comparing a rank with the others rather than with a median that includes it keeps a 20% slower rank at ratio 1.2
-    even with two ranks, where the plain median would sit halfway between them. O(n log n).
-    """
-    order = sorted((v, i) for i, v in enumerate(values) if math.isfinite(v))
-    s = [v for v, _ in order]
-    n = len(s)
-    out = [math.nan] * len(values)
-    if n < 2:
-        return out
-    m = n - 1  # size of "the others"
-
-    def pick(k: int, removed: int) -> float:
-        return s[k] if k < removed else s[k + 1]
-
-    for pos, (_, i) in enumerate(order):
-        if m % 2:
-            out[i] = pick(m // 2, pos)
-        else:
-            out[i] = 0.5 * (pick(m // 2 - 1, pos) + pick(m // 2, pos))
-    return out
-
-
 def _log(x: float) -> float:
     return math.log(x) if math.isfinite(x) and x > 0 else math.nan
 
@@ -196,6 +191,15 @@ class StragglerDetector:
         self._baseline: list[float] | None = None
         self._last_log_ratios: list[float] | None = None
         self._changes: deque[float] = deque(maxlen=self.config.noise_windows)
+        cfg = self.config
+        self._sequential = SequentialTest(
+            shift=cfg.cusum_shift,
+            slack=cfg.cusum_slack,
+            limit=cfg.cusum_limit,
+            min_noise=cfg.cusum_min_noise,
+            per_window=cfg.cusum_limit / cfg.patience,
+            min_excess_ms=cfg.min_excess_ms,
+        )
 
     @property
     def named(self) -> dict[int, str]:
@@ -274,6 +278,22 @@ class StragglerDetector:
             recent.append(window)
             slow_fleet = window.log_ratio > bar_fleet and window.excess_ms > least
             slow_drift = window.log_drift > bar_drift and window.drift_excess_ms > least
+            if self._sequential.clearing(rank):
+                # Named by the sequential test: it recovers by the same kind of evidence, not by the window rule,
+                # whose bar a 15% slowdown on a loaded host never reaches.
+                self._lost_ms[rank] = self._lost_ms.get(rank, 0.0) + max(window.excess_ms, 0.0) * steps
+                if math.isfinite(bar_fleet) and self._sequential.clear(rank, window.log_ratio, noise=result.noise):
+                    del self._named[rank]
+                    self._healthy.pop(rank, None)
+                    result.recoveries.append(Recovery(rank, step, self._lost_ms.pop(rank, 0.0) / 1000.0))
+                continue
+            evidence = None
+            if not self._sequential.enabled or not math.isfinite(bar_fleet) or rank in self._named:
+                self._sequential.forget(rank)
+            else:
+                evidence = self._sequential.add(
+                    rank, window.log_ratio, window.excess_ms, steps, noise=result.noise, window=window
+                )
             if slow_fleet or slow_drift:
                 self._lost_ms[rank] = self._lost_ms.get(rank, 0.0) + max(window.excess_ms, 0.0) * steps
                 self._healthy.pop(rank, None)
@@ -288,7 +308,9 @@ class StragglerDetector:
             else:
                 if self._lost_ms:
                     self._lost_ms.pop(rank, None)
-                continue  # naming needs the latest window slow
+                if evidence is not None:
+                    result.detections.append(self._name_by_evidence(rank, evidence, steps, step, bar_fleet))
+                continue  # the window rule needs the latest window slow
             if rank in self._named:
                 continue
             # `patience` slow windows among the last `patience + 1`, judged against the bar in use now: one unlucky
@@ -302,8 +324,19 @@ class StragglerDetector:
                     first = recent[_streak_start(flags)]
                     bar = bar_fleet if kind == "fleet" else bar_drift
                     result.detections.append(Detection(rank, ratio, _onset(first, steps), step, kind, math.expm1(bar)))
+                    self._sequential.forget(rank)
                     break
+            else:
+                if evidence is not None:
+                    result.detections.append(self._name_by_evidence(rank, evidence, steps, step, bar_fleet))
         return result
+
+    def _name_by_evidence(self, rank: int, ev: Evidence, steps: int, step: int, bar_fleet: float) -> Detection:
+        self._named[rank] = "fleet"
+        self._sequential.named(rank)
+        self._healthy.pop(rank, None)
+        self._lost_ms[rank] = max(self._lost_ms.get(rank, 0.0), ev.lost_ms)
+        return Detection(rank, ev.ratio, _onset(ev.first, steps), step, "fleet", math.expm1(bar_fleet), rule="cusum")
 
     def open_episodes(self) -> dict[int, float]:
         """Named ranks that have not recovered, with the seconds lost to each so far."""

@@ -14,7 +14,8 @@ sends the medians and 90th percentiles of its window, plus the step at which its
 windows (the onset it reports if it is named), in one ``all_gather`` of a few numbers, started in the background and
 read at the end of the next window (so no rank waits for it); every rank then runs the same
 :class:`~lightning_ft.monitors.straggler_detector.StragglerDetector` on the same numbers, so all ranks agree on an
-action without another collective. Rank 0 logs and writes the events; it does not log the steps an earlier attempt
+action without another collective. A detection carries its diagnosis: which part of the named rank's step (data
+wait or compute) exceeds the others' over the windows since its onset. Rank 0 logs and writes the events; it does not log the steps an earlier attempt
 of the run already reached (they were logged then).
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +36,7 @@ from lightning_ft.events import get_event_log, open_event_log
 from lightning_ft.monitors._collectives import PendingRows, acquire_group, release_group, start_gather_rows
 from lightning_ft.monitors._replay import replayed_through
 from lightning_ft.monitors._timing import StepClock, percentile, rise_step
+from lightning_ft.monitors.fleet_statistics import PARTS, diagnose
 from lightning_ft.monitors.straggler_detector import DetectorConfig, StragglerDetector, WindowResult, median
 from lightning_ft.stop import EXIT_CODE_TEMPFAIL, checkpoint_and_stop
 
@@ -48,6 +51,8 @@ non-zero so torchrun or the scheduler restarts."""
 _FIELDS = ("own", "data", "compute", "backward", "step")
 _RISE = len(_FIELDS) * 2
 _ROW = _RISE + 2
+
+_PART_NAMES = {"data": "data wait", "compute": "compute (forward, loss, optimizer step)"}
 
 StragglerAction = Callable[["pl.Trainer", int, float], Any]
 
@@ -65,6 +70,11 @@ class StragglerMonitor(Callback):
         patience: slow windows, among the last ``patience + 1``, before a rank is named.
         noise_factor: how many units of the fleet's own window-to-window noise a slow rank must exceed (see
             :class:`~lightning_ft.monitors.straggler_detector.DetectorConfig`); 0 keeps the fixed ``threshold``.
+        cusum_limit: evidence, in noise units, that the sequential test must accumulate over windows to name a rank
+            whose slowdown stays under the bar (``math.inf`` turns it off; see
+            :class:`~lightning_ft.monitors.straggler_detector.DetectorConfig`).
+        cusum_slack: least allowance per window of the sequential test, in noise units: lower names smaller
+            slowdowns sooner on a noisy host, at the risk of naming a healthy rank that runs a little behind.
         warmup_steps: batches ignored at the start of every ``fit`` (compilation, allocator and cache warm-up).
         drift_threshold: slowdown against the rank's own baseline, net of the fleet's, that also names it
             (``math.inf`` turns drift detection off).
@@ -95,6 +105,8 @@ class StragglerMonitor(Callback):
         drift_threshold: float = 0.2,
         min_excess_ms: float = 0.5,
         noise_factor: float = 3.0,
+        cusum_limit: float = 10.0,
+        cusum_slack: float = 1.0,
         action: str | StragglerAction = "log",
         log_per_rank: bool = True,
         clock: Callable[[], float] | None = None,
@@ -118,6 +130,8 @@ class StragglerMonitor(Callback):
             drift_threshold=drift_threshold,
             min_excess_ms=min_excess_ms,
             noise_factor=noise_factor,
+            cusum_limit=cusum_limit,
+            cusum_slack=cusum_slack,
         )
         self.clock = clock
         self.detector = StragglerDetector(self.config)
@@ -134,6 +148,7 @@ class StragglerMonitor(Callback):
         self._previous_median = -math.inf
         self._replayed_through = -1
         self._gathers_on_own_group = False
+        self._windows: deque[tuple[int, dict[str, list[float]]]] = deque(maxlen=self.config.noise_windows)
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -156,6 +171,7 @@ class StragglerMonitor(Callback):
         self._window_start_step = trainer.global_step
         self._pending = None
         self._previous_window, self._previous_median = [], -math.inf
+        self._windows.clear()
         self.detector = StragglerDetector(self.config)
         self._recovered_lost_s = 0.0
         self._replayed_through = replayed_through(trainer) if trainer.is_global_zero else -1
@@ -240,6 +256,10 @@ class StragglerMonitor(Callback):
         rows = gathered.wait()
         own = [r[0] for r in rows]
         result = self.detector.update(own, step=step, steps=steps, onset_steps=[r[_RISE] for r in rows])
+        # The medians of each part, per rank, of the recent windows: the diagnosis of a detection compares the named
+        # rank's parts with the others' over the windows since its onset.
+        self._windows.append((step, {part: [r[2 * _FIELDS.index(part)] for r in rows] for part in PARTS}))
+        diagnoses = {d.rank: self._diagnose(d.rank, d.onset_step, steps) for d in result.detections}
         self._recovered_lost_s += sum(r.lost_s for r in result.recoveries)
         self.lost_s = self._recovered_lost_s + sum(self.detector.open_episodes().values())
         if trainer.is_global_zero:
@@ -247,12 +267,16 @@ class StragglerMonitor(Callback):
                 self._log(trainer, rows, result, step)
             event_log = get_event_log(trainer)
             for d in result.detections:
+                part, excess = diagnoses[d.rank]
                 log.warning(
-                    "StragglerMonitor: rank %d is %.2fx slower (%s) since step %d",
+                    "StragglerMonitor: rank %d is %.2fx slower (%s, %s rule) since step %d; its %s grew (%s)",
                     d.rank,
                     d.ratio,
                     d.kind,
+                    d.rule,
                     d.onset_step,
+                    _PART_NAMES.get(part, part),
+                    ", ".join(f"{k} {v:+.1f} ms" for k, v in excess.items()),
                 )
                 event_log.write(
                     "straggler",
@@ -264,6 +288,9 @@ class StragglerMonitor(Callback):
                     fleet_median_ms=result.fleet_median_ms,
                     threshold=d.threshold,
                     noise=result.noise,
+                    rule=d.rule,
+                    part=part,
+                    excess_ms=excess,
                 )
             for r in result.recoveries:
                 event_log.write("straggler_cleared", suspect_rank=r.rank, lost_s=r.lost_s, recovered=True)
@@ -275,10 +302,18 @@ class StragglerMonitor(Callback):
                     "ratio": d.ratio,
                     "onset_step": d.onset_step,
                     "kind": d.kind,
+                    "rule": d.rule,
+                    "part": diagnoses[d.rank][0],
+                    "excess_ms": diagnoses[d.rank][1],
                 }
             )
         for d in result.detections:
             self._act(trainer, d.rank, d.ratio)
+
+    def _diagnose(self, rank: int, onset_step: int, steps: int) -> tuple[str, dict[str, float]]:
+        # The windows that end after the onset (the window the onset lies in included); the latest at least.
+        episode = [parts for end, parts in self._windows if end > onset_step] or [self._windows[-1][1]]
+        return diagnose(episode, rank)
 
     def _log(self, trainer: pl.Trainer, rows: list[list[float]], result: WindowResult, step: int) -> None:
         if not trainer.loggers:

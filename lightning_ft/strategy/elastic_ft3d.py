@@ -203,8 +203,8 @@ class ElasticFT3D(DDPStrategy):
 
     @num_nodes.setter
     def num_nodes(self, num_nodes: int) -> None:
-        # Under torchrun with --nnodes=MIN:MAX the node count changes at every resize; the Trainer's cannot follow.
-        self._num_nodes = process_group.elastic_num_nodes(num_nodes)
+        # Under torchrun --nnodes=MIN:MAX the count changes at every resize; the Trainer's is kept for set_world_ranks.
+        self.requested_num_nodes, self._num_nodes = num_nodes, process_group.elastic_num_nodes(num_nodes)
 
     @property
     def data_parallel_size(self) -> int:

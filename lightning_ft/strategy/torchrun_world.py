@@ -43,7 +43,8 @@ def follow_torchrun(strategy: Any) -> str | None:
     if shape is None or accelerator is None or not isinstance(strategy.cluster_environment, TorchElasticEnvironment):
         return None
     per_node, nodes = shape
-    before = (strategy.num_processes, strategy.num_nodes)
+    # A strategy whose num_nodes setter already follows torchrun (ElasticFT3D) keeps the Trainer's number aside.
+    before = (strategy.num_processes, getattr(strategy, "requested_num_nodes", strategy.num_nodes))
     if before == (per_node, nodes):
         return None
     if strategy.num_processes != per_node:

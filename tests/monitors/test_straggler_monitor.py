@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
@@ -23,6 +24,7 @@ from lightning_ft.monitors import STRAGGLER_EXIT_CODE, StragglerMonitor
 from tests.helpers import PYTHON, free_port, subprocess_env
 from tests.monitors.fleet import SimulatedFleet
 from tests.monitors.tiny_module import TinyModule
+from tests.monitors.traces import BUSY_HOST, load_trace
 
 JOB = os.path.join(os.path.dirname(__file__), "straggler_job.py")
 DATA = Path(__file__).parent / "data"
@@ -54,6 +56,9 @@ def test_the_rank_with_slower_compute_is_named_with_the_step_its_slowdown_began(
     (event,) = fleet.events("straggler")
     assert (event["suspect_rank"], event["kind"], event["onset_step"]) == (2, "fleet", 117)
     assert event["ratio"] > 4
+    # The diagnosis: its compute grew by the 30 ms; it waits least at the all-reduce, the others wait for it.
+    assert event["part"] == "compute" and event["rule"] == "window"
+    assert 25 < event["excess_ms"]["compute"] < 35 and event["excess_ms"]["backward"] < -25
     # Named within 50 steps of the onset, the monitor's one-window lag included.
     assert 117 < event["step"] <= 167
     assert [d["suspect_rank"] for m in fleet.monitors for d in m.detections] == [2, 2, 2]
@@ -89,6 +94,26 @@ def test_the_rank_with_slower_data_loading_is_named(monkeypatch, tmp_path):
         fleet.step(forward=jittered(rng, 4, 5.0), data=data)
     (event,) = fleet.events("straggler")
     assert (event["suspect_rank"], event["onset_step"]) == (2, 70)
+    assert event["part"] == "data" and event["excess_ms"]["data"] > 10
+
+
+def test_on_a_recorded_busy_host_a_rank_whose_compute_is_30_percent_slower_is_named_by_accumulated_evidence(
+    monkeypatch, tmp_path
+):
+    # The issue's case, replayed from a real recording (3 ranks, 2 cores, load average 15.8, noise 0.18): from step
+    # 600 rank 1's compute takes 30% longer. Its window ratio stays under the one-window bar (about 0.7 here).
+    trace = load_trace(BUSY_HOST / "load15.8_wait20ms_3ranks.json.gz")
+    data, compute = (np.nan_to_num(trace.parts_ms[p], nan=0.0) for p in ("data", "compute"))
+    fleet = SimulatedFleet(monkeypatch, tmp_path, 3)
+    fleet.start()
+    for step in range(800):
+        forward = [c * 1.3 if step >= 600 and r == 1 else c for r, c in enumerate(compute[step])]
+        fleet.step(forward=forward, data=list(data[step]), optimizer=0.0)
+    fleet.end()
+    (event,) = fleet.events("straggler")
+    assert (event["suspect_rank"], event["rule"], event["part"]) == (1, "cusum", "compute")
+    assert 590 <= event["onset_step"] <= 640 and event["step"] <= 700
+    assert event["threshold"] > 0.3
 
 
 def test_a_rank_slow_only_during_warm_up_is_not_named(monkeypatch, tmp_path):
@@ -229,7 +254,15 @@ def test_on_one_device_without_a_process_group_its_times_are_logged_and_nobody_i
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"interval": 0}, {"action": "page_me"}, {"warmup_steps": -1}, {"patience": 0}, {"noise_factor": -1.0}],
+    [
+        {"interval": 0},
+        {"action": "page_me"},
+        {"warmup_steps": -1},
+        {"patience": 0},
+        {"noise_factor": -1.0},
+        {"cusum_limit": 0.0},
+        {"cusum_slack": -1.0},
+    ],
 )
 def test_bad_options_are_rejected_naming_the_option(kwargs):
     (name,) = kwargs

@@ -70,3 +70,19 @@ def test_a_one_process_torchrun_trains_even_if_the_trainer_asked_for_two_devices
     trainer = _trainer(accelerator="cpu", devices=2, max_steps=1, default_root_dir=tmp_path)
     trainer.fit(TinyRegressor())
     assert trainer.global_step == 1 and trainer.world_size == 1
+
+
+def test_a_trainer_num_nodes_other_than_torchruns_is_replaced_with_one_line_saying_so(torchrun_env, monkeypatch):
+    # The setter takes torchrun's node count at once, so comparing with it afterwards never saw a difference.
+    import lightning_ft.strategy.elastic_ft3d as elastic_ft3d
+
+    said: list[str] = []
+    monkeypatch.setattr(elastic_ft3d, "rank_zero_info", said.append)
+    torchrun_env(world_size=2, local_world_size=2)
+    trainer = _trainer(accelerator="cpu", devices=2, num_nodes=2)
+    assert (trainer.num_devices, trainer.num_nodes) == (2, 1)
+    trainer.strategy.set_world_ranks()  # again, as setup_distributed does: the line is said once
+    assert said == [
+        "lightning-ft: torchrun started 2 process(es) per node on 1 node(s); training on 2 CPU process(es) per node,"
+        " not on the Trainer's 2 device(s) x 2 node(s)"
+    ]
