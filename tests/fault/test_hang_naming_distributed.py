@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lightning_ft.events import read_events
-from lightning_ft.fault import HANG_EXIT_CODE
+from lightning_ft.fault.internal import HANG_EXIT_CODE
 from tests.helpers import REPO_ROOT, subprocess_env
 
 pytestmark = pytest.mark.slow
