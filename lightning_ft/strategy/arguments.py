@@ -6,6 +6,7 @@ from typing import Any
 
 from lightning_ft.checkpoint.storage import storage_named
 from lightning_ft.elastic import ElasticPolicy
+from lightning_ft.elastic.data_rng import DATA_RANDOMNESS
 from lightning_ft.fault import FaultPolicy
 from lightning_ft.parallel.schedules import PIPELINE_SCHEDULES
 from lightning_ft.parallel.validation import check_positive_int
@@ -23,6 +24,7 @@ def check_strategy_arguments(
     elastic: Any,
     fault: Any,
     checkpoint_format: str,
+    data_randomness: Any = "ddp",
 ) -> None:
     """Raise ``TypeError`` or ``ValueError`` naming the option, its value and the rule for the first bad argument."""
     check_positive_int("ElasticFT3D", "data_parallel_size", data_parallel_size, allow_auto=True)
@@ -39,3 +41,8 @@ def check_strategy_arguments(
     if fault is not None and not isinstance(fault, FaultPolicy):
         raise TypeError(f"ElasticFT3D(fault={fault!r}): must be a FaultPolicy or None")
     storage_named(checkpoint_format, owner="ElasticFT3D")
+    if data_randomness not in DATA_RANDOMNESS:
+        raise ValueError(
+            f"ElasticFT3D(data_randomness={data_randomness!r}): must be one of {', '.join(map(repr, DATA_RANDOMNESS))}"
+            " ('ddp' draws what DDPStrategy draws; 'per_sample' seeds every training sample from its place)"
+        )

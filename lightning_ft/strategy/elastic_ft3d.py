@@ -77,10 +77,16 @@ class ElasticFT3D(DDPStrategy):
         find_unused_parameters: passed to ``DistributedDataParallel`` when the model is not parallelized.
         checkpoint_format: ``"torchsnapshot"`` (default) or ``"dcp"`` (PyTorch's distributed checkpoint layout); the
             commit marker, checksums, retention and fallback are the same. Loading recognizes either.
+        data_randomness: ``"ddp"`` (default): the data pipeline draws from the RNGs exactly as under ``DDPStrategy``;
+            a resume restores that randomness exactly, except what DataLoader workers draw in the middle of an epoch
+            (one message at resume says so). ``"per_sample"``: every training sample is fetched with torch's (CPU),
+            Python's and numpy's RNGs seeded from the sampler's seed, the epoch and its place in the epoch, so
+            augmentation resumes exactly with workers too and is the same at any world size; the numbers drawn
+            differ from ``DDPStrategy``'s. See ``docs/strategy.md``.
 
     Raises:
         TypeError: a size is not an int (or ``"auto"`` where allowed), or a policy is of the wrong type.
-        ValueError: a size is below 1 or the schedule is unknown (at construction), or the sizes do not multiply to
+        ValueError: a size is below 1, the schedule or ``data_randomness`` is unknown (at construction), or the sizes do not multiply to
             the world size, or tensor parallelism would cross a node (before any process group starts).
 
     Example::
@@ -109,6 +115,7 @@ class ElasticFT3D(DDPStrategy):
         timeout: timedelta | None = default_pg_timeout,
         find_unused_parameters: bool = False,
         checkpoint_format: str = "torchsnapshot",
+        data_randomness: str = "ddp",
     ) -> None:
         check_strategy_arguments(
             data_parallel_size=data_parallel_size,
@@ -119,6 +126,7 @@ class ElasticFT3D(DDPStrategy):
             elastic=elastic,
             fault=fault,
             checkpoint_format=checkpoint_format,
+            data_randomness=data_randomness,
         )
         kwargs = {"find_unused_parameters": True} if find_unused_parameters else {}
         super().__init__(process_group_backend=process_group_backend, timeout=timeout, **kwargs)
@@ -129,6 +137,7 @@ class ElasticFT3D(DDPStrategy):
         self.fault = fault
         self.auto_resume = auto_resume
         self.checkpoint_format = checkpoint_format
+        self.data_randomness = data_randomness
         self.pipeline_schedule = pipeline_schedule
         self.num_microbatches = num_microbatches
         self.parallel_config: ParallelConfig | None = None
@@ -140,7 +149,7 @@ class ElasticFT3D(DDPStrategy):
         self._checkpoints: StrategyCheckpoints | None = None
         self._auto_resume = AutoResume(enabled=auto_resume, broadcast=self.broadcast)
         self._tracker: TrainingTracker | None = None
-        self._data_position = TrainingDataPosition()
+        self._data_position = self._new_data_position()
         self._foreign_batches_into_epoch = 0
         self._fault = FaultHandler(fault) if fault is not None else None
         self._exception: BaseException | None = None
@@ -357,6 +366,12 @@ class ElasticFT3D(DDPStrategy):
             position_sampler(trainer, self._foreign_batches_into_epoch, data_parallel_size=self.data_parallel_size)
             self._foreign_batches_into_epoch = 0
         align_batch_progress(trainer)
+        self._data_position.announce_seeding()
+        resume_point = self._tracker.take_resume_point() if self._tracker is not None else None
+        if resume_point is not None:
+            reasons = self._data_position.resume_not_exact_because(mid_epoch=resume_point == "mid_epoch")
+            if reasons:
+                rank_zero_info(f"lightning-ft: this resume is not exact: {'; '.join(reasons)}.")
         if self.global_rank == 0:
             # Leftovers of our saves that never committed (a crash mid-write). Only now: an explicit ckpt_path naming
             # one has been refused with its name by then, rather than silently deleted. Never the save in flight (one
@@ -365,10 +380,22 @@ class ElasticFT3D(DDPStrategy):
 
     # ------------------------------------------------------------------ data
 
+    def _new_data_position(self) -> TrainingDataPosition:
+        return TrainingDataPosition(
+            per_sample_seeds=self.data_randomness == "per_sample", before_first_fetch=self._before_first_fetch
+        )
+
+    def _before_first_fetch(self) -> None:
+        if self._tracker is not None:
+            self._tracker.before_first_fetch()
+
     @override
     def process_dataloader(self, dataloader: object) -> object:
         dataloader = super().process_dataloader(dataloader)
         trainer = attached_trainer(self.lightning_module)
+        if trainer is not None and trainer.training and self._tracker is not None:
+            # Lightning creates the training iterator right after processing the training loaders.
+            self._tracker.before_training_iterator(trainer)
         return self._data_position.prepare_for(trainer, dataloader, **self.distributed_sampler_kwargs)
 
     # ------------------------------------------------------------------ teardown
@@ -388,7 +415,7 @@ class ElasticFT3D(DDPStrategy):
         self._tracker = None
         self.event_log = None
         self._auto_resume = AutoResume(enabled=self.auto_resume, broadcast=self.broadcast)
-        self._data_position = TrainingDataPosition()
+        self._data_position = self._new_data_position()
         self._elastic_resume = ElasticResume.of(self)
 
     @override

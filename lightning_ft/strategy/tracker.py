@@ -7,9 +7,9 @@ triggers a save. Users never add it themselves.
 What it does per training batch, on every rank:
 
 - calls ``on_batch_consumed`` (the strategy advances the resumable sampler by one global batch);
-- on the first batch after a resume, sets the RNG states saved in the checkpoint. Setting them here rather than at
-  load time matters: between the load and the first step Lightning creates dataloader iterators and runs hooks, and
-  whatever they draw would otherwise shift the random stream against an uninterrupted run;
+- after a resume, sets the RNG states saved in the checkpoint where the uninterrupted run's random stream was in
+  that state (see :meth:`TrainingTracker.resume_with_rng`), not at load time: between the load and the first step
+  Lightning creates dataloader iterators and runs hooks, and whatever they draw would otherwise shift the stream;
 - on rank 0, times productive steps and data wait (a :class:`~lightning_ft.batch_timer.BatchTimer`, with the save
   stalls the strategy measured) and writes a ``progress`` event every ``log_every_n_steps`` optimizer steps, and
   ``first_step`` when the first step of this attempt completes.
@@ -62,6 +62,8 @@ class TrainingTracker(Callback):
         self._on_batch_consumed = on_batch_consumed
         self._attempt_start_time = attempt_start_time
         self._pending_rng: dict[str, Any] | None = None
+        # Of the fit being set up: None (not resuming), "undecided", "mid_epoch" or "epoch_boundary".
+        self._resume_point: str | None = None
         self._timer = BatchTimer()
         self._last_progress_step: int | None = None
         self._first_step_written = False
@@ -71,8 +73,52 @@ class TrainingTracker(Callback):
     def state_key(self) -> str:
         return "lightning_ft._TrainingTracker"
 
-    def restore_rng_at_next_batch(self, rng_states: dict[str, Any]) -> None:
+    def resume_with_rng(self, rng_states: dict[str, Any] | None) -> None:
+        """A fit resumes from a checkpoint whose save call saw ``rng_states`` (``None``: none to restore).
+
+        The states are set where the uninterrupted run's stream was at the save call, so that the data pipeline's
+        draws come out as they would have (Lightning's training fetcher does not fetch ahead of a sized loader; it
+        fetches each batch right before its ``on_train_batch_start``):
+
+        - saved in the middle of an epoch: just before the first fetch of the resumed epoch
+          (:meth:`before_first_fetch`, called by the resumable sampler as it hands out its first index). Lightning
+          has created the DataLoader iterator by then, drawing its base seed from the global torch RNG as the
+          uninterrupted run did at the start of the epoch, before the save;
+        - saved at an epoch boundary (the epoch's last batch done): just before Lightning creates the next epoch's
+          DataLoader iterator (:meth:`before_training_iterator`), which draws its base seed, and with workers their
+          seeds, from the restored stream, as the uninterrupted run did after the save;
+        - otherwise (no resumable sampler), at the first ``on_train_batch_start``.
+
+        Called by ``load_checkpoint`` on every rank, before the loops are restored.
+        """
         self._pending_rng = rng_states
+        self._resume_point = "undecided"
+
+    def before_training_iterator(self, trainer: pl.Trainer) -> None:
+        """From ``Strategy.process_dataloader`` for each training loader, before Lightning creates their iterator."""
+        if self._resume_point != "undecided":
+            return
+        # Restored from the checkpoint's loop state by now; the epoch loop resets it later.
+        at_boundary = bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+        self._resume_point = "epoch_boundary" if at_boundary else "mid_epoch"
+        if at_boundary:
+            self._set_pending_rng()
+
+    def before_first_fetch(self) -> None:
+        """From a resumable sampler, in the main process, as an iterator hands out its first index (after a resume at
+        an epoch boundary the states are set already)."""
+        self._set_pending_rng()
+
+    def take_resume_point(self) -> str | None:
+        """``"mid_epoch"``, ``"epoch_boundary"`` or ``None`` (not resuming) for the fit that is starting. Call it once
+        per fit, from ``on_train_start``."""
+        point, self._resume_point = self._resume_point, None
+        return "mid_epoch" if point == "undecided" else point
+
+    def _set_pending_rng(self) -> None:
+        if self._pending_rng is not None:
+            _compat.set_rng_states(self._pending_rng)
+            self._pending_rng = None
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -83,9 +129,7 @@ class TrainingTracker(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self._pending_rng is not None:
-            _compat.set_rng_states(self._pending_rng)
-            self._pending_rng = None
+        self._set_pending_rng()  # not set yet only without a resumable sampler
         # A checkpoint save between two batches blocks the loop too; it is accounted as a stall, not data wait.
         self._timer.batch_start(stall_s=self._take_stall_s())
 
