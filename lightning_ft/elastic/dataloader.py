@@ -299,4 +299,7 @@ def _loader_kind(dataloader: Any) -> str:
         return f"the training DataLoader over the IterableDataset {type(dataloader.dataset).__name__}"
     if dataloader.batch_sampler is not None and type(dataloader.batch_sampler) is not BatchSampler:
         return f"the training DataLoader's batch sampler {type(dataloader.batch_sampler).__name__}"
-    return f"the training DataLoader's sampler {type(dataloader.sampler).__name__}"
+    name = type(dataloader.sampler).__name__
+    if name == "DistributedSamplerWrapper":
+        name += " (Lightning's wrapper of a custom sampler)"
+    return f"the training DataLoader's sampler {name}"

@@ -44,9 +44,9 @@ class Net(L.LightningModule):
         self.losses: dict[int, float] = {}
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        loss = nn.functional.mse_loss(self.net(x), y)
-        self.losses[self.global_step + 1] = float(loss)
+        pairs = batch.values() if isinstance(batch, dict) else [batch]  # several training loaders: a dict
+        loss = sum(nn.functional.mse_loss(self.net(x), y) for x, y in pairs)
+        self.losses[self.global_step + 1] = float(loss.detach())
         return loss
 
     def configure_optimizers(self) -> Any:
@@ -118,6 +118,7 @@ def main() -> None:
         devices=int(os.environ["LOCAL_WORLD_SIZE"]),
     )
     if int(os.environ["RANK"]) == 0:
+        out.mkdir(parents=True, exist_ok=True)
         torch.save(weights, out / "weights.pt")
 
 

@@ -10,13 +10,20 @@ makes that exact, and without it the resume says once why it is not.
 from __future__ import annotations
 
 import logging
+import random
 
 import pytest
 import torch
 from lightning.pytorch.strategies import DDPStrategy
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
 
 from lightning_ft import ElasticFT3D
 from tests.elastic.data_randomness import Augmented, fit
+
+
+class OtherAugmented(Augmented):
+    pass
+
 
 # 40 samples, batch 4, one device: 10 steps per epoch. Step 6 is mid-epoch 0, step 10 ends it; 14 is mid-epoch 1.
 TOTAL_STEPS = 14
@@ -56,3 +63,142 @@ def test_a_resume_restores_the_data_randomness_and_dropout_exactly(tmp_path, sto
     assert losses == {step: ref_losses[step] for step in losses}
     assert_same_weights(weights, reference)
     assert not any(NOT_EXACT in r.getMessage() for r in caplog.records)
+
+
+def test_per_sample_seeding_resumes_exactly_with_workers(tmp_path, caplog):
+    per_sample = {"data_randomness": "per_sample"}
+    reference, _ = fit(
+        tmp_path / "ref", strategy=ElasticFT3D(**per_sample), max_steps=TOTAL_STEPS, ckpt_every=6, num_workers=2
+    )
+    with caplog.at_level(logging.INFO):
+        weights, _ = resumed_run(tmp_path / "run", stop_at=6, strategy_kwargs=per_sample, num_workers=2)
+    assert_same_weights(weights, reference)
+    assert not any(NOT_EXACT in r.getMessage() for r in caplog.records)
+
+
+def test_per_sample_seeding_says_once_at_start_which_datasets_it_wraps(tmp_path, caplog):
+    loaders = {
+        "a": DataLoader(Augmented(), batch_size=4, shuffle=True),
+        "b": DataLoader(OtherAugmented(24), batch_size=4, shuffle=True),
+        "c": DataLoader(Augmented(16), batch_size=4, shuffle=True),
+    }
+    with caplog.at_level(logging.INFO):
+        fit(tmp_path, strategy=ElasticFT3D(data_randomness="per_sample"), max_steps=3, loader=loaders)
+    said = [r.getMessage() for r in caplog.records if "data_randomness='per_sample'" in r.getMessage()]
+    assert len(said) == 1
+    assert "the training datasets Augmented, OtherAugmented fetch every sample" in said[0]
+    assert "differ from DDPStrategy's" in said[0]
+
+
+def test_without_the_option_nothing_is_said_and_no_dataset_is_wrapped(tmp_path, caplog):
+    dataset = Augmented()
+    with caplog.at_level(logging.INFO):
+        fit(tmp_path, strategy=ElasticFT3D(), max_steps=3, loader=DataLoader(dataset, batch_size=4, shuffle=True))
+    assert "__getitems__" not in vars(dataset)
+    assert not any("data_randomness" in r.getMessage() for r in caplog.records)
+
+
+def test_without_per_sample_seeding_a_mid_epoch_resume_with_workers_says_once_why_it_is_not_exact(tmp_path, caplog):
+    with caplog.at_level(logging.INFO):
+        resumed_run(tmp_path, stop_at=6, strategy_kwargs={}, num_workers=2)
+    said = [r.getMessage() for r in caplog.records if NOT_EXACT in r.getMessage()]
+    assert len(said) == 1
+    assert "randomness drawn in the 2 DataLoader workers" in said[0]
+    assert "data_randomness='per_sample'" in said[0]
+
+
+class WithGetitems(Augmented):
+    """Fetches a whole batch at once, as a dataset with ``__getitems__`` does."""
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        noise = torch.rand(len(indices), self.x.shape[1]) * 0.1
+        return [(self.x[i] + n, self.y[i]) for i, n in zip(indices, noise, strict=True)]
+
+
+class Stream(IterableDataset):
+    """An endless stream of augmented samples."""
+
+    def __init__(self) -> None:
+        self.data = Augmented()
+
+    def __iter__(self):
+        while True:
+            yield self.data[random.randrange(len(self.data))]
+
+
+class Reversed(Sampler[int]):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return iter(range(self.n - 1, -1, -1))
+
+
+class PairsSwapped(BatchSampler):
+    """A user's batch sampler: Lightning can re-create it around its distributed sampler (same arguments)."""
+
+    def __iter__(self):
+        for batch in super().__iter__():
+            yield batch[::-1]
+
+
+def custom_loader(kind: str) -> DataLoader:
+    if kind == "own __getitems__":
+        return DataLoader(WithGetitems(), batch_size=4, shuffle=True)
+    if kind == "IterableDataset":
+        return DataLoader(Stream(), batch_size=4)
+    if kind == "sampler":
+        return DataLoader(Augmented(), batch_size=4, sampler=Reversed(40))
+    return DataLoader(Augmented(), batch_sampler=PairsSwapped(Reversed(40), batch_size=4, drop_last=False))
+
+
+KINDS = ["own __getitems__", "IterableDataset", "sampler", "batch sampler"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_users_dataset_sampler_or_batch_sampler_trains_as_under_ddp_strategy_untouched(tmp_path, kind):
+    ddp, ddp_losses = fit(tmp_path / "ddp", strategy=DDPStrategy(), max_steps=8, loader=custom_loader(kind))
+    loader = custom_loader(kind)
+    getitems = vars(loader.dataset).get("__getitems__")
+    ours, our_losses = fit(tmp_path / "ft", strategy=ElasticFT3D(), max_steps=8, loader=loader)
+    assert vars(loader.dataset).get("__getitems__") is getitems, "the dataset was given another __getitems__"
+    assert our_losses == ddp_losses
+    assert_same_weights(ours, ddp)
+
+
+def test_a_dataset_with_its_own_getitems_resumes_exactly(tmp_path, caplog):
+    reference, _ = fit(
+        tmp_path / "ref",
+        strategy=ElasticFT3D(),
+        max_steps=TOTAL_STEPS,
+        ckpt_every=6,
+        loader=custom_loader("own __getitems__"),
+    )
+    with caplog.at_level(logging.INFO):
+        weights, _ = resumed_run(
+            tmp_path / "run", stop_at=6, strategy_kwargs={}, loader=custom_loader("own __getitems__")
+        )
+    assert_same_weights(weights, reference)
+    assert not any(NOT_EXACT in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("IterableDataset", "the training DataLoader over the IterableDataset Stream does not save its position"),
+        ("sampler", "the training DataLoader's sampler DistributedSamplerWrapper does not save its position"),
+        ("batch sampler", "the training DataLoader's batch sampler PairsSwapped does not save its position"),
+    ],
+)
+def test_a_mid_epoch_resume_of_a_loader_without_a_saved_position_says_once_why_it_is_not_exact(
+    tmp_path, caplog, kind, reason
+):
+    _, first = fit(tmp_path, strategy=ElasticFT3D(), max_steps=6, ckpt_every=6, loader=custom_loader(kind))
+    with caplog.at_level(logging.INFO):
+        fit(tmp_path, strategy=ElasticFT3D(), max_steps=8, ckpt_every=6, loader=custom_loader(kind))
+    said = [r.getMessage() for r in caplog.records if NOT_EXACT in r.getMessage()]
+    assert len(said) == 1
+    assert reason in said[0]
