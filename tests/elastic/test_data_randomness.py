@@ -12,12 +12,14 @@ from __future__ import annotations
 import logging
 import random
 
+import numpy as np
 import pytest
 import torch
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
 
 from lightning_ft import ElasticFT3D
+from lightning_ft.elastic.data_rng import SeededIndex, install_seeded_fetch
 from tests.elastic.data_randomness import Augmented, fit
 
 
@@ -202,3 +204,25 @@ def test_a_mid_epoch_resume_of_a_loader_without_a_saved_position_says_once_why_i
     said = [r.getMessage() for r in caplog.records if NOT_EXACT in r.getMessage()]
     assert len(said) == 1
     assert reason in said[0]
+
+
+@pytest.mark.parametrize("value", ["per-sample", None, True])
+def test_an_unknown_data_randomness_is_refused_at_construction_naming_the_option_and_the_choices(value):
+    with pytest.raises(ValueError) as raised:
+        ElasticFT3D(data_randomness=value)
+    assert f"ElasticFT3D(data_randomness={value!r}): must be one of 'ddp', 'per_sample'" in str(raised.value)
+
+
+def test_a_seeded_fetch_seeds_only_the_cpu_generator_and_puts_the_callers_states_back(monkeypatch):
+    reseeded_cuda = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: reseeded_cuda.append(seed))
+    monkeypatch.setattr(torch.cuda, "manual_seed", lambda seed: reseeded_cuda.append(seed))
+    dataset = Augmented()
+    assert install_seeded_fetch(dataset)
+    before = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
+    first = dataset.__getitems__([SeededIndex(3, seed=11), SeededIndex(5, seed=12)])
+    again = dataset.__getitems__([SeededIndex(3, seed=11), SeededIndex(5, seed=12)])
+    assert reseeded_cuda == []
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(first, again, strict=True))
+    assert torch.equal(torch.get_rng_state(), before[0]) and random.getstate() == before[1]
+    assert (np.random.get_state()[1] == before[2]).all()
