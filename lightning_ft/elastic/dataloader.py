@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from lightning.pytorch.utilities.rank_zero import WarningCache, rank_zero_info
 from torch.utils.data import (
@@ -179,6 +178,14 @@ def _make_stateful(dataloader: DataLoader, sampler: ResumableSampler, epoch: int
     return dataloader
 
 
+class ResumeRngHooks(Protocol):
+    """Where a resume's RNG states are set (the strategy's tracker)."""
+
+    def before_training_iterator(self, trainer: Any) -> None: ...
+
+    def before_first_fetch(self) -> None: ...
+
+
 class TrainingDataPosition:
     """The resumable samplers of the training DataLoaders, each advanced by its global batch per training batch, and
     what a resume of them can and cannot restore.
@@ -193,13 +200,14 @@ class TrainingDataPosition:
         per_sample_seeds: ``ElasticFT3D(data_randomness="per_sample")``: the swapped-in samplers yield seeded indices
             and their datasets get the seeded ``__getitems__`` of :mod:`lightning_ft.elastic.data_rng`. Off (the
             default), the data pipeline draws from the RNGs exactly as under ``DDPStrategy``.
-        before_first_fetch: set as every swapped-in sampler's
-            :attr:`~lightning_ft.elastic.ResumableSampler.before_first_index`.
     """
 
-    def __init__(self, *, per_sample_seeds: bool = False, before_first_fetch: Callable[[], None] | None = None) -> None:
+    def __init__(self, *, per_sample_seeds: bool = False) -> None:
         self.per_sample_seeds = per_sample_seeds
-        self._before_first_fetch = before_first_fetch
+        self.resume_rng: ResumeRngHooks | None = None
+        """Told, on every rank, when Lightning is about to create the training iterator (:meth:`prepare_for` of a
+        training loader) and when a swapped-in sampler hands out an iterator's first index (its
+        :attr:`~lightning_ft.elastic.ResumableSampler.before_first_index`): where a resume's RNG states are set."""
         # Loaders of earlier set-ups (reload_dataloaders_every_n_epochs) drop out when Lightning lets go of them.
         self._tracked: weakref.WeakKeyDictionary[DataLoader, tuple[ResumableSampler, int]] = weakref.WeakKeyDictionary()
         self._seeded_datasets: dict[str, None] = {}  # class names, in order, without repeats
@@ -211,6 +219,9 @@ class TrainingDataPosition:
         """:meth:`prepare` for the stage ``trainer`` is in (``None``: not attached yet; returned unchanged)."""
         if trainer is None:
             return dataloader
+        if trainer.training and self.resume_rng is not None:
+            # Lightning creates the training iterator right after it has processed the training loaders.
+            self.resume_rng.before_training_iterator(trainer)
         return self.prepare(
             dataloader,
             training=trainer.training,
@@ -246,7 +257,7 @@ class TrainingDataPosition:
         if not isinstance(sampler, ResumableSampler):
             self._inexact[f"{_loader_kind(dataloader)} does not save its position within the epoch"] = False
             return swapped
-        sampler.before_first_index = self._before_first_fetch
+        sampler.before_first_index = self.resume_rng.before_first_fetch if self.resume_rng is not None else None
         seeded = self.per_sample_seeds and install_seeded_fetch(swapped.dataset)
         sampler.per_sample_seeds = seeded
         if seeded:
@@ -272,9 +283,14 @@ class TrainingDataPosition:
         for sampler, global_batch in list(self._tracked.values()):
             sampler.mark_consumed(global_batch)
 
-    def announce_seeding(self) -> None:
-        """Once per process, with ``per_sample_seeds``: say which training datasets fetch with seeded RNGs, and why.
-        Call it when training starts (the loaders are prepared by then), on every rank; rank 0 prints."""
+    def training_starts(self, resume_point: str | None) -> None:
+        """Say, on rank 0, which training datasets fetch with seeded RNGs and why (``per_sample_seeds``: once per
+        instance), and why a resume is not exact (``resume_point``: ``"mid_epoch"``, ``"epoch_boundary"`` or ``None``,
+        not resuming). Call it from ``on_train_start``, on every rank: the loaders are prepared by then."""
+        if resume_point is not None:
+            reasons = self.resume_not_exact_because(mid_epoch=resume_point == "mid_epoch")
+            if reasons:
+                rank_zero_info(f"lightning-ft: this resume is not exact: {'; '.join(reasons)}.")
         if self._announced_seeding or not self._seeded_datasets:
             return
         self._announced_seeding = True

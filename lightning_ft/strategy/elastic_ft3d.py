@@ -41,10 +41,7 @@ from lightning_ft.strategy.arguments import check_strategy_arguments
 from lightning_ft.strategy.auto_resume import AutoResume, checkpoint_dirpaths
 from lightning_ft.strategy.best_path import resolving_best
 from lightning_ft.strategy.checkpoint_calls import load_for_strategy, save_for_strategy
-from lightning_ft.strategy.checkpoint_io import (
-    StrategyCheckpoints,
-    check_checkpoint_dirpath,
-)
+from lightning_ft.strategy.checkpoint_io import StrategyCheckpoints, check_checkpoint_dirpath
 from lightning_ft.strategy.elastic_resume import ElasticResume
 from lightning_ft.strategy.foreign_import import position_sampler
 from lightning_ft.strategy.parallel_modes import DataParallelMode, has_dtensor_parameters, mode_for
@@ -77,17 +74,13 @@ class ElasticFT3D(DDPStrategy):
         find_unused_parameters: passed to ``DistributedDataParallel`` when the model is not parallelized.
         checkpoint_format: ``"torchsnapshot"`` (default) or ``"dcp"`` (PyTorch's distributed checkpoint layout); the
             commit marker, checksums, retention and fallback are the same. Loading recognizes either.
-        data_randomness: ``"ddp"`` (default): the data pipeline draws from the RNGs exactly as under ``DDPStrategy``;
-            a resume restores that randomness exactly, except what DataLoader workers draw in the middle of an epoch
-            (one message at resume says so). ``"per_sample"``: every training sample is fetched with torch's (CPU),
-            Python's and numpy's RNGs seeded from the sampler's seed, the epoch and its place in the epoch, so
-            augmentation resumes exactly with workers too and is the same at any world size; the numbers drawn
-            differ from ``DDPStrategy``'s. See ``docs/strategy.md``.
+        data_randomness: ``"ddp"`` (default) draws what ``DDPStrategy`` draws; ``"per_sample"`` seeds each training
+            sample from its place in the epoch (exact resume with DataLoader workers, other numbers; docs/strategy.md).
 
     Raises:
         TypeError: a size is not an int (or ``"auto"`` where allowed), or a policy is of the wrong type.
-        ValueError: a size is below 1, the schedule or ``data_randomness`` is unknown (at construction), or the sizes do not multiply to
-            the world size, or tensor parallelism would cross a node (before any process group starts).
+        ValueError: a size is below 1, the schedule or ``data_randomness`` unknown (at construction), or the sizes do
+            not multiply to the world size, or tensor parallelism would cross a node (before any process group starts).
 
     Example::
 
@@ -149,7 +142,7 @@ class ElasticFT3D(DDPStrategy):
         self._checkpoints: StrategyCheckpoints | None = None
         self._auto_resume = AutoResume(enabled=auto_resume, broadcast=self.broadcast)
         self._tracker: TrainingTracker | None = None
-        self._data_position = self._new_data_position()
+        self._data_position = TrainingDataPosition(per_sample_seeds=self.data_randomness == "per_sample")
         self._foreign_batches_into_epoch = 0
         self._fault = FaultHandler(fault) if fault is not None else None
         self._exception: BaseException | None = None
@@ -261,7 +254,7 @@ class ElasticFT3D(DDPStrategy):
             self._tracker = TrainingTracker(
                 event_log=lambda: self.event_log,
                 checkpoints=self._checkpoint_manager(),
-                on_batch_consumed=self._data_position.advance,
+                data_position=self._data_position,
                 attempt_start_time=self._attempt_start_time,
             )
         attach_to_trainer(trainer, callbacks=[self._tracker, self._elastic_resume], run_id=self.event_log.run_id)
@@ -351,7 +344,7 @@ class ElasticFT3D(DDPStrategy):
         if self._checkpoints is not None:
             self._checkpoints.wait()
 
-    # ------------------------------------------------------------------ loading and resuming
+    # ------------------------------------------------------------------ loading, resuming and the training data
 
     @override
     def load_checkpoint(self, checkpoint_path: _compat.PATH, weights_only: bool | None = None) -> dict[str, Any]:
@@ -366,36 +359,16 @@ class ElasticFT3D(DDPStrategy):
             position_sampler(trainer, self._foreign_batches_into_epoch, data_parallel_size=self.data_parallel_size)
             self._foreign_batches_into_epoch = 0
         align_batch_progress(trainer)
-        self._data_position.announce_seeding()
-        resume_point = self._tracker.take_resume_point() if self._tracker is not None else None
-        if resume_point is not None:
-            reasons = self._data_position.resume_not_exact_because(mid_epoch=resume_point == "mid_epoch")
-            if reasons:
-                rank_zero_info(f"lightning-ft: this resume is not exact: {'; '.join(reasons)}.")
         if self.global_rank == 0:
             # Leftovers of our saves that never committed (a crash mid-write). Only now: an explicit ckpt_path naming
             # one has been refused with its name by then, rather than silently deleted. Never the save in flight (one
             # issued from an on_train_start hook) and never what lightning-ft did not write.
             self._checkpoint_manager().cleanup_leftovers(checkpoint_dirpaths(trainer))
 
-    # ------------------------------------------------------------------ data
-
-    def _new_data_position(self) -> TrainingDataPosition:
-        return TrainingDataPosition(
-            per_sample_seeds=self.data_randomness == "per_sample", before_first_fetch=self._before_first_fetch
-        )
-
-    def _before_first_fetch(self) -> None:
-        if self._tracker is not None:
-            self._tracker.before_first_fetch()
-
     @override
     def process_dataloader(self, dataloader: object) -> object:
         dataloader = super().process_dataloader(dataloader)
         trainer = attached_trainer(self.lightning_module)
-        if trainer is not None and trainer.training and self._tracker is not None:
-            # Lightning creates the training iterator right after processing the training loaders.
-            self._tracker.before_training_iterator(trainer)
         return self._data_position.prepare_for(trainer, dataloader, **self.distributed_sampler_kwargs)
 
     # ------------------------------------------------------------------ teardown
@@ -415,7 +388,7 @@ class ElasticFT3D(DDPStrategy):
         self._tracker = None
         self.event_log = None
         self._auto_resume = AutoResume(enabled=self.auto_resume, broadcast=self.broadcast)
-        self._data_position = self._new_data_position()
+        self._data_position = TrainingDataPosition(per_sample_seeds=self.data_randomness == "per_sample")
         self._elastic_resume = ElasticResume.of(self)
 
     @override

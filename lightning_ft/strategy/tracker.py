@@ -6,7 +6,7 @@ triggers a save. Users never add it themselves.
 
 What it does per training batch, on every rank:
 
-- calls ``on_batch_consumed`` (the strategy advances the resumable sampler by one global batch);
+- advances the training data position (the resumable samplers) by one global batch;
 - after a resume, sets the RNG states saved in the checkpoint where the uninterrupted run's random stream was in
   that state (see :meth:`TrainingTracker.resume_with_rng`), not at load time: between the load and the first step
   Lightning creates dataloader iterators and runs hooks, and whatever they draw would otherwise shift the stream;
@@ -31,6 +31,7 @@ from lightning_ft.events import EventLog
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
+    from lightning_ft.elastic import TrainingDataPosition
     from lightning_ft.strategy.checkpoint_io import StrategyCheckpoints
 
 
@@ -44,7 +45,9 @@ class TrainingTracker(Callback):
             copies are done, and is called where Lightning's callbacks may write weights outside ``optimizer.step()``
             (validation start, epoch end, train end), before them, since this callback runs first
             (``WeightAveraging`` swaps weights through ``.data``, which version counters do not see).
-        on_batch_consumed: called once per training batch on every rank, before any checkpoint callback.
+        data_position: the strategy's training data position: advanced once per training batch on every rank, before
+            any checkpoint callback; it tells this tracker where a resume's RNG states are due, and is told at
+            ``on_train_start`` whether the fit resumes.
         attempt_start_time: Unix time this attempt started (``first_step`` reports the time since).
     """
 
@@ -53,13 +56,14 @@ class TrainingTracker(Callback):
         *,
         event_log: Callable[[], EventLog | None],
         checkpoints: StrategyCheckpoints,
-        on_batch_consumed: Callable[[], None],
+        data_position: TrainingDataPosition,
         attempt_start_time: float,
     ) -> None:
         self._wait_for_capture = checkpoints.wait_for_capture
         self._event_log = event_log
         self._take_stall_s = checkpoints.take_unaccounted_stall_s
-        self._on_batch_consumed = on_batch_consumed
+        self._data_position = data_position
+        data_position.resume_rng = self
         self._attempt_start_time = attempt_start_time
         self._pending_rng: dict[str, Any] | None = None
         # Of the fit being set up: None (not resuming), "undecided", "mid_epoch" or "epoch_boundary".
@@ -121,6 +125,10 @@ class TrainingTracker(Callback):
             self._pending_rng = None
 
     @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._data_position.training_starts(self.take_resume_point())
+
+    @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # The wait for the epoch's first batch includes building the dataloader iterator: count it as data wait.
         self._timer.epoch_start(count_wait=True)
@@ -138,7 +146,7 @@ class TrainingTracker(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._timer.batch_end()
-        self._on_batch_consumed()
+        self._data_position.advance()
         if trainer.global_rank != 0:
             return
         log = self._event_log()

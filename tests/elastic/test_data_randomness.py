@@ -191,7 +191,7 @@ def test_a_dataset_with_its_own_getitems_resumes_exactly(tmp_path, caplog):
     ("kind", "reason"),
     [
         ("IterableDataset", "the training DataLoader over the IterableDataset Stream does not save its position"),
-        ("sampler", "the training DataLoader's sampler DistributedSamplerWrapper does not save its position"),
+        ("sampler", "sampler DistributedSamplerWrapper (Lightning's wrapper of a custom sampler) does not save"),
         ("batch sampler", "the training DataLoader's batch sampler PairsSwapped does not save its position"),
     ],
 )
