@@ -63,6 +63,7 @@ def fit(
     ckpt_every: int = 0,
     devices: int = 1,
     callbacks: list[Callback] | None = None,
+    **trainer_kwargs: Any,
 ) -> tuple[dict[str, torch.Tensor], dict[int, float]]:
     """Seed, build and fit one Trainer; returns the final weights and the loss of every step it trained."""
     L.seed_everything(0, verbose=False)
@@ -81,6 +82,7 @@ def fit(
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
+        **trainer_kwargs,
     )
     model = Net()
     if loader is None:

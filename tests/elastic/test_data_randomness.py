@@ -171,6 +171,18 @@ def test_a_users_dataset_sampler_or_batch_sampler_trains_as_under_ddp_strategy_u
     assert_same_weights(ours, ddp)
 
 
+def test_a_plain_random_sampler_without_lightnings_distributed_sampler_is_kept_as_under_ddp_strategy(tmp_path):
+    # With use_distributed_sampler=False, DDPStrategy keeps the user's RandomSampler: its order comes from the global RNG.
+    def loader() -> DataLoader:
+        return DataLoader(Augmented(), batch_size=4, shuffle=True)
+
+    options = {"max_steps": 8, "use_distributed_sampler": False}
+    ddp, ddp_losses = fit(tmp_path / "ddp", strategy=DDPStrategy(), loader=loader(), **options)
+    ours, our_losses = fit(tmp_path / "ft", strategy=ElasticFT3D(), loader=loader(), **options)
+    assert our_losses == ddp_losses
+    assert_same_weights(ours, ddp)
+
+
 def test_a_dataset_with_its_own_getitems_resumes_exactly(tmp_path, caplog):
     reference, _ = fit(
         tmp_path / "ref",
