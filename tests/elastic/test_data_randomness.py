@@ -57,11 +57,18 @@ def test_an_augmenting_dataset_with_dropout_trains_to_the_weights_of_ddp_strateg
     assert_same_weights(ours, ddp)
 
 
-@pytest.mark.parametrize("stop_at", [6, 10], ids=["mid-epoch", "epoch-end"])
-def test_a_resume_restores_the_data_randomness_and_dropout_exactly(tmp_path, stop_at, caplog):
-    reference, ref_losses = fit(tmp_path / "ref", strategy=ElasticFT3D(), max_steps=TOTAL_STEPS, ckpt_every=stop_at)
+@pytest.mark.parametrize(
+    ("stop_at", "num_workers"),
+    [(6, 0), (10, 0), (10, 2)],
+    ids=["mid-epoch", "epoch-end", "epoch-end-with-workers"],
+)
+def test_a_resume_restores_the_data_randomness_and_dropout_exactly(tmp_path, stop_at, num_workers, caplog):
+    # At an epoch end the workers of the next epoch are seeded from the restored stream, as in the uninterrupted run.
+    reference, ref_losses = fit(
+        tmp_path / "ref", strategy=ElasticFT3D(), max_steps=TOTAL_STEPS, ckpt_every=stop_at, num_workers=num_workers
+    )
     with caplog.at_level(logging.INFO):
-        weights, losses = resumed_run(tmp_path / "run", stop_at=stop_at, strategy_kwargs={})
+        weights, losses = resumed_run(tmp_path / "run", stop_at=stop_at, strategy_kwargs={}, num_workers=num_workers)
     assert losses == {step: ref_losses[step] for step in losses}
     assert_same_weights(weights, reference)
     assert not any(NOT_EXACT in r.getMessage() for r in caplog.records)
