@@ -291,6 +291,7 @@ class TrainingDataPosition:
             reasons = self.resume_not_exact_because(mid_epoch=resume_point == "mid_epoch")
             if reasons:
                 rank_zero_info(f"lightning-ft: this resume is not exact: {'; '.join(reasons)}.")
+        self._inexact = {}  # the next fit prepares its own loaders
         if self._announced_seeding or not self._seeded_datasets:
             return
         self._announced_seeding = True

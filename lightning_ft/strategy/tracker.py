@@ -113,9 +113,8 @@ class TrainingTracker(Callback):
         an epoch boundary the states are set already)."""
         self._set_pending_rng()
 
-    def take_resume_point(self) -> str | None:
-        """``"mid_epoch"``, ``"epoch_boundary"`` or ``None`` (not resuming) for the fit that is starting. Call it once
-        per fit, from ``on_train_start``."""
+    def _take_resume_point(self) -> str | None:
+        """``"mid_epoch"``, ``"epoch_boundary"`` or ``None`` (not resuming) for the fit that is starting; once."""
         point, self._resume_point = self._resume_point, None
         return "mid_epoch" if point == "undecided" else point
 
@@ -126,7 +125,7 @@ class TrainingTracker(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._data_position.training_starts(self.take_resume_point())
+        self._data_position.training_starts(self._take_resume_point())
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
