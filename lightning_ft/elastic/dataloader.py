@@ -19,6 +19,7 @@ import os
 import weakref
 from typing import Any, Protocol
 
+from lightning.fabric.utilities.data import sized_len
 from lightning.pytorch.utilities.rank_zero import WarningCache, rank_zero_info
 from torch.utils.data import (
     BatchSampler,
@@ -283,10 +284,17 @@ class TrainingDataPosition:
         for sampler, global_batch in list(self._tracked.values()):
             sampler.mark_consumed(global_batch)
 
-    def training_starts(self, resume_point: str | None) -> None:
+    def training_starts(self, resume_point: str | None, train_dataloader: Any = None) -> None:
         """Say, on rank 0, which training datasets fetch with seeded RNGs and why (``per_sample_seeds``: once per
         instance), and why a resume is not exact (``resume_point``: ``"mid_epoch"``, ``"epoch_boundary"`` or ``None``,
-        not resuming). Call it from ``on_train_start``, on every rank: the loaders are prepared by then."""
+        not resuming; ``train_dataloader``: ``trainer.train_dataloader``). Call it from ``on_train_start``, on every
+        rank: the loaders are prepared by then."""
+        if resume_point is not None and _unsized(train_dataloader):
+            # Lightning's _PrefetchDataFetcher fetches one batch ahead when the training length is unknown: the batch
+            # after the save was fetched before it, from a stream the resumed run has already moved past.
+            self._inexact[
+                "a training loader has no length, so Lightning fetched the batch after the save before the save"
+            ] = False
         if resume_point is not None:
             reasons = self.resume_not_exact_because(mid_epoch=resume_point == "mid_epoch")
             if reasons:
@@ -307,6 +315,16 @@ class TrainingDataPosition:
         """Why a resume of the prepared training loaders is not exact (empty: it is), for a resume in the middle of
         an epoch or at an epoch boundary (no batch of the epoch left)."""
         return [reason for reason, always in self._inexact.items() if mid_epoch or always]
+
+
+def _unsized(train_dataloader: Any) -> bool:
+    if isinstance(train_dataloader, dict):
+        loaders = list(train_dataloader.values())
+    elif isinstance(train_dataloader, (list, tuple)):
+        loaders = list(train_dataloader)
+    else:
+        loaders = [] if train_dataloader is None else [train_dataloader]
+    return any(sized_len(loader) is None for loader in loaders)
 
 
 def _loader_kind(dataloader: Any) -> str:

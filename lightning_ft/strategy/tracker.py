@@ -125,7 +125,7 @@ class TrainingTracker(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._data_position.training_starts(self._take_resume_point())
+        self._data_position.training_starts(self._take_resume_point(), trainer.train_dataloader)
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
