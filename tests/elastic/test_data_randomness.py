@@ -247,3 +247,14 @@ def test_a_seeded_fetch_seeds_only_the_cpu_generator_and_puts_the_callers_states
     assert all(torch.equal(a[0], b[0]) for a, b in zip(first, again, strict=True))
     assert torch.equal(torch.get_rng_state(), before[0]) and random.getstate() == before[1]
     assert (np.random.get_state()[1] == before[2]).all()
+
+
+@pytest.mark.gpu
+def test_a_seeded_fetch_leaves_the_cuda_generators_where_they_were():
+    torch.cuda.manual_seed_all(5)
+    torch.rand(3, device="cuda")
+    before = torch.cuda.get_rng_state_all()
+    dataset = Augmented()
+    install_seeded_fetch(dataset)
+    dataset.__getitems__([SeededIndex(1, seed=2), SeededIndex(4, seed=9)])
+    assert all(torch.equal(a, b) for a, b in zip(before, torch.cuda.get_rng_state_all(), strict=True))
