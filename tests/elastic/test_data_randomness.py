@@ -85,6 +85,13 @@ def test_per_sample_seeding_resumes_exactly_with_workers(tmp_path, caplog):
     assert not any(NOT_EXACT in r.getMessage() for r in caplog.records)
 
 
+def test_per_sample_seeding_trains_to_the_same_weights_with_or_without_workers(tmp_path):
+    per_sample = {"data_randomness": "per_sample"}
+    inline, _ = fit(tmp_path / "w0", strategy=ElasticFT3D(**per_sample), max_steps=TOTAL_STEPS, num_workers=0)
+    workers, _ = fit(tmp_path / "w2", strategy=ElasticFT3D(**per_sample), max_steps=TOTAL_STEPS, num_workers=2)
+    assert_same_weights(workers, inline)
+
+
 def test_per_sample_seeding_says_once_at_start_which_datasets_it_wraps(tmp_path, caplog):
     loaders = {
         "a": DataLoader(Augmented(), batch_size=4, shuffle=True),
