@@ -258,12 +258,17 @@ class TrainingDataPosition:
         if not isinstance(sampler, ResumableSampler):
             self._inexact[f"{_loader_kind(dataloader)} does not save its position within the epoch"] = False
             return swapped
-        sampler.before_first_index = self.resume_rng.before_first_fetch if self.resume_rng is not None else None
+        workers = int(swapped.num_workers or 0)
+        # Without workers a sampler hands out a batch's indices right before the main process fetches it. With workers
+        # it does so while the DataLoader iterator is created, before Lightning creates the next loader's iterator
+        # (which draws a base seed); those fetches draw nothing in the main process, so the tracker's
+        # on_train_batch_start is early enough.
+        hook = self.resume_rng.before_first_fetch if self.resume_rng is not None and not workers else None
+        sampler.before_first_index = hook
         seeded = self.per_sample_seeds and install_seeded_fetch(swapped.dataset)
         sampler.per_sample_seeds = seeded
         if seeded:
             self._seeded_datasets[type(swapped.dataset).__name__] = None
-        workers = int(swapped.num_workers or 0)
         if workers and swapped.persistent_workers:
             self._inexact[
                 f"a training DataLoader keeps persistent_workers: its {workers} workers carry their random streams"

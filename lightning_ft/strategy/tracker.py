@@ -85,9 +85,11 @@ class TrainingTracker(Callback):
         fetches each batch right before its ``on_train_batch_start``):
 
         - saved in the middle of an epoch: just before the first fetch of the resumed epoch
-          (:meth:`before_first_fetch`, called by the resumable sampler as it hands out its first index). Lightning
-          has created the DataLoader iterator by then, drawing its base seed from the global torch RNG as the
-          uninterrupted run did at the start of the epoch, before the save;
+          (:meth:`before_first_fetch`, called by the resumable sampler of a loader without workers as it hands out
+          its first index), or at the first ``on_train_batch_start`` where every resumable loader has workers (the
+          main process draws nothing while they fetch). Lightning has created the DataLoader iterators by then,
+          drawing their base seeds from the global torch RNG as the uninterrupted run did at the start of the
+          epoch, before the save;
         - saved at an epoch boundary (the epoch's last batch done): just before Lightning creates the next epoch's
           DataLoader iterator (:meth:`before_training_iterator`), which draws its base seed, and with workers their
           seeds, from the restored stream, as the uninterrupted run did after the save;
@@ -136,7 +138,7 @@ class TrainingTracker(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._set_pending_rng()  # not set yet only without a resumable sampler
+        self._set_pending_rng()  # not set yet only where no loader fetches in the main process from a resumable sampler
         # A checkpoint save between two batches blocks the loop too; it is accounted as a stall, not data wait.
         self._timer.batch_start(stall_s=self._take_stall_s())
 

@@ -85,6 +85,22 @@ def test_per_sample_seeding_resumes_exactly_with_workers(tmp_path, caplog):
     assert not any(NOT_EXACT in r.getMessage() for r in caplog.records)
 
 
+def test_per_sample_seeding_resumes_exactly_with_two_loaders_in_workers(tmp_path):
+    # Each loader's iterator draws a base seed from the main process's stream when Lightning creates it.
+    def loaders() -> dict[str, DataLoader]:
+        return {
+            "a": DataLoader(Augmented(), batch_size=4, shuffle=True, num_workers=1),
+            "b": DataLoader(OtherAugmented(20), batch_size=4, shuffle=True, num_workers=1),
+        }
+
+    per_sample = {"data_randomness": "per_sample"}
+    reference, _ = fit(
+        tmp_path / "ref", strategy=ElasticFT3D(**per_sample), max_steps=TOTAL_STEPS, ckpt_every=6, loader=loaders()
+    )
+    weights, _ = resumed_run(tmp_path / "run", stop_at=6, strategy_kwargs=per_sample, loader=loaders())
+    assert_same_weights(weights, reference)
+
+
 def test_per_sample_seeding_trains_to_the_same_weights_with_or_without_workers(tmp_path):
     per_sample = {"data_randomness": "per_sample"}
     inline, _ = fit(tmp_path / "w0", strategy=ElasticFT3D(**per_sample), max_steps=TOTAL_STEPS, num_workers=0)
