@@ -1,16 +1,18 @@
-"""Randomness in the data pipeline that resumes exactly: each sample is fetched with the RNGs seeded from its place.
+"""Per-sample seeding of the data pipeline: the opt-in ``ElasticFT3D(data_randomness="per_sample")``.
 
 A dataset that draws random numbers in ``__getitem__`` (augmentation) draws them from whatever state the RNGs are in
-when the batch is fetched: the main process's global stream (``num_workers=0``; the fetch happens one batch ahead of
-training, so before a resume has restored that stream) or each worker's own stream (``num_workers > 0``; a resumed
-run starts fresh workers whose streams are not where the old ones were). Neither can be restored from a checkpoint.
+when the batch is fetched: the main process's global stream (``num_workers=0``), which a resume restores exactly, or
+each worker's own stream (``num_workers > 0``), seeded from a base seed the DataLoader iterator draws when it is
+created. A resume in the middle of an epoch starts fresh workers whose streams are not where the old ones were, so
+that randomness cannot be restored from a checkpoint. By default ``ElasticFT3D`` leaves all of this as it is under
+``DDPStrategy`` (the same numbers are drawn; see ``docs/strategy.md`` for what resumes exactly).
 
-Instead, under ``ElasticFT3D`` the :class:`~lightning_ft.elastic.ResumableSampler` yields :class:`SeededIndex`
-values (plain ints that also carry a seed derived from the sampler's seed, the epoch and the sample's position in the
-epoch's global order), and :func:`install_seeded_fetch` gives the dataset a ``__getitems__`` that fetches each sample
-with torch's, Python's and numpy's RNGs seeded from it and puts the caller's RNG states back afterwards. A sample is
+With the option on, the :class:`~lightning_ft.elastic.ResumableSampler` yields :class:`SeededIndex` values (plain
+ints that also carry a seed derived from the sampler's seed, the epoch and the sample's position in the epoch's
+global order), and :func:`install_seeded_fetch` gives the dataset a ``__getitems__`` that fetches each sample with
+torch's (CPU), Python's and numpy's RNGs seeded from it and puts the caller's states back afterwards. A sample is
 then augmented the same way whichever process, worker or world size fetches it, before or after a resume, and data
-loading no longer consumes the training loop's random stream.
+loading no longer consumes the training loop's random stream. The numbers drawn are not those ``DDPStrategy`` draws.
 """
 
 from __future__ import annotations
@@ -81,7 +83,9 @@ class SeededFetch:
 
 
 def _seed_all(seed: int) -> None:
-    torch.manual_seed(seed)
+    # The CPU generator only: torch.manual_seed would also reseed every CUDA generator, which the fetch must not touch
+    # (only the CPU state is put back afterwards).
+    torch.default_generator.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed & 0xFFFFFFFF)
 
@@ -100,3 +104,8 @@ def install_seeded_fetch(dataset: Any) -> bool:
     except (AttributeError, TypeError):
         return False
     return True
+
+
+DATA_RANDOMNESS = ("ddp", "per_sample")
+"""The values of ``ElasticFT3D(data_randomness=...)``: ``"ddp"`` (default) draws what ``DDPStrategy`` draws;
+``"per_sample"`` seeds every training sample's fetch from its place in the epoch."""

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Any
+from typing import Any, Protocol
 
-import torch
-from lightning.pytorch.utilities.rank_zero import WarningCache
+from lightning.fabric.utilities.data import sized_len
+from lightning.pytorch.utilities.rank_zero import WarningCache, rank_zero_info
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
@@ -38,11 +38,16 @@ from lightning_ft.elastic.resumable_sampler import ResumableSampler
 _info_cache = WarningCache()
 
 
-def swap_in_resumable_sampler(dataloader: Any, *, num_replicas: int, rank: int, epoch: int | None = None) -> Any:
+def swap_in_resumable_sampler(
+    dataloader: Any, *, num_replicas: int, rank: int, epoch: int | None = None, plain_samplers: bool = True
+) -> Any:
     """Return ``dataloader`` rebuilt around a :class:`ResumableSampler`, or unchanged where that is not possible.
 
-    Replaced: a ``DistributedSampler`` (what Lightning injects), a ``RandomSampler`` without replacement, a
-    ``SequentialSampler``, or a ``ResumableSampler`` built for another ``num_replicas``/``rank`` (its state is kept).
+    Replaced: a ``DistributedSampler`` (what Lightning injects), a ``RandomSampler`` without replacement and a
+    ``SequentialSampler`` (unless ``plain_samplers=False``), or a ``ResumableSampler`` built for another
+    ``num_replicas``/``rank`` (its state is kept). ``ElasticFT3D`` passes ``plain_samplers=False``: a plain sampler
+    reaches it only with ``Trainer(use_distributed_sampler=False)``, where ``DDPStrategy`` keeps it as it is (every
+    rank reads the whole dataset, in an order drawn from the global RNG), so it is kept too.
     The new sampler takes ``shuffle``, ``seed`` and ``drop_last`` from a ``DistributedSampler``; for the plain samplers
     ``shuffle`` follows the sampler type and the seed is Lightning's global seed (``PL_GLOBAL_SEED``, as Lightning
     uses for the ``DistributedSampler`` it injects), with ``drop_last=False``.
@@ -79,12 +84,14 @@ def swap_in_resumable_sampler(dataloader: Any, *, num_replicas: int, rank: int, 
         sampler.batch_size = dataloader.batch_size
         sampler.drop_last_batch = bool(dataloader.drop_last) and dataloader.batch_size is not None
         return _make_stateful(dataloader, sampler, epoch)
-    new_sampler = _resumable_replacement(sampler, dataloader, num_replicas=num_replicas, rank=rank)
+    new_sampler = _resumable_replacement(
+        sampler, dataloader, num_replicas=num_replicas, rank=rank, plain_samplers=plain_samplers
+    )
     if new_sampler is None:
+        replaced = "DistributedSampler, RandomSampler and SequentialSampler" if plain_samplers else "DistributedSampler"
         _info_cache.info(
             f"lightning-ft: the training DataLoader uses a custom sampler ({type(sampler).__name__}); it is kept, and"
-            " its epoch is not resumable. Lightning-ft replaces only DistributedSampler, RandomSampler and"
-            " SequentialSampler."
+            f" its epoch is not resumable. Lightning-ft replaces only {replaced}."
         )
         return dataloader
     return _make_stateful(_compat.update_dataloader(dataloader, new_sampler), new_sampler, epoch)
@@ -130,7 +137,7 @@ def align_batch_progress(trainer: Any) -> int:
 
 
 def _resumable_replacement(
-    sampler: Sampler, dataloader: DataLoader, *, num_replicas: int, rank: int
+    sampler: Sampler, dataloader: DataLoader, *, num_replicas: int, rank: int, plain_samplers: bool
 ) -> ResumableSampler | None:
     dataset = dataloader.dataset
     kind = type(sampler)
@@ -152,6 +159,8 @@ def _resumable_replacement(
         return ResumableSampler(
             dataset, shuffle=sampler.shuffle, seed=sampler.seed, drop_last=sampler.drop_last, **batching
         )
+    if not plain_samplers:
+        return None
     seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
     if kind is RandomSampler and not sampler.replacement and sampler.num_samples == len(dataset):
         return ResumableSampler(dataset, shuffle=True, seed=seed, **batching)
@@ -170,24 +179,50 @@ def _make_stateful(dataloader: DataLoader, sampler: ResumableSampler, epoch: int
     return dataloader
 
 
+class ResumeRngHooks(Protocol):
+    """Where a resume's RNG states are set (the strategy's tracker)."""
+
+    def before_training_iterator(self, trainer: Any) -> None: ...
+
+    def before_first_fetch(self) -> None: ...
+
+
 class TrainingDataPosition:
-    """The resumable samplers of the training DataLoaders, each advanced by its global batch per training batch.
+    """The resumable samplers of the training DataLoaders, each advanced by its global batch per training batch, and
+    what a resume of them can and cannot restore.
 
     The strategy passes every dataloader through :meth:`prepare` (from ``Strategy.process_dataloader``) and calls
     :meth:`advance` once per training batch on every rank. Several training loaders (a list or dict, a
     ``CombinedLoader``) are tracked each; in the modes where every training batch draws from every loader
     (``"max_size_cycle"``, the default, ``"max_size"`` and ``"min_size"``). In ``"sequential"`` mode a batch comes from
     one loader at a time and positions are not tracked (a one-time message says so). Not thread-safe.
+
+    Args:
+        per_sample_seeds: ``ElasticFT3D(data_randomness="per_sample")``: the swapped-in samplers yield seeded indices
+            and their datasets get the seeded ``__getitems__`` of :mod:`lightning_ft.elastic.data_rng`. Off (the
+            default), the data pipeline draws from the RNGs exactly as under ``DDPStrategy``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, per_sample_seeds: bool = False) -> None:
+        self.per_sample_seeds = per_sample_seeds
+        self.resume_rng: ResumeRngHooks | None = None
+        """Told, on every rank, when Lightning is about to create the training iterator (:meth:`prepare_for` of a
+        training loader) and when a swapped-in sampler hands out an iterator's first index (its
+        :attr:`~lightning_ft.elastic.ResumableSampler.before_first_index`): where a resume's RNG states are set."""
         # Loaders of earlier set-ups (reload_dataloaders_every_n_epochs) drop out when Lightning lets go of them.
         self._tracked: weakref.WeakKeyDictionary[DataLoader, tuple[ResumableSampler, int]] = weakref.WeakKeyDictionary()
+        self._seeded_datasets: dict[str, None] = {}  # class names, in order, without repeats
+        # Why a resume of the training data is not exact: reason -> whether it holds at an epoch boundary too.
+        self._inexact: dict[str, bool] = {}
+        self._announced_seeding = False
 
     def prepare_for(self, trainer: Any, dataloader: Any, *, num_replicas: int, rank: int) -> Any:
         """:meth:`prepare` for the stage ``trainer`` is in (``None``: not attached yet; returned unchanged)."""
         if trainer is None:
             return dataloader
+        if trainer.training and self.resume_rng is not None:
+            # Lightning creates the training iterator right after it has processed the training loaders.
+            self.resume_rng.before_training_iterator(trainer)
         return self.prepare(
             dataloader,
             training=trainer.training,
@@ -200,18 +235,12 @@ class TrainingDataPosition:
     def prepare(
         self, dataloader: Any, *, training: bool, epoch: int, num_replicas: int, rank: int, mode: str | None = None
     ) -> Any:
-        """Give a DataLoader its own generator and, for training, swap in a :class:`ResumableSampler` whose samples
-        are fetched with seeded RNGs (:mod:`lightning_ft.elastic.data_rng`).
+        """For training, swap in a :class:`ResumableSampler` (for Lightning's ``DistributedSampler``) and note what a
+        resume of the loader cannot restore; other loaders are returned as they are.
 
         ``num_replicas`` and ``rank`` are the data-parallel size and this rank's data-parallel index; ``mode`` is the
         training ``CombinedLoader``'s mode.
         """
-        if not isinstance(dataloader, DataLoader):
-            return dataloader
-        # A dataloader iterator draws its base seed from the global RNG unless it has its own generator; giving it
-        # one keeps the global random stream identical between an uninterrupted and a resumed run.
-        if dataloader.generator is None:
-            dataloader.generator = torch.Generator().manual_seed(0)
         if not training:
             return dataloader
         if mode == "sequential":
@@ -219,17 +248,98 @@ class TrainingDataPosition:
                 "lightning-ft: the training loaders are combined in 'sequential' mode; their positions within an"
                 " epoch are not resumable."
             )
+            self._inexact["the training loaders are combined in 'sequential' mode, whose position is not saved"] = False
             return dataloader
         # The swapped-in loader is stateful, so Lightning saves and restores its position with the loop state.
-        swapped = swap_in_resumable_sampler(dataloader, epoch=epoch, num_replicas=num_replicas, rank=rank)
+        swapped = swap_in_resumable_sampler(
+            dataloader, epoch=epoch, num_replicas=num_replicas, rank=rank, plain_samplers=False
+        )
         sampler = getattr(swapped, "sampler", None)
-        if isinstance(sampler, ResumableSampler):
-            install_seeded_fetch(swapped.dataset)
-            # The rebuilt loader keeps the generator set above; one batch consumes batch_size x dp global samples.
-            self._tracked[swapped] = (sampler, (swapped.batch_size or 1) * num_replicas)
+        if not isinstance(sampler, ResumableSampler):
+            self._inexact[f"{_loader_kind(dataloader)} does not save its position within the epoch"] = False
+            return swapped
+        workers = int(swapped.num_workers or 0)
+        # Without workers a sampler hands out a batch's indices right before the main process fetches it. With workers
+        # it does so while the DataLoader iterator is created, before Lightning creates the next loader's iterator
+        # (which draws a base seed); those fetches draw nothing in the main process, so the tracker's
+        # on_train_batch_start is early enough.
+        hook = self.resume_rng.before_first_fetch if self.resume_rng is not None and not workers else None
+        sampler.before_first_index = hook
+        seeded = self.per_sample_seeds and install_seeded_fetch(swapped.dataset)
+        sampler.per_sample_seeds = seeded
+        if seeded:
+            self._seeded_datasets[type(swapped.dataset).__name__] = None
+        if workers and swapped.persistent_workers:
+            self._inexact[
+                f"a training DataLoader keeps persistent_workers: its {workers} workers carry their random streams"
+                " from epoch to epoch, and a resumed run starts new ones"
+            ] = True
+        elif workers and not seeded:
+            self._inexact[
+                f"randomness drawn in the {workers} DataLoader workers of a training loader is not restored in the"
+                " middle of an epoch (new workers start from new seeds); ElasticFT3D(data_randomness='per_sample')"
+                " makes it exact"
+            ] = False
+        # One batch consumes batch_size x dp global samples.
+        self._tracked[swapped] = (sampler, (swapped.batch_size or 1) * num_replicas)
         return swapped
 
     def advance(self) -> None:
         """One training batch was consumed on every data-parallel rank, from every tracked loader."""
         for sampler, global_batch in list(self._tracked.values()):
             sampler.mark_consumed(global_batch)
+
+    def training_starts(self, resume_point: str | None, train_dataloader: Any = None) -> None:
+        """Say, on rank 0, which training datasets fetch with seeded RNGs and why (``per_sample_seeds``: once per
+        instance), and why a resume is not exact (``resume_point``: ``"mid_epoch"``, ``"epoch_boundary"`` or ``None``,
+        not resuming; ``train_dataloader``: ``trainer.train_dataloader``). Call it from ``on_train_start``, on every
+        rank: the loaders are prepared by then."""
+        if resume_point is not None and _unsized(train_dataloader):
+            # Lightning's _PrefetchDataFetcher fetches one batch ahead when the training length is unknown: the batch
+            # after the save was fetched before it, from a stream the resumed run has already moved past.
+            self._inexact[
+                "a training loader has no length, so Lightning fetched the batch after the save before the save"
+            ] = False
+        if resume_point is not None:
+            reasons = self.resume_not_exact_because(mid_epoch=resume_point == "mid_epoch")
+            if reasons:
+                rank_zero_info(f"lightning-ft: this resume is not exact: {'; '.join(reasons)}.")
+        self._inexact = {}  # the next fit prepares its own loaders
+        if self._announced_seeding or not self._seeded_datasets:
+            return
+        self._announced_seeding = True
+        names = ", ".join(self._seeded_datasets)
+        rank_zero_info(
+            f"lightning-ft: data_randomness='per_sample': the training datasets {names} fetch every sample with"
+            " torch's (CPU), Python's and numpy's RNGs seeded from its place in the epoch, so that their"
+            " augmentation resumes exactly with DataLoader workers and is the same at any world size; the numbers"
+            " drawn differ from DDPStrategy's."
+        )
+
+    def resume_not_exact_because(self, *, mid_epoch: bool) -> list[str]:
+        """Why a resume of the prepared training loaders is not exact (empty: it is), for a resume in the middle of
+        an epoch or at an epoch boundary (no batch of the epoch left)."""
+        return [reason for reason, always in self._inexact.items() if mid_epoch or always]
+
+
+def _unsized(train_dataloader: Any) -> bool:
+    if isinstance(train_dataloader, dict):
+        loaders = list(train_dataloader.values())
+    elif isinstance(train_dataloader, (list, tuple)):
+        loaders = list(train_dataloader)
+    else:
+        loaders = [] if train_dataloader is None else [train_dataloader]
+    return any(sized_len(loader) is None for loader in loaders)
+
+
+def _loader_kind(dataloader: Any) -> str:
+    if not isinstance(dataloader, DataLoader):
+        return f"the training loader {type(dataloader).__name__} (not a DataLoader)"
+    if isinstance(dataloader.dataset, IterableDataset):
+        return f"the training DataLoader over the IterableDataset {type(dataloader.dataset).__name__}"
+    if dataloader.batch_sampler is not None and type(dataloader.batch_sampler) is not BatchSampler:
+        return f"the training DataLoader's batch sampler {type(dataloader.batch_sampler).__name__}"
+    name = type(dataloader.sampler).__name__
+    if name == "DistributedSamplerWrapper":
+        name += " (Lightning's wrapper of a custom sampler)"
+    return f"the training DataLoader's sampler {name}"

@@ -7,6 +7,7 @@ The strategy decides a resume (:func:`plan_resume_from_metadata`), applies its l
 (:class:`ScaledLearningRates`), keeps the data position and swaps in the resumable sampler.
 """
 
+from lightning_ft.elastic.data_rng import DATA_RANDOMNESS
 from lightning_ft.elastic.dataloader import (
     TrainingDataPosition,
     align_batch_progress,
@@ -25,6 +26,7 @@ from lightning_ft.elastic.resume_timing import previous_world, resume_timing
 from lightning_ft.elastic.scaled_learning_rates import ScaledLearningRates
 
 __all__ = [
+    "DATA_RANDOMNESS",
     "LRScale",
     "ResumeDecision",
     "ScaledLearningRates",

@@ -13,7 +13,7 @@ The strategy swaps it in for Lightning's sampler (see :func:`lightning_ft.elasti
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
 import torch
@@ -80,6 +80,7 @@ class ResumableSampler(Sampler[int]):
         drop_last: bool = False,
         batch_size: int | None = None,
         drop_last_batch: bool = False,
+        per_sample_seeds: bool = False,
     ) -> None:
         dataset_len = dataset_or_len if isinstance(dataset_or_len, int) else len(dataset_or_len)
         if isinstance(dataset_len, bool) or dataset_len < 0:
@@ -103,6 +104,13 @@ class ResumableSampler(Sampler[int]):
         epoch ends and the unit a resumed rest is completed to."""
         self.drop_last_batch = bool(drop_last_batch) and batch_size is not None
         """Whether the DataLoader drops each replica's last partial batch (its ``drop_last``)."""
+        self.per_sample_seeds = bool(per_sample_seeds)
+        """Whether indices are yielded as :class:`~lightning_ft.elastic.data_rng.SeededIndex` (the opt-in per-sample
+        seeding); otherwise plain ints, as ``DistributedSampler`` yields."""
+        self.before_first_index: Callable[[], None] | None = None
+        """Called, in the process that iterates the sampler, just before each iterator hands out its first index:
+        with ``num_workers=0`` that is right before the first fetch of the iterator, with workers right after the
+        DataLoader iterator is created. The strategy sets the RNG states of a mid-epoch resume there."""
         self.epoch = 0
         self.consumed = 0
         # Set when an iterator has handed out the whole rest of the epoch: the next iter() is a new pass over the
@@ -174,10 +182,15 @@ class ResumableSampler(Sampler[int]):
         # Built eagerly, like DistributedSampler: the iterator is fixed when created, so a later mark_consumed (the
         # loop runs behind a prefetching DataLoader) does not shift the batches already being served.
         mine = self._remaining_stream(0 if self._new_pass else None)[self.rank :: self.num_replicas]
+        if not self.per_sample_seeds:
+            return self._issue([index for index, _ in mine])
         # Each index carries its sample's seed (see lightning_ft.elastic.data_rng); it is the same int otherwise.
         return self._issue([SeededIndex(index, sample_seed(self.seed, self.epoch, pos)) for index, pos in mine])
 
-    def _issue(self, indices: list[SeededIndex]) -> Iterator[int]:
+    def _issue(self, indices: list[int]) -> Iterator[int]:
+        # A generator: this runs at the first next(), which BatchSampler calls right before the batch is fetched.
+        if indices and self.before_first_index is not None:
+            self.before_first_index()
         yield from indices
         self._new_pass = True
 

@@ -9,7 +9,8 @@ and what a load means for ``fit`` and for evaluation:
 - A lightning-ft checkpoint is read with fallback to older committed ones (:mod:`~lightning_ft.strategy.checkpoint_io`),
   each rank's own state put back (:mod:`~lightning_ft.strategy.per_rank_state`) and handed to the parallel mode.
 - ``validate``/``test``/``predict`` only load weights: one line says so, nothing is resumed. ``fit`` tells the elastic
-  resume what was loaded (the policy is applied at ``on_train_start``) and queues the RNG states for the first batch.
+  resume what was loaded (the policy is applied at ``on_train_start``) and queues the RNG states for the tracker, which
+  sets them where the saved run's random stream was in that state.
 """
 
 from __future__ import annotations
@@ -92,6 +93,6 @@ def load_for_strategy(strategy: ElasticFT3D, checkpoint_path: Any) -> dict[str, 
     rng = elastic_resume.rng_states(
         loaded.rank_state.get("rng"), rank=strategy.global_rank, saved_rank=loaded.saved_rank
     )
-    if rng and strategy._tracker is not None:
-        strategy._tracker.restore_rng_at_next_batch(rng)
+    if strategy._tracker is not None:
+        strategy._tracker.resume_with_rng(rng or None)
     return checkpoint

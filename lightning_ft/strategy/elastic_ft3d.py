@@ -60,7 +60,7 @@ from typing_extensions import override
 from lightning_ft import _compat
 from lightning_ft.checkpoint.internal import storage_named
 from lightning_ft.elastic import ElasticPolicy
-from lightning_ft.elastic.internal import align_batch_progress, check_accumulation_scheduler
+from lightning_ft.elastic.internal import DATA_RANDOMNESS, align_batch_progress, check_accumulation_scheduler
 from lightning_ft.events import open_event_log
 from lightning_ft.fault import FaultPolicy, checkpoint_storage
 from lightning_ft.fault.internal import FaultHandler, end_attempt
@@ -105,11 +105,13 @@ class ElasticFT3D(DDPStrategy):
         find_unused_parameters: passed to ``DistributedDataParallel`` when the model is not parallelized.
         checkpoint_format: ``"torchsnapshot"`` (default) or ``"dcp"`` (PyTorch's distributed checkpoint layout); the
             commit marker, checksums, retention and fallback are the same. Loading recognizes either.
+        data_randomness: ``"ddp"`` (default) draws what ``DDPStrategy`` draws; ``"per_sample"`` seeds each training
+            sample from its place in the epoch (exact resume with DataLoader workers, other numbers; docs/strategy.md).
 
     Raises:
         TypeError: a size is not an int (or ``"auto"`` where allowed), or a policy is of the wrong type.
-        ValueError: a size is below 1 or the schedule is unknown (at construction), or the sizes do not multiply to
-            the world size, or tensor parallelism would cross a node (before any process group starts).
+        ValueError: a size is below 1, the schedule or ``data_randomness`` unknown (at construction), or the sizes do
+            not multiply to the world size, or tensor parallelism would cross a node (before any process group starts).
 
     Example::
 
@@ -145,6 +147,7 @@ class ElasticFT3D(DDPStrategy):
         timeout: timedelta | None = default_pg_timeout,
         find_unused_parameters: bool = False,
         checkpoint_format: str = "torchsnapshot",
+        data_randomness: str = "ddp",
     ) -> None:
         _check_arguments(
             data_parallel_size=data_parallel_size,
@@ -155,6 +158,7 @@ class ElasticFT3D(DDPStrategy):
             elastic=elastic,
             fault=fault,
             checkpoint_format=checkpoint_format,
+            data_randomness=data_randomness,
         )
         kwargs = {"find_unused_parameters": True} if find_unused_parameters else {}
         super().__init__(process_group_backend=process_group_backend, timeout=timeout, **kwargs)
@@ -165,6 +169,7 @@ class ElasticFT3D(DDPStrategy):
         self.fault = fault
         self.auto_resume = auto_resume
         self.checkpoint_format = checkpoint_format
+        self.data_randomness = data_randomness
         self.pipeline_schedule = pipeline_schedule
         self.num_microbatches = num_microbatches
         self.parallel_config: ParallelConfig | None = None
@@ -283,7 +288,7 @@ class ElasticFT3D(DDPStrategy):
             self._tracker = TrainingTracker(
                 event_log=lambda: self.event_log,
                 checkpoints=self._checkpoint_manager(),
-                on_batch_consumed=self._data_position.advance,
+                data_position=self._data_position,
                 attempt_start_time=self._attempt_start_time,
             )
         attach_to_trainer(trainer, callbacks=[self._tracker, self._elastic_resume], run_id=self.event_log.run_id)
@@ -374,7 +379,7 @@ class ElasticFT3D(DDPStrategy):
         if self._checkpoints is not None:
             self._checkpoints.wait()
 
-    # ------------------------------------------------------------------ loading and resuming
+    # ------------------------------------------------------------------ loading, resuming and the training data
 
     @override
     def load_checkpoint(self, checkpoint_path: _compat.PATH, weights_only: bool | None = None) -> dict[str, Any]:
@@ -394,8 +399,6 @@ class ElasticFT3D(DDPStrategy):
             # one has been refused with its name by then, rather than silently deleted. Never the save in flight (one
             # issued from an on_train_start hook) and never what lightning-ft did not write.
             self._checkpoint_manager().cleanup_leftovers(checkpoint_dirpaths(trainer))
-
-    # ------------------------------------------------------------------ data
 
     @override
     def process_dataloader(self, dataloader: object) -> object:
@@ -456,6 +459,7 @@ def _check_arguments(
     elastic: Any,
     fault: Any,
     checkpoint_format: str,
+    data_randomness: Any = "ddp",
 ) -> None:
     """The checks ``ElasticFT3D(...)`` runs on its arguments at construction, before any process or file exists: raise
     ``TypeError`` or ``ValueError`` naming the option, its value and the rule for the first bad argument."""
@@ -473,3 +477,8 @@ def _check_arguments(
     if fault is not None and not isinstance(fault, FaultPolicy):
         raise TypeError(f"ElasticFT3D(fault={fault!r}): must be a FaultPolicy or None")
     storage_named(checkpoint_format, owner="ElasticFT3D")
+    if data_randomness not in DATA_RANDOMNESS:
+        raise ValueError(
+            f"ElasticFT3D(data_randomness={data_randomness!r}): must be one of {', '.join(map(repr, DATA_RANDOMNESS))}"
+            " ('ddp' draws what DDPStrategy draws; 'per_sample' seeds every training sample from its place)"
+        )

@@ -59,7 +59,7 @@ class StrategyRun:
         """A fresh run for ``strategy``: nothing opened, nothing attached yet."""
         return cls(
             auto_resume=AutoResume(enabled=strategy.auto_resume, broadcast=strategy.broadcast),
-            data_position=TrainingDataPosition(),
+            data_position=TrainingDataPosition(per_sample_seeds=strategy.data_randomness == "per_sample"),
             elastic_resume=ElasticResume.of(strategy),
         )
 

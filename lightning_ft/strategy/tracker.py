@@ -6,10 +6,10 @@ triggers a save. Users never add it themselves.
 
 What it does per training batch, on every rank:
 
-- calls ``on_batch_consumed`` (the strategy advances the resumable sampler by one global batch);
-- on the first batch after a resume, sets the RNG states saved in the checkpoint. Setting them here rather than at
-  load time matters: between the load and the first step Lightning creates dataloader iterators and runs hooks, and
-  whatever they draw would otherwise shift the random stream against an uninterrupted run;
+- advances the training data position (the resumable samplers) by one global batch;
+- after a resume, sets the RNG states saved in the checkpoint where the uninterrupted run's random stream was in
+  that state (see :meth:`TrainingTracker.resume_with_rng`), not at load time: between the load and the first step
+  Lightning creates dataloader iterators and runs hooks, and whatever they draw would otherwise shift the stream;
 - on rank 0, times productive steps and data wait (a :class:`~lightning_ft.batch_timer.BatchTimer`, with the save
   stalls the strategy measured) and writes a ``progress`` event every ``log_every_n_steps`` optimizer steps, and
   ``first_step`` when the first step of this attempt completes.
@@ -31,6 +31,7 @@ from lightning_ft.events import EventLog
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
+    from lightning_ft.elastic import TrainingDataPosition
     from lightning_ft.strategy.checkpoint_io import StrategyCheckpoints
 
 
@@ -41,7 +42,9 @@ class TrainingTracker(Callback):
         event_log: returns the event log (``None`` before it is open).
         checkpoints: the strategy's checkpoint I/O: its ``take_unaccounted_stall_s()`` returns, and resets, the seconds
             saves blocked the loop since the previous call.
-        on_batch_consumed: called once per training batch on every rank, before any checkpoint callback.
+        data_position: the strategy's training data position: advanced once per training batch on every rank, before
+            any checkpoint callback; it tells this tracker where a resume's RNG states are due, and is told at
+            ``on_train_start`` whether the fit resumes.
         attempt_start_time: Unix time this attempt started (``first_step`` reports the time since).
     """
 
@@ -50,14 +53,17 @@ class TrainingTracker(Callback):
         *,
         event_log: Callable[[], EventLog | None],
         checkpoints: StrategyCheckpoints,
-        on_batch_consumed: Callable[[], None],
+        data_position: TrainingDataPosition,
         attempt_start_time: float,
     ) -> None:
         self._event_log = event_log
         self._take_stall_s = checkpoints.take_unaccounted_stall_s
-        self._on_batch_consumed = on_batch_consumed
+        self._data_position = data_position
+        data_position.resume_rng = self
         self._attempt_start_time = attempt_start_time
         self._pending_rng: dict[str, Any] | None = None
+        # Of the fit being set up: None (not resuming), "undecided", "mid_epoch" or "epoch_boundary".
+        self._resume_point: str | None = None
         self._timer = BatchTimer()
         self._last_progress_step: int | None = None
         self._first_step_written = False
@@ -67,8 +73,57 @@ class TrainingTracker(Callback):
     def state_key(self) -> str:
         return "lightning_ft._TrainingTracker"
 
-    def restore_rng_at_next_batch(self, rng_states: dict[str, Any]) -> None:
+    def resume_with_rng(self, rng_states: dict[str, Any] | None) -> None:
+        """A fit resumes from a checkpoint whose save call saw ``rng_states`` (``None``: none to restore).
+
+        The states are set where the uninterrupted run's stream was at the save call, so that the data pipeline's
+        draws come out as they would have (Lightning's training fetcher does not fetch ahead of a sized loader; it
+        fetches each batch right before its ``on_train_batch_start``):
+
+        - saved in the middle of an epoch: just before the first fetch of the resumed epoch
+          (:meth:`before_first_fetch`, called by the resumable sampler of a loader without workers as it hands out
+          its first index), or at the first ``on_train_batch_start`` where every resumable loader has workers (the
+          main process draws nothing while they fetch). Lightning has created the DataLoader iterators by then,
+          drawing their base seeds from the global torch RNG as the uninterrupted run did at the start of the
+          epoch, before the save;
+        - saved at an epoch boundary (the epoch's last batch done): just before Lightning creates the next epoch's
+          DataLoader iterator (:meth:`before_training_iterator`), which draws its base seed, and with workers their
+          seeds, from the restored stream, as the uninterrupted run did after the save;
+        - otherwise (no resumable sampler), at the first ``on_train_batch_start``.
+
+        Called by ``load_checkpoint`` on every rank, before the loops are restored.
+        """
         self._pending_rng = rng_states
+        self._resume_point = "undecided"
+
+    def before_training_iterator(self, trainer: pl.Trainer) -> None:
+        """From ``Strategy.process_dataloader`` for each training loader, before Lightning creates their iterator."""
+        if self._resume_point != "undecided":
+            return
+        # Restored from the checkpoint's loop state by now; the epoch loop resets it later.
+        at_boundary = bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+        self._resume_point = "epoch_boundary" if at_boundary else "mid_epoch"
+        if at_boundary:
+            self._set_pending_rng()
+
+    def before_first_fetch(self) -> None:
+        """From a resumable sampler, in the main process, as an iterator hands out its first index (after a resume at
+        an epoch boundary the states are set already)."""
+        self._set_pending_rng()
+
+    def _take_resume_point(self) -> str | None:
+        """``"mid_epoch"``, ``"epoch_boundary"`` or ``None`` (not resuming) for the fit that is starting; once."""
+        point, self._resume_point = self._resume_point, None
+        return "mid_epoch" if point == "undecided" else point
+
+    def _set_pending_rng(self) -> None:
+        if self._pending_rng is not None:
+            _compat.set_rng_states(self._pending_rng)
+            self._pending_rng = None
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._data_position.training_starts(self._take_resume_point(), trainer.train_dataloader)
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -79,9 +134,7 @@ class TrainingTracker(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self._pending_rng is not None:
-            _compat.set_rng_states(self._pending_rng)
-            self._pending_rng = None
+        self._set_pending_rng()  # not set yet only where no loader fetches in the main process from a resumable sampler
         # A checkpoint save between two batches blocks the loop too; it is accounted as a stall, not data wait.
         self._timer.batch_start(stall_s=self._take_stall_s())
 
@@ -90,7 +143,7 @@ class TrainingTracker(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._timer.batch_end()
-        self._on_batch_consumed()
+        self._data_position.advance()
         if trainer.global_rank != 0:
             return
         log = self._event_log()

@@ -74,6 +74,7 @@ def main() -> None:
     p.add_argument("--ckpt-every", type=int, default=4)
     p.add_argument("--kill-at-step", type=int, default=0)
     p.add_argument("--num-workers", type=int, default=0)
+    p.add_argument("--data-randomness", default="ddp", help="ElasticFT3D(data_randomness=...)")
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -87,7 +88,7 @@ def main() -> None:
     trainer = L.Trainer(
         accelerator="cpu",
         devices=int(os.environ["LOCAL_WORLD_SIZE"]),
-        strategy=ElasticFT3D(),
+        strategy=ElasticFT3D(data_randomness=args.data_randomness),
         max_steps=args.max_steps,
         default_root_dir=root,
         logger=False,

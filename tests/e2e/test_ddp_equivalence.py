@@ -1,6 +1,9 @@
-"""A module without parallelization trains under ElasticFT3D exactly like under Lightning's DDPStrategy."""
+"""A module without parallelization trains under ElasticFT3D exactly like under Lightning's DDPStrategy, randomness in
+the data pipeline included."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,6 +11,8 @@ import torch
 from tests.e2e._torchrun import assert_ok, load_run, torchrun
 
 pytestmark = pytest.mark.slow
+
+DATA_RANDOMNESS_SCRIPT = Path(__file__).parents[1] / "elastic" / "data_randomness.py"
 
 
 def test_unparallelized_module_follows_ddp_strategy_loss_trajectory(tmp_path):
@@ -23,3 +28,16 @@ def test_unparallelized_module_follows_ddp_strategy_loss_trajectory(tmp_path):
     assert l_ft == l_ddp
     for name in w_ddp:
         assert torch.equal(w_ft[name], w_ddp[name]), name
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_augmenting_dataset_with_dropout_on_two_ranks_ends_with_the_weights_of_ddp_strategy(tmp_path, num_workers):
+    # The dataset draws torch.rand, np.random and random.random in __getitem__; the model has dropout.
+    weights = {}
+    for strategy in ("ddp", "elasticft"):
+        out = tmp_path / strategy
+        args = ["--strategy", strategy, "--num-workers", str(num_workers), "--max-steps", "6", "--out", str(out)]
+        assert_ok(torchrun(*args, script=DATA_RANDOMNESS_SCRIPT))
+        weights[strategy] = torch.load(out / "weights.pt", weights_only=True)
+    for name, tensor in weights["ddp"].items():
+        assert torch.equal(weights["elasticft"][name], tensor), name

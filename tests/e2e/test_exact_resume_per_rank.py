@@ -22,9 +22,16 @@ def _load(out: Path, rank: int) -> tuple[dict[str, torch.Tensor], dict[str, floa
 
 
 @pytest.mark.timeout(900)  # three torchrun runs, with DataLoader workers
-@pytest.mark.parametrize("num_workers", [0, pytest.param(1, marks=pytest.mark.extended)])
-def test_every_rank_resumes_bitwise_with_batchnorm_data_randomness_and_two_loaders(tmp_path, num_workers):
+@pytest.mark.parametrize(
+    ("num_workers", "data_randomness"),
+    [(0, "ddp"), pytest.param(1, "per_sample", marks=pytest.mark.extended)],
+)
+def test_every_rank_resumes_bitwise_with_batchnorm_data_randomness_and_two_loaders(
+    tmp_path, num_workers, data_randomness
+):
+    # Randomness drawn in DataLoader workers resumes exactly mid-epoch only with per-sample seeding.
     common = ["--num-workers", str(num_workers), "--max-steps", "14", "--ckpt-every", "4"]
+    common += ["--data-randomness", data_randomness]
     ref = tmp_path / "ref"
     assert_ok(torchrun("--root", str(ref), "--out", str(ref / "out"), *common, script=SCRIPT))
     run = tmp_path / "run"

@@ -10,6 +10,7 @@ import pytest
 from torch.utils.data import DistributedSampler
 
 from lightning_ft.elastic import ResumableSampler
+from lightning_ft.elastic.data_rng import SeededIndex
 
 
 def replicas(n: int, world: int, **kwargs) -> list[ResumableSampler]:
@@ -197,3 +198,25 @@ def test_load_state_dict_refuses_a_state_from_another_order():
 def test_bad_replica_arguments_are_refused_by_name(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ResumableSampler(10, **kwargs)
+
+
+def test_indices_are_plain_ints_unless_per_sample_seeds_are_asked_for():
+    plain = ResumableSampler(10, num_replicas=2, rank=1, seed=3)
+    assert all(type(i) is int for i in plain)
+    seeded = ResumableSampler(10, num_replicas=2, rank=1, seed=3, per_sample_seeds=True)
+    assert list(seeded) == list(plain)
+    assert all(isinstance(i, SeededIndex) for i in seeded)
+
+
+def test_the_first_index_hook_runs_once_per_iterator_and_only_when_the_first_index_is_asked_for():
+    sampler = ResumableSampler(6, num_replicas=1, rank=0, shuffle=False)
+    calls = []
+    sampler.before_first_index = lambda: calls.append(len(calls))
+    iterator = iter(sampler)
+    assert calls == []  # creating the iterator (as DataLoader does, before its fetch) does not call it
+    first = next(iterator)
+    assert (first, calls) == (0, [0])
+    list(iterator)
+    assert calls == [0]
+    list(sampler)
+    assert calls == [0, 1]
