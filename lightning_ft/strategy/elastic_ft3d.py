@@ -24,7 +24,8 @@ hook                    what the collaborators do
                         wrap, DTensor or pipeline); fault handler's pre-flight health checks (collective)
 (connector)             auto-resume's patch picks the ``ckpt_path``
 ``load_checkpoint``     auto-resume hands over its fallbacks; checkpoint I/O loads; elastic resume told what was loaded;
-                        tracker restores the RNG states at the next batch
+                        tracker is given the RNG states, set where the resumed run reaches the point they were saved
+                        at (before the training iterator, before its first fetch, or at the next batch)
 ``process_dataloader``  data position swaps in the resumable sampler at the saved position
 ``on_train_start``      (after the callbacks': elastic resume decides accumulation and LR scale) a foreign
                         checkpoint's sampler positioned, batch progress aligned; rank 0's checkpoint I/O cleans up

@@ -136,7 +136,7 @@ HOOKS = (
 COLLABORATORS = {
     "checkpoints": (StrategyCheckpoints, ("open", "save", "load", "remove", "cleanup_leftovers", "close")),
     "auto_resume": (AutoResume, ("install", "select", "take_fallbacks", "uninstall")),
-    "tracker": (TrainingTracker, ("__init__", "restore_rng_at_next_batch")),
+    "tracker": (TrainingTracker, ("__init__", "resume_with_rng")),
     "data_position": (TrainingDataPosition, ("prepare_for",)),
     "fault": (FaultHandler, ("install", "preflight")),
     "elastic_resume": (ElasticResume, ("checkpoint_loaded", "on_train_start", "optimizer_step", "metadata", "finish")),
@@ -157,7 +157,7 @@ RESUMED_FIT = [
     ("load_checkpoint", "auto_resume.take_fallbacks"),
     ("load_checkpoint", "checkpoints.load"),
     ("load_checkpoint", "elastic_resume.checkpoint_loaded"),
-    ("load_checkpoint", "tracker.restore_rng_at_next_batch"),
+    ("load_checkpoint", "tracker.resume_with_rng"),
     ("process_dataloader", "data_position.prepare_for"),
     ("(Lightning)", "elastic_resume.on_train_start"),
     ("on_train_start", "checkpoints.cleanup_leftovers"),
