@@ -31,7 +31,7 @@ from lightning_ft.events import EventLog
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-    from lightning_ft.elastic import TrainingDataPosition
+    from lightning_ft.elastic.internal import TrainingDataPosition
     from lightning_ft.strategy.checkpoint_io import StrategyCheckpoints
 
 
