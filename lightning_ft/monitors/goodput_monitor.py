@@ -91,6 +91,7 @@ class GoodputMonitor(Callback):
         self._first_step_time: float | None = None
         self._saved_in_gap = False
         self._last_logged_step = -1
+        self._boundary_time: float | None = None
 
     @property
     @override
@@ -160,6 +161,7 @@ class GoodputMonitor(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._timer.batch_end()
+        self._at_boundary()
         if not trainer.is_global_zero:
             return
         if self._first_step_time is None:
@@ -218,13 +220,14 @@ class GoodputMonitor(Callback):
         productive_s, data_wait_s = self._timer.drain()
         get_event_log(trainer).write("progress", productive_s=productive_s, data_wait_s=data_wait_s)
 
-    def totals(self, trainer: pl.Trainer | None = None) -> dict[str, float | None]:
-        """Totals over all attempts so far (previous ones from the event log or the checkpoint), plus the ratios.
+    def totals(self, trainer: pl.Trainer | None = None, *, now: float | None = None) -> dict[str, float | None]:
+        """Totals over all attempts so far (previous ones from the event log or the checkpoint), plus the ratios, with
+        the wall time counted up to ``now`` (Unix seconds; ``None``: the present).
 
         Keys: those of ``summarize()["totals"]`` that apply, ``useful_device_s``, ``ettr`` and ``device_utilisation``.
         """
         p = self._prior
-        now = time.time()
+        now = time.time() if now is None else now
         wall_now = now - self._start_time
         straggler_s = 0.0
         detections = 0
@@ -263,7 +266,21 @@ class GoodputMonitor(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.totals().items() if v is not None and k in _TOTAL_KEYS}
+        # The totals as of the loop's last boundary (batch end, validation end, epoch end: every point where
+        # Lightning's ModelCheckpoint saves, after this callback's hook), not of the call: two saves of one step (the
+        # top-k checkpoint, then `last`) then hold the same state and share one copy.
+        return {k: v for k, v in self.totals(now=self._boundary_time).items() if v is not None and k in _TOTAL_KEYS}
+
+    def _at_boundary(self) -> None:
+        self._boundary_time = time.time()
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._at_boundary()
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._at_boundary()
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

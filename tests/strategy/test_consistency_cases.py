@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import Callback, EMAWeightAveraging, ModelCheck
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_ft import ElasticFT3D
+from lightning_ft import ElasticFT3D, GoodputMonitor, StragglerMonitor, ThermalMonitor
 from lightning_ft.checkpoint import discovery
 from tests.strategy.consistency import SaveCallRecorder, check_committed, trainer_for
 
@@ -286,10 +286,12 @@ def test_last_saved_after_a_write_at_the_same_step_holds_its_own_state_not_a_lin
 
 
 def test_two_checkpoint_callbacks_saving_the_same_state_at_one_step_share_one_copy(tmp_path):
+    # The monitors keep state in the checkpoint too: it must not change between two saves of one step.
     dirpath = tmp_path / "checkpoints"
     every_step = ModelCheckpoint(dirpath=dirpath, filename="{step}", every_n_train_steps=1, save_top_k=-1)
     last = ModelCheckpoint(dirpath=dirpath, every_n_train_steps=1, save_top_k=0, save_last=True, mode="max")
-    recorder = _fit(tmp_path, Net(), [every_step, last], max_epochs=2, limit_val_batches=0)
+    monitors = [StragglerMonitor(), ThermalMonitor(), GoodputMonitor()]
+    recorder = _fit(tmp_path, Net(), [*monitors, every_step, last], max_epochs=2, limit_val_batches=0)
     _assert_every_save_committed_as_called(recorder, at_least=9)
     assert (dirpath / "last.ckpt").is_symlink()
     assert (dirpath / "last.ckpt").resolve() == (dirpath / "step=8.ckpt").resolve()

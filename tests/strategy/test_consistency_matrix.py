@@ -82,7 +82,9 @@ def test_the_matrix_finds_a_capture_that_does_not_copy_at_the_save_call(tmp_path
     _, problems, _ = consistency.run(
         tmp_path, hook="on_train_batch_end", where="module", checkpoint_format="torchsnapshot", devices=1
     )
-    assert any("tensor values differ" in p for p in problems)
+    # Seen either as values that differ or, when a write lands between the checksum and the write of the bytes, as a
+    # checkpoint that fails its checksum at load: both are leaks the matrix reports.
+    assert any("tensor values differ" in p or "cannot be loaded" in p for p in problems), problems
 
 
 GPU_CASES = [("module", "on_train_batch_end"), ("callback", "on_validation_start"), ("module", "training_step")]
