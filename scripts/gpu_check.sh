@@ -29,6 +29,6 @@ fi
 echo "gpu_check: torch $version ($PY), $devices CUDA device(s)"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 status=0
-timeout 420 "$PY" -m pytest -q -p no:cacheprovider -m gpu --timeout 300 -rs tests || status=1
-timeout 150 "$PY" benchmarks/gpu_staging.py || status=1
+timeout 390 "$PY" -m pytest -q -p no:cacheprovider -m gpu --timeout 300 -rs tests || status=1
+timeout 180 "$PY" benchmarks/gpu_staging.py || status=1
 exit $status
