@@ -7,7 +7,7 @@
   buffers) separately.
 - CUDA RNG: the RNG states the strategy saves per rank (``_compat.collect_rng_states``) hold every CUDA generator;
   written through a checkpoint, loaded back and set (``_compat.set_rng_states``), CUDA dropout draws the same mask.
-- NVML: one real reading of the device through the seam ThermalMonitor reads (``monitors.nvml.NVML``), its time, and
+- NVML: one real reading of the device through the seam ThermalMonitor reads (``lightning_ft.nvml.NVML``), its time, and
   the pre-flight ``gpu`` health check (``fault.health.check_gpu``) on it.
 - monitors: a Lightning run on the device (an MLP whose step takes about 15 ms on a current GPU) with no monitors and
   with StragglerMonitor (which times steps with CUDA events), ThermalMonitor (real NVML) and GoodputMonitor,
@@ -136,7 +136,7 @@ def cuda_rng(root: Path) -> list[tuple[str, str, str]]:
 
 def nvml() -> list[tuple[str, str, str]]:
     from lightning_ft.fault.health import check_gpu, nvml_index
-    from lightning_ft.monitors.nvml import NVML, NVMLUnavailable, decode_reasons
+    from lightning_ft.nvml import NVML, NVMLUnavailable, decode_reasons
 
     reader = NVML()
     index = nvml_index(torch.cuda.current_device())
