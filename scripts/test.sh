@@ -1,11 +1,34 @@
 #!/usr/bin/env bash
 # Fresh machine: creates the environment, then runs the whole test suite (slow end-to-end tests included), then the
-# Lightning-facing tests again on the lowest Lightning release the package declares (pyproject.toml).
+# Lightning-facing tests again on the lowest Lightning release the package declares (pyproject.toml), then the
+# torch-facing tests again on torch 2.14.1 (a CUDA build, run on CPU here) in its own venv.
+# TORCH=<release> bash scripts/test.sh [pytest arguments]: only the pass on that torch release (its own venv,
+# .venv-torch-<release>, built by scripts/setup_env.sh): the torch-facing tests, or what the arguments select.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS=1
+# The tests that reach into torch (checkpoint staging and loading, DTensor geometry, DCP, the strategy's process
+# groups and resume, the private names in lightning_ft/_compat.py); the end-to-end runs are left to the main pass.
+TORCH_FACING=(-m "not slow" tests/checkpoint tests/strategy tests/core)
+
+torch_pass() {
+  local release=$1
+  shift
+  TORCH=$release bash scripts/setup_env.sh
+  local venv=.venv-torch-$release
+  [ "$release" = "2.13.0" ] && venv=.venv
+  if [ "$#" -eq 0 ]; then
+    set -- "${TORCH_FACING[@]}"
+  fi
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider --durations=10 "$@"
+}
+
+if [ -n "${TORCH:-}" ]; then
+  torch_pass "$TORCH" "$@"
+  exit
+fi
 bash scripts/setup_env.sh
 . .venv/bin/activate
-export OMP_NUM_THREADS=1
 ruff check lightning_ft tests examples benchmarks
 ruff format --check lightning_ft tests examples benchmarks
 python -m pytest -q -p no:cacheprovider --durations=15 "$@"
@@ -16,4 +39,6 @@ if [ "$#" -eq 0 ]; then
   VENV=.venv-lightning-$LOWEST_LIGHTNING bash scripts/setup_env.sh "lightning==$LOWEST_LIGHTNING.0"
   ".venv-lightning-$LOWEST_LIGHTNING/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" \
     tests/strategy tests/elastic tests/core tests/monitors tests/checkpoint/test_module_loader.py
+  # The torch a fresh `pip install torch` gives a GPU user, beside the current Lightning.
+  torch_pass 2.14.1
 fi
