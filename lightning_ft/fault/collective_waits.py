@@ -33,7 +33,9 @@ COLLECTIVES = (
     "broadcast",
     "broadcast_object_list",
     "gather",
+    "gather_into_tensor",  # torch 2.14; absent names are skipped
     "gather_object",
+    "gather_single",  # torch 2.14
     "monitored_barrier",
     "recv",
     "reduce",
