@@ -44,7 +44,8 @@ _OWN_CALLBACKS = ("lightning_ft.",)
 
 
 def _plain(obj: Any) -> Any:
-    """Values that ``torch.load(weights_only=True)`` accepts: containers, primitives, tensors (and slots for them)."""
+    """Values that ``torch.load(weights_only=True)`` accepts: containers, primitives, tensors (and slots for them),
+    and objects the checkpoint stored pickled, which it accepts once their globals are allowed."""
     if isinstance(obj, (str, int, float, bool, type(None), torch.Tensor, TensorSlot, torch.dtype)):
         return obj
     if isinstance(obj, argparse.Namespace):
@@ -64,7 +65,10 @@ def _plain(obj: Any) -> Any:
         return obj.tolist()
     if isinstance(obj, np.generic):
         return obj.item()
-    return str(obj)
+    # An object stored pickled (allowed in this process, or its load would have failed) is written as itself: the
+    # file needs the same allowed globals to load, as the checkpoint did; a text stand-in would break the module's
+    # __init__ (pytorch-forecasting asserts its loss is a Metric).
+    return obj
 
 
 def _by_position(optimizer_state: dict[str, Any]) -> dict[str, Any]:
