@@ -155,6 +155,7 @@ def fit(args: argparse.Namespace) -> None:
         max_steps=args.steps,
         max_epochs=-1,
         logger=False,
+        default_root_dir=directory,  # lightning-ft's event log goes under it
         enable_progress_bar=False,
         enable_model_summary=False,
         callbacks=[
