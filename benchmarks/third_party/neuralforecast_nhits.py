@@ -79,6 +79,10 @@ def fit(args: argparse.Namespace) -> None:
         random_seed=0,
         accelerator="cpu",
         devices=2,
+        logger=False,
+        default_root_dir=str(directory),  # lightning-ft's event log goes under it
+        enable_progress_bar=False,
+        enable_model_summary=False,
         enable_checkpointing=True,
     )
     # NHITS stores the Trainer keywords it is given in its hyperparameters, so a strategy and callbacks passed there
