@@ -20,8 +20,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import io
 import os
 import pathlib
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -43,28 +45,51 @@ _OWN_CALLBACKS = ("lightning_ft.",)
 """Callback states of lightning-ft's own callbacks, which mean nothing to another strategy."""
 
 
-def _plain(obj: Any) -> Any:
-    """Values that ``torch.load(weights_only=True)`` accepts: containers, primitives, tensors (and slots for them)."""
+def _plain(obj: Any, *, streamed: bool = False) -> Any:
+    """Values that ``torch.load(weights_only=True)`` accepts: containers, primitives, tensors (and slots for them),
+    and objects the checkpoint stored pickled, which it accepts once their globals are allowed. ``streamed``: for the
+    streamed file, whose ``torch.save`` skips tensor data, an object that holds tensors is written as its text (its
+    tensors would come back as zeros)."""
     if isinstance(obj, (str, int, float, bool, type(None), torch.Tensor, TensorSlot, torch.dtype)):
         return obj
     if isinstance(obj, argparse.Namespace):
-        return _plain(vars(obj))
+        return _plain(vars(obj), streamed=streamed)
     if isinstance(obj, dict):
-        return {_plain(k): _plain(v) for k, v in obj.items()}
+        return {_plain(k, streamed=streamed): _plain(v, streamed=streamed) for k, v in obj.items()}
     if isinstance(obj, (list, tuple, set, frozenset)):
-        items = [_plain(v) for v in obj]
+        items = [_plain(v, streamed=streamed) for v in obj]
         return tuple(items) if isinstance(obj, tuple) else items
     if isinstance(obj, enum.Enum):
-        return _plain(obj.value)
+        return _plain(obj.value, streamed=streamed)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # the checkpoint restores it as itself
-        return _plain({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)})
+        return _plain({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}, streamed=streamed)
     if isinstance(obj, pathlib.PurePath):
         return str(obj)
     if isinstance(obj, np.ndarray):
         return obj.tolist()
     if isinstance(obj, np.generic):
         return obj.item()
-    return str(obj)
+    # An object stored pickled (allowed in this process, or its load would have failed) is written as itself: the
+    # file needs the same allowed globals to load, as the checkpoint did; a text stand-in would break the module's
+    # __init__ (pytorch-forecasting asserts its loss is a Metric).
+    if streamed and _holds_tensors(obj):
+        return str(obj)
+    return obj
+
+
+def _holds_tensors(obj: Any) -> bool:
+    """Whether pickling ``obj`` reaches a tensor or a storage."""
+    found: list[bool] = []
+
+    class _Finder(pickle.Pickler):
+        def persistent_id(self, o: Any) -> Any:
+            if isinstance(o, (torch.Tensor, torch.UntypedStorage, torch.storage.TypedStorage)):
+                found.append(True)
+                return "tensor"
+            return None
+
+    _Finder(io.BytesIO()).dump(obj)
+    return bool(found)
 
 
 def _by_position(optimizer_state: dict[str, Any]) -> dict[str, Any]:
@@ -170,7 +195,7 @@ def export_checkpoint(
     )
     if "hparams_name" in state:
         exported["hparams_name"] = state["hparams_name"]
-    exported = _plain(exported)
+    exported = _plain(exported, streamed=True)
     return _write(exported, Path(out), reader, progress=progress)
 
 

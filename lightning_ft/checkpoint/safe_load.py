@@ -198,7 +198,10 @@ def pickled_bytes(obj: Any, where: str) -> bytes:
             " save_hyperparameters(ignore=[...]))"
         ) from e
     buffer.seek(0)
-    _, blocked = safe_globals_for(buffer)
+    try:
+        _, blocked = safe_globals_for(buffer)
+    except Exception as e:  # noqa: BLE001 - torch's scanner reads only the opcodes its restricted unpickler knows
+        blocked = [f"a pickle torch's restricted unpickler cannot read ({type(e).__name__}: {e})"]
     if blocked and (where, tuple(blocked)) not in _warned:
         _warned.add((where, tuple(blocked)))
         warnings.warn(

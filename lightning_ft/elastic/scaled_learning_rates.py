@@ -12,6 +12,7 @@ optimization) while a scale other than 1 is in force reads the scaled rate.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -87,21 +88,23 @@ class ScaledLearningRates:
             )
 
     def _unscaled_step(self, step: Callable[..., Any]) -> Callable[..., Any]:
-        def lr_scheduler_step(scheduler: Any, *args: Any, **kwargs: Any) -> Any:
-            optimizer = getattr(scheduler, "optimizer", None)
-            groups = [s for s in self._groups if any(s.group is g for g in getattr(optimizer, "param_groups", []))]
-            for g in groups:
-                g.group["lr"] = g.read_unscaled()
-            try:
-                return step(scheduler, *args, **kwargs)
-            finally:
-                for g in groups:
-                    g.unscaled = g.group["lr"]
-                    g.write(self.applied)
-                if groups:
-                    _compat.set_scheduler_last_lr(scheduler, [g.written for g in groups])
+        # A partial of a method, not a closure: the module carries it while fit runs, and a module (or anything that
+        # holds one, such as a library's hyperparameters) must stay picklable, as under DDPStrategy.
+        return functools.partial(self._lr_scheduler_step, step)
 
-        return lr_scheduler_step
+    def _lr_scheduler_step(self, step: Callable[..., Any], scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+        optimizer = getattr(scheduler, "optimizer", None)
+        groups = [s for s in self._groups if any(s.group is g for g in getattr(optimizer, "param_groups", []))]
+        for g in groups:
+            g.group["lr"] = g.read_unscaled()
+        try:
+            return step(scheduler, *args, **kwargs)
+        finally:
+            for g in groups:
+                g.unscaled = g.group["lr"]
+                g.write(self.applied)
+            if groups:
+                _compat.set_scheduler_last_lr(scheduler, [g.written for g in groups])
 
     def apply(self, global_step: int) -> float:
         """Set every rate for the optimizer step taken at ``global_step``; returns the factor."""

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from lightning_ft._compat import DTensor, Shard
 from lightning_ft.checkpoint import AsyncCheckpointer
-from lightning_ft.checkpoint.export import _by_position
+from lightning_ft.checkpoint.export import _by_position, exported_checkpoint
 from lightning_ft.checkpoint.internal import export_checkpoint
 from lightning_ft.checkpoint.torch_file import TensorSlot, save_streaming
 from tests.helpers import run_distributed
@@ -88,3 +88,23 @@ def test_export_of_a_checkpoint_sharded_over_two_ranks_holds_whole_tensors(tmp_p
     assert torch.equal(plain["state_dict"]["net.weight"], FULL)
     assert torch.equal(plain["state_dict"]["net.bias"], torch.ones(6))
     assert plain["global_step"] == 3 and plain["hyper_parameters"] == {"lr": 0.1}
+
+
+def test_an_allowed_object_in_the_hyperparameters_is_exported_as_itself_not_as_text(tmp_path):
+    # pytorch-forecasting keeps its loss (an nn.Module) in its hyperparameters and asserts its type in __init__: a
+    # text stand-in made load_from_checkpoint of the exported file fail.
+    loss = torch.nn.Linear(2, 1)
+    free = torch.nn.ReLU()  # a module without tensors
+    state = {"state_dict": {"net.bias": torch.ones(6)}, "hyper_parameters": {"loss": loss, "act": free, "lr": 0.1}}
+    with torch.serialization.safe_globals([torch.nn.Linear, torch.nn.ReLU]):
+        writer = AsyncCheckpointer()
+        writer.save(tmp_path / "ckpt", state, metadata={"step": 1})
+        writer.close()
+        in_memory = exported_checkpoint(tmp_path / "ckpt")["hyper_parameters"]
+        assert type(in_memory["loss"]) is torch.nn.Linear and torch.equal(in_memory["loss"].weight, loss.weight)
+        for full in (False, True):
+            out = export_checkpoint(tmp_path / "ckpt", tmp_path / f"plain{full}.ckpt", full=full)
+            hparams = torch.load(out, weights_only=True)["hyper_parameters"]
+            assert type(hparams["act"]) is torch.nn.ReLU and hparams["lr"] == 0.1
+            # The streamed file skips tensor data inside objects: text, never an object with zeroed weights.
+            assert hparams["loss"] == str(loss)

@@ -117,6 +117,19 @@ def test_an_object_of_a_class_not_allowed_is_stored_with_a_warning_and_refused_a
     assert type(out["hparams"]["thing"]) is Opaque and out["hparams"]["thing"] == Opaque(3)
 
 
+def test_an_object_whose_pickle_torch_cannot_scan_is_stored_with_a_warning_and_refused_at_decode():
+    # A tuple that refers back to itself through an object pickles with POP, an opcode torch's scan of the globals
+    # does not read; the save must not fail for it (invariant 2), as torch.save does not.
+    inner = Opaque(5)
+    cycle = (inner,)
+    inner.cycle = cycle
+    thing = Opaque(cycle)
+    with pytest.warns(UserWarning, match=r"hparams/cycle is a tests\.checkpoint.*restricted unpickler cannot read"):
+        encoded = json.loads(json.dumps(json_codec.encode({"hparams": {"cycle": thing}})))
+    with pytest.raises((UnsafeCheckpointError, CorruptCheckpointError), match=r"hparams/cycle"):
+        json_codec.decode(encoded)
+
+
 def test_an_object_that_cannot_be_pickled_fails_at_encode_naming_its_key():
     with pytest.raises(TypeError, match=r"hparams/fn: .*cannot be pickled"):
         json_codec.encode({"hparams": {"fn": lambda x: x}})

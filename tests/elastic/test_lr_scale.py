@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 
@@ -95,3 +97,14 @@ def test_rates_saved_with_a_factor_are_unscaled_from_it_on_resume():
     rates.attach([optimizer], saved_scale=0.75)
     assert [rates.apply(s) for s in (0, 1, 2)] == pytest.approx([0.75, 0.625, 0.5])
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5)
+
+
+def test_the_module_stays_picklable_while_its_scheduler_hook_is_wrapped():
+    # neuralforecast keeps Trainer keywords (callbacks that reach the module) in its hyperparameters, pickled at each
+    # save: a closure on the module made every such save fail.
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    module = _Module()
+    rates = ScaledLearningRates()
+    rates.attach([optimizer], module=module)
+    restored = pickle.loads(pickle.dumps(module))
+    assert callable(restored.lr_scheduler_step)
