@@ -42,7 +42,14 @@ from lightning_ft.checkpoint.errors import CorruptCheckpointError, UnsafeCheckpo
 
 __all__ = ["default_safe_globals", "load_pickled", "load_torch_file", "pickled_bytes", "safe_globals_for"]
 
-_BLOCKED_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
+# What torch's restricted unpickler says when it meets a global it does not allow: a GLOBAL opcode, or a class it was
+# asked to build (numpy's dtype classes, for one) that only shows while loading.
+_BLOCKED_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global|but got <class '([^']+)'>")
+
+
+def _blocked_in(error: BaseException) -> str | None:
+    found = _BLOCKED_GLOBAL.search(str(error))
+    return (found.group(1) or found.group(2)) if found is not None else None
 
 
 def _numpy_globals() -> list[Any]:
@@ -160,10 +167,10 @@ def load_torch_file(path: str | os.PathLike, *, mmap: bool = False) -> Any:
         with _allowing(allowed):
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # noqa: BLE001 - a global pushed dynamically is only found while loading
-        found = _BLOCKED_GLOBAL.search(str(e))
+        found = _blocked_in(e)
         if found is None:
             raise CorruptCheckpointError(f"{path} is not a readable torch.save file ({type(e).__name__}: {e})") from e
-        raise _refusal(path, [found.group(1)]) from e
+        raise _refusal(path, [found]) from e
 
 
 _ALLOW_HINT = (
@@ -173,6 +180,24 @@ _ALLOW_HINT = (
 
 
 _warned: set[tuple[str, tuple[str, ...]]] = set()
+_checked: set[tuple[str, str, frozenset[str]]] = set()
+
+
+def _load_blockers(data: bytes) -> list[str]:
+    """What stops :func:`load_pickled` from reading ``data`` in this process: the globals torch's scanner finds, and
+    failing those, a class the restricted unpickler meets only while it loads (``[]``: it loads)."""
+    try:
+        allowed, blocked = safe_globals_for(io.BytesIO(data))
+    except Exception as e:  # noqa: BLE001 - torch's scanner reads only the opcodes its restricted unpickler knows
+        return [f"a pickle torch's restricted unpickler cannot read ({type(e).__name__}: {e})"]
+    if blocked:
+        return blocked
+    try:
+        with _allowing(allowed):
+            torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - whatever stops the load is what the warning must name
+        return [_blocked_in(e) or f"a pickle torch's restricted unpickler cannot read ({type(e).__name__}: {e})"]
+    return []
 
 
 def pickled_bytes(obj: Any, where: str) -> bytes:
@@ -197,18 +222,19 @@ def pickled_bytes(obj: Any, where: str) -> bytes:
             f" pickled ({type(e).__name__}: {e}). Keep it out of the checkpoint (for hyperparameters:"
             " save_hyperparameters(ignore=[...]))"
         ) from e
-    buffer.seek(0)
-    try:
-        _, blocked = safe_globals_for(buffer)
-    except Exception as e:  # noqa: BLE001 - torch's scanner reads only the opcodes its restricted unpickler knows
-        blocked = [f"a pickle torch's restricted unpickler cannot read ({type(e).__name__}: {e})"]
+    # Once per key, class and set of allowed globals in this process: the check loads the object back.
+    checked = (where, name, frozenset(map(str, torch.serialization.get_safe_globals())))
+    if checked in _checked:
+        return buffer.getvalue()
+    _checked.add(checked)
+    blocked = _load_blockers(buffer.getvalue())
     if blocked and (where, tuple(blocked)) not in _warned:
         _warned.add((where, tuple(blocked)))
         warnings.warn(
             f"lightning-ft checkpoint: {where} is a {name}, which has no plain encoding: it is stored pickled, and"
             f" loading it back needs {', '.join(blocked)}, which lightning-ft does not unpickle unless allowed, so a"
             " resume from this checkpoint is refused until then. "
-            + _ALLOW_HINT.format(name=blocked[0])
+            + _ALLOW_HINT.format(name=", ".join(blocked))
             + "; or keep it out of the checkpoint (for hyperparameters: save_hyperparameters(ignore=[...]))",
             stacklevel=3,
         )
@@ -232,13 +258,13 @@ def load_pickled(data: bytes, where: str) -> Any:
             with _allowing(allowed):
                 return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - a global pushed dynamically is only found while loading
-            found = _BLOCKED_GLOBAL.search(str(e))
+            found = _blocked_in(e)
             if found is None:
                 raise CorruptCheckpointError(
                     f"{where}: the stored object cannot be read ({type(e).__name__}: {e})"
                 ) from e
-            blocked = [found.group(1)]
+            blocked = [found]
     raise UnsafeCheckpointError(
         f"{where}: the checkpoint stores an object that needs {', '.join(blocked)}, which is not an allowed global in"
-        " this process, so lightning-ft does not unpickle it. " + _ALLOW_HINT.format(name=blocked[0])
+        " this process, so lightning-ft does not unpickle it. " + _ALLOW_HINT.format(name=", ".join(blocked))
     )

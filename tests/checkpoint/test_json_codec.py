@@ -253,3 +253,13 @@ def test_tensors_without_plain_bytes_are_refused_at_the_save_call_naming_their_k
             assert not (tmp_path / name).exists()  # refused before any work
     finally:
         checkpointer.close()
+
+
+def test_a_class_torch_finds_only_while_loading_is_named_in_the_refusal():
+    # numpy's dtype classes (an object array in a scaler's state, say) are not GLOBAL opcodes: torch's unpickler names
+    # them only when it is asked to build one.
+    value = {"table": np.array([1, "x"], dtype=object)}
+    with pytest.warns(UserWarning):
+        encoded = json.loads(json.dumps(json_codec.encode(value)))
+    with pytest.raises(UnsafeCheckpointError, match=r"table: .*numpy"):
+        json_codec.decode(encoded)
