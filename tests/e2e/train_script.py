@@ -21,6 +21,20 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from examples.gpt import GPT, SyntheticTokens  # noqa: E402
+from lightning_ft.strategy.tracker import TrainingTracker  # noqa: E402
+
+_RESTORED_RNG: list[int] = []  # the torch RNG's fingerprint right after the strategy set a resume's RNG states
+_set_pending_rng = TrainingTracker._set_pending_rng
+
+
+def _recording_set_pending_rng(self) -> None:
+    pending = self._pending_rng is not None
+    _set_pending_rng(self)
+    if pending and not _RESTORED_RNG:
+        _RESTORED_RNG.append(zlib.crc32(torch.get_rng_state().numpy().tobytes()))
+
+
+TrainingTracker._set_pending_rng = _recording_set_pending_rng
 
 
 class HardExitAt(Callback):
@@ -53,7 +67,8 @@ def sample_ids(x: torch.Tensor, vocab_size: int) -> list[int]:
 
 class ElasticRecord(Callback):
     """Per rank, appended as it happens (a killed attempt keeps what it wrote): the sample ids of every micro-batch,
-    the global mean loss of every optimizer step, and a fingerprint of the torch RNG at the first batch."""
+    the global mean loss of every optimizer step, and a fingerprint of the torch RNG the attempt starts from (where a
+    resume set it, else at the first batch)."""
 
     def __init__(self, out: Path, vocab_size: int) -> None:
         self.out, self.vocab_size = out, vocab_size
@@ -67,8 +82,10 @@ class ElasticRecord(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self._first:
             self._first = False
-            state = torch.get_rng_state()
-            self._append(trainer, "rng", step=trainer.global_step, crc=zlib.crc32(state.numpy().tobytes()))
+            # Where a resume set its RNG states (before the training iterator or its first fetch, or here): that is
+            # the state the run continues from; a fresh run's state at its first batch otherwise.
+            crc = _RESTORED_RNG[0] if _RESTORED_RNG else zlib.crc32(torch.get_rng_state().numpy().tobytes())
+            self._append(trainer, "rng", step=trainer.global_step, crc=crc)
         self._append(
             trainer,
             "samples",
