@@ -25,7 +25,11 @@ from lightning_ft.events import read_events
 from tests.e2e._elastic_launch import ElasticJob
 from tests.e2e._torchrun import SCRIPT, assert_ok, load_run, torchrun
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+# Extended tier: the longest end-to-end run (about 130 s), and on a quiet machine the world of 1 can finish its last
+# steps between the test seeing its checkpoint and touching the hold file, which closes the rendezvous the joining node
+# needs (RendezvousClosedError; seen at 0.2.0's commit too). `pytest -m extended` runs it; the hold needs to stop the
+# world of 1 at a known step before it can come back to the default run.
+pytestmark = [pytest.mark.slow, pytest.mark.extended, pytest.mark.timeout(1500)]
 
 SAMPLES, BATCH, ACCUMULATE_ON_2, MAX_STEPS = 96, 2, 3, 24  # global batch 12: 8 steps per epoch on any world
 WAIT_S = 400
