@@ -13,7 +13,8 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback, EMAWeightAveraging, ModelCheckpoint, StochasticWeightAveraging
+from lightning.pytorch import callbacks as lightning_callbacks
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, StochasticWeightAveraging
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -178,10 +179,10 @@ def test_an_ema_callback_swapping_weights_at_validation_start_never_leaks_into_t
     _assert_every_save_committed_as_called(recorder, at_least=12)
 
 
+@pytest.mark.skipif(not hasattr(lightning_callbacks, "EMAWeightAveraging"), reason="Lightning 2.6 added it")
 def test_lightnings_ema_weight_averaging_commits_every_checkpoint_as_saved(tmp_path):
-    recorder = _fit(
-        tmp_path, Net(), [EMAWeightAveraging(decay=0.9), _every_step(tmp_path)], max_epochs=3, limit_val_batches=1
-    )
+    ema = lightning_callbacks.EMAWeightAveraging(decay=0.9)
+    recorder = _fit(tmp_path, Net(), [ema, _every_step(tmp_path)], max_epochs=3, limit_val_batches=1)
     _assert_every_save_committed_as_called(recorder, at_least=12)
 
 
