@@ -38,21 +38,7 @@ import lightning_ft
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    # The same names, built on pytorch_lightning's bases.
-    from lightning_ft import (
-        ElasticFT3D,
-        ElasticPolicy,
-        FaultPolicy,
-        GoodputMonitor,
-        ParallelConfig,
-        Plan,
-        StragglerMonitor,
-        ThermalMonitor,
-        compatible_world_sizes,
-        load_from_checkpoint,
-        pipeline_step,
-        plan_parallelism,
-    )
+    from lightning_ft import *  # noqa: F403 - the same names, built on pytorch_lightning's bases
 
 _SOURCE_ROOT = Path(lightning_ft.__file__).parent
 _PREFIX = __name__ + "."
@@ -121,22 +107,7 @@ if not any(isinstance(finder, _RenamingFinder) for finder in sys.meta_path):
     sys.meta_path.insert(0, _RenamingFinder())
 
 __path__: list[str] = []  # a package: its modules are found by _RenamingFinder
-# The same names as lightning_ft's (tests/strategy/test_pytorch_lightning.py checks it), written out so that the
-# architecture test can read the public API of this namespace as it reads the others'.
-__all__ = [
-    "ElasticFT3D",
-    "ElasticPolicy",
-    "FaultPolicy",
-    "GoodputMonitor",
-    "ParallelConfig",
-    "Plan",
-    "StragglerMonitor",
-    "ThermalMonitor",
-    "compatible_world_sizes",
-    "load_from_checkpoint",
-    "pipeline_step",
-    "plan_parallelism",
-]
+__all__ = list(lightning_ft.__all__)  # the same names, built on pytorch_lightning's bases
 
 
 def __getattr__(name: str) -> Any:

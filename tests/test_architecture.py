@@ -219,7 +219,10 @@ def _public_names(namespace: str) -> set[str]:
     path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
-            return set(ast.literal_eval(node.value))
+            try:
+                return set(ast.literal_eval(node.value))
+            except ValueError:  # computed from another namespace's list (lightning_ft.pytorch_lightning)
+                return set(importlib.import_module(namespace).__all__)
     return set()
 
 

@@ -4,7 +4,8 @@
 captured (the "stall"): it waits for the previous save, encodes the non-tensor state to JSON, decides which regions
 this rank writes (:mod:`~lightning_ft.checkpoint.ownership`; one small exchange on the checkpoint group when the state
 holds DTensors, none otherwise) and copies only those into staging buffers (:mod:`~lightning_ft.checkpoint.staging`),
-all before ``save()`` returns, so that nothing the caller does afterwards reaches the checkpoint. A background thread then runs the save in three collective steps, each ended by
+all before ``save()`` returns, so that nothing the caller does afterwards reaches the checkpoint. A background thread
+then runs the save in three collective steps, each ended by
 :func:`~lightning_ft.checkpoint.agreement.agree` so that a failure on one rank fails the save on every rank:
 
 1. rank 0 creates the folder the save writes into and, before any data, its in-progress record
