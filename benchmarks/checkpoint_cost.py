@@ -7,7 +7,15 @@ Every contender trains the same model (a stack of ``Linear(2048, 2048)`` layers 
 - ``ft3d``: ``ElasticFT3D`` with ``ModelCheckpoint`` (async, sharded, committed; every tensor copied at the save call);
 - ``lightning-sync``: ``DDPStrategy`` with ``ModelCheckpoint`` (rank 0 ``torch.save``, blocking);
 - ``lightning-async``: the same with Lightning's ``AsyncCheckpointIO`` (rank 0 clones, then writes from a thread);
-- ``dcp-async``: ``torch.distributed.checkpoint.async_save`` on every rank, on a gloo group of its own;
+- ``dcp-async``: ``torch.distributed.checkpoint.async_save`` on every rank, on a gloo group of its own, as Lightning
+  users wire it (torch 2.13 without a stager: the state is copied on the caller);
+- ``dcp-stager``: the same with torch's ``DefaultStager`` (shared-memory staging in a background thread; pinned memory
+  and non-blocking copies need CUDA, so they are off here); the next ``optimizer_step`` waits for the staging to end,
+  as the stager's contract requires, so the checkpoint is the state at its call;
+- ``torch-ckpt``: meta-pytorch's ``torch-checkpointing`` 0.1.1 ``CheckpointManager`` with async save (staging in a
+  thread, the write in a background process; pinned/non-blocking options off on CPU, as its troubleshooting guide
+  says; buffered writes, its O_DIRECT default fails here), ``optimizer_step`` under its ``manager.lock()``; needs ``pip install torch-checkpointing==0.1.1 safetensors``
+  (skipped with a line when it is not installed);
 - ``ts-async``: torchsnapshot's own ``Snapshot.async_take`` of the module and optimizer (no copy of CPU tensors: it
   may save a mixed state; shown for its cost only);
 - ``floor``: no training; each rank copies the half of the state it would write and writes it (one file, fsync),
@@ -31,6 +39,8 @@ Run (about 10 minutes on 2 loaded cores; ``--quick``: about 4)::
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import os
 import resource
@@ -48,8 +58,10 @@ HIDDEN = 2048
 BATCH = 16
 WARMUP = 3
 CONTENDERS = [
-    "none", "none-ft3d", "ft3d", "lightning-sync", "lightning-async", "dcp-async", "ts-async", "floor", "floor-beside"
+    "none", "none-ft3d", "ft3d", "lightning-sync", "lightning-async", "dcp-async", "dcp-stager", "torch-ckpt",
+    "ts-async", "floor", "floor-beside",
 ]  # fmt: skip
+PEERS = ("lightning-sync", "lightning-async", "dcp-async", "dcp-stager", "torch-ckpt", "ts-async")
 BASELINE = {"ft3d": "none-ft3d", "none-ft3d": "none-ft3d", "floor-beside": "none-ft3d"}
 
 
@@ -113,6 +125,13 @@ def worker(args: argparse.Namespace) -> None:
         def __init__(self) -> None:
             super().__init__()
             self.net = torch.nn.Sequential(*[torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(layers_for(args.size_mb))])
+            self.step_guard: Any = None  # a peer whose staging runs after its save call guards the in-place update
+
+        def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
+            if self.step_guard is None:
+                return super().optimizer_step(*args, **kwargs)
+            with self.step_guard():
+                return super().optimizer_step(*args, **kwargs)
 
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             return self.net(batch[0]).pow(2).mean()
@@ -135,11 +154,36 @@ def worker(args: argparse.Namespace) -> None:
 
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
             self.group = dist.new_group(backend="gloo")
+            self.staging: Any = None
+            if self.kind == "dcp-stager":
+                from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+                options = StagingOptions(use_pinned_memory=False, use_non_blocking_copy=False)
+                self.stager = DefaultStager(options)
+                pl_module.step_guard = self._staged
+            if self.kind == "torch-ckpt":
+                import torch_checkpointing as tc
+                from torch_checkpointing.staging import CheckpointStagerConfig
+                from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+                staging = CheckpointStagerConfig(use_pinned_memory=False, use_non_blocking_copy=False)
+                save = tc.AsyncCheckpointSaverConfig(staging_config=staging)
+                # O_DIRECT (its default) fails on this machine's filesystem for writes of unaligned size: EINVAL.
+                storage = LocalFileSystemStorageConfig(use_direct_io=False)
+                self.manager = tc.CheckpointManager(tc.CheckpointManager.Config(save=save, storage_config=storage))
+                pl_module.step_guard = self.manager.lock
+
+        @contextlib.contextmanager
+        def _staged(self) -> Any:
+            if self.staging is not None:
+                self.staging.result()
+                self.staging = None
+            yield
 
         def _wait(self) -> None:
             if self.pending is not None:
                 pending, started = self.pending
-                pending.result() if self.kind == "dcp-async" else pending.wait()
+                pending.wait() if self.kind == "ts-async" else pending.result()
                 self.durable.append(time.perf_counter() - started)  # an upper bound: checked at the next save
                 self.pending = None
 
@@ -149,11 +193,21 @@ def worker(args: argparse.Namespace) -> None:
             self._wait()
             path = run_dir / f"{self.kind}-step={trainer.global_step}"
             started = time.perf_counter()
+            state = {"model": pl_module.state_dict(), "optimizer": trainer.optimizers[0].state_dict()}
             if self.kind == "dcp-async":
                 import torch.distributed.checkpoint as dcp
 
-                state = {"model": pl_module.state_dict(), "optimizer": trainer.optimizers[0].state_dict()}
                 self.pending = (dcp.async_save(state, checkpoint_id=str(path), process_group=self.group), started)
+            elif self.kind == "dcp-stager":
+                import torch.distributed.checkpoint as dcp
+
+                response = dcp.async_save(
+                    state, checkpoint_id=str(path), process_group=self.group, async_stager=self.stager
+                )
+                self.staging = response.staging_completion
+                self.pending = (response.upload_completion, started)
+            elif self.kind == "torch-ckpt":
+                self.pending = (self.manager.save(str(path), state), started)
             else:
                 from torchsnapshot import Snapshot
 
@@ -162,6 +216,10 @@ def worker(args: argparse.Namespace) -> None:
 
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
             self._wait()
+            if self.kind == "torch-ckpt":
+                self.manager.close()
+            if self.kind == "dcp-stager":
+                self.stager.close()
 
     blocked: dict[int, float] = {}  # step -> seconds the loop was blocked by the save issued at that step
 
@@ -226,7 +284,7 @@ def worker(args: argparse.Namespace) -> None:
         callbacks.append(ModelCheckpoint(dirpath=run_dir / "ckpt", every_n_train_steps=args.every, save_top_k=-1))
     if kind == "lightning-async":
         plugins.append(AsyncCheckpointIO())
-    if kind in ("dcp-async", "ts-async"):
+    if kind in ("dcp-async", "dcp-stager", "torch-ckpt", "ts-async"):
         callbacks.append(EveryN(kind))
     if kind == "floor-beside":
         callbacks.append(FloorBeside())
@@ -347,7 +405,7 @@ def print_table(args: argparse.Namespace, results: dict[str, dict[str, Any]], lo
         f" median of {args.repeats} interleaved repetitions; load average at start {load}"
     )
     floor = results.get("floor", {}).get("durable_s")
-    peers = [c for c in results if c in ("lightning-sync", "lightning-async", "dcp-async", "ts-async")]
+    peers = [c for c in results if c in PEERS]
     extra = {}
     for c, r in results.items():
         if c == "floor" or c.startswith("none"):
@@ -433,6 +491,9 @@ def main() -> None:
         return
     if args.quick:
         args.size_mb, args.steps, args.repeats = 100.0, 60, 2
+    if "torch-ckpt" in args.contenders and importlib.util.find_spec("torch_checkpointing") is None:
+        print("torch-ckpt skipped: pip install torch-checkpointing==0.1.1 safetensors to include it", flush=True)
+        args.contenders = [c for c in args.contenders if c != "torch-ckpt"]
     load = os.getloadavg()
     runs: dict[str, list[dict[int, dict[str, Any]]]] = {c: [] for c in args.contenders}
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
