@@ -108,13 +108,22 @@ class ElasticRecord(Callback):
 
 class HoldWhileFileExists(Callback):
     """Training pauses after a batch while ``path`` exists, so the test changes the world between known steps. A
-    SIGTERM (torchrun stopping the workers for a new node) ends the pause, as it would end any wait."""
+    SIGTERM (torchrun stopping the workers for a new node) ends the pause, as it would end any wait. A file that holds
+    a number ``N`` pauses only from global step ``N`` on (so a world started later stops at a known step however fast
+    it runs)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
+    def _holds(self, step: int) -> bool:
+        try:
+            text = self.path.read_text().strip()
+        except FileNotFoundError:
+            return False
+        return not text or step >= int(text)
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        while self.path.exists() and not trainer.received_sigterm:
+        while self._holds(trainer.global_step) and not trainer.received_sigterm:
             time.sleep(0.05)
 
 
