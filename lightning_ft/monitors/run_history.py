@@ -101,6 +101,7 @@ def _attempt(attempt: int, evs: list[dict[str, Any]], *, every_rank_ends: bool) 
     if resumed_step is not None:  # records written before the checkpoint's step was restored (a crash while loading)
         steps = [s for s in steps if s >= resumed_step]
     committed = [e for e in rank0 if e.get("event") == "checkpoint_committed"]
+    durable = [e for e in committed if e.get("tier") in (None, "durable")]  # no tier: a log older than the tiers
     last_progress_time = num(progress[-1].get("time")) if progress else None
     record = {
         "attempt": attempt,
@@ -111,6 +112,7 @@ def _attempt(attempt: int, evs: list[dict[str, Any]], *, every_rank_ends: bool) 
         "first_step_time": num(first.get("time")) if first else None,
         "recovery_s": num(first.get("time")) - start_time if first else None,
         "resumed_step": resumed_step,
+        "resumed_tier": (str(resumed.get("tier") or "durable")) if resumed is not None else None,
         "load_s": num(resumed.get("load_s"), math.nan) if resumed is not None else math.nan,
         "resume_startup_s": num(resumed.get("startup_s"), math.nan) if resumed is not None else math.nan,
         "start_step": resumed_step or 0,
@@ -119,8 +121,9 @@ def _attempt(attempt: int, evs: list[dict[str, Any]], *, every_rank_ends: bool) 
         "productive_s": sum(num(e.get("productive_s")) for e in progress),
         "data_wait_s": sum(num(e.get("data_wait_s")) for e in progress),
         "checkpoint_stall_s": sum(num(e.get("stall_s")) for e in committed),
-        "checkpoints": len(committed),
-        "checkpoint_steps": [e["step"] for e in committed if isinstance(e.get("step"), int)],
+        "checkpoints": len(durable),
+        "memory_checkpoints": len(committed) - len(durable),
+        "checkpoint_steps": [e["step"] for e in durable if isinstance(e.get("step"), int)],
         "lost_steps": 0,
         "lost_s": 0.0,
         "_progress": [(int(e["step"]), num(e.get("productive_s"))) for e in progress if isinstance(e.get("step"), int)],
@@ -222,6 +225,7 @@ def link(prev: dict[str, Any], cur: dict[str, Any]) -> dict[str, Any]:
         **phases,
         "gap_s": gap_s,
         "resumed_step": resume_step,
+        "resumed_tier": cur["resumed_tier"],
         "lost_steps": lost_steps,
         "lost_s": lost_s,
         "world_size_before": prev["world_size"],
