@@ -369,6 +369,11 @@ def _fmt_s(value: float | None) -> str:
     return f"{value:.1f}s"
 
 
+def _fmt_cost(value: float | None) -> str:
+    """Seconds with two decimals below one second (a memory-tier stall is a fraction of one)."""
+    return f"{value:.2f}s" if value is not None and abs(value) < 1 else _fmt_s(value)
+
+
 def _fmt_ratio(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
@@ -515,7 +520,7 @@ def _format_saves(tier: str, sv: dict[str, Any]) -> str:
     if sv["failed"]:
         failed = f", {sv['failed']} failed (" + ", ".join(f"{r}: {n}" for r, n in sv["failed_reasons"].items()) + ")"
     return (
-        f"    {tier} saves: {sv['count']}, stall {_fmt_s(sv['stall_s'])} median ({_fmt_s(sv['total_s'])} in all), "
+        f"    {tier} saves: {sv['count']}, stall {_fmt_cost(sv['stall_s'])} median ({_fmt_cost(sv['total_s'])} in all), "
         f"{size} on rank 0{failed}"
     )
 
@@ -524,7 +529,7 @@ def _format_restores(tier: str, rs: dict[str, Any]) -> str:
     name = "no checkpoint" if tier == "none" else f"from {tier}"
     text = f"    restores {name}: {rs['attempts']}"
     if rs["load_s"] is not None:
-        text += f", load {_fmt_s(rs['load_s'])} median"
+        text += f", load {_fmt_cost(rs['load_s'])} median"
     if rs["restored_from"] and tier != "durable":
         text += " (ranks: " + ", ".join(f"{n} {t}" for t, n in sorted(rs["restored_from"].items())) + ")"
     if rs["failures"]:
@@ -555,6 +560,9 @@ def _fmt_pct(value: float) -> str:
     return f"{100 * value:.2f}%"
 
 
+_PART_NAMES = {"rendezvous_s": "rendezvous", "startup_s": "start-up", "load_s": "load", "first_step_s": "first step"}
+
+
 def _format_projection(p: dict[str, Any]) -> list[str]:
     points = ", ".join(f"{_fmt_s(h * 3600)} at {n}" for n, h in p["mttf_points_hours"].items())
     lines = [
@@ -571,7 +579,7 @@ def _format_projection(p: dict[str, Any]) -> list[str]:
             for part, v in c["parts"].items()
             if v is not None
         )
-        text = f"{name} save {_fmt_s(c['stall_s'])}, restart {_fmt_s(c['restart_s'])}" + (
+        text = f"{name} save {_fmt_cost(c['stall_s'])}, restart {_fmt_cost(c['restart_s'])}" + (
             f" ({parts})" if parts else ""
         )
         if c["not_measured"] and not c.get("restart_assumed"):
@@ -606,7 +614,8 @@ def _format_interval(ci: dict[str, Any]) -> str:
     share = ci.get("failure_share", 1.0)
     if ci["stall_s"] is None:
         return f"  {tier} interval: no committed checkpoint recorded, no suggestion"
-    cost = f"checkpoint cost to the loop {_fmt_s(ci['stall_s'])} (median; {_fmt_s(ci['total_s'])} in all)"
+    fmt = _fmt_s if tier == "checkpoint" else _fmt_cost  # the durable line reads as in 0.2.0
+    cost = f"checkpoint cost to the loop {fmt(ci['stall_s'])} (median; {fmt(ci['total_s'])} in all)"
     if ci["mtbf_source"] == "observed":
         mtbf = f"MTBF {_fmt_s(ci['mtbf_s'])} observed ({ci['failures']} failure(s))"
     elif ci["mtbf_source"] == "given":
