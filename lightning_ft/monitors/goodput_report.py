@@ -574,11 +574,7 @@ def _format_projection(p: dict[str, Any]) -> list[str]:
         return [*lines, f"    {p['note']}"]
 
     def costs(name: str, c: dict[str, Any]) -> str:
-        parts = ", ".join(
-            f"{part.removesuffix('_s').replace('_', ' ')} {_fmt_s(v)}"
-            for part, v in c["parts"].items()
-            if v is not None
-        )
+        parts = ", ".join(f"{_PART_NAMES[part]} {_fmt_cost(v)}" for part, v in c["parts"].items() if v is not None)
         text = f"{name} save {_fmt_cost(c['stall_s'])}, restart {_fmt_cost(c['restart_s'])}" + (
             f" ({parts})" if parts else ""
         )
