@@ -1,8 +1,8 @@
 """``lightning-ft report LOGDIR``: goodput and incident summary of a run from its event logs.
 
-Wraps :func:`~lightning_ft.events.read_events` and :mod:`lightning_ft.monitors.goodput_report`
-(``summarize``, ``format_report``, and ``plot_timeline`` for ``--png``). A missing folder, a folder without event logs
-``--png`` without matplotlib, a ``--mtbf-hours`` that is not a positive number, a ``--project`` that is not a list
+Wraps :func:`~lightning_ft.events.read_events`, :mod:`lightning_ft.monitors.goodput_report` (``summarize``, and
+``plot_timeline`` for ``--png``) and :mod:`lightning_ft.monitors.goodput_text` (``format_report``). A missing folder,
+a folder without event logs, ``--png`` without matplotlib, a ``--mtbf-hours`` that is not a positive number, a ``--project`` that is not a list
 of positive GPU counts, a ``--mttf-hours-at`` that is not ``GPUS=HOURS,...`` (or is given without ``--project``)
 and a ``--durable-fraction`` outside [0, 1] are usage errors (exit code 2), found before anything is printed.
 Reading the events imports neither torch nor Lightning.
@@ -29,7 +29,7 @@ def register(subparsers: Any) -> None:
         "report",
         help="goodput and incident summary from the event logs",
         epilog="exit codes: 0 printed; 2 no such folder, no event logs under it, --png without matplotlib, or a bad"
-        " --mtbf-hours",
+        " --mtbf-hours, --project, --mttf-hours-at or --durable-fraction",
     )
     report.add_argument("logdir", help="the trainer's default_root_dir (or its lightning-ft/events folder)")
     report.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -8,7 +8,8 @@ The CLI's ``report`` summarizes the event logs and draws the timeline; its ``--p
 """
 
 from lightning_ft.monitors.goodput_projection import DEFAULT_MTTF_HOURS_AT, DEFAULT_PROJECT_GPUS
-from lightning_ft.monitors.goodput_report import format_report, plot_timeline, summarize
+from lightning_ft.monitors.goodput_report import plot_timeline, summarize
+from lightning_ft.monitors.goodput_text import format_report
 from lightning_ft.monitors.straggler_detector import StragglerDetector
 from lightning_ft.nvml import NVML
 

@@ -18,7 +18,8 @@ import pytest
 
 from lightning_ft.events import read_events
 from lightning_ft.monitors.checkpoint_tiers import DEFAULT_DURABLE_FRACTION
-from lightning_ft.monitors.goodput_report import format_report, summarize
+from lightning_ft.monitors.goodput_report import summarize
+from lightning_ft.monitors.goodput_text import format_report
 
 HISTORIES = Path(__file__).parent / "histories"
 F = 53 / 419  # the default share of failures that need the durable tier

@@ -10,7 +10,8 @@ import pytest
 
 from lightning_ft.events import read_events
 from lightning_ft.monitors.goodput_projection import DEFAULT_MTTF_HOURS_AT, mttf_hours
-from lightning_ft.monitors.goodput_report import format_report, summarize
+from lightning_ft.monitors.goodput_report import summarize
+from lightning_ft.monitors.goodput_text import format_report
 
 HISTORIES = Path(__file__).parent / "histories"
 F = 53 / 419

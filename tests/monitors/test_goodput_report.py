@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from lightning_ft.events import read_events
-from lightning_ft.monitors.goodput_report import format_report, plot_timeline, summarize
+from lightning_ft.monitors.goodput_report import plot_timeline, summarize
+from lightning_ft.monitors.goodput_text import format_report
 from lightning_ft.monitors.run_history import highest_step
 
 HISTORIES = Path(__file__).parent / "histories"
