@@ -150,13 +150,13 @@ def _format_node_incident(i: dict[str, Any], t0: float) -> str:
     if i["event"] == "node_evicted":
         cooldown = f"; cooldown {_fmt_s(num(i['cooldown_s']))}" if i.get("cooldown_s") is not None else ""
         return (
-            f"    node evicted: host {i['host']} ({_ranks(i['ranks'])}), {at}, source {i['source']}: "
+            f"    node evicted: host {i['host']} ({_ranks(i.get('ranks'))}), {at}, source {i['source']}: "
             f"{i['reason']}{cooldown}"
         )
     until = i.get("until")
     left = f"; refused until {_fmt_s(max(num(until) - num(i['time']), 0.0))} later" if until is not None else ""
     code = f" (exit code {i['exit_code']})" if i.get("exit_code") is not None else ""
-    return f"    join refused: host {i['host']} ({_ranks(i['ranks'])}), {at}: {i['reason']}{left}{code}"
+    return f"    join refused: host {i['host']} ({_ranks(i.get('ranks'))}), {at}: {i['reason']}{left}{code}"
 
 
 def _fmt_bytes(value: float | None) -> str:
