@@ -207,6 +207,13 @@ def _format_tiers(tiers: dict[str, Any]) -> list[str]:
     for tier, rs in tiers["restores"].items():
         if rs["attempts"] or rs["failures"]:
             lines.append(_format_restores(tier, rs))
+    observed = tiers.get("observed_durable_fraction")
+    if observed is not None:
+        lines.append(
+            f"    failures that resumed from the durable tier (or from nothing): {observed['durable']} of"
+            f" {observed['failures']}; the intervals use {_fmt_pct(tiers['durable_fraction'])}"
+            f" ({tiers['durable_fraction_source']}, --durable-fraction)"
+        )
     rejected = [f"{n} {tier}" for tier, n in tiers["rejected"].items() if n]
     lines.append("    rejected checkpoints: " + (", ".join(rejected) if rejected else "none"))
     return lines

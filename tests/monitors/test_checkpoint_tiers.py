@@ -140,7 +140,7 @@ def test_the_tier_lines_of_the_report():
     assert "resumed at step 60 from the local tier, recomputed 5 steps" in text
     lines = text.splitlines()
     start = lines.index("  checkpoint tiers:")
-    assert lines[start + 1 : start + 7] == [
+    assert lines[start + 1 : start + 8] == [
         "    durable saves: 3, stall 2.0s median (11.0s in all), 4.0 kB on rank 0",
         "    memory saves: 10, stall 0.25s median (0.50s in all), 1.0 kB + 1.0 kB peer on rank 0, 1 failed (/dev/shm"
         " full: 1)",
@@ -148,6 +148,8 @@ def test_the_tier_lines_of_the_report():
         "    restores from peer: 1, load 1.0s median (ranks: 2 local, 2 peer); 10.0 steps lost per failure (1"
         " failure(s): 10)",
         "    restores from durable: 1, load 4.0s median",
+        "    failures that resumed from the durable tier (or from nothing): 0 of 2; the intervals use 12.65% (assumed,"
+        " --durable-fraction)",
         "    rejected checkpoints: 1 durable, 1 local",
     ]
 
