@@ -23,6 +23,10 @@ adds them up. The rules, in one place:
   *start-up*, from that process start until the checkpoint load began (``resumed.startup_s``: imports, process group,
   model set-up; ``None`` when not recorded); *load*, ``resumed.load_s``; and *first step*, the rest of the time to
   the next attempt's ``first_step``.
+- An attempt's ``checkpoints`` and ``checkpoint_steps`` are its durable saves (``checkpoint_committed`` without
+  ``tier``, or ``tier="durable"``); ``memory_checkpoints`` counts its memory-tier saves, and ``resumed_tier`` names
+  the tier its ``resumed`` event restored from (``"durable"`` when the event names none, ``None`` without one).
+  :mod:`~lightning_ft.monitors.checkpoint_tiers` adds them up per tier.
 - A restart is a *failure* (for the mean time between failures) when the attempt hung, crashed or was killed, or when
   a preemption or a stop recomputed steps (its own checkpoint did not hold its last step).
 """

@@ -236,10 +236,11 @@ def test_an_empty_log_gives_an_empty_summary():
     assert "0 attempt(s)" in format_report(s)
 
 
-def test_the_timeline_is_written_as_a_png(tmp_path):
+@pytest.mark.parametrize("name", ["world_sizes", "tiers"])
+def test_the_timeline_is_written_as_a_png(tmp_path, name):
     pytest.importorskip("matplotlib")
     out = tmp_path / "timeline.png"
-    plot_timeline(history("world_sizes"), out)
+    plot_timeline(history(name), out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
