@@ -21,10 +21,11 @@ Definitions (all wall-clock seconds):
 - effective training time ratio (ETTR) = useful productive time / the run's wall time;
 - device utilisation = useful productive device-seconds / device-seconds held over the run's wall time (seconds times
   the world size of the attempt, or of the attempt being relaunched during a gap);
-- the suggested checkpoint interval is Young and Daly's ``sqrt(2 * C * MTBF)``: ``C`` the median time a checkpoint
-  blocked the loop (``stall_s``), ``MTBF`` the run's wall time over its failures (restarts that lost work or could
-  have, see :mod:`~lightning_ft.monitors.run_history`, and a last attempt that hung or crashed), or an assumed one
-  where none was observed.
+- the suggested checkpoint interval is Young and Daly's ``sqrt(2 * C * MTBF)``, per save tier: ``C`` the median
+  time a periodic checkpoint of the tier blocked the loop (``stall_s``), ``MTBF`` the run's wall time over its
+  failures (restarts that lost work or could have, see :mod:`~lightning_ft.monitors.run_history`, and a last attempt
+  that hung or crashed), or an assumed one where none was observed, over the share of failures the tier recovers (all
+  of them without a memory tier; see :mod:`~lightning_ft.monitors.checkpoint_tiers`).
 """
 
 from __future__ import annotations
