@@ -114,7 +114,7 @@ def summarize(
     _check_projection_options(durable_fraction, project_gpus, mttf_hours_at)
     events = list(events)
     run_id, by_attempt = latest_run([e for e in events if e.get("event") not in _NOT_AN_ATTEMPT])
-    refusals = [e for e in events if e.get("event") in _NOT_AN_ATTEMPT and run_id is not None]
+    refusals = [e for e in events if e.get("event") in _NOT_AN_ATTEMPT and e.get("run_id") == run_id]
     run_events = [e for evs in by_attempt.values() for e in evs]
     attempts = attempt_records(by_attempt)
     restarts: list[dict[str, Any]] = []
@@ -153,8 +153,7 @@ def summarize(
         "straggler_s": sum(num(e.get("lost_s")) for e in run_events if e.get("event") == "straggler_cleared"),
         "device_s_held": held_device_s,
     }
-    run_refusals = [e for e in refusals if e.get("run_id") == run_id]
-    incidents = _incidents(sorted(run_events + run_refusals, key=lambda e: (num(e.get("time")), num(e.get("rank")))))
+    incidents = _incidents(sorted(run_events + refusals, key=lambda e: (num(e.get("time")), num(e.get("rank")))))
     tiers = tier_summary(run_events, restarts, attempts)
     fraction = DEFAULT_DURABLE_FRACTION if durable_fraction is None else float(durable_fraction)
     tiers["durable_fraction"] = fraction
