@@ -1,9 +1,15 @@
 """``lightning-ft report LOGDIR``: goodput and incident summary of a run from its event logs.
 
-Wraps :func:`~lightning_ft.events.read_events` and :mod:`lightning_ft.monitors.goodput_report`
-(``summarize``, ``format_report``, and ``plot_timeline`` for ``--png``). A missing folder, a folder without event logs
-``--png`` without matplotlib and a ``--mtbf-hours`` that is not a positive number are usage errors (exit code 2),
-found before anything is printed. Reading the events imports neither torch nor Lightning.
+Wraps :func:`~lightning_ft.events.read_events`, :mod:`lightning_ft.monitors.goodput_report` (``summarize``, and
+``plot_timeline`` for ``--png``) and :mod:`lightning_ft.monitors.goodput_text` (``format_report``). A missing folder,
+a folder without event logs, ``--png`` without matplotlib, a ``--mtbf-hours`` that is not a positive number, a ``--project`` that is not a list
+of positive GPU counts, a ``--mttf-hours-at`` that is not ``GPUS=HOURS,...`` (or is given without ``--project``)
+and a ``--durable-fraction`` outside [0, 1] are usage errors (exit code 2), found before anything is printed.
+Reading the events imports neither torch nor Lightning.
+
+``--project`` takes an optional value (``--project`` alone projects to 1024, 4096 and 16384 GPUs, ``--project
+2048,8192`` to those): the common question is "what would this run give at the usual scales", so the flag alone
+answers it, and the comma list keeps one flag for one question instead of repeating it per scale.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ def register(subparsers: Any) -> None:
         "report",
         help="goodput and incident summary from the event logs",
         epilog="exit codes: 0 printed; 2 no such folder, no event logs under it, --png without matplotlib, or a bad"
-        " --mtbf-hours",
+        " --mtbf-hours, --project, --mttf-hours-at or --durable-fraction",
     )
     report.add_argument("logdir", help="the trainer's default_root_dir (or its lightning-ft/events folder)")
     report.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -34,6 +40,34 @@ def register(subparsers: Any) -> None:
         default=None,
         help="mean time between failures for the checkpoint-interval suggestion (default: the observed one, else 24)",
     )
+    from lightning_ft.monitors.internal import DEFAULT_MTTF_HOURS_AT, DEFAULT_PROJECT_GPUS
+
+    default_gpus = ",".join(map(str, DEFAULT_PROJECT_GPUS))
+    default_mttf = ",".join(f"{n}={h:g}" for n, h in DEFAULT_MTTF_HOURS_AT.items())
+    report.add_argument(
+        "--project",
+        nargs="?",
+        const=default_gpus,
+        default=None,
+        metavar="GPUS",
+        help=f"project the effective training time ratio to these GPU counts, comma-separated (alone: {default_gpus}),"
+        " with and without the memory tier, from this run's own save, load and restart costs",
+    )
+    report.add_argument(
+        "--mttf-hours-at",
+        default=None,
+        metavar="GPUS=HOURS,...",
+        help=f"mean time to failure by job size for --project (default {default_mttf}: Meta's research clusters,"
+        " Kokolis et al. 2024); read off on log-log axes between and beyond the points",
+    )
+    report.add_argument(
+        "--durable-fraction",
+        type=float,
+        default=None,
+        metavar="F",
+        help="share of failures, 0 to 1, that need the durable tier when a memory tier is in use (default 0.126, from"
+        " Llama 3's interruptions that lost a host's memory); sets each tier's interval and --project's 'with' column",
+    )
     report.set_defaults(func=run_report)
 
 
@@ -42,11 +76,19 @@ def run_report(args: argparse.Namespace) -> int:
 
     Raises:
         CLIError: ``args.logdir`` does not exist or holds no event logs, ``--mtbf-hours`` is not a positive number,
+            ``--project``, ``--mttf-hours-at`` or ``--durable-fraction`` breaks its rule (see the module docstring),
             or ``--png`` is given without matplotlib.
     """
     mtbf_hours = getattr(args, "mtbf_hours", None)
     if mtbf_hours is not None and not (mtbf_hours > 0 and mtbf_hours != float("inf")):
         raise CLIError(f"--mtbf-hours={mtbf_hours:g}: must be a positive, finite number of hours")
+    project_gpus = _project_gpus(getattr(args, "project", None))
+    mttf_hours_at = _mttf_hours_at(getattr(args, "mttf_hours_at", None))
+    if mttf_hours_at is not None and project_gpus is None:
+        raise CLIError(f"--mttf-hours-at={args.mttf_hours_at}: is used only by --project; add --project")
+    durable_fraction = getattr(args, "durable_fraction", None)
+    if durable_fraction is not None and not 0 <= durable_fraction <= 1:
+        raise CLIError(f"--durable-fraction={durable_fraction:g}: must be a share from 0 to 1")
     logdir = require_path(args.logdir, "folder")
     if args.png:
         require_module("matplotlib", "--png", extra="plot")
@@ -60,9 +102,49 @@ def run_report(args: argparse.Namespace) -> int:
         raise CLIError(
             f"no event logs under {logdir} (expected {folder}/rank*.jsonl; pass the trainer's default_root_dir)"
         )
-    summary = summarize(events, mtbf_hours=mtbf_hours)
+    summary = summarize(
+        events,
+        mtbf_hours=mtbf_hours,
+        durable_fraction=durable_fraction,
+        project_gpus=project_gpus,
+        mttf_hours_at=mttf_hours_at,
+    )
     print(json.dumps(summary, indent=2, default=str) if args.json else format_report(summary))
     if args.png:
         plot_timeline(events, args.png)
         print(f"wrote {args.png}")
     return EXIT_OK
+
+
+def _positive_int(text: str) -> int | None:
+    text = text.strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def _project_gpus(value: str | None) -> list[int] | None:
+    """``--project``'s value as GPU counts."""
+    if value is None:
+        return None
+    gpus = [_positive_int(part) for part in value.split(",")]
+    if not gpus or any(n is None for n in gpus):
+        raise CLIError(f"--project={value}: must be positive GPU counts separated by commas, e.g. 1024,4096,16384")
+    return [n for n in gpus if n is not None]
+
+
+def _mttf_hours_at(value: str | None) -> dict[int, float] | None:
+    """``--mttf-hours-at``'s value as GPU count -> hours."""
+    if value is None:
+        return None
+    rule = "must be GPUS=HOURS pairs separated by commas, positive counts and hours, each count once"
+    points: dict[int, float] = {}
+    for part in value.split(","):
+        gpus, sep, hours = part.partition("=")
+        n = _positive_int(gpus)
+        try:
+            h = float(hours)
+        except ValueError:
+            h = float("nan")
+        if not sep or n is None or n in points or not (0 < h < float("inf")):
+            raise CLIError(f"--mttf-hours-at={value}: {rule} (e.g. 1024=7.9,16384=1.8)")
+        points[n] = h
+    return points

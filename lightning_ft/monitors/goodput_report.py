@@ -2,8 +2,9 @@
 
 Pure functions over the events of :func:`~lightning_ft.events.read_events` (docs/strategy.md, "Event log"); how attempts end
 and link up is decided in :mod:`~lightning_ft.monitors.run_history`. :class:`~lightning_ft.monitors.goodput_monitor.
-GoodputMonitor` uses :func:`summarize` live; ``lightning-ft report LOGDIR`` prints :func:`format_report` of it and can
-draw :func:`plot_timeline`.
+GoodputMonitor` uses :func:`summarize` live; ``lightning-ft report LOGDIR`` prints
+:func:`~lightning_ft.monitors.goodput_text.format_report` of it and can draw :func:`plot_timeline`. The per-tier part
+is :mod:`~lightning_ft.monitors.checkpoint_tiers`'s, the projection :mod:`~lightning_ft.monitors.goodput_projection`'s.
 
 Definitions (all wall-clock seconds):
 
@@ -20,51 +21,100 @@ Definitions (all wall-clock seconds):
 - effective training time ratio (ETTR) = useful productive time / the run's wall time;
 - device utilisation = useful productive device-seconds / device-seconds held over the run's wall time (seconds times
   the world size of the attempt, or of the attempt being relaunched during a gap);
-- the suggested checkpoint interval is Young and Daly's ``sqrt(2 * C * MTBF)``: ``C`` the median time a checkpoint
-  blocked the loop (``stall_s``), ``MTBF`` the run's wall time over its failures (restarts that lost work or could
-  have, see :mod:`~lightning_ft.monitors.run_history`, and a last attempt that hung or crashed), or an assumed one
-  where none was observed.
+- the suggested checkpoint interval is Young and Daly's ``sqrt(2 * C * MTBF)``, per save tier: ``C`` the median
+  time a periodic checkpoint of the tier blocked the loop (``stall_s``), ``MTBF`` the run's wall time over its
+  failures (restarts that lost work or could have, see :mod:`~lightning_ft.monitors.run_history`, and a last attempt
+  that hung or crashed), or an assumed one where none was observed, over the share of failures the tier recovers (all
+  of them without a memory tier; see :mod:`~lightning_ft.monitors.checkpoint_tiers`).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import statistics
-from collections import Counter
-from collections.abc import Iterable
-from itertools import pairwise
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from lightning_ft.monitors.checkpoint_tiers import (
+    DEFAULT_DURABLE_FRACTION,
+    DURABLE_FRACTION_SOURCE,
+    tier_interval,
+    tier_of,
+    tier_summary,
+)
+from lightning_ft.monitors.goodput_projection import DEFAULT_MTTF_HOURS_AT, MTTF_SOURCE, project, restart_cost
+from lightning_ft.monitors.goodput_text import fmt_ratio
 from lightning_ft.monitors.run_history import attempts as attempt_records
 from lightning_ft.monitors.run_history import latest_run, link, num
 
-INCIDENT_EVENTS = ("preempted", "hang", "straggler", "thermal", "checkpoint_rejected")
-_ONE_PER_ATTEMPT = frozenset({"preempted", "hang"})  # they stop the attempt; each rank may write its own record
+INCIDENT_EVENTS = (
+    "preempted",
+    "hang",
+    "straggler",
+    "thermal",
+    "checkpoint_rejected",
+    "checkpoint_failed",
+    "node_evicted",
+    "join_refused",
+)
+_MERGED_BY = {
+    # They stop the attempt; each rank may write its own record.
+    "preempted": (),
+    "hang": (),
+    # One node leaves or refuses to join: once per node, however many of its ranks wrote it.
+    "node_evicted": ("host",),
+    "join_refused": ("host", "until"),
+    "checkpoint_failed": ("tier", "step"),
+}
+"""Incidents that several ranks may record: one per attempt and these fields, at the earliest record."""
+_NOT_AN_ATTEMPT = frozenset({"join_refused"})
+"""Events of a process that refused to start: not part of any attempt's training."""
 DEFAULT_MTBF_HOURS = 24.0
 """The MTBF the checkpoint-interval suggestion assumes when a run observed no failure and none is given."""
 
 
-def summarize(events: Iterable[dict[str, Any]], *, mtbf_hours: float | None = None) -> dict[str, Any]:
+def summarize(
+    events: Iterable[dict[str, Any]],
+    *,
+    mtbf_hours: float | None = None,
+    durable_fraction: float | None = None,
+    project_gpus: Sequence[int] | None = None,
+    mttf_hours_at: Mapping[int, float] | None = None,
+) -> dict[str, Any]:
     """Goodput summary of one run (the run of the last event, if the log holds several).
 
     Returns a JSON-able dict: ``attempts`` (one dict per attempt, with ``end_reason``), ``restarts`` (one per attempt
     that followed one that did not finish, with its phases), ``continuations`` (one per attempt that followed a
-    finished one), ``totals``, ``ettr``, ``device_utilisation``, ``checkpoint_interval`` (Young-Daly),
-    ``stragglers`` and ``incidents``. Ratios are ``None`` when the log holds no wall time.
+    finished one), ``totals``, ``ettr``, ``device_utilisation``, ``tiers`` (per checkpoint tier: saves, failed
+    saves, restores, lost steps per failure, rejections; see
+    :func:`~lightning_ft.monitors.checkpoint_tiers.tier_summary`), ``checkpoint_intervals`` (Young-Daly per save
+    tier, ``memory`` ``None`` when the run used no memory tier), ``checkpoint_interval`` (the durable tier's, as in
+    0.2.0), ``projection`` (``None`` unless ``project_gpus`` is given), ``stragglers`` and ``incidents``. Ratios are
+    ``None`` when the log holds no wall time.
 
     Args:
         events: the run's events, e.g. ``read_events(LOGDIR)``.
         mtbf_hours: the mean time between failures the checkpoint-interval suggestion uses in place of the observed
             one; also used, with :data:`DEFAULT_MTBF_HOURS` as the default, when the run observed no failure.
+        durable_fraction: the share of failures, in [0, 1], that need the durable tier when a memory tier is in use
+            (default :data:`~lightning_ft.monitors.checkpoint_tiers.DEFAULT_DURABLE_FRACTION`, an assumption); it
+            sets each tier's interval and the projection "with the memory tier".
+        project_gpus: GPU counts (positive integers) to project the ETTR to
+            (:func:`~lightning_ft.monitors.goodput_projection.project`).
+        mttf_hours_at: GPU count -> mean time to failure in hours, for the projection (default
+            :data:`~lightning_ft.monitors.goodput_projection.DEFAULT_MTTF_HOURS_AT`).
 
     Raises:
-        ValueError: ``mtbf_hours`` is not a positive number.
+        ValueError: ``mtbf_hours`` is not a positive number, ``durable_fraction`` not in [0, 1], ``project_gpus``
+            not a non-empty list of positive integers, or ``mttf_hours_at`` not a non-empty mapping of positive
+            integers to positive, finite hours.
     """
     if mtbf_hours is not None and not (isinstance(mtbf_hours, (int, float)) and mtbf_hours > 0):
         raise ValueError(f"summarize(mtbf_hours={mtbf_hours!r}): must be a positive number of hours")
+    _check_projection_options(durable_fraction, project_gpus, mttf_hours_at)
     events = list(events)
-    run_id, by_attempt = latest_run(events)
+    run_id, by_attempt = latest_run([e for e in events if e.get("event") not in _NOT_AN_ATTEMPT])
+    refusals = [e for e in events if e.get("event") in _NOT_AN_ATTEMPT and e.get("run_id") == run_id]
     run_events = [e for evs in by_attempt.values() for e in evs]
     attempts = attempt_records(by_attempt)
     restarts: list[dict[str, Any]] = []
@@ -103,10 +153,16 @@ def summarize(events: Iterable[dict[str, Any]], *, mtbf_hours: float | None = No
         "straggler_s": sum(num(e.get("lost_s")) for e in run_events if e.get("event") == "straggler_cleared"),
         "device_s_held": held_device_s,
     }
-    incidents = _incidents(run_events)
+    incidents = _incidents(sorted(run_events + refusals, key=lambda e: (num(e.get("time")), num(e.get("rank")))))
+    tiers = tier_summary(run_events, restarts, attempts)
+    fraction = DEFAULT_DURABLE_FRACTION if durable_fraction is None else float(durable_fraction)
+    tiers["durable_fraction"] = fraction
+    tiers["durable_fraction_source"] = "assumed" if durable_fraction is None else "given"
+    tiers["observed_durable_fraction"] = _observed_durable_fraction(restarts) if tiers["memory_in_use"] else None
+    intervals = _young_daly(run_events, attempts, wall_s, failures, mtbf_hours, tiers["memory_in_use"], fraction)
     for a in attempts:
         del a["_progress"]
-    return {
+    summary = {
         "run_id": run_id,
         "attempts": attempts,
         "restarts": restarts,
@@ -114,31 +170,125 @@ def summarize(events: Iterable[dict[str, Any]], *, mtbf_hours: float | None = No
         "totals": totals,
         "ettr": (productive_s - lost_s) / wall_s if wall_s > 0 else None,
         "device_utilisation": useful_device_s / held_device_s if held_device_s > 0 else None,
-        "checkpoint_interval": _young_daly(run_events, attempts, wall_s, failures, mtbf_hours),
+        "tiers": tiers,
+        "checkpoint_intervals": intervals,
+        "checkpoint_interval": intervals["durable"],
+        "projection": None,
         "stragglers": _stragglers(run_events, totals["straggler_s"]),
         "incidents": incidents,
     }
+    if project_gpus is not None:
+        summary["projection"] = _projection(
+            summary,
+            run_events,
+            gpus=list(project_gpus),
+            mttf_points=dict(DEFAULT_MTTF_HOURS_AT if mttf_hours_at is None else mttf_hours_at),
+            mttf_given=mttf_hours_at is not None,
+            fraction=fraction,
+            fraction_given=durable_fraction is not None,
+        )
+    return summary
+
+
+def _check_projection_options(durable_fraction: Any, project_gpus: Any, mttf_hours_at: Any) -> None:
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    if durable_fraction is not None and not (number(durable_fraction) and 0 <= durable_fraction <= 1):
+        raise ValueError(f"summarize(durable_fraction={durable_fraction!r}): must be a number from 0 to 1")
+    if project_gpus is not None and not (
+        isinstance(project_gpus, Sequence)
+        and project_gpus
+        and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in project_gpus)
+    ):
+        raise ValueError(f"summarize(project_gpus={project_gpus!r}): must be a non-empty list of positive integers")
+    if mttf_hours_at is not None and not (
+        isinstance(mttf_hours_at, Mapping)
+        and mttf_hours_at
+        and all(
+            isinstance(n, int) and not isinstance(n, bool) and n > 0 and number(h) and h > 0
+            for n, h in mttf_hours_at.items()
+        )
+    ):
+        raise ValueError(
+            f"summarize(mttf_hours_at={mttf_hours_at!r}): must map positive GPU counts to positive, finite hours"
+        )
+
+
+def _observed_durable_fraction(restarts: list[dict[str, Any]]) -> dict[str, int] | None:
+    """Of this run's failures, how many resumed from the durable tier (or from nothing) and how many from memory."""
+    failed = [r for r in restarts if r["failure"]]
+    if not failed:
+        return None
+    durable = sum(1 for r in failed if r.get("resumed_tier") in (None, "durable"))
+    return {"durable": durable, "failures": len(failed)}
+
+
+def _projection(
+    summary: dict[str, Any],
+    run_events: list[dict[str, Any]],
+    *,
+    gpus: list[int],
+    mttf_points: dict[int, float],
+    mttf_given: bool,
+    fraction: float,
+    fraction_given: bool,
+) -> dict[str, Any]:
+    resumed = [e for e in run_events if e.get("event") == "resumed" and e.get("rank", 0) == 0]
+    restarts = {r["attempt"]: r for r in summary["restarts"]}
+    intervals = summary["checkpoint_intervals"]
+    durable = {"stall_s": intervals["durable"]["stall_s"], **restart_cost(resumed, restarts, memory=False)}
+    memory: dict[str, Any] | None = None
+    memory_stall = intervals["memory"]["stall_s"] if intervals["memory"] is not None else None
+    if memory_stall is None:
+        note = (
+            'omitted: this run recorded no memory-tier save (checkpoint_committed with tier "memory" and a stall_s),'
+            " so there is no memory save cost to project from"
+        )
+    else:
+        memory = {"stall_s": memory_stall, **restart_cost(resumed, restarts, memory=True)}
+        note = None
+        if memory["resumes"] == 0:
+            memory.update({k: durable[k] for k in ("parts", "restart_s", "not_measured")})
+            memory["restart_assumed"] = True
+            note = (
+                "a restart from the memory tier is assumed to cost what one from the durable tier did (this run"
+                " recorded no resume from the memory tier): only the save cost and the lost work differ"
+            )
+    return project(
+        gpus=gpus,
+        mttf_points=mttf_points,
+        mttf_source="given (--mttf-hours-at)" if mttf_given else MTTF_SOURCE,
+        durable_fraction=fraction,
+        durable_fraction_source="given (--durable-fraction)" if fraction_given else DURABLE_FRACTION_SOURCE,
+        durable=durable,
+        memory=memory,
+        memory_note=note,
+    )
 
 
 def _incidents(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One record per incident. A preemption or a hang stops the whole attempt and every rank may record it: those
     of one attempt are one incident, at the earliest record, with ``ranks_recorded``."""
     out: list[dict[str, Any]] = []
-    merged: dict[tuple[Any, str], dict[str, Any]] = {}
+    merged: dict[tuple[Any, ...], dict[str, Any]] = {}
     for e in events:
         name = e.get("event")
         if name not in INCIDENT_EVENTS or (name == "thermal" and not e.get("reasons")):
             continue
         incident = {k: e.get(k) for k in ("time", "attempt", "rank", "event", "step")} | _incident_detail(e)
-        if name not in _ONE_PER_ATTEMPT:
+        if name not in _MERGED_BY:
             out.append(incident)
             continue
-        first = merged.get((e.get("attempt"), name))
+        key = (e.get("attempt"), name, *(str(e.get(k)) for k in _MERGED_BY[name]))
+        first = merged.get(key)
         if first is None:
-            merged[(e.get("attempt"), name)] = incident | {"ranks_recorded": [e.get("rank")]}
-            out.append(merged[(e.get("attempt"), name)])
+            merged[key] = first = incident | {"ranks_recorded": [e.get("rank")]}
+            out.append(first)
         elif e.get("rank") not in first["ranks_recorded"]:
             first["ranks_recorded"] = sorted([*first["ranks_recorded"], e.get("rank")], key=lambda r: num(r))
+        if name == "join_refused":  # the event names no ranks: those of the node are the ones that refused
+            first["ranks"] = first["ranks_recorded"]
     return out
 
 
@@ -166,18 +316,10 @@ def _young_daly(
     wall_s: float,
     failures: int,
     mtbf_hours: float | None,
-) -> dict[str, Any]:
-    # Periodic checkpoints only: a preemption or straggler-stop checkpoint is taken on demand, not on the interval.
-    commits = [
-        e
-        for e in events
-        if e.get("event") == "checkpoint_committed"
-        and e.get("rank", 0) == 0
-        and "preempt-step=" not in str(e.get("path", ""))
-    ]
-    stalls = [num(e.get("stall_s"), math.nan) for e in commits]
-    stalls = [s for s in stalls if math.isfinite(s)]
-    totals = [t for t in (num(e.get("total_s"), math.nan) for e in commits) if math.isfinite(t)]
+    memory_in_use: bool,
+    durable_fraction: float,
+) -> dict[str, dict[str, Any] | None]:
+    """Young and Daly's interval per save tier; ``memory`` is ``None`` when the run used no memory tier."""
     observed_mtbf_s = wall_s / failures if failures else None
     if mtbf_hours is not None:
         mtbf_s, source = mtbf_hours * 3600.0, "given"
@@ -185,29 +327,22 @@ def _young_daly(
         mtbf_s, source = observed_mtbf_s, "observed"
     else:
         mtbf_s, source = DEFAULT_MTBF_HOURS * 3600.0, "assumed"
-    cost_s = statistics.median(stalls) if stalls else None
-    interval_s = math.sqrt(2.0 * cost_s * mtbf_s) if cost_s is not None and cost_s > 0 else None
     steps = sum(max((a["last_step"] or 0) - a["start_step"], 0) for a in attempts if a["productive_s"] > 0)
     busy_s = sum(a["productive_s"] + a["data_wait_s"] for a in attempts)
     step_s = busy_s / steps if steps and busy_s > 0 else None
-    periodic = {(e.get("attempt"), e.get("step")) for e in commits}
-    spacing = [
-        b - a
-        for at in attempts
-        for a, b in pairwise(s for s in at["checkpoint_steps"] if (at["attempt"], s) in periodic)
-    ]
-    return {
-        "stall_s": cost_s,
-        "total_s": statistics.median(totals) if totals else None,
+    run = {
         "failures": failures,
         "observed_mtbf_s": observed_mtbf_s,
         "mtbf_s": mtbf_s,
         "mtbf_source": source,
-        "interval_s": interval_s,
-        "interval_steps": max(round(interval_s / step_s), 1) if interval_s is not None and step_s else None,
-        "current_interval_steps": statistics.median(spacing) if spacing else None,
         "step_s": step_s,
     }
+    # Without a memory tier, the durable tier recovers every failure; with one, the share that needs it.
+    shares = {"durable": durable_fraction, "memory": 1.0 - durable_fraction} if memory_in_use else {"durable": 1.0}
+    out: dict[str, dict[str, Any] | None] = {"durable": None, "memory": None}
+    for tier, share in shares.items():
+        out[tier] = run | tier_interval(events, attempts, tier=tier, mtbf_s=mtbf_s, share=share, step_s=step_s)
+    return out
 
 
 def _incident_detail(e: dict[str, Any]) -> dict[str, Any]:
@@ -216,132 +351,15 @@ def _incident_detail(e: dict[str, Any]) -> dict[str, Any]:
         "hang": ("idle_s", "ranks", "stacks_path"),
         "straggler": ("suspect_rank", "ratio", "onset_step"),
         "thermal": ("device", "reasons", "temperature_c", "sm_clock_mhz"),
-        "checkpoint_rejected": ("path", "reason"),
+        "checkpoint_rejected": ("tier", "path", "reason"),
+        "checkpoint_failed": ("tier", "reason"),
+        "node_evicted": ("host", "ranks", "source", "reason", "cooldown_s", "record_path"),
+        "join_refused": ("host", "reason", "until", "exit_code"),
     }[e["event"]]
-    return {k: e.get(k) for k in keys}
-
-
-def _fmt_s(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if abs(value) >= 3600:
-        return f"{value / 3600:.1f}h"
-    return f"{value:.1f}s"
-
-
-def _fmt_ratio(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
-
-
-_END_TEXT = {
-    "killed": "killed (no end recorded)",
-    "unknown": "no end recorded (still running, or killed)",
-}
-
-
-def format_report(summary: dict[str, Any]) -> str:
-    """A plain-text report of :func:`summarize`'s result, for a terminal."""
-    t = summary["totals"]
-    lines = [
-        f"run {summary['run_id']}: {t['attempts']} attempt(s), {t['restarts']} restart(s)"
-        + (f", {t['continuations']} continuation(s)" if t.get("continuations") else ""),
-        f"  effective training time ratio  {_fmt_ratio(summary['ettr'])}"
-        f"  (useful productive {_fmt_s(t['useful_productive_s'])} of {_fmt_s(t['wall_s'])} wall)",
-        f"  device utilisation             {_fmt_ratio(summary['device_utilisation'])}"
-        f"  ({t['device_s_held']:.1f} device-s held, gaps before restarts included)",
-        f"  productive {_fmt_s(t['productive_s'])}, data wait {_fmt_s(t['data_wait_s'])}, "
-        f"checkpoint stalls {_fmt_s(t['checkpoint_stall_s'])}, restarts {_fmt_s(t['restart_s'])}, "
-        f"lost work {t['lost_steps']} steps / {_fmt_s(t['lost_s'])}, stragglers {_fmt_s(t['straggler_s'])}",
-    ]
-    ended_by: dict[int, str] = {}
-    for a in summary["attempts"]:
-        ended = _END_TEXT.get(a["end_reason"], a["end_reason"])
-        if a.get("signal"):
-            ended += f" ({a['signal']})"
-        if a.get("killed_ranks"):
-            ranks = ", ".join(map(str, a["killed_ranks"]))
-            ended = f"killed: rank {ranks} recorded no end; the others recorded {a.get('recorded_reason')}"
-            if a.get("signal"):
-                ended += f" ({a['signal']})"
-        if a["last_step"] is None:
-            steps = "no step trained" + (
-                f" (resumed at step {a['start_step']})" if a["resumed_step"] is not None else ""
-            )
-        else:
-            steps = f"steps {a['start_step']}..{a['last_step']}"
-        ended_by[a["attempt"]] = (
-            f"killed: rank {', '.join(map(str, a['killed_ranks']))} recorded no end"
-            if a.get("killed_ranks")
-            else _END_TEXT.get(a["end_reason"], a["end_reason"])
-        )
-        lines.append(
-            f"  attempt {a['attempt']}: world size {a['world_size']}, wall {_fmt_s(a['wall_s'])}, {steps}, "
-            f"productive {_fmt_s(a['productive_s'])}, {a['checkpoints']} checkpoint(s), ended: {ended}"
-        )
-    for c in summary.get("continuations", []):
-        lines.append(
-            f"  attempt {c['attempt']} continues finished attempt {c['after_attempt']}: "
-            f"gap {_fmt_s(c['gap_s'])} (not the run's time), start-up {_fmt_s(c['startup_s'])}"
-        )
-    for r in summary["restarts"]:
-        phases = ", ".join(
-            f"{name} {_fmt_s(r[key])}"
-            for name, key in (
-                ("detection" if r["exit_s"] is not None else "detection, exit and relaunch", "detection_s"),
-                ("exit", "exit_s"),
-                ("relaunch", "relaunch_s"),
-                ("start-up", "startup_s"),
-                ("load", "load_s"),
-                ("first step", "first_step_s"),
-            )
-            if r[key] is not None
-        )
-        lines.append(
-            f"  restart before attempt {r['attempt']} (after: {ended_by.get(r['after_attempt'], r['cause'])}): "
-            f"{_fmt_s(r['restart_s'])} = {phases}; resumed at step {r['resumed_step']}, "
-            f"recomputed {r['lost_steps']} steps ({_fmt_s(r['lost_s'])})"
-            + (
-                f", world size {r['world_size_before']} -> {r['world_size']}"
-                if r["world_size_before"] != r["world_size"]
-                else ""
-            )
-        )
-    lines.append(_format_interval(summary["checkpoint_interval"]))
-    s = summary["stragglers"]
-    latencies = [d["latency_steps"] for d in s["detections"] if d["latency_steps"] is not None]
-    lines.append(
-        f"  straggler detections: {s['count']}"
-        + (f", onset to detection {min(latencies)}..{max(latencies)} steps" if latencies else "")
-    )
-    for d in s["detections"]:
-        ratio = f"{d['ratio']:.2f}x" if isinstance(d["ratio"], (int, float)) else "?"
-        lines.append(f"    step {d['step']}: rank {d['suspect_rank']} {ratio} (onset step {d['onset_step']})")
-    counts = Counter(i["event"] for i in summary["incidents"])
-    if counts:
-        lines.append("  incidents: " + ", ".join(f"{n} {name}" for name, n in sorted(counts.items())))
-    return "\n".join(lines)
-
-
-def _format_interval(ci: dict[str, Any]) -> str:
-    if ci["stall_s"] is None:
-        return "  checkpoint interval: no committed checkpoint recorded, no suggestion"
-    cost = f"checkpoint cost to the loop {_fmt_s(ci['stall_s'])} (median; {_fmt_s(ci['total_s'])} in all)"
-    if ci["mtbf_source"] == "observed":
-        mtbf = f"MTBF {_fmt_s(ci['mtbf_s'])} observed ({ci['failures']} failure(s))"
-    elif ci["mtbf_source"] == "given":
-        mtbf = f"MTBF {_fmt_s(ci['mtbf_s'])} given" + (
-            f" (observed: {_fmt_s(ci['observed_mtbf_s'])})" if ci["observed_mtbf_s"] is not None else ""
-        )
-    else:
-        mtbf = f"no failure observed; MTBF assumed {_fmt_s(ci['mtbf_s'])} (--mtbf-hours to change)"
-    if ci["interval_s"] is None:
-        return f"  checkpoint interval: {cost}, {mtbf}; checkpoints did not block the loop, no suggestion"
-    steps = f" = every ~{ci['interval_steps']} steps" if ci["interval_steps"] is not None else ""
-    now = f" (now every {ci['current_interval_steps']:g})" if ci["current_interval_steps"] is not None else ""
-    return (
-        f"  checkpoint interval (Young-Daly sqrt(2 x cost x MTBF)): {_fmt_s(ci['interval_s'])}{steps}{now}; "
-        f"{cost}, {mtbf}"
-    )
+    detail = {k: e.get(k) for k in keys}
+    if "tier" in detail:
+        detail["tier"] = tier_of(e)  # no tier: a log older than the tiers, where every checkpoint was durable
+    return detail
 
 
 _COLOURS = {
@@ -350,6 +368,9 @@ _COLOURS = {
     "straggler": "tab:orange",
     "thermal": "tab:brown",
     "checkpoint_rejected": "tab:gray",
+    "checkpoint_failed": "tab:olive",
+    "node_evicted": "tab:pink",
+    "join_refused": "tab:cyan",
 }
 
 
@@ -403,7 +424,7 @@ def plot_timeline(events: Iterable[dict[str, Any]], out_png: str | os.PathLike[s
         seen.add(name)
     ax.set_ylabel("global step")
     ax.set_title(
-        f"run {summary['run_id']}: ETTR {_fmt_ratio(summary['ettr'])}, "
+        f"run {summary['run_id']}: ETTR {fmt_ratio(summary['ettr'])}, "
         f"{summary['totals']['restarts']} restart(s), {summary['stragglers']['count']} straggler detection(s)"
     )
     ax.legend(loc="upper left", fontsize="small")

@@ -4,14 +4,18 @@ CLI) use of this package beyond its public names. It is not API: users are taugh
 imported only by the packages that may import ``monitors`` (tests/test_architecture.py, ``ALLOWED``) and by the
 tests.
 
-The CLI's ``report`` summarizes the event logs and draws the timeline.
+The CLI's ``report`` summarizes the event logs and draws the timeline; its ``--project`` defaults are the projection's.
 """
 
-from lightning_ft.monitors.goodput_report import format_report, plot_timeline, summarize
+from lightning_ft.monitors.goodput_projection import DEFAULT_MTTF_HOURS_AT, DEFAULT_PROJECT_GPUS
+from lightning_ft.monitors.goodput_report import plot_timeline, summarize
+from lightning_ft.monitors.goodput_text import format_report
 from lightning_ft.monitors.straggler_detector import StragglerDetector
 from lightning_ft.nvml import NVML
 
 __all__ = [
+    "DEFAULT_MTTF_HOURS_AT",
+    "DEFAULT_PROJECT_GPUS",
     "NVML",
     "StragglerDetector",
     "format_report",

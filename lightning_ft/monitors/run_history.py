@@ -23,6 +23,10 @@ adds them up. The rules, in one place:
   *start-up*, from that process start until the checkpoint load began (``resumed.startup_s``: imports, process group,
   model set-up; ``None`` when not recorded); *load*, ``resumed.load_s``; and *first step*, the rest of the time to
   the next attempt's ``first_step``.
+- An attempt's ``checkpoints`` and ``checkpoint_steps`` are its durable saves (``checkpoint_committed`` without
+  ``tier``, or ``tier="durable"``); ``memory_checkpoints`` counts its memory-tier saves, and ``resumed_tier`` names
+  the tier its ``resumed`` event restored from (``"durable"`` when the event names none, ``None`` without one).
+  :mod:`~lightning_ft.monitors.checkpoint_tiers` adds them up per tier.
 - A restart is a *failure* (for the mean time between failures) when the attempt hung, crashed or was killed, or when
   a preemption or a stop recomputed steps (its own checkpoint did not hold its last step).
 """
@@ -101,6 +105,7 @@ def _attempt(attempt: int, evs: list[dict[str, Any]], *, every_rank_ends: bool) 
     if resumed_step is not None:  # records written before the checkpoint's step was restored (a crash while loading)
         steps = [s for s in steps if s >= resumed_step]
     committed = [e for e in rank0 if e.get("event") == "checkpoint_committed"]
+    durable = [e for e in committed if e.get("tier") in (None, "durable")]  # no tier: a log older than the tiers
     last_progress_time = num(progress[-1].get("time")) if progress else None
     record = {
         "attempt": attempt,
@@ -111,6 +116,7 @@ def _attempt(attempt: int, evs: list[dict[str, Any]], *, every_rank_ends: bool) 
         "first_step_time": num(first.get("time")) if first else None,
         "recovery_s": num(first.get("time")) - start_time if first else None,
         "resumed_step": resumed_step,
+        "resumed_tier": (str(resumed.get("tier") or "durable")) if resumed is not None else None,
         "load_s": num(resumed.get("load_s"), math.nan) if resumed is not None else math.nan,
         "resume_startup_s": num(resumed.get("startup_s"), math.nan) if resumed is not None else math.nan,
         "start_step": resumed_step or 0,
@@ -119,8 +125,9 @@ def _attempt(attempt: int, evs: list[dict[str, Any]], *, every_rank_ends: bool) 
         "productive_s": sum(num(e.get("productive_s")) for e in progress),
         "data_wait_s": sum(num(e.get("data_wait_s")) for e in progress),
         "checkpoint_stall_s": sum(num(e.get("stall_s")) for e in committed),
-        "checkpoints": len(committed),
-        "checkpoint_steps": [e["step"] for e in committed if isinstance(e.get("step"), int)],
+        "checkpoints": len(durable),
+        "memory_checkpoints": len(committed) - len(durable),
+        "checkpoint_steps": [e["step"] for e in durable if isinstance(e.get("step"), int)],
         "lost_steps": 0,
         "lost_s": 0.0,
         "_progress": [(int(e["step"]), num(e.get("productive_s"))) for e in progress if isinstance(e.get("step"), int)],
@@ -222,6 +229,7 @@ def link(prev: dict[str, Any], cur: dict[str, Any]) -> dict[str, Any]:
         **phases,
         "gap_s": gap_s,
         "resumed_step": resume_step,
+        "resumed_tier": cur["resumed_tier"],
         "lost_steps": lost_steps,
         "lost_s": lost_s,
         "world_size_before": prev["world_size"],

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from lightning_ft.events import read_events
-from lightning_ft.monitors.goodput_report import format_report, plot_timeline, summarize
+from lightning_ft.monitors.goodput_report import plot_timeline, summarize
+from lightning_ft.monitors.goodput_text import format_report
 from lightning_ft.monitors.run_history import highest_step
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -235,8 +236,66 @@ def test_an_empty_log_gives_an_empty_summary():
     assert "0 attempt(s)" in format_report(s)
 
 
-def test_the_timeline_is_written_as_a_png(tmp_path):
+@pytest.mark.parametrize("name", ["world_sizes", "tiers"])
+def test_the_timeline_is_written_as_a_png(tmp_path, name):
     pytest.importorskip("matplotlib")
     out = tmp_path / "timeline.png"
-    plot_timeline(history("world_sizes"), out)
+    plot_timeline(history(name), out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_evicted_node_and_its_refused_join_are_listed_once_per_node():
+    # histories/tiers: rank 0 records node-c's eviction at 1202; node-c's ranks 2 and 3 each record their refusal.
+    s = summarize(history("tiers"))
+    (evicted,) = [i for i in s["incidents"] if i["event"] == "node_evicted"]
+    assert {k: evicted[k] for k in ("time", "attempt", "host", "ranks", "source", "reason", "cooldown_s")} == {
+        "time": 1202.0,
+        "attempt": 2,
+        "host": "node-c",
+        "ranks": [2, 3],
+        "source": "straggler",
+        "reason": "rank 2 1.30x the median for 50 steps",
+        "cooldown_s": 600.0,
+    }
+    (refused,) = [i for i in s["incidents"] if i["event"] == "join_refused"]
+    assert (refused["time"], refused["host"], refused["ranks"], refused["until"], refused["exit_code"]) == (
+        1225.0,
+        "node-c",
+        [2, 3],
+        1802.0,
+        75,
+    )
+    text = format_report(s)
+    assert "incidents: 1 checkpoint_failed, 2 checkpoint_rejected, 1 join_refused, 1 node_evicted" in text
+    # Times from the run's first process start (1000).
+    assert (
+        "    node evicted: host node-c (ranks 2, 3), attempt 2, 202.0s into the run, source straggler: rank 2 1.30x"
+        " the median for 50 steps; cooldown 600.0s" in text
+    )
+    assert (
+        "    join refused: host node-c (ranks 2, 3), attempt 3, 225.0s into the run: evicted at 1202 (straggler);"
+        " cooldown until 1802; refused until 577.0s later (exit code 75)" in text
+    )
+
+
+def test_an_eviction_every_rank_recorded_counts_once_and_a_refusal_makes_no_attempt():
+    events = history("tiers")
+    (evicted,) = [e for e in events if e["event"] == "node_evicted"]
+    events.append(evicted | {"rank": 1, "time": 1202.5})
+    # The refusing processes counted one attempt more than the run has: still no attempt of their own.
+    events = [e | {"attempt": 4} if e["event"] == "join_refused" else e for e in events]
+    s = summarize(events)
+    assert s["totals"]["attempts"] == 4
+    assert [a["world_size"] for a in s["attempts"]] == [4, 4, 4, 2]
+    counts = {name: sum(1 for i in s["incidents"] if i["event"] == name) for name in ("node_evicted", "join_refused")}
+    assert counts == {"node_evicted": 1, "join_refused": 1}
+    (first,) = [i for i in s["incidents"] if i["event"] == "node_evicted"]
+    assert first["ranks_recorded"] == [0, 1]
+    # Two nodes evicted at once are two incidents.
+    events.append(evicted | {"host": "node-d", "ranks": [4, 5]})
+    assert sum(1 for i in summarize(events)["incidents"] if i["event"] == "node_evicted") == 2
+
+
+def test_a_refusal_of_another_run_is_not_this_run_s():
+    events = [e | {"run_id": "other"} if e["event"] == "join_refused" else e for e in history("tiers")]
+    assert [i for i in summarize(events)["incidents"] if i["event"] == "join_refused"] == []
