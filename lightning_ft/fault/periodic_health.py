@@ -126,8 +126,10 @@ def slow_ranks(times: dict[tuple[int, int], float], world_size: int, slowdown: f
     """The ranks to name for a slow collective, from the pair round trips, and why.
 
     A pair is slow when its round trip is more than ``slowdown`` times the fastest pair's. A rank is named when every
-    pair it is in is slow and some pair is not. Two ranks cannot be told apart (one pair); when every pair is slow
-    (the fabric, or every link) or none is (the slowdown is in the all-reduce only), every rank is named.
+    pair it is in is slow (and some pair is not); when that holds for rank 0, rank 0 alone is named (its slow links
+    explain every slow pair; a rank linked to rank 0 only cannot be told apart from it). Two ranks cannot be told
+    apart (one pair); when no pair stands out (a slow fabric, or a slowdown of the all-reduce only), every rank is
+    named.
     """
     ranks = list(range(world_size))
     if not times:
@@ -139,9 +141,8 @@ def slow_ranks(times: dict[tuple[int, int], float], world_size: int, slowdown: f
         return ranks, f"two ranks cannot be told apart (round trip {shown})"
     if not slow:
         return ranks, f"no link stands out (round trips {shown})"
-    if len(slow) == len(times):
-        return ranks, f"every link is slow (round trips {shown})"
     named = [r for r in ranks if all(pair in slow for pair in times if r in pair)]
+    named = [0] if 0 in named else named
     if not named:
         return ranks, f"no single rank is in every slow link (round trips {shown})"
     return named, f"every link of this rank is slower than {slowdown:g}x the fastest (round trips {shown})"

@@ -62,6 +62,7 @@ def main() -> None:
     p.add_argument("--no-health-checks", action="store_true")
     p.add_argument("--health-every", type=int, default=None, help="FaultPolicy.health_check_every_n_steps")
     p.add_argument("--health-action", default="log", help="FaultPolicy.health_check_action")
+    p.add_argument("--health-slowdown", type=float, default=5.0, help="FaultPolicy.health_check_slowdown")
     p.add_argument("--ecc-at", default=None, help="RANK:STEP: the fake NVML reports ECC errors there")
     args = p.parse_args()
 
@@ -76,6 +77,7 @@ def main() -> None:
         health_checks=not args.no_health_checks,
         health_check_every_n_steps=args.health_every,
         health_check_action=args.health_action,
+        health_check_slowdown=args.health_slowdown,
     )
     strategy = ElasticFT3D(fault=fault)
     extra = []
