@@ -6,7 +6,10 @@ so that a preemption checkpoint sees the state every other callback's batch-end 
 does), :meth:`preflight` in ``setup`` (hang watchdog, health checks, the agreement group), and :meth:`uninstall` at
 teardown. As a callback it marks progress points for the watchdog and, at every step boundary, after validation and
 at the end of training, asks the ranks whether any of them received a preemption signal; when they agree, every rank
-commits ``preempt-step=<N>``, writes ``preempted`` and exits with ``FaultPolicy.exit_code``.
+commits ``preempt-step=<N>``, writes ``preempted`` and exits with ``FaultPolicy.exit_code``. Every
+``FaultPolicy.health_check_every_n_steps`` steps, at the step boundary and before that question, it runs the periodic
+health checks (:mod:`~lightning_ft.fault.periodic_health`, collective) and acts on a failure as
+``FaultPolicy.health_check_action`` says, in one place (``_health_check_failed``).
 
 So that a hang names the rank the others wait for, the handler wraps torch.distributed's blocking collectives while
 ``fit`` runs (:func:`~lightning_ft.fault.collective_waits.collective_patches`, undone by :meth:`FaultHandler.uninstall`): the main
