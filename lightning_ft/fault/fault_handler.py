@@ -44,7 +44,7 @@ from lightning_ft.fault.agreement import StopAgreement, StopDecision
 from lightning_ft.fault.collective_waits import collective_patches
 from lightning_ft.fault.fault_policy import FaultPolicy
 from lightning_ft.fault.heartbeat import HeartbeatBoard, Progress
-from lightning_ft.fault.periodic_health import Baseline, PeriodicHealthCheck
+from lightning_ft.fault.periodic_health import CollectiveTiming, PeriodicHealthCheck
 from lightning_ft.fault.signals import PreemptionSignals
 from lightning_ft.fault.watchdog import Watchdog
 from lightning_ft.stop import attempt_end_fields, checkpoint_and_stop, preempt_checkpoint_path
@@ -217,7 +217,7 @@ class FaultHandler(Callback):
         info = {"rank": rank, "allreduce_busbw_gbps": busbw, "allreduce_latency_s": latency}
         failures, infos = health.exchange(failures, info)
         if self.periodic is not None:
-            self.periodic.baseline = Baseline.from_infos(infos)
+            self.periodic.baseline = CollectiveTiming.from_infos(infos)
         if rank == 0 and self._event_log is not None:
             fields = {
                 "periodic": False,

@@ -4,11 +4,11 @@ At a step boundary that every rank reaches together (``trainer.global_step`` a m
 ``FaultPolicy.health_check_every_n_steps``) every rank runs, in the same order, the same collectives:
 
 - ``collective``: the round trip of a one-element all-reduce and the bus bandwidth of a sized one (4 MiB on CPUs,
-  64 MiB on GPUs, as before the first step), compared with the :class:`Baseline` the pre-flight check measured. The
-  group's values are the medians over the ranks. When the round trip grew, or the bandwidth fell, by more than
-  ``FaultPolicy.health_check_slowdown`` times, the measurement is repeated once (a transient stall passes); when it
-  holds, :func:`ping_links` times point-to-point round trips on the pairs of :func:`link_pairs` to name the slow rank
-  (:func:`slow_ranks`). The all-reduce's values are checked as well.
+  64 MiB on GPUs, as before the first step), compared with the :class:`CollectiveTiming` the pre-flight check
+  measured. The group's values are the medians over the ranks. When the round trip grew, or the bandwidth fell, by
+  more than ``FaultPolicy.health_check_slowdown`` times, the measurement is repeated once (a transient stall
+  passes); when it holds, :func:`ping_links` times point-to-point round trips on the pairs of :func:`link_pairs` to
+  name the slow rank (:func:`slow_ranks`). The all-reduce's values are checked as well.
 - ``gpu``: NVML, on CUDA devices: uncorrected ECC errors, a retired page or row remap pending, a failed remap, a
   hardware slowdown (thermal, power brake; the software caps are normal under load).
 
@@ -33,8 +33,9 @@ from lightning_ft.fault.health import Failure
 
 
 @dataclass(frozen=True)
-class Baseline:
-    """The collective as the group measured it when it was healthy (the medians over the ranks)."""
+class CollectiveTiming:
+    """The collective as the group measured it (the medians over the ranks): at the pre-flight check, the baseline
+    of the periodic ones."""
 
     latency_s: float
     """Seconds of a one-element all-reduce round trip."""
@@ -43,7 +44,7 @@ class Baseline:
     """Bus bandwidth of the sized all-reduce, GB/s."""
 
     @classmethod
-    def from_infos(cls, infos: Sequence[dict[str, Any]]) -> Baseline | None:
+    def from_infos(cls, infos: Sequence[dict[str, Any]]) -> CollectiveTiming | None:
         """From every rank's ``allreduce_latency_s`` and ``allreduce_busbw_gbps`` (``None`` on one rank)."""
         latency = [i["allreduce_latency_s"] for i in infos if i.get("allreduce_latency_s") is not None]
         busbw = [i["allreduce_busbw_gbps"] for i in infos if i.get("allreduce_busbw_gbps") is not None]
@@ -58,12 +59,12 @@ class Degradation:
 
     latency_ratio: float
     busbw_ratio: float
-    """Baseline bandwidth over the measured one."""
+    """CollectiveTiming bandwidth over the measured one."""
 
     def exceeds(self, slowdown: float) -> bool:
         return self.latency_ratio > slowdown or self.busbw_ratio > slowdown
 
-    def describe(self, baseline: Baseline, measured: Baseline) -> str:
+    def describe(self, baseline: CollectiveTiming, measured: CollectiveTiming) -> str:
         return (
             f"all-reduce round trip {measured.latency_s * 1e3:.3g} ms ({self.latency_ratio:.1f}x the pre-flight"
             f" {baseline.latency_s * 1e3:.3g} ms), bus bandwidth {measured.busbw_gbps:.3g} GB/s"
@@ -71,7 +72,7 @@ class Degradation:
         )
 
 
-def degradation(baseline: Baseline, measured: Baseline) -> Degradation:
+def degradation(baseline: CollectiveTiming, measured: CollectiveTiming) -> Degradation:
     """``measured`` relative to ``baseline``."""
     return Degradation(
         latency_ratio=measured.latency_s / baseline.latency_s,
@@ -159,7 +160,7 @@ class PeriodicHealthCheck:
 
     slowdown: float
     nvml: Any = None
-    baseline: Baseline | None = None
+    baseline: CollectiveTiming | None = None
     last: dict[str, Any] = field(default_factory=dict)
     """What the latest :meth:`run` measured (the fields of its event)."""
 
@@ -173,7 +174,7 @@ class PeriodicHealthCheck:
         failures, measured = self._measure(rank, world_size, device)
         failures += health.check_gpu(rank, device, self.nvml, at_rest=False)
         failures, infos = health.exchange(failures, {"rank": rank, **_fields(measured)})
-        group = Baseline.from_infos(infos)
+        group = CollectiveTiming.from_infos(infos)
         fields: dict[str, Any] = {**_fields(group), "baseline": None, "slowdown": None}
         collective_failures: list[Failure] = []
         if group is not None and self.baseline is None:
@@ -186,7 +187,7 @@ class PeriodicHealthCheck:
                 again, measured = self._measure(rank, world_size, device)
                 again, infos = health.exchange(again, {"rank": rank, **_fields(measured)})
                 failures += again
-                group = Baseline.from_infos(infos) or group
+                group = CollectiveTiming.from_infos(infos) or group
                 worse = degradation(self.baseline, group)
                 fields.update(_fields(group))
             fields["slowdown"] = {"latency": worse.latency_ratio, "busbw": worse.busbw_ratio}
@@ -200,15 +201,17 @@ class PeriodicHealthCheck:
         self.last = {**fields, "duration_s": time.perf_counter() - started}
         return _unique(failures + collective_failures)
 
-    def _measure(self, rank: int, world_size: int, device: torch.device) -> tuple[list[Failure], Baseline | None]:
+    def _measure(
+        self, rank: int, world_size: int, device: torch.device
+    ) -> tuple[list[Failure], CollectiveTiming | None]:
         wrong, busbw = health.check_collective(rank, world_size, device)
         latency = health.measure_latency(world_size, device)
         if busbw is None or latency is None:
             return wrong, None
-        return wrong, Baseline(latency_s=latency, busbw_gbps=busbw)
+        return wrong, CollectiveTiming(latency_s=latency, busbw_gbps=busbw)
 
 
-def _fields(measured: Baseline | None) -> dict[str, Any]:
+def _fields(measured: CollectiveTiming | None) -> dict[str, Any]:
     if measured is None:
         return {"allreduce_latency_s": None, "allreduce_busbw_gbps": None}
     return {"allreduce_latency_s": measured.latency_s, "allreduce_busbw_gbps": measured.busbw_gbps}

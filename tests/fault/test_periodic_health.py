@@ -10,7 +10,7 @@ import torch
 
 from lightning_ft import _compat
 from lightning_ft.fault.periodic_health import (
-    Baseline,
+    CollectiveTiming,
     PeriodicHealthCheck,
     degradation,
     link_pairs,
@@ -19,7 +19,7 @@ from lightning_ft.fault.periodic_health import (
 from lightning_ft.nvml import FakeNVML
 from tests.helpers import run_distributed
 
-BASE = Baseline(latency_s=0.001, busbw_gbps=1.0)
+BASE = CollectiveTiming(latency_s=0.001, busbw_gbps=1.0)
 
 
 def test_the_group_values_are_the_medians_over_the_ranks_and_one_rank_has_none():
@@ -28,17 +28,17 @@ def test_the_group_values_are_the_medians_over_the_ranks_and_one_rank_has_none()
         {"allreduce_latency_s": 0.009, "allreduce_busbw_gbps": 1.0},
         {"allreduce_latency_s": 0.002, "allreduce_busbw_gbps": 3.0},
     ]
-    assert Baseline.from_infos(infos) == Baseline(latency_s=0.002, busbw_gbps=2.0)
-    assert Baseline.from_infos([{"allreduce_latency_s": None, "allreduce_busbw_gbps": None}]) is None
+    assert CollectiveTiming.from_infos(infos) == CollectiveTiming(latency_s=0.002, busbw_gbps=2.0)
+    assert CollectiveTiming.from_infos([{"allreduce_latency_s": None, "allreduce_busbw_gbps": None}]) is None
 
 
 @pytest.mark.parametrize(
     ("measured", "fails"),
     [
-        (Baseline(latency_s=0.004, busbw_gbps=0.3), False),  # 4x slower round trip, a third of the bandwidth
-        (Baseline(latency_s=0.006, busbw_gbps=1.0), True),  # round trip 6x
-        (Baseline(latency_s=0.001, busbw_gbps=0.15), True),  # bandwidth fell 6.7x
-        (Baseline(latency_s=0.0005, busbw_gbps=4.0), False),  # faster than at pre-flight
+        (CollectiveTiming(latency_s=0.004, busbw_gbps=0.3), False),  # 4x slower round trip, a third of the bandwidth
+        (CollectiveTiming(latency_s=0.006, busbw_gbps=1.0), True),  # round trip 6x
+        (CollectiveTiming(latency_s=0.001, busbw_gbps=0.15), True),  # bandwidth fell 6.7x
+        (CollectiveTiming(latency_s=0.0005, busbw_gbps=4.0), False),  # faster than at pre-flight
     ],
 )
 def test_the_collective_fails_beyond_the_slowdown_in_round_trip_or_bandwidth(measured, fails):
