@@ -90,10 +90,16 @@ holder:
   init_args:
     fault:
       class_path: lightning_ft.fault.FaultPolicy
-      init_args: {preemption_signals: [SIGTERM, SIGUSR2], exit_code: 3, grace_s: 25, hang_timeout_s: 120}
+      init_args: {preemption_signals: [SIGTERM, SIGUSR2], exit_code: 3, grace_s: 25, hang_timeout_s: 120,
+                  health_check_every_n_steps: 200, health_check_action: checkpoint_and_stop}
 """
     )
     policy = parser.instantiate(config).holder.fault
     assert policy == FaultPolicy(
-        preemption_signals=(signal.SIGTERM, signal.SIGUSR2), exit_code=3, grace_s=25.0, hang_timeout_s=120.0
+        preemption_signals=(signal.SIGTERM, signal.SIGUSR2),
+        exit_code=3,
+        grace_s=25.0,
+        hang_timeout_s=120.0,
+        health_check_every_n_steps=200,
+        health_check_action="checkpoint_and_stop",
     )
