@@ -1,4 +1,4 @@
-"""Fault handling: preemption signals, hang watchdog, pre-flight health checks and a fault injector.
+"""Fault handling: preemption signals, hang watchdog, pre-flight and periodic health checks and a fault injector.
 
 ``FaultPolicy`` configures it; ``ElasticFT3D(fault=FaultPolicy())`` (the default) runs it through one fault handler
 per ``fit``; ``fault=None`` turns all of it off. See docs/fault-tolerance.md, which teaches the public names below;

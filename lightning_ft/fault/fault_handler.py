@@ -6,7 +6,10 @@ so that a preemption checkpoint sees the state every other callback's batch-end 
 does), :meth:`preflight` in ``setup`` (hang watchdog, health checks, the agreement group), and :meth:`uninstall` at
 teardown. As a callback it marks progress points for the watchdog and, at every step boundary, after validation and
 at the end of training, asks the ranks whether any of them received a preemption signal; when they agree, every rank
-commits ``preempt-step=<N>``, writes ``preempted`` and exits with ``FaultPolicy.exit_code``.
+commits ``preempt-step=<N>``, writes ``preempted`` and exits with ``FaultPolicy.exit_code``. Every
+``FaultPolicy.health_check_every_n_steps`` steps, at the step boundary and before that question, it runs the periodic
+health checks (:mod:`~lightning_ft.fault.periodic_health`, collective) and acts on a failure as
+``FaultPolicy.health_check_action`` says, in one place (``_health_check_failed``).
 
 So that a hang names the rank the others wait for, the handler wraps torch.distributed's blocking collectives while
 ``fit`` runs (:func:`~lightning_ft.fault.collective_waits.collective_patches`, undone by :meth:`FaultHandler.uninstall`): the main
@@ -41,6 +44,7 @@ from lightning_ft.fault.agreement import StopAgreement, StopDecision
 from lightning_ft.fault.collective_waits import collective_patches
 from lightning_ft.fault.fault_policy import FaultPolicy
 from lightning_ft.fault.heartbeat import HeartbeatBoard, Progress
+from lightning_ft.fault.periodic_health import CollectiveTiming, PeriodicHealthCheck
 from lightning_ft.fault.signals import PreemptionSignals
 from lightning_ft.fault.watchdog import Watchdog
 from lightning_ft.stop import attempt_end_fields, checkpoint_and_stop, preempt_checkpoint_path
@@ -75,6 +79,7 @@ class FaultHandler(Callback):
         self._last_step: int | None = None
         self._store: Any = None
         self._collective_patches: list[_compat.Patch] = []
+        self.periodic: PeriodicHealthCheck | None = None
 
     @property
     @override
@@ -96,6 +101,8 @@ class FaultHandler(Callback):
         self._event_log = event_log
         self.progress = Progress()
         self._last_step = None
+        if self.policy.health_check_every_n_steps is not None:
+            self.periodic = PeriodicHealthCheck(slowdown=self.policy.health_check_slowdown, nvml=self.nvml)
         self.signals.install(trainer)
         progress = self.progress
         self._collective_patches = collective_patches(
@@ -204,15 +211,21 @@ class FaultHandler(Callback):
             rank, dirpaths, checkpoint_bytes=ckpt_bytes, keep=keep, check_dir=check_dir
         )
         bad, busbw = health.check_collective(rank, trainer.world_size, strategy.root_device)
+        latency = health.measure_latency(trainer.world_size, strategy.root_device)
         failures += bad
         failures += health.check_gpu(rank, strategy.root_device, self.nvml)
-        failures, _ = health.exchange(failures, {"rank": rank, "busbw_gbps": busbw})
+        info = {"rank": rank, "allreduce_busbw_gbps": busbw, "allreduce_latency_s": latency}
+        failures, infos = health.exchange(failures, info)
+        if self.periodic is not None:
+            self.periodic.baseline = CollectiveTiming.from_infos(infos)
         if rank == 0 and self._event_log is not None:
             fields = {
+                "periodic": False,
                 "checks": list(health.CHECKS),
                 "duration_s": time.perf_counter() - started,
                 "checkpoint_bytes_estimate": ckpt_bytes,
                 "allreduce_busbw_gbps": busbw,
+                "allreduce_latency_s": latency,
             }
             if failures:
                 failed = [{"rank": f.rank, "check": f.check, "detail": f.detail} for f in failures]
@@ -220,6 +233,49 @@ class FaultHandler(Callback):
             else:
                 self._event_log.write("health_check", step=None, passed=True, **fields)
         health.raise_if_failed(failures, trainer.world_size)
+
+    # ------------------------------------------------------------------ periodic health checks
+
+    def _periodic_health_check(self, trainer: pl.Trainer) -> None:
+        """At a step boundary, on every rank: the periodic checks when the step is due, then the action on failure.
+
+        Collective when due (every rank passes the same boundaries with the same ``global_step``).
+        """
+        every, step = self.policy.health_check_every_n_steps, trainer.global_step
+        if self.periodic is None or every is None or step == 0 or step % every:
+            return
+        rank, world_size = trainer.global_rank, trainer.world_size
+        failures = self.periodic.run(rank, world_size, trainer.strategy.root_device)
+        action = self.policy.health_check_action
+        if rank == 0 and self._event_log is not None:
+            fields = {"periodic": True, "action": action, **self.periodic.last}
+            if failures:
+                failed = [{"rank": f.rank, "check": f.check, "detail": f.detail} for f in failures]
+                ranks = sorted({f.rank for f in failures})
+                self._event_log.write("health_check_failed", checks=failed, ranks=ranks, **fields)
+            else:
+                self._event_log.write("health_check", passed=True, checks=list(health.PERIODIC_CHECKS), **fields)
+        if failures:
+            self._health_check_failed(trainer, failures)
+
+    def _health_check_failed(self, trainer: pl.Trainer, failures: list[health.Failure]) -> None:
+        """What every rank does about a failed periodic check: the one place that dispatches on
+        ``FaultPolicy.health_check_action``. Every rank calls it with the same ``failures``; collective for the
+        actions that stop (the checkpoint)."""
+        action = self.policy.health_check_action
+        outcome = {
+            "log": "training goes on (FaultPolicy.health_check_action='log')",
+            "checkpoint_and_stop": (
+                f"every rank saves {preempt_checkpoint_path(trainer)} and exits with code {self.policy.exit_code}"
+            ),
+        }[action]
+        message = health.describe(
+            failures, trainer.world_size, when=f"periodic (step {trainer.global_step})", outcome=outcome
+        )
+        if trainer.is_global_zero or any(f.rank == trainer.global_rank for f in failures):
+            log.warning(message)
+        if action == "checkpoint_and_stop":
+            checkpoint_and_stop(trainer, exit_code=self.policy.exit_code, reason="stopped")
 
     # ------------------------------------------------------------------ callback hooks
 
@@ -248,6 +304,8 @@ class FaultHandler(Callback):
         self.progress.complete("batch_end", step, training=boundary)
         # Only at optimizer-step boundaries: every rank passes the same ones, and a checkpoint between micro-batches
         # of one accumulated step would hold half a step.
+        if boundary:
+            self._periodic_health_check(trainer)
         if boundary and self.agreement is not None:
             self._act(trainer, self.agreement.poll())
 

@@ -1,4 +1,4 @@
-"""Settings for preemption, hang detection and pre-flight health checks.
+"""Settings for preemption, hang detection and the pre-flight and periodic health checks.
 
 :class:`FaultPolicy` is the ``fault=`` argument of :class:`lightning_ft.ElasticFT3D`; ``fault=None`` turns all of it
 off. It holds only validated settings: the signal handlers, the hang watchdog and the health checks in
@@ -7,6 +7,7 @@ off. It holds only validated settings: the signal handlers, the hang watchdog an
 
 from __future__ import annotations
 
+import math
 import signal
 from dataclasses import dataclass
 from typing import Any
@@ -19,10 +20,13 @@ TORCHRUN_SHUTDOWN_TIMEOUT_S = 30.0
 
 _UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
 
+HEALTH_CHECK_ACTIONS = ("log", "checkpoint_and_stop")
+"""What a failed periodic health check does; see :attr:`FaultPolicy.health_check_action`."""
+
 
 @dataclass(kw_only=True, frozen=True)
 class FaultPolicy:
-    """How a run reacts to preemption signals and hangs.
+    """How a run reacts to preemption signals, hangs and failed health checks.
 
     Example::
 
@@ -66,6 +70,24 @@ class FaultPolicy:
     health_checks: bool = True
     """Run the pre-flight health checks at setup."""
 
+    health_check_every_n_steps: int | None = 1000
+    """Run the periodic health checks (collective round trip and bus bandwidth against the pre-flight measurement,
+    NVML memory errors and hardware slowdowns) every this many optimizer steps, on every rank at the same step (when
+    ``trainer.global_step`` is a multiple of it). ``None``: only the pre-flight checks. Independent of
+    ``health_checks``: without the pre-flight checks, the first periodic check measures the collective baseline."""
+
+    health_check_action: str = "log"
+    """What every rank does when a periodic check fails on any rank: ``"log"`` (a ``health_check_failed`` event and a
+    warning naming the ranks and checks; training goes on) or ``"checkpoint_and_stop"`` (commit ``preempt-step=<N>``
+    and exit with ``exit_code`` on every rank, so that the scheduler can place the job elsewhere)."""
+
+    health_check_slowdown: float = 5.0
+    """The collective check fails when the round trip is more than this many times, or the bus bandwidth less than
+    one over this many times, what the pre-flight check measured, in two measurements in a row (a finite ratio > 1).
+    5.0 is above the noise measured on gloo on a host loaded 5-8 times over (at most 4.7x confirmed in 60 checks);
+    a link that fell back from InfiniBand or NVLink to TCP or PCIe is 10x or more slower (docs/fault-tolerance.md,
+    "Periodic health checks")."""
+
     def __post_init__(self) -> None:
         # Frozen dataclass: normalizing a field needs object.__setattr__.
         object.__setattr__(self, "preemption_signals", _normalize_signals(self.preemption_signals))
@@ -95,6 +117,28 @@ class FaultPolicy:
             )
         if not isinstance(self.health_checks, bool):
             raise TypeError(f"FaultPolicy(health_checks={self.health_checks!r}): must be True or False")
+        every = self.health_check_every_n_steps
+        if every is not None:
+            if isinstance(every, bool) or not isinstance(every, int):
+                raise TypeError(f"FaultPolicy(health_check_every_n_steps={every!r}): must be an int or None")
+            if every < 1:
+                raise ValueError(
+                    f"FaultPolicy(health_check_every_n_steps={every}): must be >= 1 optimizer steps, or None for no"
+                    " periodic health checks"
+                )
+        if self.health_check_action not in HEALTH_CHECK_ACTIONS:
+            raise ValueError(
+                f"FaultPolicy(health_check_action={self.health_check_action!r}): must be one of {HEALTH_CHECK_ACTIONS}"
+            )
+        slowdown = self.health_check_slowdown
+        if isinstance(slowdown, bool) or not isinstance(slowdown, (int, float)):
+            raise TypeError(f"FaultPolicy(health_check_slowdown={slowdown!r}): must be a number (a ratio)")
+        if not (slowdown > 1.0 and math.isfinite(slowdown)):
+            raise ValueError(
+                f"FaultPolicy(health_check_slowdown={slowdown!r}): must be a finite ratio > 1 to the pre-flight"
+                " measurement (at or below 1 every check would fail on noise)"
+            )
+        object.__setattr__(self, "health_check_slowdown", float(slowdown))
 
 
 def _normalize_signals(value: Any) -> tuple[signal.Signals, ...]:

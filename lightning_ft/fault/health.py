@@ -5,8 +5,9 @@ Each rank checks:
 - ``checkpoint_dir``: every ``ModelCheckpoint`` ``dirpath`` can be written (a real file, not just permissions);
 - ``disk_space``: its filesystem has room for the retained checkpoints plus the one in flight, estimated from the
   model and optimizer state size (:func:`estimate_checkpoint_bytes`);
-- ``collective``: an all-reduce on the training process group returns the right values; its bus bandwidth is measured
-  and reported;
+- ``collective``: an all-reduce on the training process group returns the right values; its bus bandwidth and the
+  round trip of a one-element all-reduce are measured and reported (the baseline of the periodic checks,
+  :mod:`~lightning_ft.fault.periodic_health`);
 - ``gpu`` (CUDA devices only, through NVML): no uncorrected ECC errors, no retired page or row remap pending a reset,
   no failed remap, no hardware slowdown (thermal, power brake) at rest.
 
@@ -37,6 +38,8 @@ _STATE_PER_PARAM = {"SGD": 1, "Adagrad": 1, "RMSprop": 2, "Adadelta": 2}
 _ADAM_LIKE = 2
 _HW_SLOWDOWNS = ("HwSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown")
 CHECKS = ("checkpoint_dir", "disk_space", "collective", "gpu")
+PERIODIC_CHECKS = ("collective", "gpu")
+"""The checks repeated during training (:mod:`~lightning_ft.fault.periodic_health`)."""
 
 
 class HealthCheckError(RuntimeError):
@@ -116,6 +119,11 @@ def check_checkpoint_dirs(
     return failures
 
 
+def collective_numel(device: torch.device) -> int:
+    """float32 elements of the sized all-reduce: 64 MiB on GPUs, 4 MiB on CPUs."""
+    return (16 << 20) if device.type == "cuda" else (1 << 20)
+
+
 def check_collective(rank: int, world_size: int, device: torch.device) -> tuple[list[Failure], float | None]:
     """``collective``: an all-reduce on the default group returns ``1 + 2 + ... + world_size`` everywhere.
 
@@ -123,17 +131,17 @@ def check_collective(rank: int, world_size: int, device: torch.device) -> tuple[
     """
     if world_size < 2 or not (dist.is_available() and dist.is_initialized()):
         return [], None
-    numel = (16 << 20) if device.type == "cuda" else (1 << 20)  # 64 MiB on GPUs, 4 MiB on CPUs
+    numel = collective_numel(device)
     buffer = torch.empty(numel, dtype=torch.float32, device=device)
     expected = world_size * (world_size + 1) / 2
     best = float("inf")
     wrong = None
     for i in range(4):  # one warm-up, three timed
         buffer.fill_(float(rank + 1))
-        _sync(device)
+        sync(device)
         start = time.perf_counter()
         dist.all_reduce(buffer)
-        _sync(device)
+        sync(device)
         if i:
             best = min(best, time.perf_counter() - start)
         if wrong is None and not bool(torch.all(buffer == expected)):
@@ -143,7 +151,28 @@ def check_collective(rank: int, world_size: int, device: torch.device) -> tuple[
     return ([Failure(rank, "collective", wrong)] if wrong else []), busbw
 
 
-def _sync(device: torch.device) -> None:
+def measure_latency(world_size: int, device: torch.device, *, repeats: int = 10) -> float | None:
+    """The collective round trip: seconds of the fastest of ``repeats`` one-element all-reduces (after one warm-up).
+
+    The fastest of many, so that a rank descheduled for a moment on a busy host does not read as a slow link.
+    Collective on the default group. ``None`` on one rank or without torch.distributed.
+    """
+    if world_size < 2 or not (dist.is_available() and dist.is_initialized()):
+        return None
+    buffer = torch.zeros(1, dtype=torch.float32, device=device)
+    best = float("inf")
+    for i in range(repeats + 1):
+        sync(device)
+        start = time.perf_counter()
+        dist.all_reduce(buffer)
+        sync(device)
+        if i:
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+def sync(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (a CUDA device); nothing on a CPU."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -156,11 +185,13 @@ def nvml_index(cuda_index: int) -> int:
     return cuda_index
 
 
-def check_gpu(rank: int, device: torch.device, nvml: Any = None) -> list[Failure]:
-    """``gpu``: ECC, retired pages and row remaps, hardware slowdown at rest, from NVML. Nothing on a CPU.
+def check_gpu(rank: int, device: torch.device, nvml: Any = None, *, at_rest: bool = True) -> list[Failure]:
+    """``gpu``: ECC, retired pages and row remaps, hardware slowdown, from NVML. Nothing on a CPU.
 
     ``nvml``: an object like :class:`~lightning_ft.nvml.NVML` (tests pass a ``FakeNVML``); ``None`` opens the
     real one. A machine where NVML cannot be used skips the check (the training would not use NVML either).
+    ``at_rest``: the wording of a slowdown (before training the GPU is at rest; the periodic checks run under load,
+    where software power and thermal caps are normal and only the hardware slowdowns fail).
     """
     if device.type != "cuda" and nvml is None:
         return []
@@ -184,7 +215,7 @@ def check_gpu(rank: int, device: torch.device, nvml: Any = None) -> list[Failure
         problems.append("a memory row remap failed (the GPU needs service)")
     slowdown = [r for r in decode_reasons(int(reading.get("reasons_bits") or 0)) if r in _HW_SLOWDOWNS]
     if slowdown:
-        problems.append(f"clocks held down at rest by {', '.join(slowdown)}")
+        problems.append(f"clocks held down{' at rest' if at_rest else ''} by {', '.join(slowdown)}")
     return [Failure(rank, "gpu", f"NVML device {index}: {p}") for p in problems]
 
 
@@ -197,17 +228,21 @@ def exchange(failures: list[Failure], info: dict[str, Any]) -> tuple[list[Failur
     return [Failure(**f) for fs, _ in gathered for f in fs], [i for _, i in gathered]
 
 
+def describe(failures: list[Failure], world_size: int, *, when: str, outcome: str) -> str:
+    """The one report of ``failures``: ``lightning-ft <when> health check failed on ... rank(s) [...]; <outcome>:``
+    and a line per failing rank and check."""
+    ranks = sorted({f.rank for f in failures})
+    lines = [f"  rank {f.rank} {f.check}: {f.detail}" for f in sorted(failures, key=lambda f: (f.rank, f.check))]
+    head = f"lightning-ft {when} health check failed on {len(ranks)} of {world_size} rank(s) {ranks}; {outcome}:"
+    return "\n".join([head, *lines])
+
+
 def raise_if_failed(failures: list[Failure], world_size: int) -> None:
     """Raise the one report on every rank: ``ValueError`` when every failure is the user's to fix, else
     :class:`HealthCheckError`."""
     if not failures:
         return
-    ranks = sorted({f.rank for f in failures})
-    lines = [f"  rank {f.rank} {f.check}: {f.detail}" for f in sorted(failures, key=lambda f: (f.rank, f.check))]
-    message = (
-        f"lightning-ft pre-flight health check failed on {len(ranks)} of {world_size} rank(s) {ranks};"
-        " no rank starts training:\n" + "\n".join(lines)
-    )
+    message = describe(failures, world_size, when="pre-flight", outcome="no rank starts training")
     if all(f.user_error for f in failures):
         raise ValueError(message)
     raise HealthCheckError(message)

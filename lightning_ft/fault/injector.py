@@ -8,13 +8,15 @@ A Lightning callback with a fluent interface (like torchft's ``FailureInjector``
         .kill_at(rank=0, step=12, during="write")         # SIGKILL in the middle of a checkpoint write
         .hang_at(rank=1, step=20, where="data")           # a data read that never returns
         .storage_error_at(rank=0, step=30, errno=errno.ENOSPC)
+        .slow_network(rank=2, ms=50, from_step=40)        # every collective and send of rank 2 50 ms late
     )
     trainer = L.Trainer(strategy=ElasticFT3D(), callbacks=[injector, ...])
     data = DataLoader(injector.wrap_dataset(dataset), ...)   # only for where="data"
 
 Every fault is real, and recorded first as a ``fault_injected`` event (``kind`` and the fault's options) in the
 event log of the rank it hits: signals are delivered with ``os.kill``, a hang sleeps, a storage fault raises ``OSError`` from
-the checkpoint storage seam (after taking part in the collective write, as a real disk error does). A fault fires once,
+the checkpoint storage seam (after taking part in the collective write, as a real disk error does), a slow network
+delays every collective and send the rank makes through torch.distributed's Python API. A fault fires once,
 on attempt ``attempt`` of the run only (0 by default, so the resumed run trains through; ``None`` on every attempt),
 at ``rank`` (``None``: every rank). ``step`` is ``trainer.global_step`` when the fault fires, i.e. the number of steps
 completed; for storage faults, the step in the checkpoint's folder name (``step=<N>``, as Lightning's default file
@@ -36,12 +38,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import Dataset
 from typing_extensions import override
 
+from lightning_ft import _compat
 from lightning_ft.events import EventLog, get_event_log
+from lightning_ft.fault.collective_waits import COLLECTIVES
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -93,6 +98,7 @@ class FaultInjector(Callback):
         self._step = 0
         self._dataset_wrapped = False
         self._log: EventLog | None = None
+        self._network_patches: list[_compat.Patch] = []
 
     @property
     @override
@@ -162,6 +168,17 @@ class FaultInjector(Callback):
         if ms < 0:
             raise ValueError(f"FaultInjector.slow_rank(ms={ms!r}): must be >= 0")
         return self._add("slow_rank", rank, from_step, attempt, ms=float(ms))
+
+    def slow_network(
+        self, *, rank: int | None, ms: float, from_step: int = 0, attempt: int | None = 0
+    ) -> FaultInjector:
+        """Delay by ``ms`` milliseconds every collective and every ``send`` that ``rank`` makes through
+        ``torch.distributed``'s Python API (``torch.distributed.all_reduce``, ``barrier``, ``send``, ...), from the
+        start of step ``from_step`` until ``fit`` ends: a slow link out of the rank. A ``recv`` is not delayed (the
+        sender's delay reaches it); DDP's gradient all-reduce, which runs in C++ inside backward, is not slowed."""
+        if ms < 0:
+            raise ValueError(f"FaultInjector.slow_network(ms={ms!r}): must be >= 0")
+        return self._add("slow_network", rank, from_step, attempt, ms=float(ms))
 
     def storage_error_at(
         self, *, rank: int | None, step: int | None, errno: int | str = errno_.ENOSPC, attempt: int | None = 0
@@ -274,6 +291,10 @@ class FaultInjector(Callback):
         self._step = step = trainer.global_step
         for fault in self._due("slow_rank", step=step, exact=False):
             time.sleep(fault.params["ms"] / 1000.0)
+        for fault in self._due("slow_network", step=step, exact=False):
+            self._record(fault)
+            print(f"[fault] network {fault.params['ms']} ms slower at rank {self._rank}, step {step}", flush=True)
+            self._slow_network(fault.params["ms"] / 1000.0)
         for kind, match in (("signal_at", {"during": "step"}), ("kill_at", {"during": "step"}), ("hang_at", {})):
             for fault in self._due(kind, step=step, **match):
                 if kind != "hang_at" or fault.params["where"] == "step":
@@ -295,6 +316,38 @@ class FaultInjector(Callback):
             return
         for fault in self._due("signal_at", step=trainer.global_step, exact=False, during="validation"):
             self._fire(fault)
+
+    def _slow_network(self, delay_s: float) -> None:
+        def slowed(fn: Callable[..., Any]) -> Callable[..., Any]:
+            def late(*args: Any, **kwargs: Any) -> Any:
+                time.sleep(delay_s)
+                return fn(*args, **kwargs)
+
+            return late
+
+        for name in (*(c for c in COLLECTIVES if c != "recv"), "isend"):
+            fn = getattr(dist, name, None)
+            if fn is not None:
+                patch = _compat.Patch(dist, name, slowed(fn), name=f"FaultInjector.slow_network: {name}")
+                self._network_patches.append(patch.install())
+
+    def _restore_network(self) -> None:
+        # Before the strategy's teardown undoes its own patches of the same functions (last installed, first undone).
+        for patch in reversed(self._network_patches):
+            patch.undo()
+        self._network_patches = []
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore_network()
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._restore_network()
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._restore_network()
 
     def _on_data_read(self) -> None:
         # Runs inside the dataloader's fetch, which Lightning does one batch ahead: at step s it reads batch s + 1.
@@ -333,7 +386,16 @@ class FaultInjector(Callback):
         return finish
 
 
-_SPEC_METHODS = ("fail_at", "signal_at", "kill_at", "hang_at", "slow_rank", "storage_error_at", "storage_stall_at")
+_SPEC_METHODS = (
+    "fail_at",
+    "signal_at",
+    "kill_at",
+    "hang_at",
+    "slow_rank",
+    "slow_network",
+    "storage_error_at",
+    "storage_stall_at",
+)
 
 
 def _parse_value(raw: str) -> Any:

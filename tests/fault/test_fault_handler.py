@@ -11,6 +11,7 @@ from lightning_ft import ElasticFT3D, FaultPolicy
 from lightning_ft.checkpoint.internal import is_committed
 from lightning_ft.events import read_events
 from lightning_ft.fault import CheckpointedStop, FaultInjector
+from lightning_ft.nvml import FakeNVML
 from tests.strategy.models import TinyRegressor, make_trainer
 
 
@@ -69,9 +70,40 @@ def test_a_passed_health_check_is_recorded_before_the_first_step(tmp_path):
     make_trainer(tmp_path, callbacks=[ckpt], max_steps=2).fit(TinyRegressor())
     (check,) = _events(tmp_path, "health_check")
     (first,) = _events(tmp_path, "first_step")
-    assert check["passed"] and check["time"] < first["time"] and check["step"] is None
+    assert check["passed"] and check["time"] < first["time"] and check["step"] is None and check["periodic"] is False
     model_bytes = sum(p.numel() * 4 for p in TinyRegressor().parameters())
     assert check["checkpoint_bytes_estimate"] == 3 * model_bytes  # Adam: parameters plus two moments
+
+
+class EccFrom(Callback):
+    """The fake NVML device reports an uncorrected ECC error from the start of step ``step``."""
+
+    def __init__(self, nvml: FakeNVML, step: int) -> None:
+        self.nvml, self.step = nvml, step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            self.nvml.set(0, ecc_uncorrected=1.0)
+
+
+def test_a_periodic_check_that_finds_an_ecc_error_commits_a_preempt_checkpoint_and_exits_75(tmp_path):
+    fault = FaultPolicy(health_check_every_n_steps=2, health_check_action="checkpoint_and_stop")
+    strategy = ElasticFT3D(fault=fault)
+    nvml = FakeNVML(device_count=1)
+    strategy._fault.nvml = nvml  # the NVML seam of the health checks (a CPU has no NVML)
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=100)
+    trainer = make_trainer(tmp_path, strategy=strategy, callbacks=[ckpt, EccFrom(nvml, 3)], max_steps=10)
+    with pytest.raises(SystemExit) as raised:
+        trainer.fit(TinyRegressor())
+    assert isinstance(raised.value, CheckpointedStop) and raised.value.code == 75
+    assert trainer.global_step == 4 and is_committed(tmp_path / "ckpt" / "preempt-step=4")
+    checks = _events(tmp_path, "health_check")
+    assert [(c["periodic"], c["step"]) for c in checks] == [(False, None), (True, 2)]
+    (failed,) = _events(tmp_path, "health_check_failed")
+    assert failed["periodic"] and failed["step"] == 4 and failed["ranks"] == [0]
+    assert [(c["rank"], c["check"]) for c in failed["checks"]] == [(0, "gpu")]
+    (end,) = _events(tmp_path, "attempt_end")
+    assert end["reason"] == "stopped" and end["exit_code"] == 75
 
 
 def test_a_failed_health_check_stops_before_any_step_with_the_report(tmp_path):

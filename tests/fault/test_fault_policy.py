@@ -26,6 +26,16 @@ def test_defaults_handle_sigterm_and_sigusr1_and_exit_non_zero():
     assert 0 < policy.grace_s < 30
     assert policy.first_step_timeout_s >= policy.hang_timeout_s
     assert policy.health_checks is True
+    # Periodic health checks every 1000 steps, a failure logged; "evict" is not offered (yet).
+    assert policy.health_check_every_n_steps == 1000 and policy.health_check_action == "log"
+    assert policy.health_check_slowdown == 5.0
+
+
+def test_periodic_health_checks_can_be_turned_off_or_made_to_stop_the_run():
+    assert FaultPolicy(health_check_every_n_steps=None).health_check_every_n_steps is None
+    policy = FaultPolicy(health_check_every_n_steps=50, health_check_action="checkpoint_and_stop")
+    assert (policy.health_check_every_n_steps, policy.health_check_action) == (50, "checkpoint_and_stop")
+    assert FaultPolicy(health_check_slowdown=2).health_check_slowdown == 2.0
 
 
 @pytest.mark.parametrize(
@@ -55,6 +65,14 @@ def test_a_single_signal_and_no_signal_are_accepted():
         ({"hang_timeout_s": 3600}, ValueError, r"first_step_timeout_s=1800.0\): must be >= hang_timeout_s=3600"),
         ({"first_step_timeout_s": 60}, ValueError, r"first_step_timeout_s=60.0\): must be >= hang_timeout_s=600"),
         ({"health_checks": "yes"}, TypeError, r"health_checks='yes'"),
+        ({"health_check_every_n_steps": 0}, ValueError, r"health_check_every_n_steps=0\): must be >= 1 optimizer"),
+        ({"health_check_every_n_steps": 2.5}, TypeError, r"health_check_every_n_steps=2.5\): must be an int or None"),
+        ({"health_check_every_n_steps": True}, TypeError, r"health_check_every_n_steps=True"),
+        ({"health_check_action": "evict"}, ValueError, r"health_check_action='evict'\): must be one of \('log', 'c"),
+        ({"health_check_action": "stop"}, ValueError, r"health_check_action='stop'"),
+        ({"health_check_slowdown": 1.0}, ValueError, r"health_check_slowdown=1.0\): must be a finite ratio > 1"),
+        ({"health_check_slowdown": float("inf")}, ValueError, r"health_check_slowdown=inf\): must be a finite"),
+        ({"health_check_slowdown": "5"}, TypeError, r"health_check_slowdown='5'\): must be a number"),
     ],
 )
 def test_bad_options_are_refused_with_the_option_value_and_rule(kwargs, error, match):
@@ -72,10 +90,16 @@ holder:
   init_args:
     fault:
       class_path: lightning_ft.fault.FaultPolicy
-      init_args: {preemption_signals: [SIGTERM, SIGUSR2], exit_code: 3, grace_s: 25, hang_timeout_s: 120}
+      init_args: {preemption_signals: [SIGTERM, SIGUSR2], exit_code: 3, grace_s: 25, hang_timeout_s: 120,
+                  health_check_every_n_steps: 200, health_check_action: checkpoint_and_stop}
 """
     )
     policy = parser.instantiate(config).holder.fault
     assert policy == FaultPolicy(
-        preemption_signals=(signal.SIGTERM, signal.SIGUSR2), exit_code=3, grace_s=25.0, hang_timeout_s=120.0
+        preemption_signals=(signal.SIGTERM, signal.SIGUSR2),
+        exit_code=3,
+        grace_s=25.0,
+        hang_timeout_s=120.0,
+        health_check_every_n_steps=200,
+        health_check_action="checkpoint_and_stop",
     )

@@ -44,6 +44,7 @@ def test_a_spec_string_builds_the_same_faults_as_the_fluent_calls():
         (lambda i: i.signal_at(rank=0, step=1, during="lunch"), "during='lunch'"),
         (lambda i: i.hang_at(rank=0, step=1, where="gpu"), "where='gpu'"),
         (lambda i: i.slow_rank(rank=0, ms=-5), "ms=-5"),
+        (lambda i: i.slow_network(rank=0, ms=-1), r"slow_network\(ms=-1\)"),
         (lambda i: FaultInjector.from_spec("explode:rank=1"), "unknown fault 'explode'"),
     ],
 )
@@ -94,3 +95,28 @@ def test_a_storage_stall_delays_the_write_and_a_signal_can_arrive_during_it():
         assert len(received) == 1
     finally:
         signal.signal(signal.SIGUSR2, previous)
+
+
+def test_a_slow_network_delays_the_ranks_collectives_and_sends_from_its_step_until_fit_ends(monkeypatch):
+    import torch.distributed as dist
+
+    calls = []
+
+    def fake_all_reduce(tensor, op=None, group=None, async_op=False):
+        calls.append(("all_reduce", tensor))
+
+    monkeypatch.setattr(dist, "all_reduce", fake_all_reduce)
+    originals = {name: getattr(dist, name) for name in ("all_reduce", "send", "barrier", "recv")}
+    injector = FaultInjector.from_spec("slow_network:rank=0,ms=30,from_step=4")
+    trainer = type("T", (), {"global_step": 3})()
+    injector.on_train_batch_start(trainer, None, None, 0)
+    assert all(getattr(dist, name) is fn for name, fn in originals.items())  # not before its step
+    trainer.global_step = 4
+    injector.on_train_batch_start(trainer, None, None, 0)
+    assert all(getattr(dist, name) is not originals[name] for name in ("all_reduce", "send", "barrier"))
+    assert dist.recv is originals["recv"]  # the sender's delay reaches the receiver
+    monkeypatch.setattr(time, "sleep", lambda seconds: calls.append(("sleep", seconds)))
+    dist.all_reduce("x")
+    assert calls == [("sleep", 0.03), ("all_reduce", "x")]  # 30 ms late, then the real call
+    injector.on_exception(trainer, None, RuntimeError("stop"))  # before the strategy's teardown undoes its own
+    assert all(getattr(dist, name) is fn for name, fn in originals.items())
