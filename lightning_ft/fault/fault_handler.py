@@ -36,7 +36,7 @@ from typing_extensions import override
 from lightning_ft import _compat
 from lightning_ft.checkpoint.internal import discovery
 from lightning_ft.events import STATE_DIR, EventLog
-from lightning_ft.fault import health, slurm
+from lightning_ft.fault import eviction, health, slurm
 from lightning_ft.fault.agreement import StopAgreement, StopDecision
 from lightning_ft.fault.collective_waits import collective_patches
 from lightning_ft.fault.fault_policy import FaultPolicy
@@ -119,10 +119,13 @@ class FaultHandler(Callback):
         """In the strategy's ``setup``, on every rank: start the watchdog, run the health checks, open the agreement.
 
         Collective. Raises ``ValueError`` or :class:`~lightning_ft.fault.health.HealthCheckError` on every rank when
-        a check failed on any rank.
+        a check failed on any rank, and :class:`~lightning_ft.stop.NodeStop` on every rank when a node's health
+        record is in its cooldown (:func:`~lightning_ft.fault.eviction.refuse_if_unhealthy`), before anything else.
         """
         if not self._active:
             return
+        if self.policy.refuse_unhealthy_nodes:
+            eviction.refuse_if_unhealthy(trainer)
         self._start_watchdog(trainer)
         if self.policy.health_checks:
             self._health_checks(trainer, check_dir)

@@ -1,4 +1,4 @@
-"""Settings for preemption, hang detection and pre-flight health checks.
+"""Settings for preemption, hang detection, pre-flight health checks and the eviction cooldown.
 
 :class:`FaultPolicy` is the ``fault=`` argument of :class:`lightning_ft.ElasticFT3D`; ``fault=None`` turns all of it
 off. It holds only validated settings: the signal handlers, the hang watchdog and the health checks in
@@ -66,6 +66,15 @@ class FaultPolicy:
     health_checks: bool = True
     """Run the pre-flight health checks at setup."""
 
+    eviction_cooldown_s: float = 3600.0
+    """Seconds an evicted node refuses to rejoin the job (its health record says unhealthy until then). Read by
+    ``StragglerMonitor(action="evict")``, ``ThermalMonitor(action="evict")`` and every other eviction. 0: a
+    restarted node may rejoin at once (the record still tells why it was evicted)."""
+
+    refuse_unhealthy_nodes: bool = True
+    """At setup, a rank whose node's health record is in its cooldown refuses to join: its workers leave through
+    their torchrun agent, and the others restart without it. ``False``: records are written but never enforced."""
+
     def __post_init__(self) -> None:
         # Frozen dataclass: normalizing a field needs object.__setattr__.
         object.__setattr__(self, "preemption_signals", _normalize_signals(self.preemption_signals))
@@ -75,6 +84,16 @@ class FaultPolicy:
             raise ValueError(
                 f"FaultPolicy(exit_code={self.exit_code}): must be in 1..255; 0 would make torchrun and the scheduler"
                 " treat the preempted run as finished"
+            )
+        cooldown = self.eviction_cooldown_s
+        if isinstance(cooldown, bool) or not isinstance(cooldown, (int, float)):
+            raise TypeError(f"FaultPolicy(eviction_cooldown_s={cooldown!r}): must be a number of seconds")
+        if not 0 <= cooldown < float("inf"):
+            raise ValueError(f"FaultPolicy(eviction_cooldown_s={cooldown!r}): must be >= 0 and finite seconds")
+        object.__setattr__(self, "eviction_cooldown_s", float(cooldown))
+        if not isinstance(self.refuse_unhealthy_nodes, bool):
+            raise TypeError(
+                f"FaultPolicy(refuse_unhealthy_nodes={self.refuse_unhealthy_nodes!r}): must be True or False"
             )
         for name in ("grace_s", "hang_timeout_s", "first_step_timeout_s"):
             value = getattr(self, name)
