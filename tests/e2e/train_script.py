@@ -118,6 +118,21 @@ class HoldWhileFileExists(Callback):
             time.sleep(0.05)
 
 
+class SlowOnNode(GPT):
+    """The injected straggler: every training step of the ranks on node ``slow_node`` (``LIGHTNING_FT_NODE_NAME``)
+    sleeps ``slow_ms`` more, as a node with a slow CPU or a throttled GPU would take longer for the same step."""
+
+    def __init__(self, *args, slow_node: str, slow_ms: float, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.slow = os.environ.get("LIGHTNING_FT_NODE_NAME") == slow_node
+        self.slow_ms = slow_ms
+
+    def training_step(self, batch, batch_idx):
+        if self.slow:
+            time.sleep(self.slow_ms / 1000.0)
+        return super().training_step(batch, batch_idx)
+
+
 class RecordLosses(Callback):
     def __init__(self) -> None:
         self.losses: dict[int, float] = {}
@@ -149,6 +164,10 @@ def main() -> None:
     p.add_argument("--accumulate", type=int, default=1)
     p.add_argument("--elastic-record", action="store_true", help="indexed data; samples, losses, RNG per rank")
     p.add_argument("--hold-file", default="", help="pause after each batch while this file exists")
+    p.add_argument("--straggler-evict", action="store_true", help="StragglerMonitor(action='evict')")
+    p.add_argument("--slow-node", default="", help="LIGHTNING_FT_NODE_NAME of the node whose steps sleep")
+    p.add_argument("--slow-ms", type=float, default=300.0)
+    p.add_argument("--cooldown-s", type=float, default=3600.0, help="FaultPolicy(eviction_cooldown_s=...)")
     p.add_argument("--out", required=True, help="folder for losses.json and weights.pt (rank 0)")
     args = p.parse_args()
 
@@ -156,6 +175,13 @@ def main() -> None:
     L.seed_everything(1234)
     root = Path(args.root)
     callbacks: list[Callback] = []
+    if args.straggler_evict:
+        from lightning_ft import StragglerMonitor
+
+        # Bars far above a loaded host's noise: only the injected slowdown (several times a step) clears them.
+        callbacks.append(
+            StragglerMonitor(interval=4, patience=2, warmup_steps=4, threshold=0.5, min_excess_ms=100, action="evict")
+        )
     if args.ckpt_every:
         callbacks.append(ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=args.ckpt_every, save_top_k=-1))
     if args.kill_at_step:
@@ -169,9 +195,10 @@ def main() -> None:
     if args.hold_file:
         callbacks.append(HoldWhileFileExists(Path(args.hold_file)))
     if args.strategy == "elasticft":
-        from lightning_ft import ElasticFT3D, ElasticPolicy
+        from lightning_ft import ElasticFT3D, ElasticPolicy, FaultPolicy
 
         strategy = ElasticFT3D(
+            fault=FaultPolicy(eviction_cooldown_s=args.cooldown_s),
             tensor_parallel_size=args.tp,
             pipeline_parallel_size=args.pp,
             pipeline_schedule=args.schedule,
@@ -193,7 +220,8 @@ def main() -> None:
         log_every_n_steps=2,
         accumulate_grad_batches=args.accumulate,
     )
-    model = GPT(vocab_size=64, dim=32, n_heads=4, n_layers=2, seq_len=16, dropout=args.dropout)
+    shape = {"vocab_size": 64, "dim": 32, "n_heads": 4, "n_layers": 2, "seq_len": 16, "dropout": args.dropout}
+    model = SlowOnNode(**shape, slow_node=args.slow_node, slow_ms=args.slow_ms) if args.slow_node else GPT(**shape)
     dataset_type = IndexedTokens if args.elastic_record else SyntheticTokens
     data = DataLoader(dataset_type(args.samples, seq_len=16, vocab_size=64), batch_size=args.batch_size, shuffle=True)
     trainer.fit(model, train_dataloaders=data)
