@@ -139,7 +139,7 @@ def test_a_waiting_spare_takes_the_evicted_node_s_place_and_the_weights_match_an
             WAIT_S,
         )
         spare = job.start_node()  # beyond --nnodes MAX: torchrun keeps it waiting (its redundancy list)
-        job.wait_for("the spare in the rendezvous", lambda: "attempts to join" in spare.output(), WAIT_S)
+        job.wait_for("the spare in the rendezvous", lambda: "Rendezvous'ing worker group" in spare.output(), WAIT_S)
         time.sleep(5)  # its join request reaches the store
         hold.unlink()
         live = [job.nodes[0], spare]
