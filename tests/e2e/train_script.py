@@ -178,9 +178,18 @@ def main() -> None:
     if args.straggler_evict:
         from lightning_ft import StragglerMonitor
 
-        # Bars far above a loaded host's noise: only the injected slowdown (several times a step) clears them.
+        # A fixed bar far above a loaded host's noise (noise_factor=0): only the injected slowdown (several times a
+        # healthy step) clears it, and no healthy rank of the smaller world is ever evicted after it.
         callbacks.append(
-            StragglerMonitor(interval=4, patience=2, warmup_steps=4, threshold=0.5, min_excess_ms=100, action="evict")
+            StragglerMonitor(
+                interval=4,
+                patience=2,
+                warmup_steps=4,
+                threshold=0.5,
+                min_excess_ms=100,
+                noise_factor=0,
+                action="evict",
+            )
         )
     if args.ckpt_every:
         callbacks.append(ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=args.ckpt_every, save_top_k=-1))
