@@ -404,8 +404,10 @@ def refuse_if_unhealthy(trainer: pl.Trainer) -> None:
                 exit_code=NODE_UNAVAILABLE_EXIT_CODE,
                 record_path=str(record_path(folder, host)),
             )
-        if os.environ.get("TORCHELASTIC_RUN_ID"):
+        try:
             leave_through_agent(signal_agent=trainer.local_rank == 0)
+        except RuntimeError as err:  # not torchrun's own worker: nothing to leave through, the exit code says it all
+            log.info("lightning-ft: %s", err)
         raise NodeStop(NODE_UNAVAILABLE_EXIT_CODE, detail=line)
     code = _restart_exit_code(trainer)
     if trainer.is_global_zero:

@@ -65,7 +65,7 @@ def _downtime(events: list[dict]) -> dict:
     return {k: e[k] and round(e[k], 2) for k in ("downtime_s", "detection_s", "rendezvous_s", "load_s", "first_step_s")}
 
 
-def _assert_evicted(events: list[dict], ckpt: Path, world: int) -> dict:
+def _assert_evicted(events: list[dict], ckpt: Path, *, saved: int, world: int) -> dict:
     evicted = [e for e in events if e["event"] == "node_evicted"]
     assert len(evicted) == 1, evicted
     event = evicted[0]
@@ -79,7 +79,7 @@ def _assert_evicted(events: list[dict], ckpt: Path, world: int) -> dict:
     assert Path(event["record_path"]) == ckpt / "lightning-ft" / "health" / "node1.json"
     assert event["checkpoint_path"].endswith(f"preempt-step={event['step']}")
     resumed = [e for e in events if e["event"] == "resumed"]
-    assert [(e["saved_world_size"], e["world_size"]) for e in resumed] == [(3 if world == 2 else 2, world)]
+    assert [(e["saved_world_size"], e["world_size"]) for e in resumed] == [(saved, world)]
     assert resumed[0]["step"] == event["step"]  # nothing retrained: the eviction's own checkpoint
     assert resumed[0]["global_batch_after"] == 12
     return event
@@ -105,7 +105,7 @@ def test_a_slowed_node_is_evicted_and_training_finishes_without_it_seeing_each_s
         job.close()
 
     events = read_events(root)
-    event = _assert_evicted(events, ckpt, world=2)
+    event = _assert_evicted(events, ckpt, saved=3, world=2)
     resumed = next(e for e in events if e["event"] == "resumed")
     assert resumed["accumulate_grad_batches"] == 3  # 2 nodes x 2 x 3 = the global batch of 3 x 2 x 2
     # The evicted node's ranks saved and exited with the documented code; the others with the restart code.
@@ -152,16 +152,15 @@ def test_a_waiting_spare_takes_the_evicted_node_s_place_and_the_weights_match_an
             may_fail=("node1",),
         )
         assert all(n.proc.returncode == 0 for n in live), job.logs()
+        assert job.nodes[1].proc.returncode != 0, job.logs()  # left: the world of 2 after it is node0 and the spare
     finally:
         job.close()
 
     events = read_events(root)
-    _assert_evicted(events, ckpt, world=2)
+    _assert_evicted(events, ckpt, saved=2, world=2)  # the spare in its place: the same size
     resumed = next(e for e in events if e["event"] == "resumed")
     assert resumed["accumulate_grad_batches"] == 1 and resumed["lr_scale"] == 1.0
-    # The spare trained in the new world: it wrote samples in the resumed attempt.
-    spare_ranks = {r["rank"] for r in records(out, "samples") if r["attempt"] == resumed["attempt"]}
-    assert spare_ranks == {0, 1}
+    assert {r["rank"] for r in records(out, "samples") if r["attempt"] == resumed["attempt"]} == {0, 1}
     _assert_every_sample_once(out)
     print("\neviction with a waiting spare (2 -> 2), seconds:", _downtime(events))
 
@@ -175,7 +174,9 @@ def test_a_waiting_spare_takes_the_evicted_node_s_place_and_the_weights_match_an
         assert torch.equal(weights[name], value), name
     losses = {r["step"]: r["loss"] for rs in surviving(records(out, "losses")).values() for r in rs}
     reference = {r["step"]: r["loss"] for r in records(ref / "out", "losses")}
-    assert losses == reference
+    # The eviction step's loss is not recorded (the monitor acts first in that batch-end hook); every other is exact.
+    assert set(reference) - set(losses) == {resumed["step"]}
+    assert losses == {step: reference[step] for step in losses}
 
 
 def test_a_node_restarted_within_its_cooldown_refuses_to_join_with_one_line_and_code_69(tmp_path):
