@@ -43,6 +43,19 @@ class CheckpointedStop(SystemExit):
         self.checkpoint_path = checkpoint_path
 
 
+class NodeStop(SystemExit):
+    """``SystemExit(exit_code)`` before training starts, without a checkpoint: a node refused to join (its health
+    record is in its cooldown), and the other ranks exit so that torchrun forms the world without it.
+
+    Attributes:
+        detail: one line, recorded in ``attempt_end``.
+    """
+
+    def __init__(self, exit_code: int, *, detail: str) -> None:
+        super().__init__(exit_code)
+        self.detail = detail
+
+
 def checkpoint_dir(trainer: pl.Trainer) -> Path:
     """The ``ModelCheckpoint`` ``dirpath`` (``<default_root_dir>/checkpoints`` without one)."""
     callback = trainer.checkpoint_callback
@@ -91,7 +104,8 @@ def checkpoint_and_stop(
 def attempt_end_fields(exception: BaseException | None) -> dict[str, Any]:
     """The fields of ``attempt_end`` for an attempt that ended with ``exception`` (``None``: ``fit`` returned).
 
-    ``reason`` is ``finished``, ``preempted`` or ``stopped`` (a :class:`CheckpointedStop`), or ``crashed`` (any other
+    ``reason`` is ``finished``, ``preempted`` or ``stopped`` (a :class:`CheckpointedStop`, or a :class:`NodeStop`
+    before training), or ``crashed`` (any other
     exception, named in ``error``). ``exit_code`` is the code the process will exit with, where this process knows it.
     A hang (``hung``) is recorded by the watchdog itself, and a killed process records nothing.
     """
@@ -103,5 +117,7 @@ def attempt_end_fields(exception: BaseException | None) -> dict[str, Any]:
             "exit_code": exception.code,
             "checkpoint_path": str(exception.checkpoint_path),
         }
+    if isinstance(exception, NodeStop):
+        return {"reason": "stopped", "exit_code": exception.code, "detail": exception.detail}
     code = exception.code if isinstance(exception, SystemExit) and isinstance(exception.code, int) else None
     return {"reason": "crashed", "exit_code": code, "error": f"{type(exception).__name__}: {exception}"[:1000]}

@@ -26,7 +26,7 @@ ALLOWED = {
     "checkpoint": {"checkpoint"},
     "elastic": {"elastic", "parallel"},
     "parallel": {"parallel"},
-    "monitors": {"monitors"},
+    "monitors": {"monitors", "fault"},
     "fault": {"fault", "checkpoint"},
     "strategy": {"strategy", "checkpoint", "elastic", "parallel", "fault"},
     "cli": {"cli", "checkpoint", "monitors", "parallel", "fault"},

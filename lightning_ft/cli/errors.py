@@ -29,7 +29,8 @@ exit codes:
   1  done, and the answer is no: plan finds no layout that fits; inspect finds the checkpoint uncommitted or a
      checksum wrong; export cannot read the checkpoint
   2  could not run as asked: a bad option, a path that does not exist, no event logs under LOGDIR, or a missing
-     optional dependency (one line on stderr says which, and what to do)"""
+     optional dependency (one line on stderr says which, and what to do)
+  69 health-gate: this node's health record keeps it out of the job (its eviction cooldown has not passed)"""
 """The exit codes as ``lightning-ft --help`` lists them."""
 
 

@@ -39,7 +39,7 @@ from typing_extensions import override
 from lightning_ft import _compat
 from lightning_ft.checkpoint.internal import discovery
 from lightning_ft.events import STATE_DIR, EventLog
-from lightning_ft.fault import health, slurm
+from lightning_ft.fault import eviction, health, slurm
 from lightning_ft.fault.agreement import StopAgreement, StopDecision
 from lightning_ft.fault.collective_waits import collective_patches
 from lightning_ft.fault.fault_policy import FaultPolicy
@@ -126,10 +126,15 @@ class FaultHandler(Callback):
         """In the strategy's ``setup``, on every rank: start the watchdog, run the health checks, open the agreement.
 
         Collective. Raises ``ValueError`` or :class:`~lightning_ft.fault.health.HealthCheckError` on every rank when
-        a check failed on any rank.
+        a check failed on any rank, and :class:`~lightning_ft.stop.NodeStop` on every rank when a node's health
+        record is in its cooldown (:func:`~lightning_ft.fault.eviction.refuse_if_unhealthy`), before anything else.
         """
         if not self._active:
             return
+        if self.policy.refuse_unhealthy_nodes:
+            eviction.refuse_if_unhealthy(trainer)
+        if self.policy.health_check_action == "evict" and self.policy.health_check_every_n_steps is not None:
+            eviction.check_can_evict("FaultPolicy(health_check_action='evict')")
         self._start_watchdog(trainer)
         if self.policy.health_checks:
             self._health_checks(trainer, check_dir)
@@ -268,6 +273,10 @@ class FaultHandler(Callback):
             "checkpoint_and_stop": (
                 f"every rank saves {preempt_checkpoint_path(trainer)} and exits with code {self.policy.exit_code}"
             ),
+            "evict": (
+                f"every rank saves {preempt_checkpoint_path(trainer)}; the node of each failing rank leaves the job and"
+                " the others restart without it (FaultPolicy.health_check_action='evict')"
+            ),
         }[action]
         message = health.describe(
             failures, trainer.world_size, when=f"periodic (step {trainer.global_step})", outcome=outcome
@@ -276,6 +285,11 @@ class FaultHandler(Callback):
             log.warning(message)
         if action == "checkpoint_and_stop":
             checkpoint_and_stop(trainer, exit_code=self.policy.exit_code, reason="stopped")
+        if action == "evict":
+            first_line = message.splitlines()[0]
+            eviction.evict_node(
+                trainer, ranks=sorted({f.rank for f in failures}), source="health_check", reason=first_line
+            )
 
     # ------------------------------------------------------------------ callback hooks
 

@@ -1,4 +1,4 @@
-"""Settings for preemption, hang detection and the pre-flight and periodic health checks.
+"""Settings for preemption, hang detection, the pre-flight and periodic health checks and the eviction cooldown.
 
 :class:`FaultPolicy` is the ``fault=`` argument of :class:`lightning_ft.ElasticFT3D`; ``fault=None`` turns all of it
 off. It holds only validated settings: the signal handlers, the hang watchdog and the health checks in
@@ -20,7 +20,7 @@ TORCHRUN_SHUTDOWN_TIMEOUT_S = 30.0
 
 _UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
 
-HEALTH_CHECK_ACTIONS = ("log", "checkpoint_and_stop")
+HEALTH_CHECK_ACTIONS = ("log", "checkpoint_and_stop", "evict")
 """What a failed periodic health check does; see :attr:`FaultPolicy.health_check_action`."""
 
 
@@ -78,8 +78,11 @@ class FaultPolicy:
 
     health_check_action: str = "log"
     """What every rank does when a periodic check fails on any rank: ``"log"`` (a ``health_check_failed`` event and a
-    warning naming the ranks and checks; training goes on) or ``"checkpoint_and_stop"`` (commit ``preempt-step=<N>``
-    and exit with ``exit_code`` on every rank, so that the scheduler can place the job elsewhere)."""
+    warning naming the ranks and checks; training goes on), ``"checkpoint_and_stop"`` (commit ``preempt-step=<N>``
+    and exit with ``exit_code`` on every rank, so that the scheduler can place the job elsewhere) or ``"evict"`` (the
+    node of each failing rank leaves the job through its torchrun agent and the others go on without it, or with a
+    waiting spare: :func:`~lightning_ft.fault.eviction.evict_node`, docs/fault-tolerance.md "Eviction and warm
+    spares"; refused at set-up outside torchrun or with ``--max-restarts=0``)."""
 
     health_check_slowdown: float = 5.0
     """The collective check fails when the round trip is more than this many times, or the bus bandwidth less than
@@ -87,6 +90,15 @@ class FaultPolicy:
     5.0 is above the noise measured on gloo on a host loaded 5-8 times over (at most 4.7x confirmed in 60 checks);
     a link that fell back from InfiniBand or NVLink to TCP or PCIe is 10x or more slower (docs/fault-tolerance.md,
     "Periodic health checks")."""
+
+    eviction_cooldown_s: float = 3600.0
+    """Seconds an evicted node refuses to rejoin the job (its health record says unhealthy until then). Read by
+    ``StragglerMonitor(action="evict")``, ``ThermalMonitor(action="evict")`` and every other eviction. 0: a
+    restarted node may rejoin at once (the record still tells why it was evicted)."""
+
+    refuse_unhealthy_nodes: bool = True
+    """At setup, a rank whose node's health record is in its cooldown refuses to join: its workers leave through
+    their torchrun agent, and the others restart without it. ``False``: records are written but never enforced."""
 
     def __post_init__(self) -> None:
         # Frozen dataclass: normalizing a field needs object.__setattr__.
@@ -97,6 +109,16 @@ class FaultPolicy:
             raise ValueError(
                 f"FaultPolicy(exit_code={self.exit_code}): must be in 1..255; 0 would make torchrun and the scheduler"
                 " treat the preempted run as finished"
+            )
+        cooldown = self.eviction_cooldown_s
+        if isinstance(cooldown, bool) or not isinstance(cooldown, (int, float)):
+            raise TypeError(f"FaultPolicy(eviction_cooldown_s={cooldown!r}): must be a number of seconds")
+        if not 0 <= cooldown < float("inf"):
+            raise ValueError(f"FaultPolicy(eviction_cooldown_s={cooldown!r}): must be >= 0 and finite seconds")
+        object.__setattr__(self, "eviction_cooldown_s", float(cooldown))
+        if not isinstance(self.refuse_unhealthy_nodes, bool):
+            raise TypeError(
+                f"FaultPolicy(refuse_unhealthy_nodes={self.refuse_unhealthy_nodes!r}): must be True or False"
             )
         for name in ("grace_s", "hang_timeout_s", "first_step_timeout_s"):
             value = getattr(self, name)

@@ -33,6 +33,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_ft.events import get_event_log, open_event_log
+from lightning_ft.fault.internal import check_can_evict, evict_node
 from lightning_ft.monitors._collectives import PendingRows, acquire_group, release_group, start_gather_rows
 from lightning_ft.monitors._replay import replayed_through
 from lightning_ft.monitors._timing import StepClock, percentile, rise_step
@@ -80,15 +81,20 @@ class StragglerMonitor(Callback):
             (``math.inf`` turns drift detection off).
         min_excess_ms: absolute excess (milliseconds) a slow rank must also have.
         action: ``"log"`` (default), ``"checkpoint_and_stop"`` (every rank saves ``preempt-step=<N>`` in the
-            ``ModelCheckpoint`` directory, waits for the commit, and exits with :data:`STRAGGLER_EXIT_CODE`), or a
-            callable ``action(trainer, suspect_rank, ratio)`` called on every rank with the same arguments.
+            ``ModelCheckpoint`` directory, waits for the commit, and exits with :data:`STRAGGLER_EXIT_CODE`),
+            ``"evict"`` (the same save, then the named rank's node leaves the job through its torchrun agent with a
+            health record that keeps it out for ``FaultPolicy.eviction_cooldown_s``, and the other nodes restart
+            without it or with a waiting spare; needs torchrun with ``--max-restarts`` > 0, checked at setup; see
+            docs/fault-tolerance.md), or a callable ``action(trainer, suspect_rank, ratio)`` called on every rank
+            with the same arguments.
         log_per_rank: log ``straggler/<field>_ms/rank_<r>`` for every rank (turn off for very large fleets; fleet
             min/median/max are always logged).
         clock: seconds, monotonic, read at each hook to time the steps (default: the host clock, and CUDA events on
             a GPU). Tests and replays of recorded timings pass a clock they drive.
 
     Raises:
-        ValueError: for an unknown ``action`` or out-of-range numbers.
+        ValueError: for an unknown ``action`` or out-of-range numbers; at setup, for ``action="evict"`` outside
+            torchrun or with ``--max-restarts=0``.
 
     Example::
 
@@ -115,9 +121,9 @@ class StragglerMonitor(Callback):
             raise ValueError(f"StragglerMonitor(interval={interval!r}): must be >= 1")
         if warmup_steps < 0:
             raise ValueError(f"StragglerMonitor(warmup_steps={warmup_steps!r}): must be >= 0")
-        if not callable(action) and action not in ("log", "checkpoint_and_stop"):
+        if not callable(action) and action not in ("log", "checkpoint_and_stop", "evict"):
             raise ValueError(
-                f"StragglerMonitor(action={action!r}): expected 'log', 'checkpoint_and_stop' or a callable"
+                f"StragglerMonitor(action={action!r}): expected 'log', 'checkpoint_and_stop', 'evict' or a callable"
                 " action(trainer, suspect_rank, ratio)"
             )
         self.interval = interval
@@ -153,6 +159,8 @@ class StragglerMonitor(Callback):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._clock = StepClock(trainer.strategy.root_device, self.clock)
+        if stage == "fit" and self.action == "evict":
+            check_can_evict("StragglerMonitor(action='evict')")
         if stage == "fit":
             open_event_log(trainer)  # collective: every rank sets up; detections are written from rank 0 only
             if not self._gathers_on_own_group:
@@ -308,7 +316,7 @@ class StragglerMonitor(Callback):
                 }
             )
         for d in result.detections:
-            self._act(trainer, d.rank, d.ratio)
+            self._act(trainer, d.rank, d.ratio, diagnoses[d.rank][0])
 
     def _diagnose(self, rank: int, onset_step: int, steps: int) -> tuple[str, dict[str, float]]:
         # The windows that end after the onset (the window the onset lies in included); the latest at least.
@@ -349,10 +357,14 @@ class StragglerMonitor(Callback):
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
 
-    def _act(self, trainer: pl.Trainer, rank: int, ratio: float) -> None:
+    def _act(self, trainer: pl.Trainer, rank: int, ratio: float, part: str) -> None:
+        # Every rank runs this with the same arguments (the same gathered numbers): the actions are collective.
         if self.action == "log":
             return
         if callable(self.action):
             self.action(trainer, rank, ratio)
             return
+        if self.action == "evict":
+            reason = f"rank {rank} {ratio:.2f}x the others' own step time; its {_PART_NAMES.get(part, part)} grew"
+            evict_node(trainer, ranks=[rank], source="straggler", reason=reason, extra={"ratio": ratio, "part": part})
         checkpoint_and_stop(trainer, exit_code=STRAGGLER_EXIT_CODE, reason="stopped")

@@ -4,7 +4,9 @@ Every ``interval`` training batches each rank reads its device (temperature agai
 against its maximum, power against the enforced limit, clock-event reasons, thermal and power violation time, ECC
 counts) through the seam in :mod:`lightning_ft.nvml`. The readings are gathered to rank 0 in one small
 ``all_gather`` and logged as per-rank scalars; the rank that owns a device writes a ``thermal`` event when the device
-enters or leaves throttling. Without NVML or without a GPU the monitor says so once and turns itself off. Steps an
+enters or leaves throttling. With ``action="evict"``, a device held down by a thermal or hardware slowdown in
+``evict_after`` readings in a row gets its node evicted (:func:`~lightning_ft.fault.eviction.evict_node`): every rank
+counts from the same gathered rows, so all ranks decide together. Without NVML or without a GPU the monitor says so once and turns itself off. Steps an
 earlier attempt of the run already reached are not logged again after a restart.
 """
 
@@ -22,6 +24,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_ft.events import get_event_log, open_event_log
+from lightning_ft.fault.internal import check_can_evict, evict_node
 from lightning_ft.monitors._collectives import (
     PendingRows,
     acquire_group,
@@ -47,7 +50,13 @@ _LOGGED = (
     "ecc_corrected",
     "ecc_uncorrected",
     "throttled",
+    "slowdown",
 )
+_SLOWDOWN = _LOGGED.index("slowdown")
+SLOWDOWN_REASONS = ("SwThermalSlowdown", "HwSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown")
+"""Clock-event reasons that count towards ``ThermalMonitor(action="evict")``: the device is held down by heat or by a
+hardware signal. A power cap (``SwPowerCap``) or an application clock setting is normal under load and does not."""
+ACTIONS = ("log", "evict")
 
 
 class ThermalMonitor(Callback):
@@ -64,9 +73,15 @@ class ThermalMonitor(Callback):
         nvml: the NVML to read (default: the real one); tests and CPU demos pass a
             :class:`~lightning_ft.nvml.FakeNVML`.
         log_per_rank: log ``thermal/<field>/rank_<r>`` for every rank; fleet maxima are always logged.
+        action: ``"log"`` (default) or ``"evict"``: a rank whose device shows one of :data:`SLOWDOWN_REASONS` in
+            ``evict_after`` readings in a row (repeated throttling, not a passing spike) gets its node evicted
+            (``preempt-step=<N>`` saved, the node leaves through its torchrun agent with a health record, the
+            others restart; docs/fault-tolerance.md). Needs torchrun with ``--max-restarts`` > 0, checked at setup.
+        evict_after: consecutive throttled readings (``interval`` batches apart) that count as repeated, >= 1.
 
     Raises:
-        ValueError: ``interval < 1``, or ``devices`` has no entry for a local rank (at setup).
+        ValueError: ``interval < 1``, an unknown ``action``, ``evict_after < 1``, or ``devices`` has no entry for a
+            local rank (at setup); at setup, ``action="evict"`` outside torchrun or with ``--max-restarts=0``.
 
     Example::
 
@@ -80,9 +95,19 @@ class ThermalMonitor(Callback):
         devices: Sequence[int] | None = None,
         nvml: NVMLLike | None = None,
         log_per_rank: bool = True,
+        action: str = "log",
+        evict_after: int = 3,
     ) -> None:
         if interval < 1:
             raise ValueError(f"ThermalMonitor(interval={interval!r}): must be >= 1")
+        if action not in ACTIONS:
+            raise ValueError(f"ThermalMonitor(action={action!r}): expected one of {ACTIONS}")
+        if isinstance(evict_after, bool) or not isinstance(evict_after, int) or evict_after < 1:
+            raise ValueError(f"ThermalMonitor(evict_after={evict_after!r}): must be an int >= 1 (readings in a row)")
+        self.action = action
+        self.evict_after = evict_after
+        self.throttled_readings: list[int] = []
+        """Per rank: readings in a row, up to the last gathered one, that showed a slowdown reason."""
         self.interval = interval
         self.devices = list(devices) if devices is not None else None
         self.nvml: NVMLLike = nvml if nvml is not None else NVML()
@@ -102,6 +127,8 @@ class ThermalMonitor(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        if self.action == "evict":
+            check_can_evict("ThermalMonitor(action='evict')")
         open_event_log(trainer)  # collective: every rank sets up
         local_rank = trainer.local_rank
         if self.devices is not None and local_rank >= len(self.devices):
@@ -138,13 +165,14 @@ class ThermalMonitor(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._batches = 0
         self._pending = None
+        self.throttled_readings = []
         self._replayed_through = replayed_through(trainer) if trainer.is_global_zero else -1
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            self._log_rows(trainer, *pending)
+            self._log_rows(trainer, *pending, act=False)  # training is over: nothing to evict from
 
     @override
     def on_train_batch_end(
@@ -208,11 +236,26 @@ class ThermalMonitor(Callback):
         if previous is not None:
             self._log_rows(trainer, *previous)
 
-    def _log_rows(self, trainer: pl.Trainer, gathered: PendingRows, step: int) -> None:
+    def _log_rows(self, trainer: pl.Trainer, gathered: PendingRows, step: int, *, act: bool = True) -> None:
         rows = gathered.wait()
         # An earlier attempt of the run logged the steps up to `_replayed_through`.
         if trainer.is_global_zero and trainer.loggers and step > self._replayed_through:
             self._log(trainer, rows, step)
+        self._count_slowdowns(trainer, rows, act=act)
+
+    def _count_slowdowns(self, trainer: pl.Trainer, rows: list[list[float]], *, act: bool) -> None:
+        # Every rank counts from the same gathered rows, so every rank reaches the same decision (evict is collective).
+        counts = self.throttled_readings + [0] * (len(rows) - len(self.throttled_readings))
+        self.throttled_readings = [c + 1 if r[_SLOWDOWN] == 1.0 else 0 for c, r in zip(counts, rows, strict=False)]
+        if self.action != "evict" or not act:
+            return
+        repeated = [rank for rank, c in enumerate(self.throttled_readings) if c >= self.evict_after]
+        if repeated:
+            reason = (
+                f"rank(s) {repeated}: GPU held down by a thermal or hardware slowdown in {self.evict_after} readings"
+                f" in a row, {self.interval} batches apart"
+            )
+            evict_node(trainer, ranks=repeated, source="thermal", reason=reason)
 
     def _row(self, reading: dict[str, float | None]) -> list[float]:
         values: dict[str, float | None] = dict(reading)
@@ -224,6 +267,8 @@ class ThermalMonitor(Callback):
                 self._last_violation[kind] = now
         bits = reading.get("reasons_bits")
         values["throttled"] = float(bool(decode_reasons(int(bits)))) if bits is not None else None
+        slowdown = bits is not None and any(r in SLOWDOWN_REASONS for r in decode_reasons(int(bits)))
+        values["slowdown"] = float(slowdown) if bits is not None else None
         return [math.nan if values.get(k) is None else float(values[k]) for k in _LOGGED]  # type: ignore[arg-type]
 
     def _log(self, trainer: pl.Trainer, rows: list[list[float]], step: int) -> None:

@@ -60,8 +60,9 @@ class Node:
 class ElasticJob:
     """An elastic torchrun job of 1 to ``max_nodes`` single-process nodes running ``script`` with ``args``."""
 
-    def __init__(self, workdir: Path, script: Path, args: list[str], *, max_nodes: int = 3) -> None:
+    def __init__(self, workdir: Path, script: Path, args: list[str], *, max_nodes: int = 3, min_nodes: int = 1) -> None:
         self.workdir, self.script, self.args, self.max_nodes = workdir, script, args, max_nodes
+        self.min_nodes = min_nodes
         self.port = free_port()
         self.store = dist.TCPStore(
             "127.0.0.1", self.port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=600)
@@ -69,14 +70,16 @@ class ElasticJob:
         self.nodes: list[Node] = []
         self.env = subprocess_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", LOGLEVEL="INFO")
 
-    def start_node(self) -> Node:
+    def start_node(self, **env: str) -> Node:
+        """Start one more agent; ``env`` is added to its environment. Its name ``node<k>`` is also its
+        ``LIGHTNING_FT_NODE_NAME`` (the name of its health record)."""
         name = f"node{len(self.nodes)}"
         log = self.workdir / f"{name}.log"
         cmd = [
             sys.executable,
             "-m",
             "torch.distributed.run",
-            f"--nnodes=1:{self.max_nodes}",
+            f"--nnodes={self.min_nodes}:{self.max_nodes}",
             "--nproc-per-node=1",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint=127.0.0.1:{self.port}",
@@ -88,15 +91,28 @@ class ElasticJob:
             *self.args,
         ]
         with open(log, "w") as f:
-            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=self.env, stdout=f, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                cmd,
+                cwd=REPO_ROOT,
+                env={**self.env, "LIGHTNING_FT_NODE_NAME": name, **env},
+                stdout=f,
+                stderr=subprocess.STDOUT,
+            )
         node = Node(name, proc, log)
         self.nodes.append(node)
         return node
 
-    def wait_for(self, what: str, condition: Callable[[], bool], timeout: float) -> None:
+    def wait_for(
+        self, what: str, condition: Callable[[], bool], timeout: float, *, may_fail: tuple[str, ...] = ()
+    ) -> None:
+        """Poll ``condition`` until true; fail at ``timeout`` or when a node not named in ``may_fail`` failed."""
         deadline = time.monotonic() + timeout
         while not condition():
-            failed = [n for n in self.nodes if n.proc.poll() not in (None, 0) and n.proc.returncode != -9]
+            failed = [
+                n
+                for n in self.nodes
+                if n.proc.poll() not in (None, 0) and n.proc.returncode != -9 and n.name not in may_fail
+            ]
             if failed or time.monotonic() > deadline:
                 raise AssertionError(
                     f"waiting for {what}: " + ("nodes failed" if failed else "timed out") + self.logs()

@@ -106,6 +106,19 @@ class ElasticRecord(Callback):
                 self._append(trainer, "losses", step=trainer.global_step, loss=float(total[0] / total[1]))
 
 
+class EccFromStep(Callback):
+    """From global step ``step`` on, the fake NVML device of the ranks on node ``node`` (``LIGHTNING_FT_NODE_NAME``)
+    reads 2 uncorrected ECC errors: a memory fault the periodic health checks find."""
+
+    def __init__(self, nvml, *, node: str, step: int) -> None:
+        self.nvml, self.step = nvml, step
+        self.sick = os.environ.get("LIGHTNING_FT_NODE_NAME") == node
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.sick and trainer.global_step >= self.step:
+            self.nvml.set(0, ecc_uncorrected=2.0)
+
+
 class HoldWhileFileExists(Callback):
     """Training pauses after a batch while ``path`` exists, so the test changes the world between known steps. A
     SIGTERM (torchrun stopping the workers for a new node) ends the pause, as it would end any wait. A file that holds
@@ -125,6 +138,21 @@ class HoldWhileFileExists(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         while self._holds(trainer.global_step) and not trainer.received_sigterm:
             time.sleep(0.05)
+
+
+class SlowOnNode(GPT):
+    """The injected straggler: every training step of the ranks on node ``slow_node`` (``LIGHTNING_FT_NODE_NAME``)
+    sleeps ``slow_ms`` more, as a node with a slow CPU or a throttled GPU would take longer for the same step."""
+
+    def __init__(self, *args, slow_node: str, slow_ms: float, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.slow = os.environ.get("LIGHTNING_FT_NODE_NAME") == slow_node
+        self.slow_ms = slow_ms
+
+    def training_step(self, batch, batch_idx):
+        if self.slow:
+            time.sleep(self.slow_ms / 1000.0)
+        return super().training_step(batch, batch_idx)
 
 
 class RecordLosses(Callback):
@@ -158,6 +186,16 @@ def main() -> None:
     p.add_argument("--accumulate", type=int, default=1)
     p.add_argument("--elastic-record", action="store_true", help="indexed data; samples, losses, RNG per rank")
     p.add_argument("--hold-file", default="", help="pause after each batch while this file exists")
+    p.add_argument("--straggler-evict", action="store_true", help="StragglerMonitor(action='evict')")
+    p.add_argument(
+        "--ecc-node",
+        default="",
+        help="NODE:STEP: from STEP on, the (fake) NVML device of node NODE reports uncorrected ECC errors, and the"
+        " periodic health checks (every 2 steps) evict the node that fails them",
+    )
+    p.add_argument("--slow-node", default="", help="LIGHTNING_FT_NODE_NAME of the node whose steps sleep")
+    p.add_argument("--slow-ms", type=float, default=300.0)
+    p.add_argument("--cooldown-s", type=float, default=3600.0, help="FaultPolicy(eviction_cooldown_s=...)")
     p.add_argument("--out", required=True, help="folder for losses.json and weights.pt (rank 0)")
     args = p.parse_args()
 
@@ -165,6 +203,22 @@ def main() -> None:
     L.seed_everything(1234)
     root = Path(args.root)
     callbacks: list[Callback] = []
+    if args.straggler_evict:
+        from lightning_ft import StragglerMonitor
+
+        # A fixed bar far above a loaded host's noise (noise_factor=0): only the injected slowdown (several times a
+        # healthy step) clears it, and no healthy rank of the smaller world is ever evicted after it.
+        callbacks.append(
+            StragglerMonitor(
+                interval=4,
+                patience=2,
+                warmup_steps=4,
+                threshold=0.5,
+                min_excess_ms=100,
+                noise_factor=0,
+                action="evict",
+            )
+        )
     if args.ckpt_every:
         callbacks.append(ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=args.ckpt_every, save_top_k=-1))
     if args.kill_at_step:
@@ -178,9 +232,19 @@ def main() -> None:
     if args.hold_file:
         callbacks.append(HoldWhileFileExists(Path(args.hold_file)))
     if args.strategy == "elasticft":
-        from lightning_ft import ElasticFT3D, ElasticPolicy
+        from lightning_ft import ElasticFT3D, ElasticPolicy, FaultPolicy
 
+        fault = FaultPolicy(eviction_cooldown_s=args.cooldown_s)
+        if args.ecc_node:
+            # The collective's check is left out of it (a bar no loaded host reaches): the ECC errors decide.
+            fault = FaultPolicy(
+                eviction_cooldown_s=args.cooldown_s,
+                health_check_every_n_steps=2,
+                health_check_action="evict",
+                health_check_slowdown=1000.0,
+            )
         strategy = ElasticFT3D(
+            fault=fault,
             tensor_parallel_size=args.tp,
             pipeline_parallel_size=args.pp,
             pipeline_schedule=args.schedule,
@@ -188,6 +252,13 @@ def main() -> None:
         )
     else:
         strategy = "ddp"
+    if args.ecc_node:
+        from lightning_ft.nvml import FakeNVML
+
+        node, from_step = args.ecc_node.split(":")
+        nvml = FakeNVML(device_count=1)
+        strategy._fault.nvml = nvml  # the health checks' NVML seam (a CPU has none; a test's FakeNVML stands in)
+        callbacks.append(EccFromStep(nvml, node=node, step=int(from_step)))
     trainer = L.Trainer(
         accelerator="cpu",
         devices=int(os.environ["LOCAL_WORLD_SIZE"]),
@@ -202,7 +273,8 @@ def main() -> None:
         log_every_n_steps=2,
         accumulate_grad_batches=args.accumulate,
     )
-    model = GPT(vocab_size=64, dim=32, n_heads=4, n_layers=2, seq_len=16, dropout=args.dropout)
+    shape = {"vocab_size": 64, "dim": 32, "n_heads": 4, "n_layers": 2, "seq_len": 16, "dropout": args.dropout}
+    model = SlowOnNode(**shape, slow_node=args.slow_node, slow_ms=args.slow_ms) if args.slow_node else GPT(**shape)
     dataset_type = IndexedTokens if args.elastic_record else SyntheticTokens
     data = DataLoader(dataset_type(args.samples, seq_len=16, vocab_size=64), batch_size=args.batch_size, shuffle=True)
     trainer.fit(model, train_dataloaders=data)

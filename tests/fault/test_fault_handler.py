@@ -116,3 +116,11 @@ def test_a_failed_health_check_stops_before_any_step_with_the_report(tmp_path):
     assert failed["checks"][0]["rank"] == 0 and failed["checks"][0]["check"] == "checkpoint_dir"
     (end,) = _events(tmp_path, "attempt_end")
     assert end["reason"] == "crashed" and "checkpoint_dir" in end["error"]
+
+
+def test_health_check_action_evict_is_refused_before_any_step_where_no_torchrun_agent_could_leave(tmp_path):
+    strategy = ElasticFT3D(fault=FaultPolicy(health_check_every_n_steps=2, health_check_action="evict"))
+    trainer = make_trainer(tmp_path, strategy=strategy, max_steps=4)
+    with pytest.raises(ValueError, match=r"FaultPolicy\(health_check_action='evict'\): .*torchrun"):
+        trainer.fit(TinyRegressor())
+    assert trainer.global_step == 0
