@@ -351,6 +351,7 @@ class StrategyCheckpoints:
             log.write(
                 "checkpoint_committed",
                 step=info.step,
+                tier="durable",
                 path=as_url(info.path),
                 stall_s=info.stall_s,
                 total_s=info.total_s,
@@ -394,7 +395,13 @@ class StrategyCheckpoints:
                     raise
                 log = self._event_log()
                 if self._rank() == 0 and log is not None:
-                    log.write("checkpoint_rejected", step=_saved_step(path), path=as_url(path), reason=str(err))
+                    log.write(
+                        "checkpoint_rejected",
+                        step=_saved_step(path),
+                        tier="durable",
+                        path=as_url(path),
+                        reason=str(err),
+                    )
                 rank_zero_warn(f"Skipping checkpoint {path}: {err}. Falling back to {fallbacks[0].path}.")
                 location = fallbacks.pop(0)
 
