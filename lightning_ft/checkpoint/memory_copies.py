@@ -225,10 +225,11 @@ def list_copies(run_dir: Path, *, local_rank: int, local_world_size: int) -> lis
     return sorted(found, key=lambda c: (-c.step, c.peer, c.rank))
 
 
-def check_copy(copy: MemoryCopy, expected: dict[str, Any]) -> str | None:
-    """Why ``copy`` cannot be restored, or ``None``: its marker and metadata (checksum), the index's coverage, every
-    shard's crc32, the step (folder, marker and metadata agree), and each of ``expected`` (run id, world size, mesh,
-    node layout) against its metadata. Not collective; reads the whole copy."""
+def check_copy(copy: MemoryCopy, expected: dict[str, Any], *, read_shards: bool = True) -> str | None:
+    """Why ``copy`` cannot be restored, or ``None``: its marker and metadata (checksum), the index's coverage, the step
+    (folder, marker and metadata agree), each of ``expected`` (run id, world size, mesh, node layout) against its
+    metadata, and (``read_shards``) every shard's crc32. Not collective; with ``read_shards`` it reads the whole copy
+    (without, the caller loads it next, which checks every shard's crc32 as it reads)."""
     path = copy.path
     try:
         document = read_document(path)
@@ -245,6 +246,8 @@ def check_copy(copy: MemoryCopy, expected: dict[str, Any]) -> str | None:
         for name, value in expected.items():
             if metadata.get(name) != value:
                 return f"memory copy {path}: {name} {metadata.get(name)!r} differs from this run's {value!r}"
+        if not read_shards:
+            return None
         reader = ShardReader(path, document, MemoryFileStorage(), verify_checksums=True)
         for key, record in document["tensors"].items():
             for shard in record["shards"]:

@@ -48,7 +48,6 @@ from typing_extensions import override
 from lightning_ft import _compat
 from lightning_ft.checkpoint import CheckpointError, LoadedCheckpoint
 from lightning_ft.checkpoint.internal import (
-    MemoryCopy,
     MemoryTier,
     Stager,
     capture_own,
@@ -179,7 +178,9 @@ class MemoryPlan:
 
     @property
     def restored_from(self) -> dict[str, int]:
-        local = sum(1 for r, (h, peer, _) in self.sources.items() if h == r and not peer)
+        """Ranks per tier: ``local`` read a copy on their own node (their own, or one their node kept for the rank
+        they now are), ``peer`` received theirs from another node."""
+        local = sum(1 for r, (h, _, _) in self.sources.items() if h == r)
         return {"local": local, "peer": len(self.sources) - local, "durable": 0}
 
 
@@ -205,6 +206,7 @@ class MemoryCheckpoints(Callback):
         self._plan: MemoryPlan | None = None
         self._last_step: int | None = None
         self._one_node_said = False
+        self._preloaded: tuple[Path, LoadedCheckpoint] | None = None
 
     @property
     def state_key(self) -> str:
@@ -446,8 +448,19 @@ class MemoryCheckpoints(Callback):
         layout = self.layout
         expected = self._expected()
         held, rejected = [], []
+        self._preloaded = None
         for copy in list_copies(self.run_dir, local_rank=layout.local_rank, local_world_size=layout.local_world_size):
-            reason = _check(copy, expected)
+            if self._preloaded is None and copy.rank == layout.rank and not copy.peer:
+                # This rank's newest own copy is the likely restore: loading it is its check (every shard's crc32 as
+                # it is read), so a local resume reads it once.
+                reason = check_copy(copy, expected, read_shards=False)
+                if reason is None:
+                    try:
+                        self._preloaded = (copy.path, load_copy(copy.path))
+                    except CheckpointError as e:
+                        reason = str(e)
+            else:
+                reason = check_copy(copy, expected)
             if reason is None:
                 held.append((copy.rank, copy.step, copy.peer, str(copy.path)))
             else:
@@ -462,12 +475,14 @@ class MemoryCheckpoints(Callback):
                         event_log.write("checkpoint_rejected", step=step, tier=tier, path=path, reason=reason)
         plan = _agree_on_step(gathered, world_size=layout.world_size)
         if plan is None:
+            self._preloaded = None
             return None
         if durable_step is not None and durable_step >= plan.step:
             rank_zero_info(
                 f"lightning-ft: the durable checkpoint of step {durable_step} is as new as the memory tier's (step"
                 f" {plan.step}); resuming from the durable tier"
             )
+            self._preloaded = None
             return None
         self._plan = plan
         return plan.sources[0][2]
@@ -489,7 +504,11 @@ class MemoryCheckpoints(Callback):
         loaded = None
         try:
             path = self._fetch(plan)
-            loaded = load_copy(path, template)
+            preloaded, self._preloaded = self._preloaded, None
+            if preloaded is not None and preloaded[0] == path and template is None:
+                loaded = preloaded[1]
+            else:
+                loaded = load_copy(path, template)
         except Exception as e:  # noqa: BLE001 - every rank reaches the agreement below
             error = f"{type(e).__name__}: {e}"
         errors = self._all_gather(error)
@@ -573,10 +592,6 @@ class MemoryCheckpoints(Callback):
             self._group = None
 
 
-def _check(copy: MemoryCopy, expected: dict[str, Any]) -> str | None:
-    return check_copy(copy, expected)
-
-
 def _agree_on_step(gathered: list[tuple[list, list]], *, world_size: int) -> MemoryPlan | None:
     """The newest step for which every rank of ``range(world_size)`` has a valid copy on some holder, with the holder
     each loads from: its own copy where it has one, else the lowest holder rank. The same on every rank."""
@@ -589,7 +604,8 @@ def _agree_on_step(gathered: list[tuple[list, list]], *, world_size: int) -> Mem
         if all(r in holders for r in range(world_size)):
             sources = {}
             for r in range(world_size):
-                options = sorted(holders[r], key=lambda o: (not (o[0] == r and not o[1]), o[0]))
+                # Its own node first (its own copy before one kept there for it), else the lowest holder.
+            options = sorted(holders[r], key=lambda o: (o[0] != r, o[1], o[0]))
                 sources[r] = options[0]
             return MemoryPlan(step, sources)
     return None
