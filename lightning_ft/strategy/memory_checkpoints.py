@@ -605,7 +605,7 @@ def _agree_on_step(gathered: list[tuple[list, list]], *, world_size: int) -> Mem
             sources = {}
             for r in range(world_size):
                 # Its own node first (its own copy before one kept there for it), else the lowest holder.
-            options = sorted(holders[r], key=lambda o: (o[0] != r, o[1], o[0]))
+                options = sorted(holders[r], key=lambda o: (o[0] != r, o[1], o[0]))
                 sources[r] = options[0]
             return MemoryPlan(step, sources)
     return None
