@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from lightning_ft.checkpoint import CheckpointError
 from lightning_ft.strategy import per_rank_state
 from lightning_ft.strategy.checkpoint_io import run_metadata, split_checkpoint
 from lightning_ft.strategy.elastic_resume import loaded_message
 from lightning_ft.strategy.foreign_import import import_for_strategy
+from lightning_ft.strategy.memory_checkpoints import MemoryRestoreError
 
 if TYPE_CHECKING:
     from lightning_ft.strategy.elastic_ft3d import ElasticFT3D
@@ -78,13 +78,12 @@ def load_for_strategy(strategy: ElasticFT3D, checkpoint_path: Any) -> dict[str, 
         try:
             loaded, plan = memory.load(mode.load_template())
             tier = {"tier": "peer" if plan.restored_from["peer"] else "local", "restored_from": plan.restored_from}
-        except CheckpointError as err:
+        except MemoryRestoreError as err:
             if not candidates:
                 raise
             log = strategy.event_log
-            tier_name = "peer" if "peer tier" in str(err) else "local"
             if strategy.global_rank == 0 and log is not None:
-                log.write("checkpoint_rejected", path=str(checkpoint_path), tier=tier_name, reason=str(err))
+                log.write("checkpoint_rejected", path=err.path, tier=err.tier, reason=str(err))
             rank_zero_warn(f"Skipping the memory tier: {err}. Falling back to {candidates[0].path}.")
             location, fallbacks = candidates[0], [c for c in candidates[1:] if c.ours]
     else:

@@ -24,6 +24,11 @@ a run meets them:
 
 The background thread runs collectives on the tier's group only, and every rank runs the same ones for every save, so
 no collective is ever run by only some ranks; the training group is never used from it.
+
+Why one module: the save, the plan and the restore share the node layout, the tier's process group and above all the
+order of its collectives (sizes before bytes, the exchange before the commit all-reduce, the plan's gather before the
+restore's transfers); that every rank runs the same sequence is checked by reading one file. The on-disk part (how a
+copy is written, checked, packed) is :mod:`lightning_ft.checkpoint.memory_copies`.
 """
 
 from __future__ import annotations
@@ -68,7 +73,7 @@ if TYPE_CHECKING:
 
     from lightning_ft.strategy.elastic_ft3d import ElasticFT3D
 
-__all__ = ["MemoryCheckpoints", "NodeLayout", "memory_budget"]
+__all__ = ["MemoryCheckpoints", "MemoryPlan", "MemoryRestoreError", "NodeLayout", "memory_budget"]
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +171,14 @@ class _Job:
     started: float
     stall_s: float
     done: threading.Event = field(default_factory=threading.Event)
+
+
+class MemoryRestoreError(CheckpointError):
+    """A planned memory restore failed on some rank; ``tier`` (``"local"``/``"peer"``) and ``path`` name the copy."""
+
+    def __init__(self, message: str, *, tier: str, path: str) -> None:
+        super().__init__(message)
+        self.tier, self.path = tier, path
 
 
 @dataclass(frozen=True)
@@ -495,7 +508,7 @@ class MemoryCheckpoints(Callback):
         """Every rank, collective: restore this rank's copy of the planned step (a holder on another node sends it).
 
         Raises:
-            CheckpointError: on every rank when any rank failed (the first failure's reason); the plan is dropped.
+            MemoryRestoreError: on every rank when any rank failed (the first failure's reason); the plan is dropped.
         """
         plan, self._plan = self._plan, None
         assert plan is not None
@@ -515,9 +528,10 @@ class MemoryCheckpoints(Callback):
         failed = [(r, e) for r, e in enumerate(errors) if e]
         if failed:
             rank, reason = failed[0]
-            holder, peer, path = plan.sources[rank]
-            raise CheckpointError(
-                f"memory copy {path} of rank {rank} (step {plan.step}, {'peer' if peer else 'local'} tier): {reason}"
+            holder, _, path = plan.sources[rank]
+            tier = "local" if holder == rank else "peer"
+            raise MemoryRestoreError(
+                f"memory copy {path} of rank {rank} (step {plan.step}, {tier} tier): {reason}", tier=tier, path=path
             )
         assert loaded is not None
         metadata = {**loaded.metadata, "world_size": layout.world_size}
