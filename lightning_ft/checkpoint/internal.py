@@ -58,6 +58,7 @@ from lightning_ft.checkpoint.storage.object_store import (
     protocol_of,
 )
 from lightning_ft.checkpoint.storage.registry import FORMATS, storage_for_path, storage_named
+from lightning_ft.checkpoint.writer_threads import lower_thread_priority
 
 __all__ = [
     "COMMIT_MARKER",
@@ -104,6 +105,7 @@ __all__ = [
     "load_dcp",
     "load_torch_file",
     "locate",
+    "lower_thread_priority",
     "pack",
     "protocol_of",
     "read_lightning_dcp_meta",

@@ -60,6 +60,7 @@ from lightning_ft.checkpoint.internal import (
     copy_folder,
     list_copies,
     load_copy,
+    lower_thread_priority,
     pack,
     remove_others,
     run_folder,
@@ -346,6 +347,8 @@ class MemoryCheckpoints(Callback):
                 self._current = None
 
     def _run(self) -> None:
+        # As the durable writer: where the machine is short of cores, the copy takes the cycles training leaves idle.
+        lower_thread_priority(19)
         while True:
             job = self._queue.get()
             if job is None:
