@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -277,19 +278,34 @@ class MemoryCheckpoints(Callback):
                 f"{option}: the memory tier keeps plain data-parallel state; this run is {strategy._mode.name!r}"
                 " (DTensor or pipeline parameters). Use the durable tier (ModelCheckpoint) alone."
             )
+        try:  # a real write: permissions are not the only reason a folder refuses files
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.run_dir):
+                pass
+        except OSError as err:
+            return f"{option}: cannot write into {str(self.run_dir)!r} ({err.strerror or err}); choose a writable node-local folder"
         state = _state_bytes(strategy)
         per_rank, per_node = memory_budget(state, layout=self.layout, peer_copy=self.tier.peer_copy)
+        ram_node = per_node + state * self.layout.local_world_size  # plus each process's staging copy
         free = free_bytes(self.run_dir)
         available = mem_available_bytes()
         where = (
             f"a save of {state / 2**20:.1f} MiB per rank needs {per_rank / 2**20:.1f} MiB per rank and"
             f" {per_node / 2**20:.1f} MiB per node of {self.layout.local_world_size} ranks (its copy and the one being"
-            f" written{', for itself and the partner it keeps a copy for' if self._peer_copy else ''})"
+            f" written{', for itself and for the partner it keeps a copy of' if self._peer_copy else ''})"
         )
         if per_node > free:
-            return f"{option}: {where}, but the folder has {free / 2**20:.1f} MiB free; make room or raise every_n_train_steps' folder size, or turn the tier off (memory_tier=None)"
-        if available is not None and per_node > available:
-            return f"{option}: {where}, but the node has {available / 2**20:.1f} MiB MemAvailable; turn the tier off (memory_tier=None) or free memory"
+            return (
+                f"{option}: {where}, but the folder has {free / 2**20:.1f} MiB free (the rule: the per-node need must"
+                " fit); make room, point MemoryTier(dirpath=...) or LIGHTNING_FT_MEMORY_DIR at a larger memory folder,"
+                " or turn the tier off (memory_tier=None)"
+            )
+        if available is not None and ram_node > available:
+            return (
+                f"{option}: {where}, plus {state * self.layout.local_world_size / 2**20:.1f} MiB of staging copies, but"
+                f" the node has {available / 2**20:.1f} MiB MemAvailable (the rule: it must fit in the node's"
+                " available memory); free memory or turn the tier off (memory_tier=None)"
+            )
         return None
 
     def _all_gather(self, obj: Any) -> list[Any]:

@@ -236,3 +236,25 @@ def test_partners_are_the_same_local_rank_on_the_next_node():
     assert [layout.partner for layout in layouts] == [2, 3, 4, 5, 0, 1]
     assert [layout.source for layout in layouts] == [4, 5, 0, 1, 2, 3]
     assert all(layouts[layout.partner].source == layout.rank for layout in layouts)
+
+
+def test_a_memory_tier_larger_than_the_node_s_available_memory_stops_fit_before_the_first_step(
+    tmp_path, shm, monkeypatch
+):
+    monkeypatch.setattr(memory_checkpoints, "mem_available_bytes", lambda: 1000)
+    L.seed_everything(0)
+    trainer = make_trainer(tmp_path, strategy=ElasticFT3D(memory_tier=MemoryTier()), max_steps=4)
+    with pytest.raises(ValueError, match=r"MemoryTier\(dirpath=.*staging copies.*MiB MemAvailable"):
+        trainer.fit(TinyRegressor())
+    assert trainer.global_step == 0
+
+
+def test_a_memory_folder_that_cannot_be_written_stops_fit_before_the_first_step(tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the memory folder should be")
+    monkeypatch.setenv("LIGHTNING_FT_MEMORY_DIR", str(blocker))
+    L.seed_everything(0)
+    trainer = make_trainer(tmp_path, strategy=ElasticFT3D(memory_tier=MemoryTier()), max_steps=4)
+    with pytest.raises(ValueError, match=r"MemoryTier\(dirpath=.*cannot write into"):
+        trainer.fit(TinyRegressor())
+    assert trainer.global_step == 0
