@@ -9,11 +9,12 @@ import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from lightning_ft.checkpoint.internal import MemoryTier, capture_own, list_copies
-from lightning_ft.strategy.memory_checkpoints import MemoryCheckpoints, _Job
+from lightning_ft.strategy.memory_checkpoints import MemoryCheckpoints, MemoryRestoreError, _Job
 from tests.helpers import run_distributed
 
 
@@ -77,7 +78,7 @@ def _restore_after(rank: int, world_size: int, root: str, damage: str) -> None:
         found = sorted((c.rank, c.step, c.peer) for c in copies)
         assert found == sorted([(rank, 4, False), (1 - rank, 4, True)]), (found, memory._strategy.event_log.lines)
         dist.barrier()
-        if rank == 1 and damage in ("node_lost", "both_lost"):
+        if rank == 1 and damage in ("node_lost", "both_lost", "vanished"):
             shutil.rmtree(memory.run_dir)  # its RAM is gone: a new node joins with nothing
         if rank == 0 and damage == "both_lost":
             shutil.rmtree(memory.run_dir / "peer-of-rank1")
@@ -88,6 +89,15 @@ def _restore_after(rank: int, world_size: int, root: str, damage: str) -> None:
             shard.write_bytes(bytes(data))
         dist.barrier()
         path = memory.plan(durable_step=2)
+        if damage == "vanished":
+            # The partner's copy disappears between the plan and the restore: every rank fails the restore alike, so
+            # that all fall back to the durable tier together.
+            if rank == 0:
+                shutil.rmtree(memory.run_dir / "peer-of-rank1")
+            with pytest.raises(MemoryRestoreError, match="rank 1") as raised:
+                memory.load(None)
+            assert raised.value.tier == "peer"
+            return
         if damage == "both_lost":
             assert path is None  # nobody holds rank 1's step 4: the durable tier is used
             return
@@ -116,3 +126,7 @@ def test_a_rank_whose_own_copy_fails_its_checksum_restores_from_its_partner_s_co
 
 def test_when_both_copies_of_a_rank_are_lost_no_memory_step_is_agreed(tmp_path):
     run_distributed(_restore_after, 2, str(tmp_path), "both_lost")
+
+
+def test_a_partner_copy_that_vanishes_before_the_restore_fails_it_on_every_rank(tmp_path):
+    run_distributed(_restore_after, 2, str(tmp_path), "vanished")
