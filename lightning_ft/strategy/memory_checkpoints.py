@@ -355,6 +355,11 @@ class MemoryCheckpoints(Callback):
         self._current = job
         self._queue.put(job)
 
+    def wait(self) -> None:
+        """Block until the save in flight is done: every rank's copy committed (or the save failed). Every rank may
+        call it; it runs no collective of its own."""
+        self._wait_current()
+
     def _wait_current(self, timeout: float | None = None) -> None:
         job = self._current
         if job is not None:

@@ -37,6 +37,20 @@ class HoldAfter(Callback):
             time.sleep(0.2)
 
 
+class SettleMemoryAt(Callback):
+    """Before step ``step`` (where the test's kill fires), wait until the memory save in flight is committed on every
+    rank, so that the kill finds a known memory step. Without it the kill can land in the middle of a memory save;
+    the resume then agrees on the older step (or the durable tier), which the unit tests cover."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, *args) -> None:
+        memory = trainer.strategy._memory
+        if trainer.global_step == self.step and memory is not None:
+            memory.wait()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--root", required=True)
@@ -47,6 +61,7 @@ def main() -> None:
     p.add_argument("--faults", default="")
     p.add_argument("--hold-file", default="")
     p.add_argument("--hold-step", type=int, default=0)
+    p.add_argument("--settle-at", type=int, default=-1, help="wait for the memory save in flight before this step")
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -63,6 +78,7 @@ def main() -> None:
         logger=False,
         callbacks=[
             ModelCheckpoint(dirpath=Path(args.root) / "ckpt", every_n_train_steps=args.ckpt_every, save_top_k=-1),
+            SettleMemoryAt(args.settle_at),
             injector,
             HoldAfter(args.hold_file, args.hold_step),
         ],

@@ -69,7 +69,7 @@ def test_a_sigkilled_worker_resumes_from_the_local_memory_tier_bitwise(tmp_path,
     shm = tmp_path / "shm"
     proc = torchrun(
         "--root", str(tmp_path), "--out", str(tmp_path / "out"), "--memory-every", "2",
-        "--faults", "kill_at:rank=1,step=7,attempt=0",
+        "--faults", "kill_at:rank=1,step=7,attempt=0", "--settle-at", "7",
         max_restarts=1,
         env={"LIGHTNING_FT_MEMORY_DIR": str(shm)},
     )  # fmt: skip
