@@ -175,6 +175,8 @@ def _lost_nodes_run(tmp_path: Path, *, lose: int) -> list[dict]:
     return read_events(root)
 
 
+# Extended tier: about 3.5 minutes each on the shared machine (two agents, a rendezvous after the loss).
+@pytest.mark.extended
 @pytest.mark.timeout(1200)
 def test_a_lost_node_s_ranks_restore_from_their_partner_s_peer_copies_bitwise(tmp_path, uninterrupted):
     found = _lost_nodes_run(tmp_path, lose=1)
@@ -184,6 +186,7 @@ def test_a_lost_node_s_ranks_restore_from_their_partner_s_peer_copies_bitwise(tm
     assert_bitwise_equal(weights(tmp_path / "run" / "out"), uninterrupted)
 
 
+@pytest.mark.extended
 @pytest.mark.timeout(1200)
 def test_two_nodes_lost_at_once_fall_back_to_the_durable_tier_bitwise(tmp_path, uninterrupted):
     found = _lost_nodes_run(tmp_path, lose=2)
