@@ -316,6 +316,12 @@ class StrategyCheckpoints:
             same = found if found == previous[0] else None
         return same if self._all_ranks_agree(same is not None) else None
 
+    def add_stall_s(self, seconds: float) -> None:
+        """Book ``seconds`` the loop was blocked by a save outside this object (the memory tier's capture), so the
+        tracker counts it as a checkpoint stall like the durable tier's."""
+        with self._lock:
+            self._unaccounted_stall_s += seconds
+
     def take_unaccounted_stall_s(self) -> float:
         """Seconds save calls blocked the loop since the previous call (the tracker books them as stalls)."""
         with self._lock:

@@ -354,6 +354,8 @@ class MemoryCheckpoints(Callback):
         job = _Job(step, capture, metadata, started, time.perf_counter() - started)
         self._current = job
         self._queue.put(job)
+        if strategy._checkpoints is not None:  # the loop was blocked: a checkpoint stall in the goodput accounting
+            strategy._checkpoints.add_stall_s(job.stall_s)
 
     def wait(self) -> None:
         """Block until the save in flight is done: every rank's copy committed (or the save failed). Every rank may
