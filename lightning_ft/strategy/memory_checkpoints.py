@@ -318,6 +318,11 @@ class MemoryCheckpoints(Callback):
     # ------------------------------------------------------------------ saving
 
     @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The resumed step is saved already: the micro-batches before the next optimizer step must not save it again.
+        self._last_step = trainer.global_step
+
+    @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:

@@ -31,14 +31,22 @@ class CrashAt(Callback):
             raise RuntimeError(f"crash at step {self.step}")
 
 
-def fit(root: Path, *, tier: MemoryTier | None, crash: int | None = None, durable_every: int = 4) -> TinyRegressor:
+def fit(
+    root: Path, *, tier: MemoryTier | None, crash: int | None = None, durable_every: int = 4, accumulate: int = 1
+) -> TinyRegressor:
     L.seed_everything(0)
     callbacks: list[Callback] = [
         ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=durable_every, save_top_k=-1)
     ]
     if crash is not None:
         callbacks.append(CrashAt(crash))
-    trainer = make_trainer(root, strategy=ElasticFT3D(memory_tier=tier), callbacks=callbacks, max_steps=MAX_STEPS)
+    trainer = make_trainer(
+        root,
+        strategy=ElasticFT3D(memory_tier=tier),
+        callbacks=callbacks,
+        max_steps=MAX_STEPS,
+        accumulate_grad_batches=accumulate,
+    )
     model = TinyRegressor()
     if crash is None:
         trainer.fit(model)
@@ -114,6 +122,17 @@ def test_a_crashed_fit_resumes_from_its_memory_copy_bitwise_and_a_finished_one_l
     assert {e["tier"] for e in committed} == {"memory", "durable"}
     assert [e["step"] for e in committed if e["tier"] == "memory"] == [2, 4, 6, 8, 10]
     assert not (shm / "lightning-ft").exists()  # the finished run removed its own folder
+
+
+def test_with_gradient_accumulation_a_memory_resume_is_bitwise_and_saves_each_step_once(tmp_path, shm):
+    reference = fit(tmp_path / "reference", tier=None, accumulate=2)
+    fit(tmp_path / "run", tier=MemoryTier(every_n_train_steps=3), crash=7, accumulate=2)
+    resumed = fit(tmp_path / "run", tier=MemoryTier(every_n_train_steps=3), accumulate=2)
+    assert_same_weights(resumed, reference)
+    (event,) = events(tmp_path / "run", "resumed")
+    assert event["tier"] == "local" and event["step"] == 6
+    memory = [e["step"] for e in events(tmp_path / "run", "checkpoint_committed") if e["tier"] == "memory"]
+    assert memory == [3, 6, 9]
 
 
 def _flip_a_byte(copy: Path) -> None:
