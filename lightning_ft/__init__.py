@@ -23,6 +23,7 @@ _EXPORTS = {
     "ElasticPolicy": "lightning_ft.elastic",
     "FaultPolicy": "lightning_ft.fault",
     "GoodputMonitor": "lightning_ft.monitors",
+    "MemoryTier": "lightning_ft.checkpoint",
     "ParallelConfig": "lightning_ft.parallel",
     "Plan": "lightning_ft.parallel",
     "StragglerMonitor": "lightning_ft.monitors",
@@ -38,6 +39,7 @@ __all__ = [
     "ElasticPolicy",
     "FaultPolicy",
     "GoodputMonitor",
+    "MemoryTier",
     "ParallelConfig",
     "Plan",
     "StragglerMonitor",
@@ -49,7 +51,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from lightning_ft.checkpoint import load_from_checkpoint
+    from lightning_ft.checkpoint import MemoryTier, load_from_checkpoint
     from lightning_ft.elastic import ElasticPolicy, compatible_world_sizes
     from lightning_ft.fault import FaultPolicy
     from lightning_ft.monitors import GoodputMonitor, StragglerMonitor, ThermalMonitor

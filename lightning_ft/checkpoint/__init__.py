@@ -13,7 +13,8 @@ crash), ``snapshot_storage`` (the torchsnapshot seam), ``shard_reader`` and ``lo
 ``retention`` (finding and deleting checkpoints), ``dtensor_geometry``, ``json_codec``, ``inspect``; interoperability:
 ``export`` and ``torch_file`` (a plain Lightning file out, streamed), ``safe_load`` (Lightning files in, without
 unrestricted unpickling), ``dcp_folder`` (``ModelParallelStrategy`` folders in), ``foreign_discovery``, ``rank_state``;
-``module_loader`` (into a ``LightningModule``); ``storage`` (the DCP format, object storage).
+``module_loader`` (into a ``LightningModule``); ``memory_tier`` and ``memory_copies`` (the in-memory tier's
+configuration and copies); ``storage`` (the DCP format, object storage).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from lightning_ft.checkpoint.errors import (
     UnsafeCheckpointError,
 )
 from lightning_ft.checkpoint.load import LoadedCheckpoint, load_checkpoint
+from lightning_ft.checkpoint.memory_tier import MemoryTier
 from lightning_ft.checkpoint.module_loader import load_from_checkpoint
 
 __all__ = [
@@ -49,6 +51,7 @@ __all__ = [
     "CorruptCheckpointError",
     "FormatVersionError",
     "LoadedCheckpoint",
+    "MemoryTier",
     "UncommittedCheckpointError",
     "UnsafeCheckpointError",
     "cleanup_uncommitted",

@@ -27,11 +27,27 @@ from lightning_ft.checkpoint.location import (
     listed,
     locate,
 )
+from lightning_ft.checkpoint.memory_copies import (
+    MemoryCopy,
+    capture_own,
+    check_copy,
+    copy_folder,
+    list_copies,
+    load_copy,
+    pack,
+    remove_others,
+    run_folder,
+    unpack,
+    write_copy,
+)
+from lightning_ft.checkpoint.memory_tier import MEMORY_DIR_ENV, MemoryTier
 from lightning_ft.checkpoint.rank_state import read_rank_state
 from lightning_ft.checkpoint.retention import Retention
 from lightning_ft.checkpoint.safe_load import load_torch_file
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
+from lightning_ft.checkpoint.staging import Stager
 from lightning_ft.checkpoint.storage.dcp_storage import ENTRIES_FILE, DcpReader, EntryLayout
+from lightning_ft.checkpoint.storage.memory_files import MemoryFileStorage
 from lightning_ft.checkpoint.storage.object_checkpointer import ObjectStoreCheckpointer, RoutedStorage
 from lightning_ft.checkpoint.storage.object_store import (
     ObjectCheckpointInfo,
@@ -42,6 +58,7 @@ from lightning_ft.checkpoint.storage.object_store import (
     protocol_of,
 )
 from lightning_ft.checkpoint.storage.registry import FORMATS, storage_for_path, storage_named
+from lightning_ft.checkpoint.writer_threads import lower_thread_priority
 
 __all__ = [
     "COMMIT_MARKER",
@@ -53,7 +70,11 @@ __all__ = [
     "FORMATS",
     "FORMAT_VERSION",
     "IN_PROGRESS_RECORD",
+    "MEMORY_DIR_ENV",
     "METADATA_FILE",
+    "MemoryCopy",
+    "MemoryFileStorage",
+    "MemoryTier",
     "ObjectCheckpointInfo",
     "ObjectCommit",
     "ObjectReader",
@@ -61,7 +82,11 @@ __all__ = [
     "Retention",
     "RoutedStorage",
     "SnapshotStorage",
+    "Stager",
     "as_url",
+    "capture_own",
+    "check_copy",
+    "copy_folder",
     "describe",
     "discovery",
     "export_checkpoint",
@@ -74,14 +99,22 @@ __all__ = [
     "is_lightning_ft_checkpoint",
     "is_remote",
     "list_foreign",
+    "list_copies",
     "listed",
+    "load_copy",
     "load_dcp",
     "load_torch_file",
     "locate",
+    "lower_thread_priority",
+    "pack",
     "protocol_of",
     "read_lightning_dcp_meta",
     "read_metadata",
     "read_rank_state",
+    "remove_others",
+    "run_folder",
     "storage_for_path",
     "storage_named",
+    "unpack",
+    "write_copy",
 ]

@@ -65,6 +65,11 @@ def resume_candidates(dirpaths: list[Path]) -> list[CheckpointLocation]:
     whose metadata cannot be read stays a candidate (the load then rejects it with its reason, and falls back from
     there).
     """
+    return [location for _, location in _candidates_with_steps(dirpaths)]
+
+
+def _candidates_with_steps(dirpaths: list[Path]) -> list[tuple[int | None, CheckpointLocation]]:
+    """:func:`resume_candidates` with the step of each."""
     found: list[tuple[tuple[bool, int, int, float], CheckpointLocation]] = []
     for dirpath in dirpaths:
         for info in discovery.list_committed(dirpath):
@@ -81,7 +86,7 @@ def resume_candidates(dirpaths: list[Path]) -> list[CheckpointLocation]:
                 key = (foreign.step is not None, foreign.step or 0, 0, foreign.mtime)
                 found.append((key, listed(foreign.path, ours=False)))
     found.sort(key=lambda item: item[0], reverse=True)
-    return [location for _, location in found]
+    return [(key[1] if key[0] else None, location) for key, location in found]
 
 
 class AutoResume:
@@ -90,11 +95,20 @@ class AutoResume:
     Args:
         enabled: resume by itself when ``fit`` gets no ``ckpt_path`` (``ElasticFT3D(auto_resume=...)``).
         broadcast: the strategy's ``broadcast(obj, src=0)``: rank 0 chooses, every rank resumes from its choice.
+        memory_plan: the memory tier's choice (collective), given the durable tier's newest step: the path to resume
+            from when the memory tier holds a newer step every rank can restore, else ``None``.
     """
 
-    def __init__(self, *, enabled: bool, broadcast: Callable[[Any], Any]) -> None:
+    def __init__(
+        self,
+        *,
+        enabled: bool,
+        broadcast: Callable[[Any], Any],
+        memory_plan: Callable[[int | None], str | None] | None = None,
+    ) -> None:
         self.enabled = enabled
         self._broadcast = broadcast
+        self._memory_plan = memory_plan
         self._candidates: list[CheckpointLocation] = []
         self._chosen: CheckpointLocation | None = None
         self._patch: _compat.Patch | None = None
@@ -119,10 +133,11 @@ class AutoResume:
             self._patch = None
 
     def select(self, trainer: pl.Trainer, ckpt_path: Any) -> Any:
-        """The checkpoint to resume from: the user's (checked), else the newest committed one with the full training
-        state, else ``None``. Collective: every rank calls it; rank 0 first settles the replacements a crash
-        interrupted (:func:`~lightning_ft.checkpoint.recover_interrupted_swaps`) in the checkpoint folders, then lists
-        the candidates for all."""
+        """The checkpoint to resume from: the user's (checked), else the memory tier's agreed step when it is newer
+        than the durable tier's newest, else the newest committed one with the full training state, else ``None``.
+        Collective: every rank calls it; rank 0 first settles the replacements a crash interrupted
+        (:func:`~lightning_ft.checkpoint.recover_interrupted_swaps`) in the checkpoint folders, then lists the
+        candidates for all."""
         if ckpt_path is None and not self.enabled:
             return None
         folders = checkpoint_dirpaths(trainer)
@@ -132,15 +147,20 @@ class AutoResume:
         if trainer.global_rank == 0:
             for folder in folders:
                 discovery.recover_interrupted_swaps(folder)
-            candidates = resume_candidates(checkpoint_dirpaths(trainer)) if ckpt_path is None else []
-            names = [(str(c.path), c.ours) for c in candidates]
+            candidates = _candidates_with_steps(checkpoint_dirpaths(trainer)) if ckpt_path is None else []
+            names = [(str(c.path), c.ours, step) for step, c in candidates]
         # Also the barrier after the recovery: no rank looks at the folders before rank 0 has settled them.
         names = self._broadcast(names)
         if ckpt_path is not None:
             self._candidates = []
             self._chosen = self._located(locate(Path(ckpt_path)))
             return self._chosen.path
-        self._candidates = [listed(Path(p), ours=ours) for p, ours in names]
+        self._candidates = [listed(Path(p), ours=ours) for p, ours, _ in names]
+        if self._memory_plan is not None:
+            memory_path = self._memory_plan(names[0][2] if names else None)  # collective: every rank calls
+            if memory_path is not None:
+                self._chosen = None  # every durable candidate stays a fallback of the memory restore
+                return memory_path
         self._chosen = self._candidates[0] if self._candidates else None
         return self._chosen.path if self._chosen is not None else None
 
@@ -161,6 +181,12 @@ class AutoResume:
         if chosen is not None and path in (chosen.path, chosen.requested):
             return chosen
         return self._located(locate(path))
+
+    def take_candidates(self) -> list[CheckpointLocation]:
+        """Every candidate of the last automatic choice, newest first (the durable fallbacks of a memory restore);
+        forgets them."""
+        candidates, self._candidates, self._chosen = self._candidates, [], None
+        return candidates
 
     def take_fallbacks(self, chosen: CheckpointLocation) -> list[CheckpointLocation]:
         """The other candidates of the last automatic choice, newest first; forgets them and the choice."""

@@ -6,6 +6,9 @@ and what a load means for ``fit`` and for evaluation:
 
 - A path lightning-ft did not write (a Lightning ``.ckpt`` file, a ``ModelParallelStrategy`` folder) is imported
   (:mod:`~lightning_ft.strategy.foreign_import`).
+- The memory tier's agreed step (``ElasticFT3D(memory_tier=...)``, chosen by auto-resume) is restored by the tier,
+  each rank from its own node or from the partner that keeps its copy; if that fails on any rank, every rank falls back
+  to the durable candidates (a ``checkpoint_rejected`` line names the tier).
 - A lightning-ft checkpoint is read with fallback to older committed ones (:mod:`~lightning_ft.strategy.checkpoint_io`),
   each rank's own state put back (:mod:`~lightning_ft.strategy.per_rank_state`) and handed to the parallel mode.
 - ``validate``/``test``/``predict`` only load weights: one line says so, nothing is resumed. ``fit`` tells the elastic
@@ -20,12 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_ft.strategy import per_rank_state
 from lightning_ft.strategy.checkpoint_io import run_metadata, split_checkpoint
 from lightning_ft.strategy.elastic_resume import loaded_message
 from lightning_ft.strategy.foreign_import import import_for_strategy
+from lightning_ft.strategy.memory_checkpoints import MemoryRestoreError
 
 if TYPE_CHECKING:
     from lightning_ft.strategy.elastic_ft3d import ElasticFT3D
@@ -61,21 +65,41 @@ def load_for_strategy(strategy: ElasticFT3D, checkpoint_path: Any) -> dict[str, 
     """The checkpoint dict Lightning restores from, for ``checkpoint_path`` (every rank calls it; collective)."""
     # The path was classified once, by auto-resume's choice (fit) or here (validate/test/predict reach here without
     # it); a missing path is a FileNotFoundError.
-    location = strategy._auto_resume.location_for(Path(strategy.broadcast(str(checkpoint_path))))
     trainer = strategy.lightning_module.trainer
     fitting = trainer.state.fn == TrainerFn.FITTING
-    fallbacks = [c for c in strategy._auto_resume.take_fallbacks(location) if c.ours]
-    if not location.ours:
-        checkpoint, strategy._foreign_batches_into_epoch = import_for_strategy(strategy, location, fitting=fitting)
-        return checkpoint
     load_start = time.time()
     mode = strategy._mode
-    loaded = strategy._checkpoint_manager().load(
-        location,
-        fallbacks=fallbacks,
-        template=mode.load_template(),
-        rank_states=mode.saved_rank_states,
-    )
+    memory = strategy._memory
+    tier: dict[str, Any] = {}
+    loaded = None
+    if memory is not None and fitting and memory.planned(checkpoint_path):
+        # Every rank knows the plan (agreed in auto-resume's choice); rank 0's path names it.
+        candidates = strategy._auto_resume.take_candidates()
+        try:
+            loaded, plan = memory.load(mode.load_template())
+            tier = {"tier": "peer" if plan.restored_from["peer"] else "local", "restored_from": plan.restored_from}
+        except MemoryRestoreError as err:
+            if not candidates:
+                raise
+            log = strategy.event_log
+            if strategy.global_rank == 0 and log is not None:
+                log.write("checkpoint_rejected", path=err.path, tier=err.tier, reason=str(err))
+            rank_zero_warn(f"Skipping the memory tier: {err}. Falling back to {candidates[0].path}.")
+            location, fallbacks = candidates[0], [c for c in candidates[1:] if c.ours]
+    else:
+        location = strategy._auto_resume.location_for(Path(strategy.broadcast(str(checkpoint_path))))
+        fallbacks = [c for c in strategy._auto_resume.take_fallbacks(location) if c.ours]
+    if loaded is None:
+        if not location.ours:
+            checkpoint, strategy._foreign_batches_into_epoch = import_for_strategy(strategy, location, fitting=fitting)
+            return checkpoint
+        loaded = strategy._checkpoint_manager().load(
+            location,
+            fallbacks=fallbacks,
+            template=mode.load_template(),
+            rank_states=mode.saved_rank_states,
+        )
+        tier = {"tier": "durable", "restored_from": {"local": 0, "peer": 0, "durable": strategy.world_size}}
     same_world = loaded.metadata.get("world_size") == strategy.world_size
     checkpoint = per_rank_state.restore_own(dict(loaded.state), loaded.rank_state, same_world=same_world)
     checkpoint["callbacks"] = loaded.rank_state.get("callbacks", {})
@@ -88,7 +112,7 @@ def load_for_strategy(strategy: ElasticFT3D, checkpoint_path: Any) -> dict[str, 
     elastic_resume = strategy._elastic_resume
     # The policy is applied at on_train_start, once the new run's DataLoader (its batch size) is known.
     elastic_resume.checkpoint_loaded(
-        loaded.path, loaded.metadata, load_start_time=load_start, load_end_time=time.time()
+        loaded.path, loaded.metadata, load_start_time=load_start, load_end_time=time.time(), **tier
     )
     rng = elastic_resume.rng_states(
         loaded.rank_state.get("rng"), rank=strategy.global_rank, saved_rank=loaded.saved_rank

@@ -316,6 +316,12 @@ class StrategyCheckpoints:
             same = found if found == previous[0] else None
         return same if self._all_ranks_agree(same is not None) else None
 
+    def add_stall_s(self, seconds: float) -> None:
+        """Book ``seconds`` the loop was blocked by a save outside this object (the memory tier's capture), so the
+        tracker counts it as a checkpoint stall like the durable tier's."""
+        with self._lock:
+            self._unaccounted_stall_s += seconds
+
     def take_unaccounted_stall_s(self) -> float:
         """Seconds save calls blocked the loop since the previous call (the tracker books them as stalls)."""
         with self._lock:
@@ -351,6 +357,7 @@ class StrategyCheckpoints:
             log.write(
                 "checkpoint_committed",
                 step=info.step,
+                tier="durable",
                 path=as_url(info.path),
                 stall_s=info.stall_s,
                 total_s=info.total_s,
@@ -394,7 +401,13 @@ class StrategyCheckpoints:
                     raise
                 log = self._event_log()
                 if self._rank() == 0 and log is not None:
-                    log.write("checkpoint_rejected", step=_saved_step(path), path=as_url(path), reason=str(err))
+                    log.write(
+                        "checkpoint_rejected",
+                        step=_saved_step(path),
+                        tier="durable",
+                        path=as_url(path),
+                        reason=str(err),
+                    )
                 rank_zero_warn(f"Skipping checkpoint {path}: {err}. Falling back to {fallbacks[0].path}.")
                 location = fallbacks.pop(0)
 

@@ -18,11 +18,12 @@ hook                    what the collaborators do
 ``__init__``            arguments checked; fault handler built; a fresh run: auto-resume, data position, elastic resume
 ``setup_environment``   (every rank) torchrun world, ``ParallelConfig``, process group, mesh; event log opened; fault
                         handler installs signal handlers and watchdog hooks; checkpoint I/O opened; tracker built;
-                        tracker and elastic resume put first in ``trainer.callbacks``; auto-resume patches the
-                        checkpoint connector
+                        tracker and elastic resume (and the memory tier, when on) put first in ``trainer.callbacks``;
+                        auto-resume patches the checkpoint connector
 ``setup``               (after ``configure_model``) checkpoint folders checked; the parallel mode chosen and set up (DDP
-                        wrap, DTensor or pipeline); fault handler's pre-flight health checks (collective)
-(connector)             auto-resume's patch picks the ``ckpt_path``
+                        wrap, DTensor or pipeline); the memory tier's group and budget check (fit, collective);
+                        fault handler's pre-flight health checks (collective)
+(connector)             auto-resume's patch picks the ``ckpt_path`` (the memory tier's agreed step when it is newer)
 ``load_checkpoint``     auto-resume hands over its fallbacks; checkpoint I/O loads; elastic resume told what was loaded;
                         tracker is given the RNG states, set where the resumed run reaches the point they were saved
                         at (before the training iterator, before its first fetch, or at the next batch)
@@ -34,7 +35,8 @@ hook                    what the collaborators do
 ``save_checkpoint``     elastic resume's metadata; checkpoint I/O captures the state, then writes in the background
 ``remove_checkpoint``   checkpoint I/O's retention (never the save in flight)
 ``on_exception``        the error kept for teardown
-``teardown``            checkpoint I/O closed (waits for the save in flight); auto-resume patch undone; mode torn down;
+``teardown``            checkpoint I/O closed (waits for the save in flight); memory tier closed (a finished fit removes
+                        its copies); auto-resume patch undone; mode torn down;
                         elastic resume writes ``resumed`` if due; ``attempt_end`` recorded; the two callbacks removed
 ======================  ================================================================================================
 
@@ -54,11 +56,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_ft import _compat
+from lightning_ft.checkpoint import MemoryTier
 from lightning_ft.checkpoint.internal import storage_named
 from lightning_ft.elastic import ElasticPolicy
 from lightning_ft.elastic.internal import DATA_RANDOMNESS, align_batch_progress, check_accumulation_scheduler
@@ -108,6 +112,9 @@ class ElasticFT3D(DDPStrategy):
             commit marker, checksums, retention and fallback are the same. Loading recognizes either.
         data_randomness: ``"ddp"`` (default) draws what ``DDPStrategy`` draws; ``"per_sample"`` seeds each training
             sample from its place in the epoch (exact resume with DataLoader workers, other numbers; docs/strategy.md).
+        memory_tier: a :class:`~lightning_ft.MemoryTier` saves every few steps to node-local memory and a partner node,
+            restored from at resume when newer than the durable checkpoints (docs/checkpointing.md, "Tiers");
+            ``None`` (default): the durable tier only.
 
     Raises:
         TypeError: a size is not an int (or ``"auto"`` where allowed), or a policy is of the wrong type.
@@ -132,6 +139,7 @@ class ElasticFT3D(DDPStrategy):
     _auto_resume = RunPart("auto_resume")
     _data_position = RunPart("data_position")
     _elastic_resume = RunPart("elastic_resume")
+    _memory = RunPart("memory")
 
     def __init__(
         self,
@@ -149,7 +157,10 @@ class ElasticFT3D(DDPStrategy):
         find_unused_parameters: bool = False,
         checkpoint_format: str = "torchsnapshot",
         data_randomness: str = "ddp",
+        memory_tier: MemoryTier | None = None,
     ) -> None:
+        if memory_tier is not None and not isinstance(memory_tier, MemoryTier):
+            raise TypeError(f"ElasticFT3D(memory_tier={memory_tier!r}): must be a MemoryTier or None")
         _check_arguments(
             data_parallel_size=data_parallel_size,
             tensor_parallel_size=tensor_parallel_size,
@@ -171,6 +182,7 @@ class ElasticFT3D(DDPStrategy):
         self.auto_resume = auto_resume
         self.checkpoint_format = checkpoint_format
         self.data_randomness = data_randomness
+        self.memory_tier = memory_tier
         self.pipeline_schedule = pipeline_schedule
         self.num_microbatches = num_microbatches
         self.parallel_config: ParallelConfig | None = None
@@ -292,7 +304,8 @@ class ElasticFT3D(DDPStrategy):
                 data_position=self._data_position,
                 attempt_start_time=self._attempt_start_time,
             )
-        attach_to_trainer(trainer, callbacks=[self._tracker, self._elastic_resume], run_id=self.event_log.run_id)
+        callbacks = [self._tracker, self._elastic_resume] + ([self._memory] if self._memory is not None else [])
+        attach_to_trainer(trainer, callbacks=callbacks, run_id=self.event_log.run_id)
         self._auto_resume.install(trainer)
 
     # ------------------------------------------------------------------ model set-up and steps
@@ -308,6 +321,8 @@ class ElasticFT3D(DDPStrategy):
         self._parallelized = has_dtensor_parameters(self.model)
         self._mode = mode_for(self, self.model)
         self._mode.setup(trainer)
+        if self._memory is not None and trainer.state.fn == TrainerFn.FITTING:
+            self._memory.setup_tier(trainer)  # collective: its gloo group, the budget check on every rank
         if self._fault is not None:  # collective: watchdog, health checks (all ranks start or none), agreement group
             self._fault.preflight(trainer, check_dir=check_checkpoint_dirpath)
         self.barrier("ElasticFT3D.setup")
@@ -433,9 +448,12 @@ class ElasticFT3D(DDPStrategy):
         steps = TeardownSteps(failure=self._exception)
         if self._checkpoints is not None:
             steps.run(self._checkpoints.close, "waiting for the checkpoint in flight")
+        trainer = attached_trainer(self.lightning_module)
+        if self._memory is not None:
+            fitted = self._exception is None and trainer is not None and trainer.state.fn == TrainerFn.FITTING
+            steps.run(lambda: self._memory.close(finished=fitted), "closing the memory tier")
         steps.run(self._auto_resume.uninstall, "undoing the auto-resume patch")
         steps.run(self._mode.teardown, f"tearing down the {self._mode.name} mode")
-        trainer = attached_trainer(self.lightning_module)
         ended_by = self._exception or (steps.errors[0][1] if steps.errors else None)
         if trainer is not None:
             steps.run(lambda: self._elastic_resume.finish(trainer), "recording the resume")
@@ -445,6 +463,8 @@ class ElasticFT3D(DDPStrategy):
         )
         steps.run(lambda: remove_callback(trainer, self._tracker), "removing the tracker")
         steps.run(lambda: remove_callback(trainer, self._elastic_resume), "removing the elastic resume")
+        if self._memory is not None:
+            steps.run(lambda: remove_callback(trainer, self._memory), "removing the memory tier")
         steps.run(super().teardown, "running DDPStrategy.teardown")
         self._exception = None  # the next run of this strategy starts clean
         steps.finish()

@@ -97,15 +97,25 @@ class ElasticResume(Callback):
     # -- called by the strategy -----------------------------------------------------------------------------------
 
     def checkpoint_loaded(
-        self, path: Path, metadata: dict[str, Any], *, load_start_time: float, load_end_time: float
+        self,
+        path: Path,
+        metadata: dict[str, Any],
+        *,
+        load_start_time: float,
+        load_end_time: float,
+        tier: str = "durable",
+        restored_from: dict[str, int] | None = None,
     ) -> None:
         """Record the checkpoint ``load_checkpoint`` put in place; restores the learning-rate scale state. Every
-        rank calls it; no communication."""
+        rank calls it; no communication. ``tier`` (``"durable"``, ``"local"``, ``"peer"``) and ``restored_from``
+        (ranks per tier) go into the ``resumed`` event."""
         self._loaded = {
             "path": path,
             "metadata": metadata,
             "load_start_time": load_start_time,
             "load_end_time": load_end_time,
+            "tier": tier,
+            "restored_from": restored_from,
         }
         state = metadata.get("lr_scale_state")
         if state:
@@ -266,7 +276,8 @@ class ElasticResume(Callback):
             load_end_time=self._loaded["load_end_time"],
             first_step_time=first_step_time,
         )
-        log.write("resumed", **fields, world_change_time=previous.last_step_time, **timing)
+        tier = {"tier": self._loaded.get("tier", "durable"), "restored_from": self._loaded.get("restored_from")}
+        log.write("resumed", **fields, **tier, world_change_time=previous.last_step_time, **timing)
 
 
 def _per_device_batch_size(trainer: pl.Trainer) -> int | None:

@@ -24,6 +24,7 @@ from lightning_ft.elastic.internal import TrainingDataPosition
 from lightning_ft.strategy.auto_resume import AutoResume
 from lightning_ft.strategy.checkpoint_io import check_checkpoint_callback
 from lightning_ft.strategy.elastic_resume import ElasticResume
+from lightning_ft.strategy.memory_checkpoints import MemoryCheckpoints
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -53,14 +54,23 @@ class StrategyRun:
     """The per-batch callback (data position, RNG restore, progress events): built in ``setup_environment``."""
     event_log: EventLog | None = None
     """This attempt's event log: opened in the first ``setup_environment`` of the process."""
+    memory: MemoryCheckpoints | None = None
+    """The memory tier (a callback), when ``memory_tier`` is given: set up in ``setup``, closed at ``teardown``."""
 
     @classmethod
     def for_strategy(cls, strategy: ElasticFT3D) -> StrategyRun:
         """A fresh run for ``strategy``: nothing opened, nothing attached yet."""
+        tier = getattr(strategy, "memory_tier", None)
+        memory = MemoryCheckpoints(tier, strategy) if tier is not None else None
         return cls(
-            auto_resume=AutoResume(enabled=strategy.auto_resume, broadcast=strategy.broadcast),
+            auto_resume=AutoResume(
+                enabled=strategy.auto_resume,
+                broadcast=strategy.broadcast,
+                memory_plan=memory.plan if memory is not None else None,
+            ),
             data_position=TrainingDataPosition(per_sample_seeds=strategy.data_randomness == "per_sample"),
             elastic_resume=ElasticResume.of(strategy),
+            memory=memory,
         )
 
 
