@@ -63,6 +63,7 @@ __all__ = [
     "set_scheduler_last_lr",
     "signal_connector",
     "train_combined_loader_mode",
+    "train_loader_iterators",
     "unwrap_optimizer",
     "update_dataloader",
 ]
@@ -138,6 +139,16 @@ def train_combined_loader_mode(trainer: Any) -> str | None:
     2.6.6)."""
     loader = getattr(getattr(trainer, "fit_loop", None), "_combined_loader", None)
     return getattr(loader, "_mode", None)
+
+
+def train_loader_iterators(trainer: Any) -> list[tuple[Any, Any]]:
+    """The training loaders and the iterators Lightning is drawing from them this epoch, in pairs (empty before the
+    first ``iter()``): ``fit_loop._combined_loader._iterator`` and its ``iterables``/``iterators`` (Lightning 2.5.0,
+    2.6.6)."""
+    iterator = getattr(getattr(getattr(trainer, "fit_loop", None), "_combined_loader", None), "_iterator", None)
+    if iterator is None:
+        return []
+    return list(zip(getattr(iterator, "iterables", []), getattr(iterator, "iterators", []), strict=False))
 
 
 def checkpoint_connector(trainer: Any) -> Any:
