@@ -102,7 +102,8 @@ def fit(args: argparse.Namespace) -> None:
     L.seed_everything(1234)
     directory = Path(args.dir)
     directory.mkdir(parents=True, exist_ok=True)
-    dataset = StreamingDataset(input_dir=str(Path(args.data).resolve()), shuffle=True, seed=7)
+    # drop_last=True as litData picks by itself on several ranks: on one it would pick False, and refuse the state.
+    dataset = StreamingDataset(input_dir=str(Path(args.data).resolve()), shuffle=True, seed=7, drop_last=True)
     loader = StreamingDataLoader(dataset, batch_size=BATCH, num_workers=args.workers)
     trainer = L.Trainer(
         accelerator="cpu",

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_ft.cli import main
+from tests.helpers import REPO_ROOT, subprocess_env
 from tests.strategy.conftest import _release_lightning_process_group  # noqa: F401 - autouse in this module too
 from tests.strategy.models import TinyRegressor, make_trainer
 
@@ -50,3 +54,29 @@ def test_export_writes_a_file_load_from_checkpoint_accepts(tmp_path):
         assert torch.equal(restored.state_dict()[k], v), k
     plain = torch.load(out, weights_only=True)
     assert plain["global_step"] == 3
+
+
+_INSPECT = """
+import sys
+
+from lightning_ft.cli import main
+
+code = main(["inspect", sys.argv[1]])
+print(sorted(m for m in sys.modules if m.split(".")[0] in {"lightning", "pytorch_lightning"}))
+sys.exit(code)
+"""
+
+
+def test_inspect_of_a_checkpoint_does_not_import_lightning(tmp_path):
+    _, path = _train(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", _INSPECT, str(path)],
+        cwd=REPO_ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "checksums" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
