@@ -59,8 +59,9 @@ def make_data(directory: Path) -> None:
 
 
 class Regressor(L.LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, data: str, workers: int) -> None:
         super().__init__()
+        self.data, self.workers = data, workers
         self.net = torch.nn.Sequential(
             torch.nn.Linear(FEATURES, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1)
         )
@@ -70,6 +71,16 @@ class Regressor(L.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    def train_dataloader(self):
+        from litdata import StreamingDataLoader, StreamingDataset
+
+        # Made here, after the process group is up: litData reads the rank from it when the dataset is created (from
+        # the environment before, where torchrun's RANK is not the GLOBAL_RANK it looks for, so every rank would read
+        # rank 0's share). drop_last=True as litData picks by itself on several ranks: on one it would pick False and
+        # refuse the saved state.
+        dataset = StreamingDataset(input_dir=self.data, shuffle=True, seed=7, drop_last=True)
+        return StreamingDataLoader(dataset, batch_size=BATCH, num_workers=self.workers)
 
 
 class Record(Callback):
@@ -96,15 +107,10 @@ class Record(Callback):
 
 
 def fit(args: argparse.Namespace) -> None:
-    from litdata import StreamingDataLoader, StreamingDataset
-
     torch.set_num_threads(1)
     L.seed_everything(1234)
     directory = Path(args.dir)
     directory.mkdir(parents=True, exist_ok=True)
-    # drop_last=True as litData picks by itself on several ranks: on one it would pick False, and refuse the state.
-    dataset = StreamingDataset(input_dir=str(Path(args.data).resolve()), shuffle=True, seed=7, drop_last=True)
-    loader = StreamingDataLoader(dataset, batch_size=BATCH, num_workers=args.workers)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=int(os.environ["LOCAL_WORLD_SIZE"]),
@@ -123,7 +129,7 @@ def fit(args: argparse.Namespace) -> None:
             Record(directory, args.kill_at),
         ],
     )
-    trainer.fit(Regressor(), train_dataloaders=loader, ckpt_path=args.ckpt_path)
+    trainer.fit(Regressor(str(Path(args.data).resolve()), args.workers), ckpt_path=args.ckpt_path)
     if trainer.global_rank == 0:
         torch.save(
             {k: v.detach().clone() for k, v in trainer.lightning_module.state_dict().items()}, directory / "w.pt"
@@ -156,6 +162,8 @@ def compare(straight: Path, killed: Path) -> list[str]:
     w1, l1, s1 = _read(killed)
     failures = [f"weights differ: {name}" for name in w0 if not torch.equal(w0[name], w1[name])]
     failures += [f"loss differs at step {step}" for step in l0 if l0[step] != l1.get(step)]
+    overlap = [step for step, ranks in s0.items() if len(ranks) > 1 and set(ranks[0]) & set(ranks[1])]
+    failures += [f"the ranks read the same samples at steps {overlap}"] if overlap else []
     resumed_from = [e["step"] for e in _resumed(killed)]
     failures += [
         f"samples differ at step {step}" for step in s0 if step > max(resumed_from, default=0) and s0[step] != s1[step]
