@@ -234,7 +234,18 @@ def _hooked_launcher_class() -> type:
             with self.before_launch(trainer):
                 return super().launch(function, *args, trainer=trainer, **kwargs)
 
+    # Picklable as a module-level class (a Trainer is pickled and deep-copied whole): pickle finds it by this name,
+    # through the module's __getattr__ below in a process that has not built it yet.
+    _HookedLauncher.__qualname__ = "_HookedLauncher"
+    _HookedLauncher.__module__ = __name__
+    globals()["_HookedLauncher"] = _HookedLauncher
     return _HookedLauncher
+
+
+def __getattr__(name: str) -> Any:
+    if name == "_HookedLauncher":
+        return _hooked_launcher_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def signal_connector(trainer: Any) -> Any:
