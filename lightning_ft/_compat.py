@@ -13,21 +13,17 @@ torchsnapshot-nightly 2024.7.26 (the last build).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import random
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from os import PathLike
+from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.distributed import _destroy_dist_connection  # Lightning 2.5.0, 2.6.6
-from lightning.fabric.utilities.init import _materialize_distributed_module  # Lightning 2.5.0, 2.6.6
-from lightning.fabric.utilities.optimizer import _optimizers_to_device  # Lightning 2.5.0, 2.6.6
-from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states  # Lightning 2.5.0, 2.6.6
-from lightning.fabric.utilities.types import _PATH  # Lightning 2.5.0, 2.6.6
-from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher  # Lightning 2.5.0, 2.6.6
-from lightning.pytorch.utilities.data import _update_dataloader  # Lightning 2.5.0, 2.6.6
 
 # -- DTensor ---------------------------------------------------------------------------------------------------------
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor  # public names, here for one import
@@ -63,16 +59,53 @@ __all__ = [
     "set_scheduler_last_lr",
     "signal_connector",
     "train_combined_loader_mode",
+    "train_loader_iterators",
     "unwrap_optimizer",
     "update_dataloader",
 ]
 
-PATH = _PATH
-destroy_dist_connection = _destroy_dist_connection
-materialize_distributed_module = _materialize_distributed_module
-optimizers_to_device = _optimizers_to_device
-set_rng_states = _set_rng_states
-update_dataloader = _update_dataloader
+# Lightning is imported where a name is used, never at module level: the checkpoint package imports this module, and
+# `lightning-ft inspect` and `report` read a checkpoint or an event log without importing Lightning (about 10 s on a
+# loaded machine).
+
+PATH = str | Path | PathLike
+"""What Lightning's ``_PATH`` (``lightning.fabric.utilities.types``) accepts."""
+
+
+def destroy_dist_connection() -> None:
+    """Lightning's ``_destroy_dist_connection`` (``lightning.fabric.utilities.distributed``: Lightning 2.5.0, 2.6.6)."""
+    from lightning.fabric.utilities.distributed import _destroy_dist_connection
+
+    _destroy_dist_connection()
+
+
+def materialize_distributed_module(module: torch.nn.Module, device: torch.device) -> None:
+    """Lightning's ``_materialize_distributed_module`` (``lightning.fabric.utilities.init``: Lightning 2.5.0,
+    2.6.6)."""
+    from lightning.fabric.utilities.init import _materialize_distributed_module
+
+    _materialize_distributed_module(module, device)
+
+
+def optimizers_to_device(optimizers: Any, device: torch.device) -> None:
+    """Lightning's ``_optimizers_to_device`` (``lightning.fabric.utilities.optimizer``: Lightning 2.5.0, 2.6.6)."""
+    from lightning.fabric.utilities.optimizer import _optimizers_to_device
+
+    _optimizers_to_device(optimizers, device)
+
+
+def set_rng_states(rng_state_dict: dict[str, Any]) -> None:
+    """Lightning's ``_set_rng_states`` (``lightning.fabric.utilities.seed``: Lightning 2.5.0, 2.6.6)."""
+    from lightning.fabric.utilities.seed import _set_rng_states
+
+    _set_rng_states(rng_state_dict)
+
+
+def update_dataloader(dataloader: Any, sampler: Any, mode: Any = None) -> Any:
+    """Lightning's ``_update_dataloader`` (``lightning.pytorch.utilities.data``: Lightning 2.5.0, 2.6.6)."""
+    from lightning.pytorch.utilities.data import _update_dataloader
+
+    return _update_dataloader(dataloader, sampler, mode)
 
 
 def local_shard_of_full(full: torch.Tensor, like: Any) -> torch.Tensor:
@@ -84,6 +117,8 @@ def local_shard_of_full(full: torch.Tensor, like: Any) -> torch.Tensor:
 
 def collect_rng_states() -> dict[str, Any]:
     """Every RNG state Lightning itself saves (torch, CUDA where available, numpy, Python)."""
+    from lightning.fabric.utilities.seed import _collect_rng_states  # Lightning 2.5.0, 2.6.6
+
     return _collect_rng_states(include_cuda=torch.cuda.is_available())
 
 
@@ -140,6 +175,16 @@ def train_combined_loader_mode(trainer: Any) -> str | None:
     return getattr(loader, "_mode", None)
 
 
+def train_loader_iterators(trainer: Any) -> list[tuple[Any, Any]]:
+    """The training loaders and the iterators Lightning is drawing from them this epoch, in pairs (empty before the
+    first ``iter()``): ``fit_loop._combined_loader._iterator`` and its ``iterables``/``iterators`` (Lightning 2.5.0,
+    2.6.6)."""
+    iterator = getattr(getattr(getattr(trainer, "fit_loop", None), "_combined_loader", None), "_iterator", None)
+    if iterator is None:
+        return []
+    return list(zip(getattr(iterator, "iterables", []), getattr(iterator, "iterators", []), strict=False))
+
+
 def checkpoint_connector(trainer: Any) -> Any:
     """The trainer's checkpoint connector (``Trainer._checkpoint_connector``: Lightning 2.5.0, 2.6.6)."""
     return trainer._checkpoint_connector
@@ -158,28 +203,49 @@ def ckpt_path_parser_patch(trainer: Any, wrapper: Callable[..., Any], *, name: s
     return Patch(connector, "_parse_ckpt_path", parse, name=name)
 
 
-class _HookedLauncher(_SubprocessScriptLauncher):
-    """Lightning's script launcher that enters ``before_launch(trainer)`` (a context manager) around every launch."""
-
-    def __init__(self, inner: _SubprocessScriptLauncher, before_launch: Callable[[Any], Any]) -> None:
-        self.__dict__.update(inner.__dict__)
-        self.before_launch = before_launch
-
-    def launch(self, function: Callable, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
-        with self.before_launch(trainer):
-            return super().launch(function, *args, trainer=trainer, **kwargs)
-
-
 def hook_launcher(strategy: Any, before_launch: Callable[[Any], Any]) -> None:
     """Make ``strategy``'s launcher enter ``before_launch(trainer)`` around ``fit``/``validate``/``test``/``predict``.
 
     The launcher is the first object of a strategy that sees the trainer in those calls, before Lightning resolves
     ``ckpt_path``. Call it from ``_configure_launcher`` after Lightning's own (``strategy._launcher``: Lightning
-    2.5.0, 2.6.6); a launcher other than the script launcher DDP uses is left as it is.
+    2.5.0, 2.6.6); a launcher other than the script launcher DDP uses (``_SubprocessScriptLauncher``: Lightning
+    2.5.0, 2.6.6) is left as it is.
     """
+    from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+
     launcher = strategy._launcher
     if type(launcher) is _SubprocessScriptLauncher:
-        strategy._launcher = _HookedLauncher(launcher, before_launch)
+        strategy._launcher = _hooked_launcher_class()(launcher, before_launch)
+
+
+@functools.cache
+def _hooked_launcher_class() -> type:
+    from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+
+    class _HookedLauncher(_SubprocessScriptLauncher):
+        """Lightning's script launcher that enters ``before_launch(trainer)`` (a context manager) around every
+        launch."""
+
+        def __init__(self, inner: _SubprocessScriptLauncher, before_launch: Callable[[Any], Any]) -> None:
+            self.__dict__.update(inner.__dict__)
+            self.before_launch = before_launch
+
+        def launch(self, function: Callable, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
+            with self.before_launch(trainer):
+                return super().launch(function, *args, trainer=trainer, **kwargs)
+
+    # Picklable as a module-level class (a Trainer is pickled and deep-copied whole): pickle finds it by this name,
+    # through the module's __getattr__ below in a process that has not built it yet.
+    _HookedLauncher.__qualname__ = "_HookedLauncher"
+    _HookedLauncher.__module__ = __name__
+    globals()["_HookedLauncher"] = _HookedLauncher
+    return _HookedLauncher
+
+
+def __getattr__(name: str) -> Any:
+    if name == "_HookedLauncher":
+        return _hooked_launcher_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def signal_connector(trainer: Any) -> Any:

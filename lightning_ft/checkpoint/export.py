@@ -45,24 +45,27 @@ _OWN_CALLBACKS = ("lightning_ft.",)
 """Callback states of lightning-ft's own callbacks, which mean nothing to another strategy."""
 
 
-def _plain(obj: Any, *, streamed: bool = False) -> Any:
+_TRAINING_STATE_KEYS = ("optimizer_states", "lr_schedulers", "loops", "callbacks")
+"""Top-level keys of a Lightning checkpoint that only resuming training reads: ``--full`` writes them; the plain
+export writes every other key, the module's own (what its ``on_save_checkpoint`` added) included."""
+
+
+def _plain(obj: Any) -> Any:
     """Values that ``torch.load(weights_only=True)`` accepts: containers, primitives, tensors (and slots for them),
-    and objects the checkpoint stored pickled, which it accepts once their globals are allowed. ``streamed``: for the
-    streamed file, whose ``torch.save`` skips tensor data, an object that holds tensors is written as its text (its
-    tensors would come back as zeros)."""
+    and objects the checkpoint stored pickled, which it accepts once their globals are allowed."""
     if isinstance(obj, (str, int, float, bool, type(None), torch.Tensor, TensorSlot, torch.dtype)):
         return obj
     if isinstance(obj, argparse.Namespace):
-        return _plain(vars(obj), streamed=streamed)
+        return _plain(vars(obj))
     if isinstance(obj, dict):
-        return {_plain(k, streamed=streamed): _plain(v, streamed=streamed) for k, v in obj.items()}
+        return {_plain(k): _plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple, set, frozenset)):
-        items = [_plain(v, streamed=streamed) for v in obj]
+        items = [_plain(v) for v in obj]
         return tuple(items) if isinstance(obj, tuple) else items
     if isinstance(obj, enum.Enum):
-        return _plain(obj.value, streamed=streamed)
+        return _plain(obj.value)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # the checkpoint restores it as itself
-        return _plain({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}, streamed=streamed)
+        return _plain({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)})
     if isinstance(obj, pathlib.PurePath):
         return str(obj)
     if isinstance(obj, np.ndarray):
@@ -72,9 +75,28 @@ def _plain(obj: Any, *, streamed: bool = False) -> Any:
     # An object stored pickled (allowed in this process, or its load would have failed) is written as itself: the
     # file needs the same allowed globals to load, as the checkpoint did; a text stand-in would break the module's
     # __init__ (pytorch-forecasting asserts its loss is a Metric).
-    if streamed and _holds_tensors(obj):
-        return str(obj)
     return obj
+
+
+def _module_keys(state: dict[str, Any]) -> dict[str, Any]:
+    """The top-level keys of ``state`` that are neither training state nor written by the export itself: the
+    module's own (pytorch-forecasting's ``__special_save__``), the datamodule's, the precision plugin's."""
+    written = {"state_dict", "hyper_parameters", "hparams_name", "pytorch-lightning_version", "epoch", "global_step"}
+    return {str(k): v for k, v in state.items() if k not in written and k not in _TRAINING_STATE_KEYS}
+
+
+def _objects_hold_tensors(obj: Any) -> bool:
+    """Whether a value of ``obj`` other than a :class:`TensorSlot` holds tensor data (a tensor, or an object stored
+    pickled with tensors inside, as a torchmetrics loss): a streamed ``torch.save`` would write it without its data."""
+    if isinstance(obj, TensorSlot) or isinstance(obj, (str, int, float, bool, type(None), torch.dtype)):
+        return False
+    if isinstance(obj, torch.Tensor):
+        return True
+    if isinstance(obj, dict):
+        return any(_objects_hold_tensors(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_objects_hold_tensors(v) for v in obj)
+    return _holds_tensors(obj)
 
 
 def _holds_tensors(obj: Any) -> bool:
@@ -141,9 +163,12 @@ def export_checkpoint(
     """Write committed checkpoint ``path`` as one plain Lightning ``.ckpt`` file at ``out``; returns ``out``.
 
     Always written: ``state_dict`` (full tensors, on CPU), ``hyper_parameters`` (and ``hparams_name``),
-    ``pytorch-lightning_version``, ``epoch`` and ``global_step``. With ``full``: ``optimizer_states``,
-    ``lr_schedulers``, ``loops``, ``callbacks`` (rank 0's, without lightning-ft's own) and every other key Lightning
-    saved. ``progress`` shows a progress bar (bytes written) on stderr. Not collective: run it in one process.
+    ``pytorch-lightning_version``, ``epoch``, ``global_step`` and every other top-level key that is not training
+    state (the module's own, such as pytorch-forecasting's ``__special_save__``, the datamodule's). With ``full``:
+    also ``optimizer_states``, ``lr_schedulers``, ``loops`` and ``callbacks`` (rank 0's, without lightning-ft's own).
+    Objects the checkpoint stored pickled are written as themselves (reading the file needs their classes allowed, as
+    reading the checkpoint did); where one holds tensors the file is written in memory at once instead of one tensor
+    at a time. ``progress`` shows a progress bar (bytes written) on stderr. Not collective: run it in one process.
 
     Raises:
         CheckpointError: the checkpoint is not committed, fails a checksum, holds no model state, or ``full`` is asked
@@ -172,7 +197,7 @@ def export_checkpoint(
     rank_states = [json_codec.decode(r, slot) for r in document["rank_states"]]
     metadata = json_codec.decode(document["metadata"])
     model = _model_state(state, rank_states, path)
-    exported: dict[str, Any] = {}
+    exported: dict[str, Any] = _module_keys(state)
     if full:
         if "state_dict" not in state:
             raise CheckpointError(
@@ -195,7 +220,7 @@ def export_checkpoint(
     )
     if "hparams_name" in state:
         exported["hparams_name"] = state["hparams_name"]
-    exported = _plain(exported, streamed=True)
+    exported = _plain(exported)
     return _write(exported, Path(out), reader, progress=progress)
 
 
@@ -205,7 +230,9 @@ def _write(exported: dict[str, Any], out: Path, reader: ShardReader, *, progress
     def produce(slot: TensorSlot) -> torch.Tensor:
         return reader.assemble(slot.key, [0] * len(slot.shape), list(slot.shape))
 
-    if not can_stream():  # torch 2.4: everything in memory at once
+    # The whole file in memory at once where streaming cannot write it: torch 2.4, or objects that hold tensors,
+    # whose data the streamed skeleton would leave out (torch.save numbers their storages among the slots').
+    if not can_stream() or _objects_hold_tensors(exported):
         materialized = _materialize(exported, produce)
         tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
         torch.save(materialized, tmp)
@@ -241,8 +268,9 @@ def exported_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Committed checkpoint ``path`` as one plain Lightning checkpoint dict, in memory.
 
     It holds ``state_dict`` (full model tensors, assembled from their shards, on CPU), ``hyper_parameters``,
-    ``pytorch-lightning_version``, ``epoch`` and ``global_step`` (and ``hparams_name`` when saved): what
-    ``LightningModule.load_from_checkpoint`` reads. Not collective: one process reads every shard it needs.
+    ``pytorch-lightning_version``, ``epoch`` and ``global_step`` (and ``hparams_name`` when saved), and every other
+    top-level key but the training state (optimizer, schedulers, loops, callbacks), the module's own that its
+    ``on_load_checkpoint`` reads included: what ``LightningModule.load_from_checkpoint`` reads. Not collective: one process reads every shard it needs.
 
     Raises:
         CheckpointError: as :func:`load_checkpoint`, or the checkpoint holds no model state (no ``state_dict`` key).
@@ -262,6 +290,7 @@ def exported_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         )
         raise CheckpointError(f"checkpoint {path}: no model state found ({why})")
     exported = {
+        **_plain(_module_keys(state)),
         "state_dict": {str(k): v for k, v in model.items() if isinstance(v, torch.Tensor)},
         "hyper_parameters": _plain(state.get("hyper_parameters", metadata.get("hyper_parameters", {}))),
         "pytorch-lightning_version": str(state.get("pytorch-lightning_version", lightning.__version__)),

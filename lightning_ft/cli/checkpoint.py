@@ -14,7 +14,7 @@ from typing import Any
 
 from lightning_ft.cli.errors import EXIT_NO, EXIT_OK, CLIError, require_path
 
-__all__ = ["register", "run_export", "run_inspect"]
+__all__ = ["parse_safe_globals", "register", "run_export", "run_inspect"]
 
 
 def register(subparsers: Any) -> None:
@@ -44,6 +44,15 @@ def register(subparsers: Any) -> None:
         help="also write optimizer, LR scheduler, loop and callback state, so that Trainer.fit(ckpt_path=OUT) resumes"
         " under another strategy (DDPStrategy)",
     )
+    export.add_argument(
+        "--safe-globals",
+        default="",
+        metavar="MODULE:NAME,...",
+        help="classes the checkpoint stores objects of (as torch.serialization.add_safe_globals allows them for a"
+        " training script), e.g. pytorch_forecasting.metrics:QuantileLoss; each module is imported. Security: reading"
+        " the checkpoint may then create objects of these classes from the file's data (their __setstate__ runs):"
+        " name only classes you trust, for a checkpoint from storage you trust",
+    )
     export.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
     export.set_defaults(func=run_export)
 
@@ -66,19 +75,50 @@ def run_export(args: argparse.Namespace) -> int:
     """Write checkpoint ``args.path`` as one plain Lightning ``.ckpt`` file at ``args.out`` (with ``--full``: the whole
     training state), one tensor at a time with a progress bar on stderr. Returns 0.
 
+    ``args.safe_globals`` (``--safe-globals``) names the classes allowed for this read only (torch's
+    ``safe_globals`` context, not the process-wide list).
+
     Raises:
-        CLIError: nothing exists at ``args.path`` or ``args.out``'s folder does not exist (exit code 2), or the
-            checkpoint cannot be read (exit code 1).
+        CLIError: nothing exists at ``args.path`` or ``args.out``'s folder does not exist, or ``--safe-globals`` names
+            something that cannot be imported (exit code 2), or the checkpoint cannot be read (exit code 1).
     """
     require_path(args.path, "checkpoint")
     require_path(Path(args.out).absolute().parent, "folder for OUT")
+    import torch
+
     from lightning_ft.checkpoint import CheckpointError
     from lightning_ft.checkpoint.internal import export_checkpoint
 
+    allowed = parse_safe_globals(args.safe_globals)
     try:
-        out = export_checkpoint(args.path, args.out, full=args.full, progress=not args.no_progress)
+        with torch.serialization.safe_globals(allowed):
+            out = export_checkpoint(args.path, args.out, full=args.full, progress=not args.no_progress)
     except CheckpointError as error:
         # The library's message names the checkpoint and what is wrong with it; no traceback adds to that.
         raise CLIError(f"cannot export: {error}", exit_code=EXIT_NO) from None
     print(f"wrote {out}")
     return EXIT_OK
+
+
+def parse_safe_globals(value: str) -> list[Any]:
+    """The classes (or functions) ``--safe-globals`` names: comma-separated ``module:qualified.Name``, each module
+    imported. An empty value names none.
+
+    Raises:
+        CLIError: an entry is not ``MODULE:NAME``, its module cannot be imported or has no such name (exit code 2).
+    """
+    import importlib
+
+    found: list[Any] = []
+    for entry in filter(None, (part.strip() for part in value.split(","))):
+        module_name, sep, name = entry.partition(":")
+        if not sep or not module_name or not name:
+            raise CLIError(f"--safe-globals={value}: {entry!r} is not MODULE:NAME (e.g. torch.nn:ModuleList)")
+        try:
+            obj: Any = importlib.import_module(module_name)
+            for part in name.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError) as error:
+            raise CLIError(f"--safe-globals={value}: cannot find {entry!r} ({error})") from None
+        found.append(obj)
+    return found

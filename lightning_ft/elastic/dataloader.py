@@ -68,10 +68,11 @@ def swap_in_resumable_sampler(
         _info_cache.info(f"lightning-ft: {type(dataloader).__name__} is not a DataLoader; its epoch is not resumable.")
         return dataloader
     if isinstance(dataloader.dataset, IterableDataset):
-        _info_cache.info(
-            "lightning-ft: the training DataLoader reads an IterableDataset; its position within an epoch is not"
-            " resumable (make the dataset itself stateful to resume mid-epoch)."
-        )
+        if not saves_own_position(dataloader):
+            _info_cache.info(
+                "lightning-ft: the training DataLoader reads an IterableDataset; its position within an epoch is not"
+                " resumable (make the dataset itself stateful to resume mid-epoch)."
+            )
         return dataloader
     if dataloader.batch_sampler is not None and type(dataloader.batch_sampler) is not BatchSampler:
         _info_cache.info(
@@ -95,6 +96,18 @@ def swap_in_resumable_sampler(
         )
         return dataloader
     return _make_stateful(_compat.update_dataloader(dataloader, new_sampler), new_sampler, epoch)
+
+
+def saves_own_position(dataloader: Any) -> bool:
+    """Whether ``dataloader`` is stateful by itself (Lightning's ``_Stateful`` protocol: ``state_dict`` and
+    ``load_state_dict``, as litData's ``StreamingDataLoader`` or torchdata's ``StatefulDataLoader`` have) and was not
+    made so by :func:`swap_in_resumable_sampler`. Lightning saves such a loader's state with the loop state in every
+    checkpoint and loads it back on a resume: where the position within the epoch is, is the loader's own business."""
+    return (
+        callable(getattr(dataloader, "state_dict", None))
+        and callable(getattr(dataloader, "load_state_dict", None))
+        and find_resumable_sampler(dataloader) is None
+    )
 
 
 def find_resumable_sampler(dataloader: Any) -> ResumableSampler | None:
@@ -212,6 +225,8 @@ class TrainingDataPosition:
         # Loaders of earlier set-ups (reload_dataloaders_every_n_epochs) drop out when Lightning lets go of them.
         self._tracked: weakref.WeakKeyDictionary[DataLoader, tuple[ResumableSampler, int]] = weakref.WeakKeyDictionary()
         self._seeded_datasets: dict[str, None] = {}  # class names, in order, without repeats
+        # Training loaders that save their own position (saves_own_position), of the current set-up.
+        self._self_stateful: weakref.WeakKeyDictionary[Any, None] = weakref.WeakKeyDictionary()
         # Why a resume of the training data is not exact: reason -> whether it holds at an epoch boundary too.
         self._inexact: dict[str, bool] = {}
         self._announced_seeding = False
@@ -256,7 +271,10 @@ class TrainingDataPosition:
         )
         sampler = getattr(swapped, "sampler", None)
         if not isinstance(sampler, ResumableSampler):
-            self._inexact[f"{_loader_kind(dataloader)} does not save its position within the epoch"] = False
+            if saves_own_position(swapped):
+                self._self_stateful[swapped] = None
+            else:
+                self._inexact[f"{_loader_kind(dataloader)} does not save its position within the epoch"] = False
             return swapped
         workers = int(swapped.num_workers or 0)
         # Without workers a sampler hands out a batch's indices right before the main process fetches it. With workers
@@ -283,6 +301,30 @@ class TrainingDataPosition:
         # One batch consumes batch_size x dp global samples.
         self._tracked[swapped] = (sampler, (swapped.batch_size or 1) * num_replicas)
         return swapped
+
+    def finish_resumed_epoch(self, trainer: Any) -> None:
+        """At the end of the epoch a fit resumed in the middle of, let the iterators of the training loaders that save
+        their own position (:func:`saves_own_position`) end as they end in an uninterrupted epoch.
+
+        Lightning counts the batches of a resumed epoch from the restored loop state and stops once the epoch's length
+        is reached, without the one more ``next()`` that raises ``StopIteration``. A loader that restored its own
+        position has then handed out its last batch, but its iterator never finished, and what such a loader does
+        when an epoch's iteration ends is not done: litData's ``StreamingDataLoader`` keeps its restored state, and
+        its next ``iter()`` replays the rest of the resumed epoch instead of starting the next one (also under
+        ``DDPStrategy``). Here each such iterator is asked for one more batch; it has none, so it ends. One that still
+        has a batch (its length is more than Lightning took) is left as it is, that batch unused.
+
+        Call it from ``on_train_epoch_end`` of that epoch, on every rank; only when the epoch ran to its last batch
+        (``batch_progress.is_last_batch``) and was not shortened (``limit_train_batches``); no communication."""
+        if not self._self_stateful or not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            return
+        for loader, iterator in _compat.train_loader_iterators(trainer):
+            if loader not in self._self_stateful or sized_len(loader) != trainer.num_training_batches:
+                continue
+            try:
+                next(iterator)
+            except StopIteration:
+                pass
 
     def advance(self) -> None:
         """One training batch was consumed on every data-parallel rank, from every tracked loader."""

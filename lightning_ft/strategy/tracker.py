@@ -7,6 +7,8 @@ triggers a save. Users never add it themselves.
 What it does per training batch, on every rank:
 
 - advances the training data position (the resumable samplers) by one global batch;
+- at the end of an epoch the fit resumed in the middle of, lets the iterators of loaders that save their own position
+  end (:meth:`~lightning_ft.elastic.internal.TrainingDataPosition.finish_resumed_epoch`);
 - after a resume, sets the RNG states saved in the checkpoint where the uninterrupted run's random stream was in
   that state (see :meth:`TrainingTracker.resume_with_rng`), not at load time: between the load and the first step
   Lightning creates dataloader iterators and runs hooks, and whatever they draw would otherwise shift the stream;
@@ -64,6 +66,7 @@ class TrainingTracker(Callback):
         self._pending_rng: dict[str, Any] | None = None
         # Of the fit being set up: None (not resuming), "undecided", "mid_epoch" or "epoch_boundary".
         self._resume_point: str | None = None
+        self._resumed_mid_epoch = False  # this fit resumed in the middle of the epoch that is running
         self._timer = BatchTimer()
         self._last_progress_step: int | None = None
         self._first_step_written = False
@@ -123,7 +126,15 @@ class TrainingTracker(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._data_position.training_starts(self._take_resume_point(), trainer.train_dataloader)
+        point = self._take_resume_point()
+        self._resumed_mid_epoch = point == "mid_epoch"
+        self._data_position.training_starts(point, trainer.train_dataloader)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._resumed_mid_epoch:
+            self._resumed_mid_epoch = False
+            self._data_position.finish_resumed_epoch(trainer)
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -90,7 +90,7 @@ def test_export_of_a_checkpoint_sharded_over_two_ranks_holds_whole_tensors(tmp_p
     assert plain["global_step"] == 3 and plain["hyper_parameters"] == {"lr": 0.1}
 
 
-def test_an_allowed_object_in_the_hyperparameters_is_exported_as_itself_not_as_text(tmp_path):
+def test_an_allowed_object_in_the_hyperparameters_is_exported_as_itself_tensors_included(tmp_path):
     # pytorch-forecasting keeps its loss (an nn.Module) in its hyperparameters and asserts its type in __init__: a
     # text stand-in made load_from_checkpoint of the exported file fail.
     loss = torch.nn.Linear(2, 1)
@@ -106,5 +106,28 @@ def test_an_allowed_object_in_the_hyperparameters_is_exported_as_itself_not_as_t
             out = export_checkpoint(tmp_path / "ckpt", tmp_path / f"plain{full}.ckpt", full=full)
             hparams = torch.load(out, weights_only=True)["hyper_parameters"]
             assert type(hparams["act"]) is torch.nn.ReLU and hparams["lr"] == 0.1
-            # The streamed file skips tensor data inside objects: text, never an object with zeroed weights.
-            assert hparams["loss"] == str(loss)
+            # Its weights are in the file (a streamed skeleton would leave them zero): itself, never its text.
+            assert type(hparams["loss"]) is torch.nn.Linear, hparams["loss"]
+            assert torch.equal(hparams["loss"].weight, loss.weight) and torch.equal(hparams["loss"].bias, loss.bias)
+            assert torch.equal(torch.load(out, weights_only=True)["state_dict"]["net.bias"], torch.ones(6))
+
+
+def test_the_modules_own_top_level_keys_are_exported_and_training_state_only_with_full(tmp_path):
+    # pytorch-forecasting's on_save_checkpoint adds "__special_save__", which its on_load_checkpoint reads back.
+    state = {
+        "state_dict": {"net.bias": torch.ones(6)},
+        "hyper_parameters": {"lr": 0.1},
+        "__special_save__": {"names": ["loss"], "version": 2},
+        "optimizer_states": [{"state": {}, "param_groups": [{"lr": 0.1, "params": [0]}]}],
+        "lr_schedulers": [{"last_epoch": 3}],
+    }
+    writer = AsyncCheckpointer()
+    writer.save(tmp_path / "ckpt", state, metadata={"step": 1})
+    writer.close()
+    assert exported_checkpoint(tmp_path / "ckpt")["__special_save__"] == {"names": ["loss"], "version": 2}
+    plain = torch.load(export_checkpoint(tmp_path / "ckpt", tmp_path / "plain.ckpt"), weights_only=True)
+    assert plain["__special_save__"] == {"names": ["loss"], "version": 2}
+    assert "optimizer_states" not in plain and "lr_schedulers" not in plain
+    full = torch.load(export_checkpoint(tmp_path / "ckpt", tmp_path / "full.ckpt", full=True), weights_only=True)
+    assert full["__special_save__"] == {"names": ["loss"], "version": 2}
+    assert full["lr_schedulers"] == [{"last_epoch": 3}]

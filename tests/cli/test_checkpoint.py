@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_ft.cli import main
+from tests.helpers import REPO_ROOT, subprocess_env
 from tests.strategy.conftest import _release_lightning_process_group  # noqa: F401 - autouse in this module too
 from tests.strategy.models import TinyRegressor, make_trainer
 
@@ -50,3 +55,57 @@ def test_export_writes_a_file_load_from_checkpoint_accepts(tmp_path):
         assert torch.equal(restored.state_dict()[k], v), k
     plain = torch.load(out, weights_only=True)
     assert plain["global_step"] == 3
+
+
+_INSPECT = """
+import sys
+
+from lightning_ft.cli import main
+
+code = main(["inspect", sys.argv[1]])
+print(sorted(m for m in sys.modules if m.split(".")[0] in {"lightning", "pytorch_lightning"}))
+sys.exit(code)
+"""
+
+
+def test_inspect_of_a_checkpoint_does_not_import_lightning(tmp_path):
+    _, path = _train(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", _INSPECT, str(path)],
+        cwd=REPO_ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "checksums" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_export_is_told_the_classes_to_allow_with_safe_globals(tmp_path, capsys):
+    from lightning_ft.checkpoint import AsyncCheckpointer
+
+    loss = torch.nn.Linear(2, 1)
+    state = {"state_dict": {"net.bias": torch.ones(3)}, "hyper_parameters": {"loss": loss}}
+    with torch.serialization.safe_globals([torch.nn.Linear]):
+        writer = AsyncCheckpointer()
+        writer.save(tmp_path / "ckpt", state, metadata={"step": 1})
+        writer.close()
+    out = tmp_path / "plain.ckpt"
+    assert main(["export", "--no-progress", str(tmp_path / "ckpt"), str(out)]) == 1
+    assert "torch.nn.modules.linear.Linear" in capsys.readouterr().err and not out.exists()
+    args = ["export", "--no-progress", "--safe-globals", "torch.nn:Linear", str(tmp_path / "ckpt"), str(out)]
+    assert main(args) == 0
+    assert torch.nn.Linear not in torch.serialization.get_safe_globals()  # for that one read, not process-wide
+    with torch.serialization.safe_globals([torch.nn.Linear]):
+        exported = torch.load(out, weights_only=True)["hyper_parameters"]["loss"]
+    assert type(exported) is torch.nn.Linear and torch.equal(exported.weight, loss.weight)
+
+
+@pytest.mark.parametrize("value", ["torch.nn.Linear", "no_such_module_xyz:Thing", "torch.nn:NoSuchThing"])
+def test_a_safe_global_that_cannot_be_found_is_a_usage_error_before_anything_is_read(tmp_path, capsys, value):
+    (tmp_path / "ckpt").mkdir()
+    assert main(["export", "--safe-globals", value, str(tmp_path / "ckpt"), str(tmp_path / "out.ckpt")]) == 2
+    err = capsys.readouterr().err
+    assert f"--safe-globals={value}" in err and ("MODULE:NAME" in err or "cannot find" in err)
