@@ -633,8 +633,11 @@ class MemoryCheckpoints(Callback):
                     folder.rmdir()  # only when empty: the node's other ranks may still be removing theirs
                 except OSError:
                     break
-        if self._group is not None and finished:
-            self._group = None
+        group, self._group = self._group, None
+        if group is not None and (thread is None or not thread.is_alive()) and dist.is_initialized():
+            # As the durable writer does with its own: a gloo group left to the interpreter's exit can abort the
+            # process after training succeeded, and it keeps the rendezvous store's port open in this process.
+            dist.destroy_process_group(group)
 
 
 def _agree_on_step(gathered: list[tuple[list, list]], *, world_size: int) -> MemoryPlan | None:

@@ -5,12 +5,14 @@ the budget is checked before training; a finished run leaves nothing of its own 
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
+import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lightning_ft import ElasticFT3D, MemoryTier
@@ -74,8 +76,16 @@ def shm(tmp_path, monkeypatch) -> Path:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> TinyRegressor:
-    """An uninterrupted run without the memory tier: what every run below must end at, bitwise."""
-    return fit(tmp_path_factory.mktemp("reference"), tier=None)
+    """An uninterrupted run without the memory tier: what every run below must end at, bitwise. A module fixture
+    runs outside the per-test clean-up, so it releases the process group and Lightning's rendezvous variables itself
+    (a later test's child process would inherit a MASTER_PORT still held here)."""
+    env_before = dict(os.environ)
+    model = fit(tmp_path_factory.mktemp("reference"), tier=None)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    for key in set(os.environ) - set(env_before):
+        del os.environ[key]
+    return model
 
 
 def own_copies(shm: Path) -> list[Path]:
