@@ -98,10 +98,16 @@ def detect(times: np.ndarray, cfg: DetectorConfig, interval: int) -> list:
     detector = StragglerDetector(cfg)
     first = WARMUP_STEPS
     usable = (times.shape[0] - first) // interval * interval
-    windows = np.nanmedian(times[first : first + usable].reshape(-1, interval, times.shape[1]), axis=1)
+    steps = times[first : first + usable].reshape(-1, interval, times.shape[1])
     found = []
-    for w, medians in enumerate(windows):
-        found.extend(detector.update(medians.tolist(), step=first + (w + 1) * interval, steps=interval).detections)
+    for w, window in enumerate(steps):
+        result = detector.update(
+            np.nanmedian(window, axis=0).tolist(),
+            step=first + (w + 1) * interval,
+            steps=interval,
+            step_own_ms=window.T.tolist(),
+        )
+        found.extend(result.detections)
     return found
 
 
@@ -197,12 +203,17 @@ def detect_with_noise(times: np.ndarray, cfg: DetectorConfig, interval: int) -> 
     detector = StragglerDetector(cfg)
     first = WARMUP_STEPS
     usable = (times.shape[0] - first) // interval * interval
-    windows = np.nanmedian(times[first : first + usable].reshape(-1, interval, times.shape[1]), axis=1)
+    steps = times[first : first + usable].reshape(-1, interval, times.shape[1])
     found, noise = [], []
-    for w, medians in enumerate(windows):
-        result = detector.update(medians.tolist(), step=first + (w + 1) * interval, steps=interval)
+    for w, window in enumerate(steps):
+        result = detector.update(
+            np.nanmedian(window, axis=0).tolist(),
+            step=first + (w + 1) * interval,
+            steps=interval,
+            step_own_ms=window.T.tolist(),
+        )
         found.extend(result.detections)
-        noise.append(result.noise)
+        noise.append(result.sequential_noise)
     return found, float(np.nanmedian(noise))
 
 

@@ -47,10 +47,12 @@ STRAGGLER_EXIT_CODE = EXIT_CODE_TEMPFAIL
 non-zero so torchrun or the scheduler restarts."""
 
 # Columns of the per-rank row gathered every interval: median and p90 of each field, then the step at which the rank's
-# own time rose, then the number of steps measured.
+# own time rose, then the number of steps measured, then the own time of each step of the window (NaN-padded to
+# `interval`): every rank's k-th step of a window is the same global step, which the relative residual compares.
 _FIELDS = ("own", "data", "compute", "backward", "step")
 _RISE = len(_FIELDS) * 2
-_ROW = _RISE + 2
+_COUNT = _RISE + 1
+_STEPS = _RISE + 2
 
 _PART_NAMES = {"data": "data wait", "compute": "compute (forward, loss, optimizer step)"}
 
@@ -105,8 +107,8 @@ class StragglerMonitor(Callback):
         drift_threshold: float = 0.2,
         min_excess_ms: float = 0.5,
         noise_factor: float = 3.0,
-        cusum_limit: float = 10.0,
-        cusum_slack: float = 1.0,
+        cusum_limit: float = 8.0,
+        cusum_slack: float = 1.5,
         action: str | StragglerAction = "log",
         log_per_rank: bool = True,
         clock: Callable[[], float] | None = None,
@@ -229,7 +231,7 @@ class StragglerMonitor(Callback):
     def _end_window(self, trainer: pl.Trainer) -> None:
         assert self._clock is not None
         samples = self._clock.drain()
-        row = [math.nan] * _ROW
+        row = [math.nan] * (_STEPS + self.interval)
         for i, name in enumerate(_FIELDS):
             values = [s[name] for s in samples]
             row[2 * i] = median(values)
@@ -241,7 +243,9 @@ class StragglerMonitor(Callback):
             recent = self._previous_window + samples
             row[_RISE] = rise_step([int(s["at"]) for s in recent], [s["own"] for s in recent])
         self._previous_window, self._previous_median = samples, row[0] if math.isfinite(row[0]) else -math.inf
-        row[-1] = float(len(samples))
+        row[_COUNT] = float(len(samples))
+        for k, sample in enumerate(samples[-self.interval :]):
+            row[_STEPS + k] = sample["own"]
         step = trainer.global_step
         steps = max(step - self._window_start_step, 1)
         self._window_start_step = step
@@ -255,7 +259,9 @@ class StragglerMonitor(Callback):
     def _decide(self, trainer: pl.Trainer, gathered: PendingRows, step: int, steps: int) -> None:
         rows = gathered.wait()
         own = [r[0] for r in rows]
-        result = self.detector.update(own, step=step, steps=steps, onset_steps=[r[_RISE] for r in rows])
+        result = self.detector.update(
+            own, step=step, steps=steps, onset_steps=[r[_RISE] for r in rows], step_own_ms=[r[_STEPS:] for r in rows]
+        )
         # The medians of each part, per rank, of the recent windows: the diagnosis of a detection compares the named
         # rank's parts with the others' over the windows since its onset.
         self._windows.append((step, {part: [r[2 * _FIELDS.index(part)] for r in rows] for part in PARTS}))

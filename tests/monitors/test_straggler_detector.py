@@ -144,37 +144,65 @@ def test_recorded_timings_of_a_healthy_busy_host_name_nobody(trace):
     assert len(_feed(StragglerDetector(DetectorConfig(noise_factor=0.0)), windows, steps=8)) >= 3
 
 
-def noisy_fleet(seed: int, *, slow_from: int, slowdown: float, windows: int = 45, sigma: float = 0.12):
-    """Window medians of 3 ranks on a loaded host: each rank's window is log-normal (sigma per window), rank 1
-    ``slowdown`` times slower from window ``slow_from`` on."""
+def noisy_fleet(seed: int, *, slow_from: int, slowdown: float, windows: int = 45, steps: int = 8):
+    """Per-step own times of 3 ranks on a loaded host, window by window (``windows[w][r][s]``): every step swings
+    for the whole fleet (log-normal, sigma 0.5: the host, the others' collective) and for each rank alone (sigma
+    0.2); rank 1 ``slowdown`` times slower from window ``slow_from`` on."""
     rng = random.Random(seed)
-    return [
-        [100 * math.exp(rng.gauss(0, sigma)) * (slowdown if r == 1 and w >= slow_from else 1.0) for r in range(3)]
-        for w in range(windows)
-    ]
+    out = []
+    for w in range(windows):
+        shared = [math.exp(rng.gauss(0, 0.5)) for _ in range(steps)]
+        out.append(
+            [
+                [
+                    100 * f * math.exp(rng.gauss(0, 0.2)) * (slowdown if r == 1 and w >= slow_from else 1.0)
+                    for f in shared
+                ]
+                for r in range(3)
+            ]
+        )
+    return out
+
+
+def _feed_steps(detector: StragglerDetector, windows: list, *, use_steps: bool = True):
+    found, cleared = [], []
+    for w, per_step in enumerate(windows):
+        own = [statistics.median(times) for times in per_step]
+        step_own = per_step if use_steps else None
+        result = detector.update(own, step=(w + 1) * len(per_step[0]), steps=len(per_step[0]), step_own_ms=step_own)
+        found += result.detections
+        cleared += result.recoveries
+    return found, cleared
 
 
 def test_a_persistent_slowdown_below_the_noise_raised_bar_is_named_by_accumulated_evidence():
     windows = noisy_fleet(1, slow_from=20, slowdown=1.3)
     detector = StragglerDetector()
-    found = _feed(detector, windows, steps=8)
+    found, _ = _feed_steps(detector, windows)
     assert [(d.rank, d.rule, d.kind) for d in found] == [(1, "cusum", "fleet")]
     (d,) = found
     assert 1.2 < d.ratio < 1.5  # the mean ratio since the onset, not one window's
     assert 150 <= d.onset_step <= 200  # the slowdown began at step 160
     assert detector.noise > 0.15 and math.expm1(detector.thresholds()[0]) > 0.5  # the one-window bar: 1.3x is below it
-    assert _feed(StragglerDetector(DetectorConfig(cusum_limit=math.inf)), windows, steps=8) == []
+    assert _feed_steps(StragglerDetector(DetectorConfig(cusum_limit=math.inf)), windows)[0] == []
+
+
+def test_the_relative_residual_names_what_the_window_medians_cannot_see_in_the_same_steps():
+    # The same steps judged by the ratio of window medians: the swings the ranks share stay in it, and the 30%
+    # straggler is not named within 25 windows of its onset. Step by step against the others they cancel.
+    windows = noisy_fleet(1, slow_from=20, slowdown=1.3)
+    assert _feed_steps(StragglerDetector(), windows, use_steps=False)[0] == []
+    detector = StragglerDetector()
+    _feed_steps(detector, windows[:19])
+    per_step = windows[19]
+    result = detector.update([statistics.median(t) for t in per_step], step=160, steps=8, step_own_ms=per_step)
+    assert result.sequential_noise < 0.7 * result.noise
 
 
 def test_a_rank_named_by_evidence_is_named_once_and_cleared_by_evidence_once_it_is_back():
     windows = noisy_fleet(1, slow_from=20, slowdown=1.3, windows=80)
     windows += noisy_fleet(5, slow_from=10**6, slowdown=1.0, windows=60)
-    detector = StragglerDetector()
-    found, cleared = [], []
-    for w, own in enumerate(windows):
-        result = detector.update(own, step=(w + 1) * 8, steps=8)
-        found += result.detections
-        cleared += result.recoveries
+    found, cleared = _feed_steps(StragglerDetector(), windows)
     assert [d.rank for d in found] == [1]
     assert [r.rank for r in cleared] == [1] and cleared[0].step > 80 * 8 and cleared[0].lost_s > 0
 
@@ -182,7 +210,7 @@ def test_a_rank_named_by_evidence_is_named_once_and_cleared_by_evidence_once_it_
 def test_healthy_noise_accumulates_no_evidence_on_a_noisy_fleet():
     detector = StragglerDetector()
     for seed in range(10):
-        _feed(detector, noisy_fleet(100 + seed, slow_from=10**6, slowdown=1.0, windows=125), steps=8)
+        _feed_steps(detector, noisy_fleet(100 + seed, slow_from=10**6, slowdown=1.0, windows=125))
     assert detector.named == {}
 
 
