@@ -122,6 +122,12 @@ def rise_step(steps: Sequence[int], values: Sequence[float], *, min_t: float = 3
     return float(pairs[best_k][0]) if best_score >= min_t else math.nan
 
 
+def _waits(backward: Sequence[float]) -> list[float]:
+    finite = [b for b in backward if math.isfinite(b)]
+    least = min(finite) if finite else math.nan
+    return [b - least for b in backward]
+
+
 PARTS = ("data", "compute", "backward")
 """The parts of a step that :func:`diagnose` compares: data wait, compute outside backward (forward, loss, optimizer
 step), and backward (its compute plus, under DDP, the wait for the gradient all-reduce)."""
@@ -134,13 +140,16 @@ def diagnose(windows: Sequence[Mapping[str, Sequence[float]]], rank: int) -> tup
     (milliseconds). ``excess[part]`` is the median over the windows of the rank's time in that part less the median
     of the others'. The part that grew is the larger excess of the two parts of its own time (data wait, compute);
     ``excess["backward"]`` is normally negative for the slow rank: it arrives last at the all-reduce and waits least,
-    while the others' longer backward is their wait for it. ``("unknown", {})`` without windows.
+    while the others' longer backward is their wait for it. ``excess["wait"]`` is the same seen as waiting: each
+    rank's backward less the fleet's shortest (the rank that arrives last barely waits), the rank's less the
+    others'; a straggler's is negative by about its own excess, a rank held up in the collective itself (its link)
+    shows a positive one. ``("unknown", {})`` without windows.
     """
     excess: dict[str, float] = {}
-    for part in PARTS:
+    for part in (*PARTS, "wait"):
         per_window = []
         for w in windows:
-            values = list(w.get(part, ()))
+            values = list(w.get(part, ())) if part != "wait" else _waits(w.get("backward", ()))
             if rank < len(values) and math.isfinite(values[rank]):
                 per_window.append(values[rank] - medians_of_others(values)[rank])
         excess[part] = median(per_window)

@@ -237,6 +237,7 @@ def test_the_diagnosis_names_the_part_of_the_step_that_grew():
     part, excess = diagnose(windows, 2)
     assert part == "data"
     assert excess["data"] == pytest.approx(28.95, abs=0.1) and excess["backward"] < -25
+    assert excess["wait"] == pytest.approx(-28.75, abs=0.5)  # the others waited for it
     windows[0]["compute"][0] = 60.0
     windows[1]["compute"][0] = 58.0
     assert diagnose(windows, 0)[0] == "compute"
