@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from lightning_ft.monitors.fleet_statistics import ChangeNoise, median, medians_of_others, relative_residuals, rise_step
+from lightning_ft.monitors.fleet_statistics import ChangeNoise, median, medians_of_others, relative_residuals
 from lightning_ft.monitors.sequential_test import Evidence, SequentialTest
 
 
@@ -169,8 +169,6 @@ class _Window(NamedTuple):
     excess_ms: float
     drift_excess_ms: float
     onset_hint: float
-    residual: float
-    """The statistic the sequential test judged (see :attr:`WindowResult.residuals`)."""
 
 
 def _log(x: float) -> float:
@@ -298,7 +296,6 @@ class StragglerDetector:
                 own - others[rank],
                 own - own / d if d > 0 else math.nan,
                 hints[rank],
-                residuals[rank],
             )
             recent = self._recent.get(rank)
             if recent is None:
@@ -364,15 +361,7 @@ class StragglerDetector:
         self._sequential.named(rank)
         self._healthy.pop(rank, None)
         self._lost_ms[rank] = max(self._lost_ms.get(rank, 0.0), ev.lost_ms)
-        # The window where the sum last left zero is late when the slowdown is near the allowance (the sum drains
-        # back to zero now and then after the onset): the best split of the rank's recent residuals into a lower and
-        # a higher level, where it stands out, is where its level rose.
-        history = self._recent[rank]
-        rose = rise_step([w.start for w in history], [math.exp(w.residual) for w in history])
-        first = ev.first
-        if math.isfinite(rose) and rose < first.start:
-            first = next(w for w in history if w.start == rose)
-        return Detection(rank, ev.ratio, _onset(first, steps), step, "fleet", math.expm1(bar_fleet), rule="cusum")
+        return Detection(rank, ev.ratio, _onset(ev.first, steps), step, "fleet", math.expm1(bar_fleet), rule="cusum")
 
     def open_episodes(self) -> dict[int, float]:
         """Named ranks that have not recovered, with the seconds lost to each so far."""
