@@ -142,8 +142,7 @@ def diagnose(windows: Sequence[Mapping[str, Sequence[float]]], rank: int) -> tup
     ``excess["backward"]`` is normally negative for the slow rank: it arrives last at the all-reduce and waits least,
     while the others' longer backward is their wait for it. ``excess["wait"]`` is the same seen as waiting: each
     rank's backward less the fleet's shortest (the rank that arrives last barely waits), the rank's less the
-    others'; a straggler's is negative by about its own excess, a rank held up in the collective itself (its link)
-    shows a positive one. ``("unknown", {})`` without windows.
+    others'; a straggler's is negative by about its own excess. ``("unknown", {})`` without windows.
     """
     excess: dict[str, float] = {}
     for part in (*PARTS, "wait"):
