@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +42,8 @@ RUN_FILE = Path(STATE_DIR) / "run.json"
 LEGACY_EVENTS_SUBDIR = Path("lightning_ft") / "events"
 """Where lightning-ft 0.1.0 wrote its logs; read, never written."""
 LEGACY_RUN_FILE = Path("lightning_ft") / "run.json"
+LOGGER_VERSIONS_FILE = Path(STATE_DIR) / "logger_versions.json"
+"""``{run_id: {logger folder: version}}``: the version each logger folder got in the first attempt of a run."""
 _UNSET: Any = object()
 _IMPORT_TIME = time.time()
 
@@ -139,6 +141,32 @@ def resolve_run_id(root_dir: str | os.PathLike[str]) -> str:
     tmp.write_text(json.dumps({"run_id": run_id, "created": time.time()}))
     os.replace(tmp, run_file)
     return run_id
+
+
+def keep_logger_version(
+    root_dir: str | os.PathLike[str], run_id: str, folder: str, choose: Callable[[], int | str]
+) -> int | str:
+    """The logger version recorded for ``folder`` (a logger's ``root_dir``) in run ``run_id``, else ``choose()``
+    (the version Lightning would give it: the next free ``version_<n>``), recorded for the run's later attempts.
+
+    Call on one rank (rank 0) and broadcast the result.
+    """
+    record_file = Path(root_dir) / LOGGER_VERSIONS_FILE
+    try:
+        records = json.loads(record_file.read_text())
+        if not isinstance(records, dict):
+            records = {}
+    except (OSError, ValueError):
+        records = {}
+    run = records.setdefault(run_id, {})
+    if folder in run:
+        return run[folder]
+    run[folder] = version = choose()
+    record_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = record_file.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(records))
+    os.replace(tmp, record_file)
+    return version
 
 
 def next_attempt(root_dir: str | os.PathLike[str], run_id: str) -> int:
