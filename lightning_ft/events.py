@@ -18,6 +18,7 @@ Logs written by lightning-ft 0.1.0 under ``lightning_ft/events`` are still read.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import threading
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 __all__ = ["get_event_log", "read_events"]
 """The public part (docs/monitors.md): a LightningModule reads the run's event log with these. The rest is shared by
 lightning-ft's packages, not API."""
+
+_log = logging.getLogger(__name__)
 
 STATE_DIR = "lightning-ft"
 """The folder under ``default_root_dir`` that holds lightning-ft's own records."""
@@ -59,6 +62,20 @@ def process_start_time() -> float:
         return btime + start_ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return _IMPORT_TIME
+
+
+def state_root(default_root_dir: str | os.PathLike[str]) -> str:
+    """The folder that holds lightning-ft's own records (the event log, the run id, the logger versions, hang
+    reports) for a trainer's ``default_root_dir``: that folder when it is a local path (or ``file://``), else the
+    working directory. An object store (``s3://``, ``memory://``) cannot be appended to line by line, and a URL taken
+    as a local path would make a folder named after its protocol (``s3:``) in the working directory."""
+    text = os.fspath(default_root_dir)
+    protocol, separator, rest = text.partition("://")
+    if not separator:
+        return text
+    if protocol == "file":
+        return rest
+    return os.getcwd()
 
 
 def events_dir(root_dir: str | os.PathLike[str]) -> Path:
@@ -267,7 +284,13 @@ def open_event_log(trainer: pl.Trainer, **attempt_fields: Any) -> EventLog:
     existing = get_event_log(trainer, open_if_missing=False)
     if existing is not None:
         return existing
-    root = trainer.default_root_dir
+    root = state_root(trainer.default_root_dir)
+    if root != os.fspath(trainer.default_root_dir) and trainer.global_rank == 0:
+        _log.warning(
+            "lightning-ft: default_root_dir=%r is not a local folder; the event log is written under %s instead",
+            os.fspath(trainer.default_root_dir),
+            Path(root) / EVENTS_SUBDIR,
+        )
     ids: tuple[str, int] | None = None
     if trainer.global_rank == 0:
         run_id = resolve_run_id(root)

@@ -35,7 +35,7 @@ from typing_extensions import override
 
 from lightning_ft import _compat
 from lightning_ft.checkpoint.internal import discovery
-from lightning_ft.events import STATE_DIR, EventLog
+from lightning_ft.events import STATE_DIR, EventLog, state_root
 from lightning_ft.fault import health, slurm
 from lightning_ft.fault.agreement import StopAgreement, StopDecision
 from lightning_ft.fault.collective_waits import collective_patches
@@ -171,7 +171,10 @@ class FaultHandler(Callback):
                 log.warning("lightning-ft watchdog: no heartbeat store (%s); hangs will name this rank only", err)
         attempt = log_.attempt if log_ is not None else 0
         stacks = (
-            Path(trainer.default_root_dir) / STATE_DIR / "hangs" / f"attempt{attempt}-rank{trainer.global_rank}.txt"
+            Path(state_root(trainer.default_root_dir))
+            / STATE_DIR
+            / "hangs"
+            / f"attempt{attempt}-rank{trainer.global_rank}.txt"
         )
         self.watchdog = Watchdog(
             progress=self.progress,

@@ -22,7 +22,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_ft import _compat
 from lightning_ft.elastic.internal import TrainingDataPosition
-from lightning_ft.events import keep_logger_version
+from lightning_ft.events import keep_logger_version, state_root
 from lightning_ft.strategy.auto_resume import AutoResume
 from lightning_ft.strategy.checkpoint_io import check_checkpoint_callback
 from lightning_ft.strategy.elastic_resume import ElasticResume
@@ -117,7 +117,7 @@ def keep_logger_versions(trainer: pl.Trainer, run_id: str) -> None:
         return
     versions = None
     if trainer.global_rank == 0:
-        root = trainer.default_root_dir
+        root = state_root(trainer.default_root_dir)
         # ``lg.version`` is Lightning's own choice: the next free version_<n> in the logger's folder.
         versions = [
             keep_logger_version(root, run_id, os.path.abspath(lg.root_dir), lambda lg=lg: lg.version) for lg in loggers
