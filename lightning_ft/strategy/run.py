@@ -112,7 +112,8 @@ def keep_logger_versions(trainer: pl.Trainer, run_id: str) -> None:
     one) in the first attempt of the run, and the same one in every later attempt: TensorBoard's default counts up at
     every launch, and one run must keep one folder across restarts. Rank 0 chooses and records
     (:func:`~lightning_ft.events.keep_logger_version`) and broadcasts: collective, every rank calls it at set-up."""
-    loggers = _compat.loggers_without_version(trainer.loggers)
+    # Every rank takes part in the broadcast whatever its own loggers' state, so that no rank waits alone.
+    loggers = _compat.tensorboard_loggers(trainer.loggers)
     if not loggers:
         return
     versions = None
@@ -120,8 +121,12 @@ def keep_logger_versions(trainer: pl.Trainer, run_id: str) -> None:
         root = state_root(trainer.default_root_dir)
         # ``lg.version`` is Lightning's own choice: the next free version_<n> in the logger's folder.
         versions = [
-            keep_logger_version(root, run_id, os.path.abspath(lg.root_dir), lambda lg=lg: lg.version) for lg in loggers
+            keep_logger_version(root, run_id, os.path.abspath(lg.root_dir), lambda lg=lg: lg.version)
+            if _compat.logger_version_unset(lg)
+            else None
+            for lg in loggers
         ]
     versions = trainer.strategy.broadcast(versions, src=0)
     for logger, version in zip(loggers, versions, strict=True):
-        _compat.set_logger_version(logger, version)
+        if version is not None:
+            _compat.set_logger_version(logger, version)
