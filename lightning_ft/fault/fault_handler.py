@@ -191,7 +191,11 @@ class FaultHandler(Callback):
     def _health_checks(self, trainer: pl.Trainer, check_dir: Callable[[str], None]) -> None:
         started = time.perf_counter()
         rank, strategy = trainer.global_rank, trainer.strategy
-        callbacks = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath]
+        callbacks = [
+            cb
+            for cb in trainer.checkpoint_callbacks
+            if isinstance(cb, ModelCheckpoint) and getattr(cb, "dirpath", None)
+        ]
         dirpaths = [cb.dirpath for cb in callbacks]
         retained = {Path(cb.dirpath): cb.save_top_k for cb in callbacks}
         model = strategy.lightning_module

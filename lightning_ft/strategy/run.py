@@ -99,7 +99,7 @@ def attach_to_trainer(trainer: pl.Trainer, *, callbacks: list[Any], run_id: str)
             trainer.callbacks.insert(position, callback)
     keep_logger_versions(trainer, run_id)
     for cb in trainer.checkpoint_callbacks:
-        if isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
+        if isinstance(cb, ModelCheckpoint) and getattr(cb, "dirpath", None) is None:
             rank_zero_warn(
                 "ModelCheckpoint(dirpath=None): the default path contains the logger version and changes at every"
                 " restart, so auto-resume cannot find earlier checkpoints. Set ModelCheckpoint(dirpath=...)."

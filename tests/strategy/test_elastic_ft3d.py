@@ -243,3 +243,14 @@ def test_a_trainer_that_fit_can_be_saved_with_torch_save_and_loaded(tmp_path):
     torch.save(trainer, tmp_path / "trainer.pt")
     loaded = torch.load(tmp_path / "trainer.pt", weights_only=False)
     assert isinstance(loaded.strategy, ElasticFT3D) and loaded.global_step == 2
+
+
+def test_a_checkpoint_callback_double_without_a_dirpath_attribute_trains(tmp_path):
+    # Lightning's own tests pass a Mock(spec=ModelCheckpoint): an instance of the class whose instance attributes
+    # (dirpath) do not exist. Lightning never reads them there; neither may the strategy.
+    from unittest.mock import Mock
+
+    double = Mock(spec=ModelCheckpoint)
+    trainer = make_trainer(tmp_path, callbacks=[double], max_steps=2)
+    trainer.fit(TinyRegressor())
+    assert trainer.global_step == 2 and double.on_train_end.called
