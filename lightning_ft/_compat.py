@@ -54,7 +54,9 @@ __all__ = [
     "local_shard_of_full",
     "materialize_distributed_module",
     "optimizers_to_device",
+    "logger_version_unset",
     "set_logger_version",
+    "tensorboard_loggers",
     "set_rng_states",
     "set_scheduler_last_lr",
     "signal_connector",
@@ -155,17 +157,23 @@ def set_scheduler_last_lr(scheduler: Any, values: list[float]) -> None:
         scheduler._last_lr = list(values)
 
 
-def set_logger_version(logger: Any, version: str) -> bool:
-    """Give a ``TensorBoardLogger`` whose version the user left unset a fixed ``version``; True if it was set.
-
-    Lightning reads ``_version`` lazily (Lightning 2.5.0, 2.6.6), so setting it before the first log keeps one folder.
-    """
+def tensorboard_loggers(loggers: list[Any]) -> list[Any]:
+    """The ``TensorBoardLogger``s among ``loggers``."""
     from lightning.pytorch.loggers import TensorBoardLogger
 
-    if isinstance(logger, TensorBoardLogger) and logger._version is None:
-        logger._version = version
-        return True
-    return False
+    return [lg for lg in loggers if isinstance(lg, TensorBoardLogger)]
+
+
+def logger_version_unset(logger: Any) -> bool:
+    """Whether a ``TensorBoardLogger``'s version was left unset by the user and not chosen yet (``_version is None``:
+    Lightning 2.5.0, 2.6.6, which chooses it lazily at the first log)."""
+    return logger._version is None
+
+
+def set_logger_version(logger: Any, version: int | str) -> None:
+    """Give a ``TensorBoardLogger`` whose version is unset (:func:`logger_version_unset`) its ``version`` (Lightning
+    2.5.0, 2.6.6: set before the first log, it keeps one folder)."""
+    logger._version = version
 
 
 def train_combined_loader_mode(trainer: Any) -> str | None:

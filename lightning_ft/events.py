@@ -18,13 +18,14 @@ Logs written by lightning-ft 0.1.0 under ``lightning_ft/events`` are still read.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,8 @@ __all__ = ["get_event_log", "read_events"]
 """The public part (docs/monitors.md): a LightningModule reads the run's event log with these. The rest is shared by
 lightning-ft's packages, not API."""
 
+_log = logging.getLogger(__name__)
+
 STATE_DIR = "lightning-ft"
 """The folder under ``default_root_dir`` that holds lightning-ft's own records."""
 EVENTS_SUBDIR = Path(STATE_DIR) / "events"
@@ -42,6 +45,8 @@ RUN_FILE = Path(STATE_DIR) / "run.json"
 LEGACY_EVENTS_SUBDIR = Path("lightning_ft") / "events"
 """Where lightning-ft 0.1.0 wrote its logs; read, never written."""
 LEGACY_RUN_FILE = Path("lightning_ft") / "run.json"
+LOGGER_VERSIONS_FILE = Path(STATE_DIR) / "logger_versions.json"
+"""``{run_id: {logger folder: version}}``: the version each logger folder got in the first attempt of a run."""
 _UNSET: Any = object()
 _IMPORT_TIME = time.time()
 
@@ -57,6 +62,20 @@ def process_start_time() -> float:
         return btime + start_ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return _IMPORT_TIME
+
+
+def state_root(default_root_dir: str | os.PathLike[str]) -> str:
+    """The folder that holds lightning-ft's own records (the event log, the run id, the logger versions, hang
+    reports) for a trainer's ``default_root_dir``: that folder when it is a local path (or ``file://``), else the
+    working directory. An object store (``s3://``, ``memory://``) cannot be appended to line by line, and a URL taken
+    as a local path would make a folder named after its protocol (``s3:``) in the working directory."""
+    text = os.fspath(default_root_dir)
+    protocol, separator, rest = text.partition("://")
+    if not separator:
+        return text
+    if protocol == "file":
+        return rest
+    return os.getcwd()
 
 
 def events_dir(root_dir: str | os.PathLike[str]) -> Path:
@@ -139,6 +158,32 @@ def resolve_run_id(root_dir: str | os.PathLike[str]) -> str:
     tmp.write_text(json.dumps({"run_id": run_id, "created": time.time()}))
     os.replace(tmp, run_file)
     return run_id
+
+
+def keep_logger_version(
+    root_dir: str | os.PathLike[str], run_id: str, folder: str, choose: Callable[[], int | str]
+) -> int | str:
+    """The logger version recorded for ``folder`` (a logger's ``root_dir``) in run ``run_id``, else ``choose()``
+    (the version Lightning would give it: the next free ``version_<n>``), recorded for the run's later attempts.
+
+    Call on one rank (rank 0) and broadcast the result.
+    """
+    record_file = Path(root_dir) / LOGGER_VERSIONS_FILE
+    try:
+        records = json.loads(record_file.read_text())
+        if not isinstance(records, dict):
+            records = {}
+    except (OSError, ValueError):
+        records = {}
+    run = records.setdefault(run_id, {})
+    if folder in run:
+        return run[folder]
+    run[folder] = version = choose()
+    record_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = record_file.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(records))
+    os.replace(tmp, record_file)
+    return version
 
 
 def next_attempt(root_dir: str | os.PathLike[str], run_id: str) -> int:
@@ -239,7 +284,13 @@ def open_event_log(trainer: pl.Trainer, **attempt_fields: Any) -> EventLog:
     existing = get_event_log(trainer, open_if_missing=False)
     if existing is not None:
         return existing
-    root = trainer.default_root_dir
+    root = state_root(trainer.default_root_dir)
+    if root != os.fspath(trainer.default_root_dir) and trainer.global_rank == 0:
+        _log.warning(
+            "lightning-ft: default_root_dir=%r is not a local folder; the event log is written under %s instead",
+            os.fspath(trainer.default_root_dir),
+            Path(root) / EVENTS_SUBDIR,
+        )
     ids: tuple[str, int] | None = None
     if trainer.global_rank == 0:
         run_id = resolve_run_id(root)

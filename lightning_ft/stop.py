@@ -59,7 +59,7 @@ class NodeStop(SystemExit):
 def checkpoint_dir(trainer: pl.Trainer) -> Path:
     """The ``ModelCheckpoint`` ``dirpath`` (``<default_root_dir>/checkpoints`` without one)."""
     callback = trainer.checkpoint_callback
-    if isinstance(callback, ModelCheckpoint) and callback.dirpath:
+    if isinstance(callback, ModelCheckpoint) and getattr(callback, "dirpath", None):
         return Path(callback.dirpath)
     return Path(trainer.default_root_dir) / "checkpoints"
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import importlib
 import io
 import os
 import pathlib
@@ -55,9 +56,12 @@ def _blocked_in(error: BaseException) -> str | None:
 def _numpy_globals() -> list[Any]:
     """numpy scalars, arrays and dtypes as ``torch.save`` pickles them (numpy 1 and 2 module names)."""
     out: list[Any] = [np.ndarray, np.dtype]
-    multiarray = getattr(np, "_core", None) or np.core
+    # By the version, not by which attribute exists: numpy 1.26 has a ``numpy._core`` stub (for reading numpy 2
+    # pickles) without ``multiarray`` once something imported it.
+    numpy_2 = int(np.__version__.split(".")[0]) >= 2
+    multiarray = importlib.import_module("numpy._core.multiarray" if numpy_2 else "numpy.core.multiarray")
     for name in ("scalar", "_reconstruct"):
-        fn = getattr(multiarray.multiarray, name)
+        fn = getattr(multiarray, name)
         out += [(fn, f"numpy.core.multiarray.{name}"), (fn, f"numpy._core.multiarray.{name}")]
     for code in "?bBhHiIlLqQefdgFDGUSV":
         out.append(type(np.dtype(code)))

@@ -187,6 +187,12 @@ class ResumableSampler(Sampler[int]):
         # Each index carries its sample's seed (see lightning_ft.elastic.data_rng); it is the same int otherwise.
         return self._issue([SeededIndex(index, sample_seed(self.seed, self.epoch, pos)) for index, pos in mine])
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The hook belongs to the run of the process that set it (the strategy's tracker, which holds the run's
+        # event log and checkpoint writer): a pickled or deep-copied sampler (`torch.save(trainer)`, a DataLoader
+        # sent to a spawned worker) has none.
+        return {**self.__dict__, "before_first_index": None}
+
     def _issue(self, indices: list[int]) -> Iterator[int]:
         # A generator: this runs at the first next(), which BatchSampler calls right before the batch is fetched.
         if indices and self.before_first_index is not None:

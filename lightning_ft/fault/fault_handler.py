@@ -38,7 +38,7 @@ from typing_extensions import override
 
 from lightning_ft import _compat
 from lightning_ft.checkpoint.internal import discovery
-from lightning_ft.events import STATE_DIR, EventLog
+from lightning_ft.events import STATE_DIR, EventLog, state_root
 from lightning_ft.fault import eviction, health, slurm
 from lightning_ft.fault.agreement import StopAgreement, StopDecision
 from lightning_ft.fault.collective_waits import collective_patches
@@ -183,7 +183,10 @@ class FaultHandler(Callback):
                 log.warning("lightning-ft watchdog: no heartbeat store (%s); hangs will name this rank only", err)
         attempt = log_.attempt if log_ is not None else 0
         stacks = (
-            Path(trainer.default_root_dir) / STATE_DIR / "hangs" / f"attempt{attempt}-rank{trainer.global_rank}.txt"
+            Path(state_root(trainer.default_root_dir))
+            / STATE_DIR
+            / "hangs"
+            / f"attempt{attempt}-rank{trainer.global_rank}.txt"
         )
         self.watchdog = Watchdog(
             progress=self.progress,
@@ -200,7 +203,11 @@ class FaultHandler(Callback):
     def _health_checks(self, trainer: pl.Trainer, check_dir: Callable[[str], None]) -> None:
         started = time.perf_counter()
         rank, strategy = trainer.global_rank, trainer.strategy
-        callbacks = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath]
+        callbacks = [
+            cb
+            for cb in trainer.checkpoint_callbacks
+            if isinstance(cb, ModelCheckpoint) and getattr(cb, "dirpath", None)
+        ]
         dirpaths = [cb.dirpath for cb in callbacks]
         retained = {Path(cb.dirpath): cb.save_top_k for cb in callbacks}
         model = strategy.lightning_module

@@ -33,7 +33,11 @@ def restore_checkpoint_callbacks(trainer: Any) -> list[ModelCheckpoint]:
     checkpoint in that folder holding its state. Returns the callbacks restored. Reads files only (no collective)."""
     restored = []
     for callback in trainer.checkpoint_callbacks:
-        if not isinstance(callback, ModelCheckpoint) or not callback.dirpath or callback.best_model_path:
+        if (
+            not isinstance(callback, ModelCheckpoint)
+            or not getattr(callback, "dirpath", None)
+            or callback.best_model_path
+        ):
             continue
         for info in reversed(discovery.list_committed(Path(callback.dirpath))):
             try:

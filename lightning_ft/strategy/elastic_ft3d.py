@@ -237,6 +237,11 @@ class ElasticFT3D(DDPStrategy):
     @property
     @override
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        """The data-parallel group's size and this rank's place in it. Before the mesh exists (Lightning prepares a
+        loader outside a running stage, say), only a layout without tensor or pipeline parallelism has an answer:
+        every rank is then its own data-parallel replica, as under ``DDPStrategy``."""
+        if self._device_mesh is None and self._tensor_parallel_size == 1 and self._pipeline_parallel_size == 1:
+            return super().distributed_sampler_kwargs
         dp_mesh = self.device_mesh["data_parallel"]
         return {"num_replicas": dp_mesh.size(), "rank": dp_mesh.get_local_rank()}
 

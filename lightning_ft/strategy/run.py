@@ -13,6 +13,7 @@ The lifecycle (which Lightning hook calls which collaborator, in order) is the t
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_ft import _compat
 from lightning_ft.elastic.internal import TrainingDataPosition
+from lightning_ft.events import keep_logger_version, state_root
 from lightning_ft.strategy.auto_resume import AutoResume
 from lightning_ft.strategy.checkpoint_io import check_checkpoint_callback
 from lightning_ft.strategy.elastic_resume import ElasticResume
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
     from lightning_ft.strategy.elastic_ft3d import ElasticFT3D
     from lightning_ft.strategy.tracker import TrainingTracker
 
-__all__ = ["RunPart", "StrategyRun", "attach_to_trainer"]
+__all__ = ["RunPart", "StrategyRun", "attach_to_trainer", "keep_logger_versions"]
 
 
 @dataclass
@@ -95,7 +97,8 @@ class RunPart:
 
 def attach_to_trainer(trainer: pl.Trainer, *, callbacks: list[Any], run_id: str) -> None:
     """Put ``callbacks`` first in ``trainer.callbacks`` (in this order; those already there stay where they are),
-    keep every logger's version at ``run_<run_id>``, and warn about a ``ModelCheckpoint`` without a ``dirpath``.
+    keep every ``TensorBoardLogger``'s version the same across the attempts of one run (:func:`keep_logger_versions`),
+    and warn about a ``ModelCheckpoint`` without a ``dirpath``.
 
     Raises:
         ValueError: a ``ModelCheckpoint`` option that its object-store ``dirpath`` cannot work with
@@ -104,13 +107,36 @@ def attach_to_trainer(trainer: pl.Trainer, *, callbacks: list[Any], run_id: str)
     for position, callback in enumerate(callbacks):
         if callback not in trainer.callbacks:
             trainer.callbacks.insert(position, callback)
-    for logger in trainer.loggers:
-        # TensorBoard's default version counts up at every launch; one run must keep one folder across restarts.
-        _compat.set_logger_version(logger, f"run_{run_id}")
+    keep_logger_versions(trainer, run_id)
     for cb in trainer.checkpoint_callbacks:
-        if isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
+        if isinstance(cb, ModelCheckpoint) and getattr(cb, "dirpath", None) is None:
             rank_zero_warn(
                 "ModelCheckpoint(dirpath=None): the default path contains the logger version and changes at every"
                 " restart, so auto-resume cannot find earlier checkpoints. Set ModelCheckpoint(dirpath=...)."
             )
         check_checkpoint_callback(cb, world_size=trainer.world_size)
+
+
+def keep_logger_versions(trainer: pl.Trainer, run_id: str) -> None:
+    """Give each ``TensorBoardLogger`` without a version the one Lightning gives it (``version_<n>``, the next free
+    one) in the first attempt of the run, and the same one in every later attempt: TensorBoard's default counts up at
+    every launch, and one run must keep one folder across restarts. Rank 0 chooses and records
+    (:func:`~lightning_ft.events.keep_logger_version`) and broadcasts: collective, every rank calls it at set-up."""
+    # Every rank takes part in the broadcast whatever its own loggers' state, so that no rank waits alone.
+    loggers = _compat.tensorboard_loggers(trainer.loggers)
+    if not loggers:
+        return
+    versions = None
+    if trainer.global_rank == 0:
+        root = state_root(trainer.default_root_dir)
+        # ``lg.version`` is Lightning's own choice: the next free version_<n> in the logger's folder.
+        versions = [
+            keep_logger_version(root, run_id, os.path.abspath(lg.root_dir), lambda lg=lg: lg.version)
+            if _compat.logger_version_unset(lg)
+            else None
+            for lg in loggers
+        ]
+    versions = trainer.strategy.broadcast(versions, src=0)
+    for logger, version in zip(loggers, versions, strict=True):
+        if version is not None:
+            _compat.set_logger_version(logger, version)

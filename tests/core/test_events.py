@@ -18,6 +18,7 @@ from lightning_ft.events import (
     open_event_log,
     read_events,
     resolve_run_id,
+    state_root,
 )
 from tests.helpers import subprocess_env
 
@@ -142,3 +143,10 @@ def test_every_line_carries_the_contract_fields(tmp_path, rank):
         "event": "thermal",
         "step": 7,
     }
+
+
+def test_lightning_ft_s_records_stay_local_whatever_the_default_root_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert state_root(tmp_path / "runs") == str(tmp_path / "runs")
+    assert state_root(f"file://{tmp_path}/runs") == f"{tmp_path}/runs"
+    assert state_root("s3://bucket/runs") == str(tmp_path)  # an object store: the working directory

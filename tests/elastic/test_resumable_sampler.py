@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 from collections import Counter
 
 import pytest
@@ -220,3 +221,14 @@ def test_the_first_index_hook_runs_once_per_iterator_and_only_when_the_first_ind
     assert calls == [0]
     list(sampler)
     assert calls == [0, 1]
+
+
+def test_a_pickled_sampler_keeps_its_position_and_drops_the_run_s_hook():
+    sampler = ResumableSampler(10, num_replicas=1, rank=0, shuffle=False)
+    calls = []
+    sampler.before_first_index = lambda: calls.append(1)  # a lambda, as a run's hooks are: not picklable
+    iterator = iter(sampler)
+    assert [next(iterator) for _ in range(3)] == [0, 1, 2] and calls == [1]
+    copy = pickle.loads(pickle.dumps(sampler))
+    assert copy.before_first_index is None
+    assert copy.state_dict() == sampler.state_dict()

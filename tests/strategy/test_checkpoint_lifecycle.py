@@ -113,7 +113,19 @@ def test_tensorboard_keeps_one_version_folder_across_restarts(tmp_path):
         trainer = make_trainer(tmp_path, callbacks=[ckpt], max_steps=steps, logger=TensorBoardLogger(tmp_path / "tb"))
         trainer.fit(TinyRegressor())
     versions = [p.name for p in (tmp_path / "tb" / "lightning_logs").iterdir()]
-    assert len(versions) == 1
+    assert versions == ["version_0"]  # the name Lightning gives it, kept by the later attempt
+    assert trainer.logger.version == 0
+
+
+def test_the_logger_version_is_the_next_free_one_as_under_lightning(tmp_path):
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    (tmp_path / "tb" / "lightning_logs" / "version_0").mkdir(parents=True)  # another run's logs
+    trainer = make_trainer(tmp_path / "run", max_steps=1, logger=TensorBoardLogger(tmp_path / "tb"))
+    trainer.fit(TinyRegressor())
+    assert trainer.logger.version == 1
+    assert trainer.logger.log_dir == str(tmp_path / "tb" / "lightning_logs" / "version_1")
+    assert sorted(p.name for p in (tmp_path / "tb" / "lightning_logs").iterdir()) == ["version_0", "version_1"]
 
 
 def test_resumed_weights_and_optimizer_state_equal_the_saved_ones(tmp_path):

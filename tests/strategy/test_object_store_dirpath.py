@@ -166,3 +166,16 @@ def test_train_start_deletes_saves_of_ours_that_never_committed_and_nothing_else
     assert not store.exists(f"{bucket}/epoch=0-step=9.ckpt")
     assert fs.cat_file(f"{root}/notes/readme.txt") == b"a user's file"
     assert [c.step for c in list_committed(bucket)] == [2]
+
+
+def test_a_url_default_root_dir_keeps_the_event_log_in_the_working_directory(tmp_path, bucket, monkeypatch, caplog):
+    # Lightning accepts an object-store default_root_dir (its own checkpoints go there); an event log cannot be
+    # appended to there, and the URL taken as a local path would make a folder named "memory:".
+    monkeypatch.chdir(tmp_path)
+    trainer = make_trainer(bucket, max_steps=2, callbacks=[ModelCheckpoint(every_n_train_steps=2)])
+    trainer.fit(TinyRegressor())
+    assert not (tmp_path / "memory:").exists()
+    assert [e["event"] for e in read_events(tmp_path)][:1] == ["attempt_start"]
+    assert "is not a local folder; the event log is written under" in caplog.text
+    # The checkpoint still goes where Lightning puts it: the default dirpath under the URL.
+    assert "checkpoints/epoch=0-step=2.ckpt/lightning_ft.committed" in _objects(bucket)
