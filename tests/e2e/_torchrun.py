@@ -15,7 +15,12 @@ SCRIPT = Path(__file__).with_name("train_script.py")
 
 
 def torchrun(
-    *args: str, nproc: int = 2, max_restarts: int = 0, timeout: float = 240, script: Path = SCRIPT
+    *args: str,
+    nproc: int = 2,
+    max_restarts: int = 0,
+    timeout: float = 240,
+    script: Path = SCRIPT,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable,
@@ -28,7 +33,9 @@ def torchrun(
         str(script),
         *args,
     ]
-    return subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        cmd, cwd=REPO_ROOT, env=subprocess_env(**(env or {})), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def load_run(out: Path) -> tuple[dict[str, torch.Tensor], dict[int, float]]:

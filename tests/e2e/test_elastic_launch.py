@@ -58,6 +58,18 @@ def surviving(records_: list[dict]) -> dict[int, list[dict]]:
     return by_step
 
 
+def assert_every_sample_once(out: Path) -> None:
+    """Every sample of each of the 3 epochs exactly once, 12 per step, in the history the final weights went through."""
+    by_epoch: dict[int, list[int]] = defaultdict(list)
+    for step, rs in sorted(surviving(records(out, "samples")).items()):
+        ids = [i for r in rs for i in r["ids"]]
+        assert len(ids) == 12, (step, rs)
+        by_epoch[rs[0]["epoch"]] += ids
+    assert set(by_epoch) == {0, 1, 2}
+    for epoch, ids in by_epoch.items():
+        assert sorted(ids) == list(range(SAMPLES)), epoch
+
+
 def test_a_job_resized_2_3_1_2_by_real_agents_matches_an_uninterrupted_run(tmp_path):
     root, out, hold = tmp_path / "run", tmp_path / "run" / "out", tmp_path / "hold"
     common = ["--samples", str(SAMPLES), "--batch-size", str(BATCH), "--max-steps", str(MAX_STEPS)]
@@ -164,14 +176,7 @@ def test_a_job_resized_2_3_1_2_by_real_agents_matches_an_uninterrupted_run(tmp_p
         torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=1e-5)
 
     # Every sample of every epoch exactly once in the history the weights went through.
-    by_epoch: dict[int, list[int]] = defaultdict(list)
-    for step, rs in sorted(surviving(records(out, "samples")).items()):
-        ids = [i for r in rs for i in r["ids"]]
-        assert len(ids) == 12, (step, rs)
-        by_epoch[rs[0]["epoch"]] += ids
-    assert set(by_epoch) == {0, 1, 2}
-    for epoch, ids in by_epoch.items():
-        assert sorted(ids) == list(range(SAMPLES)), epoch
+    assert_every_sample_once(out)
 
     # A rank that did not exist at save time starts from the documented RNG state.
     resumed_by_attempt = {e["attempt"]: e for e in resumed}

@@ -13,7 +13,6 @@ import json
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from lightning_ft.events import read_events
 from lightning_ft.fault.internal import NODE_UNAVAILABLE_EXIT_CODE, HealthRecord, read_record, write_record
 from tests.e2e._elastic_launch import ElasticJob
 from tests.e2e._torchrun import SCRIPT, assert_ok, load_run, torchrun
-from tests.e2e.test_elastic_launch import records, surviving
+from tests.e2e.test_elastic_launch import assert_every_sample_once, records, surviving
 from tests.helpers import REPO_ROOT, subprocess_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -45,17 +44,6 @@ def _evicting(root: Path, out: Path, accumulate: int, batch: int = BATCH) -> lis
 def _health_gate(ckpt: Path, node: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "lightning_ft.cli", "health-gate", "--dirpath", str(ckpt), "--node", node]
     return subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
-
-
-def _assert_every_sample_once(out: Path) -> None:
-    by_epoch: dict[int, list[int]] = defaultdict(list)
-    for step, rs in sorted(surviving(records(out, "samples")).items()):
-        ids = [i for r in rs for i in r["ids"]]
-        assert len(ids) == 12, (step, rs)
-        by_epoch[rs[0]["epoch"]] += ids
-    assert set(by_epoch) == {0, 1, 2}
-    for epoch, ids in by_epoch.items():
-        assert sorted(ids) == list(range(SAMPLES)), epoch
 
 
 def _downtime(events: list[dict]) -> dict:
@@ -123,7 +111,7 @@ def test_a_slowed_node_is_evicted_and_training_finishes_without_it_seeing_each_s
     codes = {e["rank"]: e["exit_code"] for e in ends}
     assert codes[event["ranks"][0]] == NODE_UNAVAILABLE_EXIT_CODE
     assert sorted(c for r, c in codes.items() if r not in event["ranks"]) == [75, 75]
-    _assert_every_sample_once(out)
+    assert_every_sample_once(out)
     print("\neviction without a spare (3 -> 2), seconds:", _downtime(events))
 
     # Restarted within its cooldown, the node's job script is turned away before torchrun starts: one line, code 69.
@@ -171,7 +159,7 @@ def test_a_waiting_spare_takes_the_evicted_node_s_place_and_the_weights_match_an
     resumed = next(e for e in events if e["event"] == "resumed")
     assert resumed["accumulate_grad_batches"] == 1 and resumed["lr_scale"] == 1.0
     assert {r["rank"] for r in records(out, "samples") if r["attempt"] == resumed["attempt"]} == {0, 1}
-    _assert_every_sample_once(out)
+    assert_every_sample_once(out)
     print("\neviction with a waiting spare (2 -> 2), seconds:", _downtime(events))
 
     # The reference: the same world of 2, never interrupted, without a slow node.
@@ -256,5 +244,5 @@ def test_a_node_failing_a_periodic_health_check_mid_run_is_evicted_and_training_
     assert record is not None and record.source == "health_check" and record.refuses()
     resumed = [e for e in events if e["event"] == "resumed"]
     assert [(e["saved_world_size"], e["world_size"], e["step"]) for e in resumed] == [(3, 2, 6)]
-    _assert_every_sample_once(out)
+    assert_every_sample_once(out)
     assert _health_gate(ckpt, "node1").returncode == NODE_UNAVAILABLE_EXIT_CODE

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from lightning_ft.events import read_events
 from tests.e2e._elastic_launch import RDZV_CONF, Node
+from tests.e2e._torchrun import torchrun as _torchrun
 from tests.helpers import REPO_ROOT, free_port, subprocess_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -26,18 +27,7 @@ SCRIPT = Path(__file__).with_name("memory_tier_script.py")
 
 
 def torchrun(*args: str, nproc: int = 2, max_restarts: int = 0, env: dict[str, str]) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes=1",
-        f"--nproc-per-node={nproc}",
-        f"--max-restarts={max_restarts}",
-        str(SCRIPT),
-        *args,
-    ]
-    return subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(**env), capture_output=True, text=True, timeout=600)
+    return _torchrun(*args, nproc=nproc, max_restarts=max_restarts, timeout=600, script=SCRIPT, env=env)
 
 
 def assert_ok(proc: subprocess.CompletedProcess) -> None:
