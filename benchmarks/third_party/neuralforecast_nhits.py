@@ -9,7 +9,7 @@ command is the same one and resumes by itself):
     $RUN fit --dir /tmp/nf/killed --steps 24                # resumes, finishes
     $RUN fit --dir /tmp/nf/straight --steps 24              # uninterrupted
     python benchmarks/third_party/neuralforecast_nhits.py compare /tmp/nf/straight /tmp/nf/killed
-    python benchmarks/third_party/neuralforecast_nhits.py load --dir /tmp/nf/killed  # library load + predict
+    python benchmarks/third_party/neuralforecast_nhits.py load --dir /tmp/nf/killed  # library load + predict, export
 
 The data is synthetic (made here); nothing is downloaded.
 """
@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -144,12 +146,38 @@ def load(args: argparse.Namespace) -> None:
     )
     from lightning_ft.pytorch_lightning import load_from_checkpoint
 
+    last = directory / "checkpoints" / "last.ckpt"
     try:
-        model = load_from_checkpoint(NHITS, directory / "checkpoints" / "last.ckpt")
+        model = load_from_checkpoint(NHITS, last)
         same = all(torch.equal(final[k], v) for k, v in model.state_dict().items())
         print(f"lightning_ft.load_from_checkpoint(NHITS, last.ckpt): weights equal to the end of fit: {same}")
     except Exception as e:  # noqa: BLE001 - the result is what this script reports
         print(f"lightning_ft.load_from_checkpoint(NHITS, last.ckpt): {type(e).__name__}: {e}")
+    # `lightning-ft export` as a command (told the loss class), then the library's Lightning load of that file and its
+    # predict with those weights in place of the saved model's.
+    cli = Path(sys.executable).with_name("lightning-ft")  # the console script of the venv running this
+    exported = directory / "exported.ckpt"
+    done = subprocess.run(
+        [
+            str(cli),
+            "export",
+            "--no-progress",
+            "--safe-globals",
+            "neuralforecast.losses.pytorch:MAE",
+            str(last),
+            str(exported),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    print(f"`lightning-ft export --safe-globals neuralforecast.losses.pytorch:MAE`: exit code {done.returncode}")
+    model = NHITS.load_from_checkpoint(exported)
+    same = all(torch.equal(final[k], v) for k, v in model.state_dict().items())
+    print(f"library NHITS.load_from_checkpoint(export): weights equal to the end of fit: {same}")
+    model.trainer_kwargs.update(devices=1, strategy="auto")
+    nf.models[0] = model
+    again = nf.predict(df=make_frame())
+    print(f"library predict with the exported weights: equal to the saved model's: {again.equals(forecast)}")
 
 
 def main() -> None:

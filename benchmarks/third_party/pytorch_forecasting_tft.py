@@ -36,7 +36,7 @@ from pytorch_forecasting.metrics import QuantileLoss
 from lightning_ft import ElasticFT3D, GoodputMonitor, StragglerMonitor, ThermalMonitor
 
 
-def safe_globals() -> list:
+def library_globals() -> list:
     """What a user must allow so that a checkpoint holding TFT's hyperparameters (its loss and metrics, the dataset's
     normalizer, encoders and scalers) can be read back: the union of the globals lightning-ft's warnings name at the
     first save (pytorch-forecasting 1.8.0, pandas 3, sklearn, torchmetrics)."""
@@ -54,14 +54,7 @@ def safe_globals() -> list:
 
     return [
         builtins.slice,
-        np.dtypes.ObjectDType,  # not named by the save-time warning: found only while loading
-        # lightning-ft allows these in its own loads; a plain torch.load / Lightning load of the exported file needs
-        # them too (numpy arrays and scalars):
-        np.ndarray,
-        np.dtype,
-        np._core.multiarray._reconstruct,
-        np._core.multiarray.scalar,
-        *(type(np.dtype(code)) for code in "?bBhHiIlLqQefdgFDGUSV"),
+        np.dtypes.ObjectDType,
         pd.DataFrame,
         pd.Index,
         pd.StringDtype,
@@ -84,6 +77,24 @@ def safe_globals() -> list:
         torchmetrics.metric.jit_distributed_available,
         torchmetrics.utilities.data.dim_zero_sum,
     ]
+
+
+def safe_globals() -> list:
+    """:func:`library_globals` and numpy's array globals, which lightning-ft allows in its own loads but a plain
+    ``torch.load`` / Lightning load of an exported file needs allowed too."""
+    return [
+        *library_globals(),
+        np.ndarray,
+        np.dtype,
+        np._core.multiarray._reconstruct,
+        np._core.multiarray.scalar,
+        *(type(np.dtype(code)) for code in "?bBhHiIlLqQefdgFDGUSV"),
+    ]
+
+
+def safe_globals_option() -> str:
+    """:func:`library_globals` as the value of ``lightning-ft export --safe-globals`` (``module:Name,...``)."""
+    return ",".join(f"{g.__module__}:{g.__qualname__}" for g in library_globals())
 
 
 def make_dataset() -> TimeSeriesDataSet:
@@ -194,52 +205,78 @@ def load(args: argparse.Namespace) -> None:
     torch.serialization.add_safe_globals(safe_globals())
     directory = Path(args.dir)
     last = directory / "checkpoints" / "last.ckpt"
-    exported = directory / "exported.ckpt"
-    # The `lightning-ft export` command has no option to allow globals, so it refuses this checkpoint (exit code 1,
-    # "the checkpoint stores an object that needs builtins.slice, ..."); the same command run in this process, after
-    # add_safe_globals above, writes the file. --full: pytorch-forecasting's on_load_checkpoint reads the checkpoint's
-    # "__special_save__" key (its loss and metrics), which only a full export carries.
-    cli = Path(sys.executable).with_name("lightning-ft")  # the console script of the venv running this
-    refused = subprocess.run([str(cli), "export", str(last), str(exported)], capture_output=True, text=True)
-    print(f"`lightning-ft export` as a command: exit code {refused.returncode}")
-    from lightning_ft.cli import main as lightning_ft_cli
-
-    assert lightning_ft_cli(["export", "--full", "--no-progress", str(last), str(exported)]) == 0
-    hparams = torch.load(exported, weights_only=True)["hyper_parameters"]
-    as_text = sorted(k for k, v in hparams.items() if isinstance(v, str) and k != "optimizer")
-    print(f"exported hyper_parameters held as text: {as_text}")
     final = torch.load(directory / "final_weights.pt", weights_only=True)
     dataset = make_dataset()
-    try:
-        model = TemporalFusionTransformer.load_from_checkpoint(exported)
-        same = all(torch.equal(final[k], v) for k, v in model.state_dict().items())
-        print(f"library load_from_checkpoint(export --full): weights equal to the end of fit: {same}")
-    except Exception as e:  # noqa: BLE001 - the result is what this script reports
-        print(f"library load_from_checkpoint(export --full): {type(e).__name__}: {e}")
+
+    def equal(model: torch.nn.Module) -> bool:
+        state = model.state_dict()
+        return state.keys() == final.keys() and all(torch.equal(final[k], v) for k, v in state.items())
+
+    # `lightning-ft export` as a command, a process of its own that has allowed nothing: without --safe-globals it
+    # refuses this checkpoint (exit code 1, naming the globals); with them it writes the file.
+    cli = Path(sys.executable).with_name("lightning-ft")  # the console script of the venv running this
+    refused = subprocess.run(
+        [str(cli), "export", "--no-progress", str(last), str(directory / "refused.ckpt")],
+        capture_output=True,
+        text=True,
+    )
+    print(
+        f"`lightning-ft export` without --safe-globals: exit code {refused.returncode}: {refused.stderr.strip()[:300]}"
+    )
+    print(f"--safe-globals: {len(library_globals())} entries, {len(safe_globals_option())} characters")
+    exports = {}
+    for name, extra in (("plain", []), ("full", ["--full"])):
+        out = directory / f"exported-{name}.ckpt"
+        done = subprocess.run(
+            [str(cli), "export", "--no-progress", *extra, "--safe-globals", safe_globals_option(), str(last), str(out)],
+            capture_output=True,
+            text=True,
+        )
+        print(
+            f"`lightning-ft export {''.join(e + ' ' for e in extra)}--safe-globals ...`: exit code {done.returncode}"
+            + (f": {done.stderr.strip()[-300:]}" if done.returncode else "")
+        )
+        exports[name] = out
+    model = None
+    for name, out in exports.items():
+        try:
+            keys = sorted(torch.load(out, weights_only=True))
+            print(f"export ({name}) keys: {keys}")
+            loaded = TemporalFusionTransformer.load_from_checkpoint(out)
+            print(
+                f"library load_from_checkpoint(export, {name}): weights equal to the end of fit: {equal(loaded)},"
+                f" loss {type(loaded.loss).__name__}"
+            )
+            model = loaded if model is None else model
+        except Exception as e:  # noqa: BLE001 - the result is what this script reports
+            print(f"library load_from_checkpoint(export, {name}): {type(e).__name__}: {e}")
+    if model is None:
         model = make_model(dataset)  # the weights alone, into a model built from the dataset as in training
-        model.load_state_dict(torch.load(exported, weights_only=True)["state_dict"])
-        same = all(torch.equal(final[k], v) for k, v in model.state_dict().items())
-        print(f"export's state_dict into TemporalFusionTransformer.from_dataset(...): weights equal: {same}")
+        model.load_state_dict(torch.load(exports["plain"], weights_only=True)["state_dict"])
+        print(f"export's state_dict into TemporalFusionTransformer.from_dataset(...): weights equal: {equal(model)}")
     prediction = model.predict(
         dataset.to_dataloader(train=False, batch_size=16), trainer_kwargs={"logger": False, "accelerator": "cpu"}
     )
+    output = prediction.output if hasattr(prediction, "output") else prediction
     print(
-        f"library predict: output {tuple(prediction.output.shape if hasattr(prediction, 'output') else prediction.shape)}"
+        f"library predict (the model loaded from the export): output {tuple(output.shape)}, finite:"
+        f" {bool(torch.isfinite(output).all())}"
     )
     from lightning_ft import load_from_checkpoint
 
     try:
-        load_from_checkpoint(TemporalFusionTransformer, last)
-        print("lightning_ft.load_from_checkpoint(last.ckpt): loaded")
+        print(
+            f"lightning_ft.load_from_checkpoint(TemporalFusionTransformer, last.ckpt): weights equal to the end of"
+            f" fit: {equal(load_from_checkpoint(TemporalFusionTransformer, last))}"
+        )
     except Exception as e:  # noqa: BLE001 - the result is what this script reports
-        print(f"lightning_ft.load_from_checkpoint(last.ckpt): {type(e).__name__}: {e}")
+        print(f"lightning_ft.load_from_checkpoint(TemporalFusionTransformer, last.ckpt): {type(e).__name__}: {e}")
     saved = directory / "saved.ckpt"
     trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False)
     trainer.strategy.connect(model)
     trainer.save_checkpoint(saved)
     again = TemporalFusionTransformer.load_from_checkpoint(saved)
-    same = all(torch.equal(final[k], v) for k, v in again.state_dict().items())
-    print(f"library save_checkpoint + load_from_checkpoint of the loaded model: weights equal: {same}")
+    print(f"library save_checkpoint + load_from_checkpoint of the loaded model: weights equal: {equal(again)}")
 
 
 def main() -> None:

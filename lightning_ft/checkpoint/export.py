@@ -18,6 +18,7 @@ because ``weights_only`` loading refuses anything else.
 from __future__ import annotations
 
 import argparse
+import base64
 import dataclasses
 import enum
 import io
@@ -32,8 +33,14 @@ import torch
 
 from lightning_ft.checkpoint import json_codec
 from lightning_ft.checkpoint.commit import read_document
-from lightning_ft.checkpoint.errors import CheckpointError, CorruptCheckpointError, UncommittedCheckpointError
+from lightning_ft.checkpoint.errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    UncommittedCheckpointError,
+    UnsafeCheckpointError,
+)
 from lightning_ft.checkpoint.load import load_checkpoint
+from lightning_ft.checkpoint.safe_load import safe_globals_for
 from lightning_ft.checkpoint.shard_reader import ShardReader
 from lightning_ft.checkpoint.storage.registry import storage_for_path
 from lightning_ft.checkpoint.torch_file import TensorSlot, can_stream, save_streaming
@@ -157,6 +164,56 @@ def _model_state(state: dict[str, Any], rank_states: list[Any], path: Path) -> d
     return merged
 
 
+def _pickled(encoded: Any, path: str = "") -> list[tuple[str, bytes]]:
+    """``(key, payload)`` of every object stored pickled in the encoded value ``encoded``, keyed as
+    :func:`json_codec.decode` names them in its errors."""
+    if isinstance(encoded, list):
+        return [p for i, v in enumerate(encoded) for p in _pickled(v, f"{path}/{i}" if path else str(i))]
+    if not isinstance(encoded, dict):
+        return []
+    tag = encoded.get(json_codec.TAG)
+    if tag is None:
+        return [p for k, v in encoded.items() for p in _pickled(v, f"{path}/{k}" if path else str(k))]
+    if tag == "pickle":
+        return [(path or "value", base64.b64decode(encoded["data"]))]
+    if tag == "dict":
+        items = [(json_codec.decode(k), v) for k, v in encoded["items"]]
+        return [p for k, v in items for p in _pickled(v, f"{path}/{k}" if path else str(k))]
+    if tag == "tuple":
+        return _pickled(list(encoded["items"]), path)
+    if tag in ("namespace", "dataclass"):
+        return _pickled(encoded["fields"], path)
+    return []
+
+
+def _every_refusal(document: dict[str, Any], path: Path, first: UnsafeCheckpointError) -> UnsafeCheckpointError:
+    """One refusal that names every object of the checkpoint stored pickled whose globals are not allowed in this
+    process, and the ``--safe-globals`` value that allows them all, instead of the first object alone (a library's
+    hyperparameters hold several such objects: the user learnt one more per run). Returns ``first`` unchanged where no
+    object names a global before it is loaded (a class met only while an object is built, such as numpy's
+    ``ObjectDType`` in a scikit-learn scaler)."""
+    encoded = [document["state"], *document["rank_states"], document["metadata"]]
+    needs: dict[str, list[str]] = {}
+    for key, data in (p for value in encoded for p in _pickled(value)):
+        try:
+            blocked = safe_globals_for(io.BytesIO(data))[1]
+        except Exception:  # noqa: BLE001 - not a torch.save payload: the decode reports it where it meets it
+            continue
+        if blocked:
+            needs.setdefault(key, blocked)
+    names = sorted({name for blocked in needs.values() for name in blocked})
+    if not names:
+        return first
+    value = ",".join(":".join(name.rpartition(".")[::2]) for name in names)
+    return UnsafeCheckpointError(
+        f"checkpoint {path} stores {len(needs)} object(s) pickled ({', '.join(needs)}) that need {', '.join(names)},"
+        " which are not allowed globals in this process, so lightning-ft does not unpickle them. If you trust these"
+        f" classes, allow them for the export: `lightning-ft export --safe-globals {value} ...` (in Python: the same"
+        " classes in `torch.serialization.safe_globals([...])` around the call). A class needed only while such an"
+        " object is built is named once these are allowed"
+    )
+
+
 def export_checkpoint(
     path: str | os.PathLike, out: str | os.PathLike, *, full: bool = False, progress: bool = False
 ) -> Path:
@@ -172,7 +229,9 @@ def export_checkpoint(
 
     Raises:
         CheckpointError: the checkpoint is not committed, fails a checksum, holds no model state, or ``full`` is asked
-            of a pipeline-parallel checkpoint (its optimizer states are per stage).
+            of a pipeline-parallel checkpoint (its optimizer states are per stage); an ``UnsafeCheckpointError`` where
+            it stores objects whose classes are not allowed in this process, naming every such object and class and
+            the ``--safe-globals`` value of ``lightning-ft export`` that allows them.
     """
     import lightning
 
@@ -192,10 +251,13 @@ def export_checkpoint(
             raise CorruptCheckpointError(f"checkpoint {path}: unknown dtype {record['dtype']!r} of {key!r}")
         return TensorSlot(key, dtype, tuple(record["global_shape"]))
 
-    state = json_codec.decode(document["state"], slot)
+    try:
+        state = json_codec.decode(document["state"], slot)
+        rank_states = [json_codec.decode(r, slot) for r in document["rank_states"]]
+        metadata = json_codec.decode(document["metadata"])
+    except UnsafeCheckpointError as error:
+        raise _every_refusal(document, path, error) from error
     state = state if isinstance(state, dict) else {}
-    rank_states = [json_codec.decode(r, slot) for r in document["rank_states"]]
-    metadata = json_codec.decode(document["metadata"])
     model = _model_state(state, rank_states, path)
     exported: dict[str, Any] = _module_keys(state)
     if full:

@@ -109,3 +109,20 @@ def test_a_safe_global_that_cannot_be_found_is_a_usage_error_before_anything_is_
     assert main(["export", "--safe-globals", value, str(tmp_path / "ckpt"), str(tmp_path / "out.ckpt")]) == 2
     err = capsys.readouterr().err
     assert f"--safe-globals={value}" in err and ("MODULE:NAME" in err or "cannot find" in err)
+
+
+def test_export_refusal_names_every_object_and_the_safe_globals_that_allow_them(tmp_path, capsys):
+    from lightning_ft.checkpoint import AsyncCheckpointer
+
+    hparams = {"loss": torch.nn.Linear(2, 1), "norm": torch.nn.LayerNorm(2)}
+    with torch.serialization.safe_globals([torch.nn.Linear, torch.nn.LayerNorm]):
+        writer = AsyncCheckpointer()
+        writer.save(tmp_path / "ckpt", {"state_dict": {"w": torch.ones(2)}, "hyper_parameters": hparams}, metadata={})
+        writer.close()
+    out = tmp_path / "plain.ckpt"
+    assert main(["export", "--no-progress", str(tmp_path / "ckpt"), str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "hyper_parameters/loss" in err and "hyper_parameters/norm" in err  # every object, not the first
+    value = "torch.nn.modules.linear:Linear,torch.nn.modules.normalization:LayerNorm"
+    assert f"--safe-globals {value}" in err  # what to run, for the command line (not add_safe_globals before fit)
+    assert main(["export", "--no-progress", "--safe-globals", value, str(tmp_path / "ckpt"), str(out)]) == 0
