@@ -16,6 +16,10 @@ from typing import Any
 
 import torch
 
+from lightning_ft.monitors.fleet_statistics import rise_step
+
+__all__ = ["StepClock", "percentile", "rise_step"]
+
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile ``q`` (0-100) of the finite values; NaN when there are none."""
@@ -24,35 +28,6 @@ def percentile(values: Sequence[float], q: float) -> float:
         return math.nan
     k = max(math.ceil(q / 100.0 * len(finite)) - 1, 0)
     return finite[k]
-
-
-def rise_step(steps: Sequence[int], values: Sequence[float], *, min_t: float = 3.0) -> float:
-    """The step at which ``values`` (step times, in step order) rose to a higher level and stayed there; NaN when
-    there are fewer than 4 values or no rise stands out of the noise.
-
-    The split maximises the between-level variance of the log times (a single mean-shift change point), so one slow
-    step in the middle of a window does not look like the start of a slowdown; it counts only when the rise is
-    ``min_t`` standard errors or more (the best split of noise alone reaches 3 in about one window in twenty). O(n).
-    """
-    pairs = [(s, math.log(v)) for s, v in zip(steps, values, strict=True) if math.isfinite(v) and v > 0]
-    n = len(pairs)
-    if n < 4:
-        return math.nan
-    xs = [x for _, x in pairs]
-    total, total_sq = sum(xs), sum(x * x for x in xs)
-    best_k, best_score, before, before_sq = 0, 0.0, 0.0, 0.0
-    for k in range(1, n):
-        before += xs[k - 1]
-        before_sq += xs[k - 1] ** 2
-        low, high = before / k, (total - before) / (n - k)
-        if high <= low:
-            continue
-        # Within-level variance, pooled; the rise in units of its standard error.
-        within = (before_sq - k * low * low + (total_sq - before_sq) - (n - k) * high * high) / max(n - 2, 1)
-        score = (high - low) / math.sqrt(max(within, 1e-12) * (1 / k + 1 / (n - k)))
-        if score > best_score:
-            best_k, best_score = k, score
-    return float(pairs[best_k][0]) if best_score >= min_t else math.nan
 
 
 class StepClock:

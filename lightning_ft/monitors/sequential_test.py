@@ -43,7 +43,7 @@ class SequentialTest:
         slack: least allowance per window, in noise units.
         limit: noise units a sum must reach (``math.inf``: never).
         min_noise: least noise unit, in log ratio.
-        per_window: most one window may add (``limit / patience``).
+        per_window: most one window may add (``limit / DetectorConfig.cusum_windows``).
         min_excess_ms: a window whose excess is no more than this adds no evidence.
     """
 

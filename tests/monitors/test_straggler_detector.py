@@ -144,37 +144,65 @@ def test_recorded_timings_of_a_healthy_busy_host_name_nobody(trace):
     assert len(_feed(StragglerDetector(DetectorConfig(noise_factor=0.0)), windows, steps=8)) >= 3
 
 
-def noisy_fleet(seed: int, *, slow_from: int, slowdown: float, windows: int = 45, sigma: float = 0.12):
-    """Window medians of 3 ranks on a loaded host: each rank's window is log-normal (sigma per window), rank 1
-    ``slowdown`` times slower from window ``slow_from`` on."""
+def noisy_fleet(seed: int, *, slow_from: int, slowdown: float, windows: int = 45, steps: int = 8):
+    """Per-step own times of 3 ranks on a loaded host, window by window (``windows[w][r][s]``): every step swings
+    for the whole fleet (log-normal, sigma 0.5: the host, the others' collective) and for each rank alone (sigma
+    0.2); rank 1 ``slowdown`` times slower from window ``slow_from`` on."""
     rng = random.Random(seed)
-    return [
-        [100 * math.exp(rng.gauss(0, sigma)) * (slowdown if r == 1 and w >= slow_from else 1.0) for r in range(3)]
-        for w in range(windows)
-    ]
+    out = []
+    for w in range(windows):
+        shared = [math.exp(rng.gauss(0, 0.5)) for _ in range(steps)]
+        out.append(
+            [
+                [
+                    100 * f * math.exp(rng.gauss(0, 0.2)) * (slowdown if r == 1 and w >= slow_from else 1.0)
+                    for f in shared
+                ]
+                for r in range(3)
+            ]
+        )
+    return out
+
+
+def _feed_steps(detector: StragglerDetector, windows: list, *, use_steps: bool = True):
+    found, cleared = [], []
+    for w, per_step in enumerate(windows):
+        own = [statistics.median(times) for times in per_step]
+        step_own = per_step if use_steps else None
+        result = detector.update(own, step=(w + 1) * len(per_step[0]), steps=len(per_step[0]), step_own_ms=step_own)
+        found += result.detections
+        cleared += result.recoveries
+    return found, cleared
 
 
 def test_a_persistent_slowdown_below_the_noise_raised_bar_is_named_by_accumulated_evidence():
     windows = noisy_fleet(1, slow_from=20, slowdown=1.3)
     detector = StragglerDetector()
-    found = _feed(detector, windows, steps=8)
+    found, _ = _feed_steps(detector, windows)
     assert [(d.rank, d.rule, d.kind) for d in found] == [(1, "cusum", "fleet")]
     (d,) = found
     assert 1.2 < d.ratio < 1.5  # the mean ratio since the onset, not one window's
     assert 150 <= d.onset_step <= 200  # the slowdown began at step 160
     assert detector.noise > 0.15 and math.expm1(detector.thresholds()[0]) > 0.5  # the one-window bar: 1.3x is below it
-    assert _feed(StragglerDetector(DetectorConfig(cusum_limit=math.inf)), windows, steps=8) == []
+    assert _feed_steps(StragglerDetector(DetectorConfig(cusum_limit=math.inf)), windows)[0] == []
+
+
+def test_the_relative_residual_names_what_the_window_medians_cannot_see_in_the_same_steps():
+    # The same steps judged by the ratio of window medians: the swings the ranks share stay in it, and the 30%
+    # straggler is not named within 25 windows of its onset. Step by step against the others they cancel.
+    windows = noisy_fleet(1, slow_from=20, slowdown=1.3)
+    assert _feed_steps(StragglerDetector(), windows, use_steps=False)[0] == []
+    detector = StragglerDetector()
+    _feed_steps(detector, windows[:19])
+    per_step = windows[19]
+    result = detector.update([statistics.median(t) for t in per_step], step=160, steps=8, step_own_ms=per_step)
+    assert result.sequential_noise < 0.7 * result.noise
 
 
 def test_a_rank_named_by_evidence_is_named_once_and_cleared_by_evidence_once_it_is_back():
     windows = noisy_fleet(1, slow_from=20, slowdown=1.3, windows=80)
     windows += noisy_fleet(5, slow_from=10**6, slowdown=1.0, windows=60)
-    detector = StragglerDetector()
-    found, cleared = [], []
-    for w, own in enumerate(windows):
-        result = detector.update(own, step=(w + 1) * 8, steps=8)
-        found += result.detections
-        cleared += result.recoveries
+    found, cleared = _feed_steps(StragglerDetector(), windows)
     assert [d.rank for d in found] == [1]
     assert [r.rank for r in cleared] == [1] and cleared[0].step > 80 * 8 and cleared[0].lost_s > 0
 
@@ -182,22 +210,74 @@ def test_a_rank_named_by_evidence_is_named_once_and_cleared_by_evidence_once_it_
 def test_healthy_noise_accumulates_no_evidence_on_a_noisy_fleet():
     detector = StragglerDetector()
     for seed in range(10):
-        _feed(detector, noisy_fleet(100 + seed, slow_from=10**6, slowdown=1.0, windows=125), steps=8)
+        _feed_steps(detector, noisy_fleet(100 + seed, slow_from=10**6, slowdown=1.0, windows=125))
     assert detector.named == {}
 
 
-@pytest.mark.parametrize("path", busy_host_traces(), ids=lambda p: p.name)
-def test_new_busy_host_recordings_name_only_a_rank_that_really_ran_twice_as_slow(path):
+def replay(own_ms: np.ndarray, *, first: int = 10, config: DetectorConfig | None = None, interval: int = 8) -> list:
+    """Detections over recorded per-step own times (steps x ranks), windows of ``interval`` steps from ``first`` on,
+    fed as the monitor feeds them: window medians and every step's own time."""
+    detector = StragglerDetector(config)
+    steps = own_ms[first:]
+    usable = len(steps) // interval * interval
+    found = []
+    for w, window in enumerate(steps[:usable].reshape(-1, interval, steps.shape[1])):
+        found += detector.update(
+            np.nanmedian(window, axis=0).tolist(),
+            step=first + (w + 1) * interval,
+            steps=interval,
+            step_own_ms=window.T.tolist(),
+        ).detections
+    return found
+
+
+REAL_STEPS = [p for p in busy_host_traces() if "wait20ms" in p.name]
+"""The recordings whose step does 20 ms of work (waited for, as on a GPU) on a loaded host."""
+
+
+def test_over_more_than_10000_healthy_busy_host_steps_the_sequential_test_names_nobody_at_any_window_phase():
+    total = 0
+    for path in REAL_STEPS:
+        trace = load_trace(path)
+        assert trace.load_average >= 14.0  # recorded with CPU burners loading the host (and other tenants of it)
+        total += len(trace.own_ms)
+        assert replay(trace.own_ms) == [], path.name  # the windows of the benchmark's table
+        for phase in range(1, 8):  # other starts of the windows: the monitor's depend on warm-up and restarts
+            found = replay(trace.own_ms, first=10 + phase)
+            assert [d for d in found if d.rule == "cusum"] == [], (path.name, phase)
+            # The one-window rule (unchanged since 0.2.0) names, at some phases, a rank the host itself kept 1.25x
+            # or more behind for three windows in a row, at a moment its measured noise was low.
+            assert len(found) <= 1 and all(d.ratio >= 1.25 for d in found), (path.name, phase, found)
+    assert total >= 10_000
+
+
+@pytest.mark.parametrize("path", REAL_STEPS, ids=lambda p: p.name)
+def test_an_injected_slowdown_on_a_recorded_busy_host_is_named_on_the_slowed_rank_only(path):
+    # The table of docs/monitors.md in small: one rank's own time 1.5x from an onset, 12 onsets across the trace.
+    own = load_trace(path).own_ms
+    latencies = []
+    for i, onset in enumerate(range(200, len(own) - 300, (len(own) - 500) // 12)):
+        rank = i % own.shape[1]
+        slowed = own[: onset + 200].copy()
+        slowed[onset:, rank] *= 1.5
+        found = replay(slowed)
+        assert {d.rank for d in found} <= {rank}, (onset, found)
+        hits = [d.step - onset for d in found if d.step >= onset]
+        latencies.append(hits[0] if hits else 10**6)
+    # The detector's decision; the live monitor decides one or two windows (8-16 steps) later.
+    assert sorted(latencies)[len(latencies) // 2] <= 50
+    assert max(latencies) <= 200
+
+
+@pytest.mark.parametrize("path", [p for p in busy_host_traces() if "tiny" in p.name], ids=lambda p: p.name)
+def test_on_tiny_steps_only_a_rank_the_host_kept_far_behind_is_named(path):
     trace = load_trace(path)
-    assert trace.load_average >= 5.0  # recorded with CPU burners loading the host (and other tenants of it)
-    steps = trace.own_ms[10:]
-    usable = len(steps) // 8 * 8
-    windows = np.nanmedian(steps[:usable].reshape(-1, 8, steps.shape[1]), axis=1).tolist()
-    found = _feed(StragglerDetector(), windows, steps=8)
-    # No slowdown was injected; where the loaded host itself kept one rank at twice the others' time or more for
-    # whole windows (rank 0, Lightning's launching process, descheduled), that rank is named, and only then.
-    assert all(d.ratio >= 2.0 for d in found), found
-    assert len(found) <= 2
+    found = replay(trace.own_ms)
+    # 5 ms steps at load 9: no slowdown was injected; where the host kept rank 0 (Lightning's launching process)
+    # at 1.5x the others' time or more for many windows, that rank is named, and only then.
+    assert {d.rank for d in found} <= {0}, found
+    assert all(d.ratio >= 1.5 for d in found), found
+    assert len(found) <= 3
 
 
 def test_the_diagnosis_names_the_part_of_the_step_that_grew():
@@ -209,6 +289,7 @@ def test_the_diagnosis_names_the_part_of_the_step_that_grew():
     part, excess = diagnose(windows, 2)
     assert part == "data"
     assert excess["data"] == pytest.approx(28.95, abs=0.1) and excess["backward"] < -25
+    assert excess["wait"] == pytest.approx(-28.75, abs=0.5)  # the others waited for it
     windows[0]["compute"][0] = 60.0
     windows[1]["compute"][0] = 58.0
     assert diagnose(windows, 0)[0] == "compute"

@@ -252,6 +252,30 @@ def test_on_one_device_without_a_process_group_its_times_are_logged_and_nobody_i
     assert monitor.detections == [] and calls == []
 
 
+@pytest.mark.parametrize("per_gather", [1, 2, 3])
+def test_the_rows_of_several_windows_travel_in_one_gather_and_every_window_is_still_judged(
+    monkeypatch, tmp_path, per_gather
+):
+    fleet = SimulatedFleet(monkeypatch, tmp_path, 3, windows_per_gather=per_gather, noise_factor=0.0)
+    fleet.start()
+    rng = random.Random(1)
+    for step in range(240):  # 30 windows of 8 steps
+        forward = jittered(rng, 3, 5.0)
+        if step >= 120:
+            forward[1] += 30.0
+        fleet.step(forward=forward, data=1.0)
+    fleet.end()
+    assert len(fleet.board.rounds) == 30 // per_gather
+    # The log has one point per window, at the window's own step, whichever gather carried it.
+    logged = [step for step, m in fleet.logger.logged if "straggler/own_ms/median" in m]
+    assert logged == list(range(16, 16 + 8 * len(logged), 8))  # the first window is warm-up only
+    assert len(logged) >= 29 - per_gather  # the last gather is read at the end of training
+    (event,) = fleet.events("straggler")
+    assert event["suspect_rank"] == 1 and event["onset_step"] == 120
+    # Decided one window after its gather started: a window waits for the rest of its gather, then one more.
+    assert event["step"] <= 120 + 8 * (3 + per_gather)
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -262,6 +286,7 @@ def test_on_one_device_without_a_process_group_its_times_are_logged_and_nobody_i
         {"noise_factor": -1.0},
         {"cusum_limit": 0.0},
         {"cusum_slack": -1.0},
+        {"windows_per_gather": 0},
     ],
 )
 def test_bad_options_are_rejected_naming_the_option(kwargs):
