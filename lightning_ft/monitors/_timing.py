@@ -45,10 +45,11 @@ class StepClock:
         self._now: Callable[[], float] = clock or time.perf_counter
         self._prev_end: float | None = None
         self._data_ms = math.nan
+        self._data_is_own = True
         self._step = -1
         self._start: Any = None
         self._backward: list[list[Any]] = []
-        self._pending: list[tuple[int, float, Any, Any, list[list[Any]]]] = []
+        self._pending: list[tuple[int, float, bool, Any, Any, list[list[Any]]]] = []
 
     def _mark(self) -> Any:
         if self.cuda:
@@ -68,10 +69,15 @@ class StepClock:
         """The next step's data wait is unknown (an epoch start or validation came in between)."""
         self._prev_end = None
 
-    def step_start(self, step: int = -1) -> None:
-        """A step starts; ``step`` is the global step while it runs (``trainer.global_step``), kept with its sample."""
+    def step_start(self, step: int = -1, *, data_is_own: bool = True) -> None:
+        """A step starts; ``step`` is the global step while it runs (``trainer.global_step``), kept with its sample.
+
+        ``data_is_own=False``: the time since the previous step held a wait for the other ranks (a collective that
+        runs before the batch is fetched, when the previous step did not reduce gradients); this step's data wait
+        is then unknown and its own time is its compute alone."""
         now = self._now()
         self._data_ms = (now - self._prev_end) * 1000.0 if self._prev_end is not None else math.nan
+        self._data_is_own = data_is_own
         self._step = step
         self._start = self._mark()
         self._backward = []
@@ -87,7 +93,9 @@ class StepClock:
     def step_end(self, *, keep: bool = True) -> None:
         """Close the step; ``keep=False`` drops it (warm-up) but still starts the next data wait here."""
         if self._start is not None and keep:
-            self._pending.append((self._step, self._data_ms, self._start, self._mark(), self._backward))
+            self._pending.append(
+                (self._step, self._data_ms, self._data_is_own, self._start, self._mark(), self._backward)
+            )
         self._start = None
         self._backward = []
         self._prev_end = self._now()
@@ -99,14 +107,14 @@ class StepClock:
         if self.cuda and pending:
             pending[-1][3].synchronize()
         samples = []
-        for at, data_ms, start, end, backward in pending:
+        for at, data_ms, data_is_own, start, end, backward in pending:
             span = self._ms(start, end)
             bwd = sum(self._ms(a, b) for a, b in backward if b is not None)
             compute = span - bwd
             samples.append(
                 {
-                    "own": data_ms + compute,
-                    "data": data_ms,
+                    "own": data_ms + compute if data_is_own else compute,
+                    "data": data_ms if data_is_own else math.nan,
                     "compute": compute,
                     "backward": bwd,
                     "step": data_ms + span,

@@ -7,7 +7,7 @@ import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 
-_MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation over its median absolute deviation
+MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation over its median absolute deviation
 
 
 def median(values: Sequence[float]) -> float:
@@ -45,24 +45,47 @@ def medians_of_others(values: Sequence[float]) -> list[float]:
     return out
 
 
-def relative_residuals(step_ms: Sequence[Sequence[float]]) -> list[float]:
-    """Per rank, the median over the window's steps of log(its own time / the median of the others' at that step).
+def step_residuals(step_ms: Sequence[Sequence[float]]) -> list[list[float]]:
+    """Per rank and step, log(its own time / the median of the others' at that step); NaN where unknown.
 
     ``step_ms[r][s]`` is rank ``r``'s own time at the window's ``s``-th step; every rank's ``s``-th step is the same
     global step (data parallel runs in lockstep). On a busy host most of a step's swing is the host's (a time
     slice, the others' collective): comparing each step with the others' time at the same step cancels what the
-    ranks share, and the median over the window ignores the steps one rank lost to a descheduled slice. NaN for a
-    rank with no step where it and at least one other rank measured a positive time.
+    ranks share.
     """
     n = len(step_ms)
     steps = min((len(s) for s in step_ms), default=0)
-    per_rank: list[list[float]] = [[] for _ in range(n)]
+    out: list[list[float]] = [[math.nan] * steps for _ in range(n)]
     for s in range(steps):
         logs = [math.log(r[s]) if math.isfinite(r[s]) and r[s] > 0 else math.nan for r in step_ms]
         for rank, other in enumerate(medians_of_others(logs)):
             if math.isfinite(logs[rank]) and math.isfinite(other):
-                per_rank[rank].append(logs[rank] - other)
-    return [median(v) for v in per_rank]
+                out[rank][s] = logs[rank] - other
+    return out
+
+
+def relative_residuals(step_ms: Sequence[Sequence[float]]) -> list[float]:
+    """Per rank, the median over the window's steps of :func:`step_residuals`: the median ignores the steps one
+    rank lost to a descheduled slice. NaN for a rank with no step where it and at least one other rank measured a
+    positive time."""
+    return [median(v) for v in step_residuals(step_ms)]
+
+
+def clipped_mean(values: Sequence[float], center: float, clip: float) -> float:
+    """Mean of ``values - center``, each clipped to ``[-clip, clip]`` (NaN entries skipped; NaN when none): one
+    outlying step moves it by at most ``clip / n``, where the median would ignore it and the plain mean follow it."""
+    kept = [min(max(v - center, -clip), clip) for v in values if math.isfinite(v)]
+    return sum(kept) / len(kept) if kept else math.nan
+
+
+def within_spread(per_rank: Sequence[Sequence[float]]) -> float:
+    """The median absolute deviation of every step from its own rank's median over the window, pooled over the
+    ranks (NaN without values): the step-to-step noise, untouched by a rank's level, which a straggler shifts."""
+    deviations = []
+    for values in per_rank:
+        m = median(values)
+        deviations += [abs(v - m) for v in values if math.isfinite(v)]
+    return median(deviations)
 
 
 class ChangeNoise:
@@ -90,7 +113,7 @@ class ChangeNoise:
     def noise(self) -> float:
         if len(self._changes) < self._least:
             return math.nan
-        return median(self._changes) * _MAD_TO_SIGMA / math.sqrt(2.0)
+        return median(self._changes) * MAD_TO_SIGMA / math.sqrt(2.0)
 
 
 def rise_step(steps: Sequence[int], values: Sequence[float], *, min_t: float = 3.0) -> float:

@@ -26,7 +26,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from lightning_ft.monitors.fleet_statistics import ChangeNoise, median, medians_of_others, relative_residuals
+from lightning_ft.monitors.fleet_statistics import (
+    MAD_TO_SIGMA,
+    ChangeNoise,
+    clipped_mean,
+    median,
+    medians_of_others,
+    step_residuals,
+    within_spread,
+)
 from lightning_ft.monitors.sequential_test import Evidence, SequentialTest
 
 
@@ -63,11 +71,13 @@ class DetectorConfig:
 
     cusum_shift: float = 0.15
     """The persistent relative excess the sequential test is tuned for (0.15: 15% slower than the others): a window
-    adds ``(log ratio - allowance) / noise`` to the rank's sum, the allowance being half of ``log1p(cusum_shift)``."""
-    cusum_slack: float = 1.5
-    """Least allowance, in noise units: on a host so noisy that ``cusum_shift`` is well inside the noise, a healthy
-    rank that merely runs a little behind (rank 0 on a loaded host often does) accumulates nothing."""
-    cusum_limit: float = 8.0
+    adds ``(statistic - allowance) / noise`` to the rank's sum, the allowance being half of ``log1p(cusum_shift)``
+    (the allowance that detects a shift of ``cusum_shift`` soonest for a given rate of false alarms)."""
+    cusum_slack: float = 0.0
+    """Least allowance, in noise units (0: half of ``log1p(cusum_shift)`` alone). A higher value keeps a healthy rank
+    that merely runs a little behind from accumulating anything on a very noisy host, at the price of not seeing a
+    shift smaller than twice the slack."""
+    cusum_limit: float = 12.0
     """Noise units a rank's sum must reach to name it (and its mirror to clear it); one window adds at most
     ``cusum_limit / cusum_windows``. ``math.inf`` turns the sequential test off (the one-window rule alone, as in 0.2.0)."""
     cusum_windows: int = 4
@@ -76,6 +86,18 @@ class DetectorConfig:
     doing, not the rank's); capping what one window adds keeps such a burst from reaching the limit alone."""
     cusum_min_noise: float = 0.02
     """Least noise unit of the sequential test, in log ratio: a quiet fleet measures a noise near 0."""
+    cusum_clip: float = 1.5
+    """Per-step clipping of the sequential test's statistic, in units of the per-step noise: a window's statistic is
+    the mean of its steps' log ratios to the others, each clipped to this many per-step noise units around the
+    rank's baseline, so one descheduled time slice adds bounded evidence. ``math.inf``: the plain mean."""
+    baseline_lag_windows: int = 8
+    """The sequential test compares a rank with its own history: its baseline is the median of its window log ratios
+    from ``baseline_lag_windows + noise_windows`` to ``baseline_lag_windows`` windows ago (a rank that a host keeps a
+    little slower, rank 0 doing the logging, is not a straggler), leaving out the most recent ones, so that a new
+    slowdown is judged against the time before it. The baseline lies between 0 (the others' level) and
+    ``log1p(cusum_shift)``; while the rank is named it stays where it was."""
+    per_rank_baseline: bool = True
+    """False: the sequential test compares every rank with the others at ratio 1 (no per-rank baseline)."""
 
     def __post_init__(self) -> None:
         if not self.threshold > 0:
@@ -92,6 +114,10 @@ class DetectorConfig:
             raise ValueError(f"DetectorConfig(noise_factor={self.noise_factor!r}): must be >= 0 (0 disables)")
         if self.min_noise_windows < 1:
             raise ValueError(f"DetectorConfig(min_noise_windows={self.min_noise_windows!r}): must be >= 1")
+        if not self.cusum_clip > 0:
+            raise ValueError(f"DetectorConfig(cusum_clip={self.cusum_clip!r}): must be > 0 (inf: no clipping)")
+        if self.baseline_lag_windows < 0:
+            raise ValueError(f"DetectorConfig(baseline_lag_windows={self.baseline_lag_windows!r}): must be >= 0")
         for name in ("cusum_shift", "cusum_min_noise"):
             if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
                 raise ValueError(f"DetectorConfig({name}={getattr(self, name)!r}): must be > 0 and finite")
@@ -200,6 +226,10 @@ class StragglerDetector:
         self._baseline: list[float] | None = None
         self._changes = ChangeNoise(self.config.noise_windows, self.config.min_noise_windows)
         self._residual_changes = ChangeNoise(self.config.noise_windows, self.config.min_noise_windows)
+        self._levels: deque[list[float]] = deque(maxlen=self.config.noise_windows + self.config.baseline_lag_windows)
+        self._step_spread: deque[float] = deque(maxlen=self.config.noise_windows)
+        self._frozen: dict[int, float] = {}
+        self._last_baselines: list[float] = []
         cfg = self.config
         self._sequential = SequentialTest(
             shift=cfg.cusum_shift,
@@ -265,11 +295,9 @@ class StragglerDetector:
         ratios = [o / m if math.isfinite(o) and m > 0 else math.nan for o, m in zip(own_ms, others, strict=True)]
         log_ratios = [_log(r) for r in ratios]
         self._changes.append_from(log_ratios)
-        residuals = log_ratios
-        if step_own_ms is not None:
-            if len(step_own_ms) != n:
-                raise ValueError(f"step_own_ms has {len(step_own_ms)} ranks, own_ms {n}")
-            residuals = relative_residuals(step_own_ms)
+        if step_own_ms is not None and len(step_own_ms) != n:
+            raise ValueError(f"step_own_ms has {len(step_own_ms)} ranks, own_ms {n}")
+        residuals, levels = self._sequential_statistics(log_ratios, step_own_ms)
         self._residual_changes.append_from(residuals)
         sequential_noise = self._residual_changes.noise()
         drift = self._drift_ratios(own_ms)
@@ -289,7 +317,11 @@ class StragglerDetector:
             d = drift[rank]
             window = _Window(
                 start,
-                log_ratios[rank],
+                # Slow in a window by both measures: the ratio of window medians, and the median of its steps'
+                # ratios to the others at the same step. On a busy host the first alone runs 1.3-1.6x for a few
+                # windows when another rank is favoured by the scheduler (the swings the ranks share stay in it);
+                # step by step they cancel.
+                min(log_ratios[rank], levels[rank]) if math.isfinite(levels[rank]) else log_ratios[rank],
                 # Drift counts only once the rank is slower than the others: a rank that slowed down but still
                 # arrives first at the collective holds nobody back.
                 _log(d) if ratios[rank] > 1.0 else math.nan,
@@ -317,7 +349,13 @@ class StragglerDetector:
                 self._sequential.forget(rank)
             else:
                 evidence = self._sequential.add(
-                    rank, residuals[rank], window.excess_ms, steps, noise=sequential_noise, window=window
+                    rank,
+                    residuals[rank],
+                    window.excess_ms,
+                    steps,
+                    noise=sequential_noise,
+                    window=window,
+                    level=levels[rank],
                 )
             if slow_fleet or slow_drift:
                 self._lost_ms[rank] = self._lost_ms.get(rank, 0.0) + max(window.excess_ms, 0.0) * steps
@@ -354,7 +392,52 @@ class StragglerDetector:
             else:
                 if evidence is not None:
                     result.detections.append(self._name_by_evidence(rank, evidence, steps, step, bar_fleet))
+        # A named rank keeps the baseline it had when named; a cleared one follows its history again.
+        for rank in self._named:
+            if rank not in self._frozen and rank < len(self._last_baselines):
+                self._frozen[rank] = self._last_baselines[rank]
+        for rank in [r for r in self._frozen if r not in self._named]:
+            del self._frozen[rank]
         return result
+
+    def _sequential_statistics(
+        self, log_ratios: list[float], step_own_ms: Sequence[Sequence[float]] | None
+    ) -> tuple[list[float], list[float]]:
+        """Per rank, the sequential test's statistic for this window (the clipped mean of its steps' log ratios to
+        the others, or the window's log ratio without per-step times, less its baseline) and the median of its
+        steps' log ratios to the others (the window's log ratio without per-step times)."""
+        cfg = self.config
+        n = len(log_ratios)
+        per_step = step_residuals(step_own_ms) if step_own_ms is not None else [[x] for x in log_ratios]
+        levels = [median(x) for x in per_step]
+        baselines = self._baselines(n)
+        # A named rank's slow windows stay out of its own history: they are not its normal level.
+        self._levels.append([math.nan if rank in self._named else v for rank, v in enumerate(levels)])
+        if step_own_ms is None:
+            return [x - b for x, b in zip(log_ratios, baselines, strict=True)], levels
+        spread = within_spread(per_step)
+        if math.isfinite(spread):
+            self._step_spread.append(spread)
+        if len(self._step_spread) < cfg.min_noise_windows:
+            return [m - b for m, b in zip(levels, baselines, strict=True)], levels
+        clip = cfg.cusum_clip * max(median(self._step_spread) * MAD_TO_SIGMA, cfg.cusum_min_noise)
+        return [clipped_mean(x, b, clip) for x, b in zip(per_step, baselines, strict=True)], levels
+
+    def _baselines(self, n: int) -> list[float]:
+        cfg = self.config
+        history = list(self._levels)[: max(len(self._levels) - cfg.baseline_lag_windows, 0)]
+        out = []
+        for rank in range(n):
+            if rank in self._frozen:
+                out.append(self._frozen[rank])
+                continue
+            values = [w[rank] for w in history if rank < len(w) and math.isfinite(w[rank])]
+            level = median(values) if cfg.per_rank_baseline and len(values) >= cfg.min_noise_windows else 0.0
+            # Never below the others (a rank that is usually faster and now merely keeps up holds nobody back),
+            # and never more than the excess the test is tuned for (a rank slow from the start is still judged).
+            out.append(min(max(level, 0.0), math.log1p(cfg.cusum_shift)))
+        self._last_baselines = out
+        return out
 
     def _name_by_evidence(self, rank: int, ev: Evidence, steps: int, step: int, bar_fleet: float) -> Detection:
         self._named[rank] = "fleet"

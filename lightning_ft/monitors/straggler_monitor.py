@@ -80,8 +80,10 @@ class StragglerMonitor(Callback):
         cusum_limit: evidence, in noise units, that the sequential test must accumulate over windows to name a rank
             whose slowdown stays under the bar (``math.inf`` turns it off; see
             :class:`~lightning_ft.monitors.straggler_detector.DetectorConfig`).
-        cusum_slack: least allowance per window of the sequential test, in noise units: lower names smaller
-            slowdowns sooner on a noisy host, at the risk of naming a healthy rank that runs a little behind.
+        cusum_slack: least allowance per window of the sequential test, in noise units (0: half of a 15% excess,
+            the allowance that names a 15% straggler soonest for a given rate of false alarms); higher keeps a
+            healthy rank that runs a little behind from accumulating evidence, and cannot see an excess under twice
+            the slack.
         warmup_steps: batches ignored at the start of every ``fit`` (compilation, allocator and cache warm-up).
         drift_threshold: slowdown against the rank's own baseline, net of the fleet's, that also names it
             (``math.inf`` turns drift detection off).
@@ -118,8 +120,8 @@ class StragglerMonitor(Callback):
         drift_threshold: float = 0.2,
         min_excess_ms: float = 0.5,
         noise_factor: float = 3.0,
-        cusum_limit: float = 8.0,
-        cusum_slack: float = 1.5,
+        cusum_limit: float = 12.0,
+        cusum_slack: float = 0.0,
         action: str | StragglerAction = "log",
         log_per_rank: bool = True,
         clock: Callable[[], float] | None = None,
@@ -158,6 +160,7 @@ class StragglerMonitor(Callback):
         self._recovered_lost_s = 0.0
         self._clock: StepClock | None = None
         self._batches = 0
+        self._reduced = True  # whether the step that ended last reduced gradients (stepped the optimizer)
         self._window_start_step = 0
         self._pending: tuple[PendingRows, list[tuple[int, int]]] | None = None
         self._unsent: list[tuple[list[float], int, int]] = []
@@ -210,7 +213,17 @@ class StragglerMonitor(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._clock_or_new(trainer).step_start(trainer.global_step)
+        # Lightning synchronises the ranks before it fetches each batch (its SIGTERM broadcast). After a step that
+        # reduced gradients they are already in step and that costs nothing; after a micro-batch that only
+        # accumulated, the ranks that finished first wait there for the slowest, and that wait would count as
+        # their data wait and hide the slow rank.
+        data_is_own = self._reduced or getattr(trainer, "accumulate_grad_batches", 1) == 1
+        self._clock_or_new(trainer).step_start(trainer.global_step, data_is_own=data_is_own)
+        self._reduced = False
+
+    @override
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+        self._reduced = True
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
@@ -304,7 +317,7 @@ class StragglerMonitor(Callback):
         self.lost_s = self._recovered_lost_s + sum(self.detector.open_episodes().values())
         if trainer.is_global_zero:
             if step > self._replayed_through:  # an earlier attempt logged the steps up to there
-                self._log(trainer, rows, result, step)
+                self._log(trainer, rows, result, step, diagnoses)
             event_log = get_event_log(trainer)
             for d in result.detections:
                 part, excess = diagnoses[d.rank]
@@ -355,7 +368,14 @@ class StragglerMonitor(Callback):
         episode = [parts for end, parts in self._windows if end > onset_step] or [self._windows[-1][1]]
         return diagnose(episode, rank)
 
-    def _log(self, trainer: pl.Trainer, rows: list[list[float]], result: WindowResult, step: int) -> None:
+    def _log(
+        self,
+        trainer: pl.Trainer,
+        rows: list[list[float]],
+        result: WindowResult,
+        step: int,
+        diagnoses: dict[int, tuple[str, dict[str, float]]],
+    ) -> None:
         if not trainer.loggers:
             return
         metrics: dict[str, float] = {}
@@ -383,6 +403,12 @@ class StragglerMonitor(Callback):
         if named:  # only a named rank is a suspect: the slowest rank of a healthy fleet is not one
             metrics["straggler/suspect_rank"] = float(max(named)[1])
         metrics["straggler/named_ranks"] = float(len(self.detector.named))
+        for part, excess in diagnoses.values():
+            # Which part of the named rank's step grew: its excess over the others' in each part, and the part's
+            # index in ("data", "compute") under straggler/part.
+            metrics.update({f"straggler/excess_ms/{k}": v for k, v in excess.items()})
+            if part in _PART_NAMES:
+                metrics["straggler/part"] = float(list(_PART_NAMES).index(part))
         metrics["straggler/threshold"] = result.threshold
         metrics["straggler/noise"] = result.noise
         metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}

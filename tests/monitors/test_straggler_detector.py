@@ -12,7 +12,9 @@ import pytest
 from lightning_ft.monitors._timing import rise_step
 from lightning_ft.monitors.fleet_statistics import diagnose
 from lightning_ft.monitors.straggler_detector import DetectorConfig, StragglerDetector, medians_of_others
-from tests.monitors.traces import busy_host_traces, load_trace
+from tests.monitors.traces import BUSY_HOST, busy_host_traces, load_trace
+
+BUSY_HOST_2RANKS = BUSY_HOST / "load14.6_wait10ms_2ranks.json.gz"
 
 HEALTHY = 10  # windows before a slowdown: more than min_noise_windows, so the noise is known by then
 
@@ -182,21 +184,79 @@ def test_a_persistent_slowdown_below_the_noise_raised_bar_is_named_by_accumulate
     assert [(d.rank, d.rule, d.kind) for d in found] == [(1, "cusum", "fleet")]
     (d,) = found
     assert 1.2 < d.ratio < 1.5  # the mean ratio since the onset, not one window's
-    assert 150 <= d.onset_step <= 200  # the slowdown began at step 160
+    assert 136 <= d.onset_step <= 184  # the slowdown began at step 160: where the evidence last left zero
     assert detector.noise > 0.15 and math.expm1(detector.thresholds()[0]) > 0.5  # the one-window bar: 1.3x is below it
     assert _feed_steps(StragglerDetector(DetectorConfig(cusum_limit=math.inf)), windows)[0] == []
 
 
-def test_the_relative_residual_names_what_the_window_medians_cannot_see_in_the_same_steps():
-    # The same steps judged by the ratio of window medians: the swings the ranks share stay in it, and the 30%
-    # straggler is not named within 25 windows of its onset. Step by step against the others they cancel.
+def test_the_relative_residual_names_sooner_than_the_window_medians_in_the_same_steps():
+    # The same steps judged by the ratio of window medians: the swings the ranks share stay in it. Step by step
+    # against the others they cancel, and the 30% straggler is named sooner.
     windows = noisy_fleet(1, slow_from=20, slowdown=1.3)
-    assert _feed_steps(StragglerDetector(), windows, use_steps=False)[0] == []
+    by_medians = _feed_steps(StragglerDetector(), windows, use_steps=False)[0]
+    (by_steps,) = _feed_steps(StragglerDetector(), windows)[0]
+    assert by_steps.rank == 1 and all(d.step > by_steps.step for d in by_medians)
     detector = StragglerDetector()
     _feed_steps(detector, windows[:19])
     per_step = windows[19]
     result = detector.update([statistics.median(t) for t in per_step], step=160, steps=8, step_own_ms=per_step)
     assert result.sequential_noise < 0.7 * result.noise
+
+
+def test_one_descheduled_step_adds_bounded_evidence():
+    # A window in which one step of rank 1 took 20 times as long (the host descheduled it for a time slice) moves
+    # the sequential test's statistic by at most the clip over the window's steps.
+    detector = StragglerDetector()
+    rng = random.Random(3)
+    for w in range(20):
+        per_step = [[100 * math.exp(rng.gauss(0, 0.1)) for _ in range(8)] for _ in range(3)]
+        if w == 19:
+            per_step[1][4] *= 20
+        result = detector.update(
+            [statistics.median(t) for t in per_step], step=8 * (w + 1), steps=8, step_own_ms=per_step
+        )
+    clip = DetectorConfig().cusum_clip * 0.1 * 1.5  # the per-step noise is about 0.1, with room for its estimate
+    assert result.residuals[1] < clip / 8 + 0.1
+    assert detector.named == {}
+
+
+def test_a_rank_that_the_host_keeps_a_little_slower_is_judged_against_its_own_history():
+    # Rank 0 is 12% slower than the others all along (it does the logging): healthy, never named; when rank 0
+    # slows down by 30% more, it is named.
+    def fleet(seed: int, windows: int, extra: float):
+        rng = random.Random(seed)
+        out = []
+        for w in range(windows):
+            shared = [math.exp(rng.gauss(0, 0.3)) for _ in range(8)]
+            out.append(
+                [
+                    [
+                        100 * f * math.exp(rng.gauss(0, 0.15)) * (1.12 * (extra if w >= 40 else 1.0) if r == 0 else 1)
+                        for f in shared
+                    ]
+                    for r in range(3)
+                ]
+            )
+        return out
+
+    assert _feed_steps(StragglerDetector(), fleet(1, 400, 1.0))[0] == []
+    found = _feed_steps(StragglerDetector(), fleet(1, 80, 1.3))[0]
+    assert [d.rank for d in found] == [0] and found[0].step <= 8 * (40 + 12)
+    # Compared with the others at ratio 1 instead, the 12% of rank 0 accumulates into a false alarm.
+    assert _feed_steps(StragglerDetector(DetectorConfig(per_rank_baseline=False)), fleet(1, 400, 1.0))[0] != []
+
+
+def test_the_one_window_bar_comes_from_the_window_medians_own_noise():
+    # The bar of the one-window rule is the fleet's noise of window medians, as in 0.2.0: the per-step times the
+    # sequential test is given (whose noise is lower) never lower it.
+    windows = noisy_fleet(4, slow_from=10**6, slowdown=1.0, windows=40)
+    with_steps, without = StragglerDetector(), StragglerDetector()
+    for w, per_step in enumerate(windows):
+        own = [statistics.median(t) for t in per_step]
+        a = with_steps.update(own, step=8 * (w + 1), steps=8, step_own_ms=per_step)
+        b = without.update(own, step=8 * (w + 1), steps=8)
+        assert a.threshold == b.threshold and (a.noise == b.noise or math.isnan(a.noise) and math.isnan(b.noise))
+    assert a.sequential_noise < 0.7 * a.noise and math.expm1(3 * a.noise) == pytest.approx(a.threshold)
 
 
 def test_a_rank_named_by_evidence_is_named_once_and_cleared_by_evidence_once_it_is_back():
@@ -231,24 +291,43 @@ def replay(own_ms: np.ndarray, *, first: int = 10, config: DetectorConfig | None
     return found
 
 
-REAL_STEPS = [p for p in busy_host_traces() if "wait20ms" in p.name]
-"""The recordings whose step does 20 ms of work (waited for, as on a GPU) on a loaded host."""
+REAL_STEPS = [p for p in busy_host_traces() if "wait" in p.name]
+"""The recordings whose step does 10 or 20 ms of work (waited for, as on a GPU) on a loaded host."""
 
 
-def test_over_more_than_10000_healthy_busy_host_steps_the_sequential_test_names_nobody_at_any_window_phase():
-    total = 0
+def _own_excess(own_ms: np.ndarray, rank: int, end: int, steps: int) -> float:
+    """Rank ``rank``'s median own time over the median of the others', the ``steps`` steps before ``end``."""
+    window = own_ms[max(end - steps, 0) : end]
+    others = np.nanmedian(np.delete(window, rank, axis=1), axis=1)
+    return float(np.nanmedian(window[:, rank] / others))
+
+
+def test_over_more_than_10000_healthy_busy_host_steps_only_ranks_the_host_kept_behind_are_named():
+    total, named = 0, []
     for path in REAL_STEPS:
         trace = load_trace(path)
-        assert trace.load_average >= 14.0  # recorded with CPU burners loading the host (and other tenants of it)
-        total += len(trace.own_ms)
-        assert replay(trace.own_ms) == [], path.name  # the windows of the benchmark's table
-        for phase in range(1, 8):  # other starts of the windows: the monitor's depend on warm-up and restarts
-            found = replay(trace.own_ms, first=10 + phase)
-            assert [d for d in found if d.rule == "cusum"] == [], (path.name, phase)
-            # The one-window rule (unchanged since 0.2.0) names, at some phases, a rank the host itself kept 1.25x
-            # or more behind for three windows in a row, at a moment its measured noise was low.
-            assert len(found) <= 1 and all(d.ratio >= 1.25 for d in found), (path.name, phase, found)
-    assert total >= 10_000
+        assert trace.load_average >= 5.0  # recorded with CPU burners loading the host (and other tenants of it)
+        for phase in range(8):  # every start of the windows: the monitor's depend on warm-up and restarts
+            total += len(trace.own_ms) - 10 - phase
+            for d in replay(trace.own_ms, first=10 + phase):
+                named.append((path.name, phase, d.rule, d.rank, d.step))
+                # No healthy rank is named out of noise: each one the host kept at least 10% behind the others over
+                # the 4 windows before (on these hosts such episodes last 30-150 steps; see docs/monitors.md).
+                assert _own_excess(trace.own_ms, d.rank, d.step, 32) >= 1.10, named[-1]
+    assert total >= 10_000 * 8
+    # The recordings hold a few such episodes; they are named at a few window phases, not at every one.
+    assert len(named) <= 12, named
+
+
+def test_on_a_recorded_two_rank_busy_host_a_healthy_burst_is_not_named_by_the_window_rule():
+    # As in the demo (2 ranks, 10 ms steps, windows of 4 steps): on a busy host one rank runs 1.3-1.7x behind the
+    # other for three or four windows now and then, at moments the window medians' noise is low. Judged by the
+    # ratio of window medians alone, the one-window rule named such a burst at four window phases.
+    trace = load_trace(BUSY_HOST_2RANKS)
+    for interval in (4, 8):
+        for phase in range(interval):
+            found = replay(trace.own_ms, first=10 + phase, interval=interval)
+            assert [d for d in found if d.rule == "window"] == [], (interval, phase, found)
 
 
 @pytest.mark.parametrize("path", REAL_STEPS, ids=lambda p: p.name)
@@ -260,12 +339,12 @@ def test_an_injected_slowdown_on_a_recorded_busy_host_is_named_on_the_slowed_ran
         rank = i % own.shape[1]
         slowed = own[: onset + 200].copy()
         slowed[onset:, rank] *= 1.5
-        found = replay(slowed)
+        found = [d for d in replay(slowed) if d.step >= onset]  # before it: the host's own episodes (see above)
         assert {d.rank for d in found} <= {rank}, (onset, found)
         hits = [d.step - onset for d in found if d.step >= onset]
         latencies.append(hits[0] if hits else 10**6)
     # The detector's decision; the live monitor decides one or two windows (8-16 steps) later.
-    assert sorted(latencies)[len(latencies) // 2] <= 50
+    assert sorted(latencies)[len(latencies) // 2] <= 72
     assert max(latencies) <= 200
 
 
@@ -274,9 +353,9 @@ def test_on_tiny_steps_only_a_rank_the_host_kept_far_behind_is_named(path):
     trace = load_trace(path)
     found = replay(trace.own_ms)
     # 5 ms steps at load 9: no slowdown was injected; where the host kept rank 0 (Lightning's launching process)
-    # at 1.5x the others' time or more for many windows, that rank is named, and only then.
+    # at 1.4x the others' time or more for many windows, that rank is named, and only then.
     assert {d.rank for d in found} <= {0}, found
-    assert all(d.ratio >= 1.5 for d in found), found
+    assert all(d.ratio >= 1.4 for d in found), found
     assert len(found) <= 3
 
 
