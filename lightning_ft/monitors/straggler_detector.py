@@ -226,7 +226,7 @@ class StragglerDetector:
         self._baseline: list[float] | None = None
         self._changes = ChangeNoise(self.config.noise_windows, self.config.min_noise_windows)
         self._residual_changes = ChangeNoise(self.config.noise_windows, self.config.min_noise_windows)
-        self._levels: deque[list[float]] = deque(maxlen=self.config.noise_windows + self.config.baseline_lag_windows)
+        self._levels: list[deque[float]] = []  # per rank, its window residuals (NaN while named)
         self._step_spread: deque[float] = deque(maxlen=self.config.noise_windows)
         self._frozen: dict[int, float] = {}
         self._last_baselines: list[float] = []
@@ -412,7 +412,10 @@ class StragglerDetector:
         levels = [median(x) for x in per_step]
         baselines = self._baselines(n)
         # A named rank's slow windows stay out of its own history: they are not its normal level.
-        self._levels.append([math.nan if rank in self._named else v for rank, v in enumerate(levels)])
+        if len(self._levels) != n:
+            self._levels = [deque(maxlen=cfg.noise_windows + cfg.baseline_lag_windows) for _ in range(n)]
+        for rank, (history, v) in enumerate(zip(self._levels, levels, strict=True)):
+            history.append(math.nan if rank in self._named else v)
         if step_own_ms is None:
             return [x - b for x, b in zip(log_ratios, baselines, strict=True)], levels
         spread = within_spread(per_step)
@@ -425,13 +428,13 @@ class StragglerDetector:
 
     def _baselines(self, n: int) -> list[float]:
         cfg = self.config
-        history = list(self._levels)[: max(len(self._levels) - cfg.baseline_lag_windows, 0)]
         out = []
         for rank in range(n):
             if rank in self._frozen:
                 out.append(self._frozen[rank])
                 continue
-            values = [w[rank] for w in history if rank < len(w) and math.isfinite(w[rank])]
+            history = self._levels[rank] if rank < len(self._levels) else ()
+            values = [v for v in list(history)[: max(len(history) - cfg.baseline_lag_windows, 0)] if math.isfinite(v)]
             level = median(values) if cfg.per_rank_baseline and len(values) >= cfg.min_noise_windows else 0.0
             # Never below the others (a rank that is usually faster and now merely keeps up holds nobody back),
             # and never more than the excess the test is tuned for (a rank slow from the start is still judged).

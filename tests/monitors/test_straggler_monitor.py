@@ -62,6 +62,10 @@ def test_the_rank_with_slower_compute_is_named_with_the_step_its_slowdown_began(
     # Named within 50 steps of the onset, the monitor's one-window lag included.
     assert 117 < event["step"] <= 167
     assert [d["suspect_rank"] for m in fleet.monitors for d in m.detections] == [2, 2, 2]
+    # TensorBoard gets the diagnosis too, at the detection's window: the part that grew, and each part's excess.
+    (logged,) = [m for step, m in fleet.logger.logged if "straggler/part" in m]
+    assert logged["straggler/part"] == 1.0 and logged["straggler/suspect_rank"] == 2.0
+    assert 25 < logged["straggler/excess_ms/compute"] < 35 and logged["straggler/excess_ms/wait"] < -25
 
 
 def test_the_demos_throttled_rank_is_named_with_its_onset_not_the_start_of_its_window(monkeypatch, tmp_path):
