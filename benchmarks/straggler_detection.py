@@ -197,7 +197,7 @@ PHASES = 8
 """Window starts replayed for false alarms: the monitor's windows start wherever warm-up and restarts put them."""
 
 
-def replay(path: str, cfg: DetectorConfig, interval: int) -> tuple[int, int, str]:
+def replay(path: str, cfg: DetectorConfig, interval: int, per_gather: int = WINDOWS_PER_GATHER) -> tuple[int, int, str]:
     """Replay one recorded healthy trace: its false alarms at every window phase, and how often each slowdown
     injected into one rank from an onset (every 37 steps, so at every phase of the window; ranks in turn) is named
     within 50 and 200 steps by the live monitor (one or two windows later than the detector: its gather overlaps
@@ -239,10 +239,10 @@ def replay(path: str, cfg: DetectorConfig, interval: int) -> tuple[int, int, str
                 window[slow_from:, rank] *= slowdown
                 end = WARMUP_STEPS + (w + 1) * interval
                 if any(d.rank == rank for d in _feed(detector, window, end, interval).detections):
-                    # The live monitor reads a gather one window after it started, and gathers WINDOWS_PER_GATHER
+                    # The live monitor reads a gather one window after it started, and gathers `per_gather`
                     # windows at once: the last window of a gather is decided one window late, each earlier one a
                     # window later still.
-                    hit = end - onset + interval * (WINDOWS_PER_GATHER - w % WINDOWS_PER_GATHER)
+                    hit = end - onset + interval * (per_gather - w % per_gather)
                     break
             lats.append(hit)
         shares[slowdown] = sum(x is not None and x <= 50 for x in lats) / len(lats)
@@ -411,6 +411,12 @@ def main() -> None:
     )
     parser.add_argument("--trace", nargs="*", default=None, help="recorded traces to replay (default: tests' ones)")
     parser.add_argument("--record", help="record a trace here on this machine, then exit")
+    parser.add_argument(
+        "--windows-per-gather",
+        type=int,
+        default=WINDOWS_PER_GATHER,
+        help="replays: StragglerMonitor(windows_per_gather=...), for the live monitor's decision delay",
+    )
     parser.add_argument("--ranks", type=int, default=3)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--sleep-ms", type=float, default=0.0, help="recording: a waited-for part of each step (ms)")
@@ -443,7 +449,7 @@ def main() -> None:
     traces = args.trace
     if traces is None:
         traces = [str(p) for p in sorted(Path(TRACES).glob("*.json"))] + [str(p) for p in busy_host_traces()]
-    replayed = [replay(path, cfg, args.interval) for path in traces]
+    replayed = [replay(path, cfg, args.interval, args.windows_per_gather) for path in traces]
     trace_fp = sum(fp for fp, _, _ in replayed)
     trace_healthy = sum(h for _, h, _ in replayed)
     print("\nrecorded busy hosts (docs/monitors.md):")
