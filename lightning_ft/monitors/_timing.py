@@ -16,6 +16,10 @@ from typing import Any
 
 import torch
 
+from lightning_ft.monitors.fleet_statistics import rise_step
+
+__all__ = ["StepClock", "percentile", "rise_step"]
+
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile ``q`` (0-100) of the finite values; NaN when there are none."""
@@ -24,35 +28,6 @@ def percentile(values: Sequence[float], q: float) -> float:
         return math.nan
     k = max(math.ceil(q / 100.0 * len(finite)) - 1, 0)
     return finite[k]
-
-
-def rise_step(steps: Sequence[int], values: Sequence[float], *, min_t: float = 3.0) -> float:
-    """The step at which ``values`` (step times, in step order) rose to a higher level and stayed there; NaN when
-    there are fewer than 4 values or no rise stands out of the noise.
-
-    The split maximises the between-level variance of the log times (a single mean-shift change point), so one slow
-    step in the middle of a window does not look like the start of a slowdown; it counts only when the rise is
-    ``min_t`` standard errors or more (the best split of noise alone reaches 3 in about one window in twenty). O(n).
-    """
-    pairs = [(s, math.log(v)) for s, v in zip(steps, values, strict=True) if math.isfinite(v) and v > 0]
-    n = len(pairs)
-    if n < 4:
-        return math.nan
-    xs = [x for _, x in pairs]
-    total, total_sq = sum(xs), sum(x * x for x in xs)
-    best_k, best_score, before, before_sq = 0, 0.0, 0.0, 0.0
-    for k in range(1, n):
-        before += xs[k - 1]
-        before_sq += xs[k - 1] ** 2
-        low, high = before / k, (total - before) / (n - k)
-        if high <= low:
-            continue
-        # Within-level variance, pooled; the rise in units of its standard error.
-        within = (before_sq - k * low * low + (total_sq - before_sq) - (n - k) * high * high) / max(n - 2, 1)
-        score = (high - low) / math.sqrt(max(within, 1e-12) * (1 / k + 1 / (n - k)))
-        if score > best_score:
-            best_k, best_score = k, score
-    return float(pairs[best_k][0]) if best_score >= min_t else math.nan
 
 
 class StepClock:
@@ -70,10 +45,11 @@ class StepClock:
         self._now: Callable[[], float] = clock or time.perf_counter
         self._prev_end: float | None = None
         self._data_ms = math.nan
+        self._data_is_own = True
         self._step = -1
         self._start: Any = None
         self._backward: list[list[Any]] = []
-        self._pending: list[tuple[int, float, Any, Any, list[list[Any]]]] = []
+        self._pending: list[tuple[int, float, bool, Any, Any, list[list[Any]]]] = []
 
     def _mark(self) -> Any:
         if self.cuda:
@@ -93,10 +69,15 @@ class StepClock:
         """The next step's data wait is unknown (an epoch start or validation came in between)."""
         self._prev_end = None
 
-    def step_start(self, step: int = -1) -> None:
-        """A step starts; ``step`` is the global step while it runs (``trainer.global_step``), kept with its sample."""
+    def step_start(self, step: int = -1, *, data_is_own: bool = True) -> None:
+        """A step starts; ``step`` is the global step while it runs (``trainer.global_step``), kept with its sample.
+
+        ``data_is_own=False``: the time since the previous step held a wait for the other ranks (a collective that
+        runs before the batch is fetched, when the previous step did not reduce gradients); this step's data wait
+        is then unknown and its own time is its compute alone."""
         now = self._now()
         self._data_ms = (now - self._prev_end) * 1000.0 if self._prev_end is not None else math.nan
+        self._data_is_own = data_is_own
         self._step = step
         self._start = self._mark()
         self._backward = []
@@ -112,7 +93,9 @@ class StepClock:
     def step_end(self, *, keep: bool = True) -> None:
         """Close the step; ``keep=False`` drops it (warm-up) but still starts the next data wait here."""
         if self._start is not None and keep:
-            self._pending.append((self._step, self._data_ms, self._start, self._mark(), self._backward))
+            self._pending.append(
+                (self._step, self._data_ms, self._data_is_own, self._start, self._mark(), self._backward)
+            )
         self._start = None
         self._backward = []
         self._prev_end = self._now()
@@ -124,14 +107,14 @@ class StepClock:
         if self.cuda and pending:
             pending[-1][3].synchronize()
         samples = []
-        for at, data_ms, start, end, backward in pending:
+        for at, data_ms, data_is_own, start, end, backward in pending:
             span = self._ms(start, end)
             bwd = sum(self._ms(a, b) for a, b in backward if b is not None)
             compute = span - bwd
             samples.append(
                 {
-                    "own": data_ms + compute,
-                    "data": data_ms,
+                    "own": data_ms + compute if data_is_own else compute,
+                    "data": data_ms if data_is_own else math.nan,
                     "compute": compute,
                     "backward": bwd,
                     "step": data_ms + span,

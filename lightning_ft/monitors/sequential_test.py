@@ -43,7 +43,7 @@ class SequentialTest:
         slack: least allowance per window, in noise units.
         limit: noise units a sum must reach (``math.inf``: never).
         min_noise: least noise unit, in log ratio.
-        per_window: most one window may add (``limit / patience``).
+        per_window: most one window may add (``limit / DetectorConfig.cusum_windows``).
         min_excess_ms: a window whose excess is no more than this adds no evidence.
     """
 
@@ -70,9 +70,20 @@ class SequentialTest:
         return min(max(z, -self.per_window), self.per_window)
 
     def add(
-        self, rank: int, log_ratio: float, excess_ms: float, steps: int, *, noise: float, window: Any
+        self,
+        rank: int,
+        log_ratio: float,
+        excess_ms: float,
+        steps: int,
+        *,
+        noise: float,
+        window: Any,
+        level: float = math.nan,
     ) -> Evidence | None:
-        """Add one window of an unnamed rank; its evidence when the sum reached the limit (the sum restarts)."""
+        """Add one window of an unnamed rank; its evidence when the sum reached the limit (the sum restarts).
+
+        ``log_ratio`` is the statistic judged; ``level``, where finite, the rank's log ratio to the others that
+        the evidence reports as its ``ratio`` (the statistic may be clipped and net of a baseline)."""
         if not math.isfinite(log_ratio):
             return None
         z = self._increment(log_ratio, noise, 1.0)
@@ -87,7 +98,7 @@ class SequentialTest:
             ev = self._open[rank] = Evidence(first=window)
         ev.total = total
         ev.windows += 1
-        ev.log_ratio_sum += log_ratio
+        ev.log_ratio_sum += level if math.isfinite(level) else log_ratio
         ev.lost_ms += max(excess_ms, 0.0) * steps
         if total < self.limit - 1e-9:  # `patience` windows at the cap reach it, rounding aside
             return None

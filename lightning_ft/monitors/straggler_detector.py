@@ -26,10 +26,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from lightning_ft.monitors.fleet_statistics import median, medians_of_others
+from lightning_ft.monitors.fleet_statistics import (
+    MAD_TO_SIGMA,
+    ChangeNoise,
+    clipped_mean,
+    median,
+    medians_of_others,
+    step_residuals,
+    within_spread,
+)
 from lightning_ft.monitors.sequential_test import Evidence, SequentialTest
-
-_MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation over its median absolute deviation
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -65,15 +71,33 @@ class DetectorConfig:
 
     cusum_shift: float = 0.15
     """The persistent relative excess the sequential test is tuned for (0.15: 15% slower than the others): a window
-    adds ``(log ratio - allowance) / noise`` to the rank's sum, the allowance being half of ``log1p(cusum_shift)``."""
-    cusum_slack: float = 1.0
-    """Least allowance, in noise units: on a host so noisy that ``cusum_shift`` is well inside the noise, a healthy
-    rank that merely runs a little behind (rank 0 on a loaded host often does) accumulates nothing."""
-    cusum_limit: float = 10.0
+    adds ``(statistic - allowance) / noise`` to the rank's sum, the allowance being half of ``log1p(cusum_shift)``
+    (the allowance that detects a shift of ``cusum_shift`` soonest for a given rate of false alarms)."""
+    cusum_slack: float = 0.0
+    """Least allowance, in noise units (0: half of ``log1p(cusum_shift)`` alone). A higher value keeps a healthy rank
+    that merely runs a little behind from accumulating anything on a very noisy host, at the price of not seeing a
+    shift smaller than twice the slack."""
+    cusum_limit: float = 12.0
     """Noise units a rank's sum must reach to name it (and its mirror to clear it); one window adds at most
-    ``cusum_limit / patience``. ``math.inf`` turns the sequential test off (the one-window rule alone, as in 0.2.0)."""
+    ``cusum_limit / cusum_windows``. ``math.inf`` turns the sequential test off (the one-window rule alone, as in 0.2.0)."""
+    cusum_windows: int = 4
+    """Least windows the sequential test needs to name a rank: one window adds at most ``cusum_limit /
+    cusum_windows``. On a busy host a healthy rank can run 1.3-2x behind the others for three windows (the host's
+    doing, not the rank's); capping what one window adds keeps such a burst from reaching the limit alone."""
     cusum_min_noise: float = 0.02
     """Least noise unit of the sequential test, in log ratio: a quiet fleet measures a noise near 0."""
+    cusum_clip: float = 1.5
+    """Per-step clipping of the sequential test's statistic, in units of the per-step noise: a window's statistic is
+    the mean of its steps' log ratios to the others, each clipped to this many per-step noise units around the
+    rank's baseline, so one descheduled time slice adds bounded evidence. ``math.inf``: the plain mean."""
+    baseline_lag_windows: int = 8
+    """The sequential test compares a rank with its own history: its baseline is the median of its window log ratios
+    from ``baseline_lag_windows + noise_windows`` to ``baseline_lag_windows`` windows ago (a rank that a host keeps a
+    little slower, rank 0 doing the logging, is not a straggler), leaving out the most recent ones, so that a new
+    slowdown is judged against the time before it. The baseline lies between 0 (the others' level) and
+    ``log1p(cusum_shift)``; while the rank is named it stays where it was."""
+    per_rank_baseline: bool = True
+    """False: the sequential test compares every rank with the others at ratio 1 (no per-rank baseline)."""
 
     def __post_init__(self) -> None:
         if not self.threshold > 0:
@@ -90,6 +114,10 @@ class DetectorConfig:
             raise ValueError(f"DetectorConfig(noise_factor={self.noise_factor!r}): must be >= 0 (0 disables)")
         if self.min_noise_windows < 1:
             raise ValueError(f"DetectorConfig(min_noise_windows={self.min_noise_windows!r}): must be >= 1")
+        if not self.cusum_clip > 0:
+            raise ValueError(f"DetectorConfig(cusum_clip={self.cusum_clip!r}): must be > 0 (inf: no clipping)")
+        if self.baseline_lag_windows < 0:
+            raise ValueError(f"DetectorConfig(baseline_lag_windows={self.baseline_lag_windows!r}): must be >= 0")
         for name in ("cusum_shift", "cusum_min_noise"):
             if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
                 raise ValueError(f"DetectorConfig({name}={getattr(self, name)!r}): must be > 0 and finite")
@@ -97,6 +125,8 @@ class DetectorConfig:
             raise ValueError(f"DetectorConfig(cusum_slack={self.cusum_slack!r}): must be >= 0 and finite")
         if not self.cusum_limit > 0:
             raise ValueError(f"DetectorConfig(cusum_limit={self.cusum_limit!r}): must be > 0 (inf disables)")
+        if self.cusum_windows < 1:
+            raise ValueError(f"DetectorConfig(cusum_windows={self.cusum_windows!r}): must be >= 1")
         if self.noise_windows < self.min_noise_windows:
             raise ValueError(
                 f"DetectorConfig(noise_windows={self.noise_windows!r}): must be >= min_noise_windows"
@@ -148,6 +178,11 @@ class WindowResult:
     """The relative excess that counted as slow in this window; ``inf`` while the noise is still being measured."""
     noise: float = math.nan
     """The fleet's measured noise: the spread of log(own time / others' median) between windows (NaN: unknown)."""
+    residuals: list[float] = field(default_factory=list)
+    """Per rank: the statistic the sequential test judges, in log ratio (the relative residual where the window's
+    per-step times were given, else log of ``ratios``)."""
+    sequential_noise: float = math.nan
+    """The noise of ``residuals`` measured the same way as ``noise`` (NaN: unknown): the sequential test's unit."""
 
 
 class _Window(NamedTuple):
@@ -189,15 +224,19 @@ class StragglerDetector:
         self._named: dict[int, str] = {}
         self._history: list[list[float]] = []  # window medians per rank, until baselines exist
         self._baseline: list[float] | None = None
-        self._last_log_ratios: list[float] | None = None
-        self._changes: deque[float] = deque(maxlen=self.config.noise_windows)
+        self._changes = ChangeNoise(self.config.noise_windows, self.config.min_noise_windows)
+        self._residual_changes = ChangeNoise(self.config.noise_windows, self.config.min_noise_windows)
+        self._levels: list[deque[float]] = []  # per rank, its window residuals (NaN while named)
+        self._step_spread: deque[float] = deque(maxlen=self.config.noise_windows)
+        self._frozen: dict[int, float] = {}
+        self._last_baselines: list[float] = []
         cfg = self.config
         self._sequential = SequentialTest(
             shift=cfg.cusum_shift,
             slack=cfg.cusum_slack,
             limit=cfg.cusum_limit,
             min_noise=cfg.cusum_min_noise,
-            per_window=cfg.cusum_limit / cfg.patience,
+            per_window=cfg.cusum_limit / cfg.cusum_windows,
             min_excess_ms=cfg.min_excess_ms,
         )
 
@@ -209,9 +248,7 @@ class StragglerDetector:
     @property
     def noise(self) -> float:
         """The fleet's measured noise (see :attr:`DetectorConfig.noise_factor`); NaN until enough windows."""
-        if len(self._changes) < self.config.min_noise_windows:
-            return math.nan
-        return median(self._changes) * _MAD_TO_SIGMA / math.sqrt(2.0)
+        return self._changes.noise()
 
     def thresholds(self) -> tuple[float, float]:
         """The bars in use, in log(ratio): ``(fleet, drift)``; ``inf`` while the noise is still unknown."""
@@ -238,6 +275,7 @@ class StragglerDetector:
         step: int,
         steps: int,
         onset_steps: Sequence[float] | None = None,
+        step_own_ms: Sequence[Sequence[float]] | None = None,
     ) -> WindowResult:
         """Feed one window: ``own_ms[r]`` for each rank, the window ended when the global step reached ``step`` and
         covered the ``steps`` steps before it.
@@ -245,17 +283,32 @@ class StragglerDetector:
         ``onset_steps[r]``, where given and finite, is rank ``r``'s own estimate of the global step at which its times
         rose (the monitor sends the best split of its last two windows' step times); it becomes the detection's
         ``onset_step`` when it lies within the first slow window of the streak or the window before it.
+
+        ``step_own_ms[r]``, where given, is rank ``r``'s own time at each step of the window, every rank's ``s``-th
+        entry the same global step: the sequential test then judges each rank by its relative residual (the median
+        over the window of its time over the others' at the same step), whose noise on a busy host is a fraction
+        of the window medians' (see :func:`~lightning_ft.monitors.fleet_statistics.relative_residuals`).
         """
         cfg = self.config
         n = len(own_ms)
         others = medians_of_others(own_ms)
         ratios = [o / m if math.isfinite(o) and m > 0 else math.nan for o, m in zip(own_ms, others, strict=True)]
         log_ratios = [_log(r) for r in ratios]
-        self._measure_noise(log_ratios)
+        self._changes.append_from(log_ratios)
+        if step_own_ms is not None and len(step_own_ms) != n:
+            raise ValueError(f"step_own_ms has {len(step_own_ms)} ranks, own_ms {n}")
+        residuals, levels = self._sequential_statistics(log_ratios, step_own_ms)
+        self._residual_changes.append_from(residuals)
+        sequential_noise = self._residual_changes.noise()
         drift = self._drift_ratios(own_ms)
         bar_fleet, bar_drift = self.thresholds()
         result = WindowResult(
-            fleet_median_ms=median(own_ms), ratios=ratios, threshold=math.expm1(bar_fleet), noise=self.noise
+            fleet_median_ms=median(own_ms),
+            ratios=ratios,
+            threshold=math.expm1(bar_fleet),
+            noise=self.noise,
+            residuals=residuals,
+            sequential_noise=sequential_noise,
         )
         start = step - steps
         hints = list(onset_steps) if onset_steps is not None else [math.nan] * n
@@ -264,7 +317,11 @@ class StragglerDetector:
             d = drift[rank]
             window = _Window(
                 start,
-                log_ratios[rank],
+                # Slow in a window by both measures: the ratio of window medians, and the median of its steps'
+                # ratios to the others at the same step. On a busy host the first alone runs 1.3-1.6x for a few
+                # windows when another rank is favoured by the scheduler (the swings the ranks share stay in it);
+                # step by step they cancel.
+                min(log_ratios[rank], levels[rank]) if math.isfinite(levels[rank]) else log_ratios[rank],
                 # Drift counts only once the rank is slower than the others: a rank that slowed down but still
                 # arrives first at the collective holds nobody back.
                 _log(d) if ratios[rank] > 1.0 else math.nan,
@@ -282,7 +339,7 @@ class StragglerDetector:
                 # Named by the sequential test: it recovers by the same kind of evidence, not by the window rule,
                 # whose bar a 15% slowdown on a loaded host never reaches.
                 self._lost_ms[rank] = self._lost_ms.get(rank, 0.0) + max(window.excess_ms, 0.0) * steps
-                if math.isfinite(bar_fleet) and self._sequential.clear(rank, window.log_ratio, noise=result.noise):
+                if math.isfinite(bar_fleet) and self._sequential.clear(rank, residuals[rank], noise=sequential_noise):
                     del self._named[rank]
                     self._healthy.pop(rank, None)
                     result.recoveries.append(Recovery(rank, step, self._lost_ms.pop(rank, 0.0) / 1000.0))
@@ -292,7 +349,13 @@ class StragglerDetector:
                 self._sequential.forget(rank)
             else:
                 evidence = self._sequential.add(
-                    rank, window.log_ratio, window.excess_ms, steps, noise=result.noise, window=window
+                    rank,
+                    residuals[rank],
+                    window.excess_ms,
+                    steps,
+                    noise=sequential_noise,
+                    window=window,
+                    level=levels[rank],
                 )
             if slow_fleet or slow_drift:
                 self._lost_ms[rank] = self._lost_ms.get(rank, 0.0) + max(window.excess_ms, 0.0) * steps
@@ -329,7 +392,55 @@ class StragglerDetector:
             else:
                 if evidence is not None:
                     result.detections.append(self._name_by_evidence(rank, evidence, steps, step, bar_fleet))
+        # A named rank keeps the baseline it had when named; a cleared one follows its history again.
+        for rank in self._named:
+            if rank not in self._frozen and rank < len(self._last_baselines):
+                self._frozen[rank] = self._last_baselines[rank]
+        for rank in [r for r in self._frozen if r not in self._named]:
+            del self._frozen[rank]
         return result
+
+    def _sequential_statistics(
+        self, log_ratios: list[float], step_own_ms: Sequence[Sequence[float]] | None
+    ) -> tuple[list[float], list[float]]:
+        """Per rank, the sequential test's statistic for this window (the clipped mean of its steps' log ratios to
+        the others, or the window's log ratio without per-step times, less its baseline) and the median of its
+        steps' log ratios to the others (the window's log ratio without per-step times)."""
+        cfg = self.config
+        n = len(log_ratios)
+        per_step = step_residuals(step_own_ms) if step_own_ms is not None else [[x] for x in log_ratios]
+        levels = [median(x) for x in per_step]
+        baselines = self._baselines(n)
+        # A named rank's slow windows stay out of its own history: they are not its normal level.
+        if len(self._levels) != n:
+            self._levels = [deque(maxlen=cfg.noise_windows + cfg.baseline_lag_windows) for _ in range(n)]
+        for rank, (history, v) in enumerate(zip(self._levels, levels, strict=True)):
+            history.append(math.nan if rank in self._named else v)
+        if step_own_ms is None:
+            return [x - b for x, b in zip(log_ratios, baselines, strict=True)], levels
+        spread = within_spread(per_step)
+        if math.isfinite(spread):
+            self._step_spread.append(spread)
+        if len(self._step_spread) < cfg.min_noise_windows:
+            return [m - b for m, b in zip(levels, baselines, strict=True)], levels
+        clip = cfg.cusum_clip * max(median(self._step_spread) * MAD_TO_SIGMA, cfg.cusum_min_noise)
+        return [clipped_mean(x, b, clip) for x, b in zip(per_step, baselines, strict=True)], levels
+
+    def _baselines(self, n: int) -> list[float]:
+        cfg = self.config
+        out = []
+        for rank in range(n):
+            if rank in self._frozen:
+                out.append(self._frozen[rank])
+                continue
+            history = self._levels[rank] if rank < len(self._levels) else ()
+            values = [v for v in list(history)[: max(len(history) - cfg.baseline_lag_windows, 0)] if math.isfinite(v)]
+            level = median(values) if cfg.per_rank_baseline and len(values) >= cfg.min_noise_windows else 0.0
+            # Never below the others (a rank that is usually faster and now merely keeps up holds nobody back),
+            # and never more than the excess the test is tuned for (a rank slow from the start is still judged).
+            out.append(min(max(level, 0.0), math.log1p(cfg.cusum_shift)))
+        self._last_baselines = out
+        return out
 
     def _name_by_evidence(self, rank: int, ev: Evidence, steps: int, step: int, bar_fleet: float) -> Detection:
         self._named[rank] = "fleet"
@@ -341,17 +452,6 @@ class StragglerDetector:
     def open_episodes(self) -> dict[int, float]:
         """Named ranks that have not recovered, with the seconds lost to each so far."""
         return {rank: self._lost_ms.get(rank, 0.0) / 1000.0 for rank in self._named}
-
-    def _measure_noise(self, log_ratios: list[float]) -> None:
-        # The window-to-window change of each rank's log ratio, its median over the ranks: a persistent straggler
-        # changes once (at its onset) and so barely moves the median of recent windows, whereas the busy host's
-        # swings, which come and go, are what it measures.
-        last, self._last_log_ratios = self._last_log_ratios, log_ratios
-        if last is None or len(last) != len(log_ratios):
-            return
-        changes = [abs(a - b) for a, b in zip(log_ratios, last, strict=True) if math.isfinite(a) and math.isfinite(b)]
-        if changes:
-            self._changes.append(median(changes))
 
     def _drift_ratios(self, own_ms: Sequence[float]) -> list[float]:
         n = len(own_ms)

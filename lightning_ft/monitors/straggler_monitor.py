@@ -48,10 +48,12 @@ STRAGGLER_EXIT_CODE = EXIT_CODE_TEMPFAIL
 non-zero so torchrun or the scheduler restarts."""
 
 # Columns of the per-rank row gathered every interval: median and p90 of each field, then the step at which the rank's
-# own time rose, then the number of steps measured.
+# own time rose, then the number of steps measured, then the own time of each step of the window (NaN-padded to
+# `interval`): every rank's k-th step of a window is the same global step, which the relative residual compares.
 _FIELDS = ("own", "data", "compute", "backward", "step")
 _RISE = len(_FIELDS) * 2
-_ROW = _RISE + 2
+_COUNT = _RISE + 1
+_STEPS = _RISE + 2
 
 _PART_NAMES = {"data": "data wait", "compute": "compute (forward, loss, optimizer step)"}
 
@@ -62,10 +64,14 @@ class StragglerMonitor(Callback):
     """Names ranks whose own step time (data wait plus compute, collective waits excluded) stays above the others.
 
     Works with any strategy and without a process group (one rank: it only logs its own times). Collective: every
-    ``interval`` training batches all ranks join one small ``all_gather`` on the default process group.
+    ``interval * windows_per_gather`` training batches all ranks join one small ``all_gather`` (on the monitors' own
+    gloo group, in the background).
 
     Args:
-        interval: training batches per window; one gather and one decision per window.
+        interval: training batches per window; one decision per window.
+        windows_per_gather: windows whose rows go in one ``all_gather`` (1: one gather per window, as in 0.2.0).
+            Each gather costs the ranks a thread hand-off; 2 halves that cost, and the first window of each pair is
+            decided one window later.
         threshold: a rank slower than the median of the others by more than this fraction is slow in a window, or by
             more than the fleet's measured noise asks for (``noise_factor``), whichever is higher.
         patience: slow windows, among the last ``patience + 1``, before a rank is named.
@@ -74,8 +80,10 @@ class StragglerMonitor(Callback):
         cusum_limit: evidence, in noise units, that the sequential test must accumulate over windows to name a rank
             whose slowdown stays under the bar (``math.inf`` turns it off; see
             :class:`~lightning_ft.monitors.straggler_detector.DetectorConfig`).
-        cusum_slack: least allowance per window of the sequential test, in noise units: lower names smaller
-            slowdowns sooner on a noisy host, at the risk of naming a healthy rank that runs a little behind.
+        cusum_slack: least allowance per window of the sequential test, in noise units (0: half of a 15% excess,
+            the allowance that names a 15% straggler soonest for a given rate of false alarms); higher keeps a
+            healthy rank that runs a little behind from accumulating evidence, and cannot see an excess under twice
+            the slack.
         warmup_steps: batches ignored at the start of every ``fit`` (compilation, allocator and cache warm-up).
         drift_threshold: slowdown against the rank's own baseline, net of the fleet's, that also names it
             (``math.inf`` turns drift detection off).
@@ -105,20 +113,23 @@ class StragglerMonitor(Callback):
         self,
         *,
         interval: int = 8,
+        windows_per_gather: int = 2,
         threshold: float = 0.12,
         patience: int = 3,
         warmup_steps: int = 10,
         drift_threshold: float = 0.2,
         min_excess_ms: float = 0.5,
         noise_factor: float = 3.0,
-        cusum_limit: float = 10.0,
-        cusum_slack: float = 1.0,
+        cusum_limit: float = 12.0,
+        cusum_slack: float = 0.0,
         action: str | StragglerAction = "log",
         log_per_rank: bool = True,
         clock: Callable[[], float] | None = None,
     ) -> None:
         if interval < 1:
             raise ValueError(f"StragglerMonitor(interval={interval!r}): must be >= 1")
+        if windows_per_gather < 1:
+            raise ValueError(f"StragglerMonitor(windows_per_gather={windows_per_gather!r}): must be >= 1")
         if warmup_steps < 0:
             raise ValueError(f"StragglerMonitor(warmup_steps={warmup_steps!r}): must be >= 0")
         if not callable(action) and action not in ("log", "checkpoint_and_stop", "evict"):
@@ -127,6 +138,7 @@ class StragglerMonitor(Callback):
                 " action(trainer, suspect_rank, ratio)"
             )
         self.interval = interval
+        self.windows_per_gather = windows_per_gather
         self.warmup_steps = warmup_steps
         self.action = action
         self.log_per_rank = log_per_rank
@@ -148,8 +160,10 @@ class StragglerMonitor(Callback):
         self._recovered_lost_s = 0.0
         self._clock: StepClock | None = None
         self._batches = 0
+        self._reduced = True  # whether the step that ended last reduced gradients (stepped the optimizer)
         self._window_start_step = 0
-        self._pending: tuple[PendingRows, int, int] | None = None
+        self._pending: tuple[PendingRows, list[tuple[int, int]]] | None = None
+        self._unsent: list[tuple[list[float], int, int]] = []
         self._previous_window: list[dict[str, float]] = []
         self._previous_median = -math.inf
         self._replayed_through = -1
@@ -178,6 +192,7 @@ class StragglerMonitor(Callback):
         self._batches = 0
         self._window_start_step = trainer.global_step
         self._pending = None
+        self._unsent = []
         self._previous_window, self._previous_median = [], -math.inf
         self._windows.clear()
         self.detector = StragglerDetector(self.config)
@@ -198,7 +213,17 @@ class StragglerMonitor(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._clock_or_new(trainer).step_start(trainer.global_step)
+        # Lightning synchronises the ranks before it fetches each batch (its SIGTERM broadcast). After a step that
+        # reduced gradients they are already in step and that costs nothing; after a micro-batch that only
+        # accumulated, the ranks that finished first wait there for the slowest, and that wait would count as
+        # their data wait and hide the slow rank.
+        data_is_own = self._reduced or getattr(trainer, "accumulate_grad_batches", 1) == 1
+        self._clock_or_new(trainer).step_start(trainer.global_step, data_is_own=data_is_own)
+        self._reduced = False
+
+    @override
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+        self._reduced = True
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
@@ -224,7 +249,10 @@ class StragglerMonitor(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            self._decide(trainer, *pending)
+            self._decide_gathered(trainer, *pending)
+        # Windows not sent yet (a run that ends inside a gather's windows) are not judged: gathering them here would
+        # add a blocking collective to the end of training.
+        self._unsent = []
         for rank, lost_s in self.detector.open_episodes().items():
             if trainer.is_global_zero:
                 get_event_log(trainer).write("straggler_cleared", suspect_rank=rank, lost_s=lost_s, recovered=False)
@@ -237,7 +265,7 @@ class StragglerMonitor(Callback):
     def _end_window(self, trainer: pl.Trainer) -> None:
         assert self._clock is not None
         samples = self._clock.drain()
-        row = [math.nan] * _ROW
+        row = [math.nan] * (_STEPS + self.interval)
         for i, name in enumerate(_FIELDS):
             values = [s[name] for s in samples]
             row[2 * i] = median(values)
@@ -249,21 +277,38 @@ class StragglerMonitor(Callback):
             recent = self._previous_window + samples
             row[_RISE] = rise_step([int(s["at"]) for s in recent], [s["own"] for s in recent])
         self._previous_window, self._previous_median = samples, row[0] if math.isfinite(row[0]) else -math.inf
-        row[-1] = float(len(samples))
+        row[_COUNT] = float(len(samples))
+        for k, sample in enumerate(samples[-self.interval :]):
+            row[_STEPS + k] = sample["own"]
         step = trainer.global_step
         steps = max(step - self._window_start_step, 1)
         self._window_start_step = step
-        # The gather of this window runs in the background and is read at the end of the next window: a rank that
-        # arrives early never stands still for it, at the price of deciding one window later.
-        pending = (start_gather_rows(row, trainer.strategy.root_device), step, steps)
-        previous, self._pending = self._pending, pending
+        # The rows of `windows_per_gather` windows go in one gather, which runs in the background and is read at the
+        # end of the next window: a rank that arrives early never stands still for it, at the price of deciding one
+        # window later (and the earlier windows of a gather one more window later each).
+        self._unsent.append((row, step, steps))
+        previous, self._pending = self._pending, None
+        if len(self._unsent) == self.windows_per_gather:
+            self._pending = self._start_gather(trainer)
         if previous is not None:
-            self._decide(trainer, *previous)
+            self._decide_gathered(trainer, *previous)
 
-    def _decide(self, trainer: pl.Trainer, gathered: PendingRows, step: int, steps: int) -> None:
+    def _start_gather(self, trainer: pl.Trainer) -> tuple[PendingRows, list[tuple[int, int]]]:
+        unsent, self._unsent = self._unsent, []
+        row = [x for r, _, _ in unsent for x in r]
+        return start_gather_rows(row, trainer.strategy.root_device), [(step, steps) for _, step, steps in unsent]
+
+    def _decide_gathered(self, trainer: pl.Trainer, gathered: PendingRows, windows: list[tuple[int, int]]) -> None:
         rows = gathered.wait()
+        width = len(rows[0]) // len(windows)
+        for i, (step, steps) in enumerate(windows):
+            self._decide(trainer, [r[i * width : (i + 1) * width] for r in rows], step, steps)
+
+    def _decide(self, trainer: pl.Trainer, rows: list[list[float]], step: int, steps: int) -> None:
         own = [r[0] for r in rows]
-        result = self.detector.update(own, step=step, steps=steps, onset_steps=[r[_RISE] for r in rows])
+        result = self.detector.update(
+            own, step=step, steps=steps, onset_steps=[r[_RISE] for r in rows], step_own_ms=[r[_STEPS:] for r in rows]
+        )
         # The medians of each part, per rank, of the recent windows: the diagnosis of a detection compares the named
         # rank's parts with the others' over the windows since its onset.
         self._windows.append((step, {part: [r[2 * _FIELDS.index(part)] for r in rows] for part in PARTS}))
@@ -272,7 +317,7 @@ class StragglerMonitor(Callback):
         self.lost_s = self._recovered_lost_s + sum(self.detector.open_episodes().values())
         if trainer.is_global_zero:
             if step > self._replayed_through:  # an earlier attempt logged the steps up to there
-                self._log(trainer, rows, result, step)
+                self._log(trainer, rows, result, step, diagnoses)
             event_log = get_event_log(trainer)
             for d in result.detections:
                 part, excess = diagnoses[d.rank]
@@ -323,7 +368,14 @@ class StragglerMonitor(Callback):
         episode = [parts for end, parts in self._windows if end > onset_step] or [self._windows[-1][1]]
         return diagnose(episode, rank)
 
-    def _log(self, trainer: pl.Trainer, rows: list[list[float]], result: WindowResult, step: int) -> None:
+    def _log(
+        self,
+        trainer: pl.Trainer,
+        rows: list[list[float]],
+        result: WindowResult,
+        step: int,
+        diagnoses: dict[int, tuple[str, dict[str, float]]],
+    ) -> None:
         if not trainer.loggers:
             return
         metrics: dict[str, float] = {}
@@ -351,6 +403,12 @@ class StragglerMonitor(Callback):
         if named:  # only a named rank is a suspect: the slowest rank of a healthy fleet is not one
             metrics["straggler/suspect_rank"] = float(max(named)[1])
         metrics["straggler/named_ranks"] = float(len(self.detector.named))
+        for part, excess in diagnoses.values():
+            # Which part of the named rank's step grew: its excess over the others' in each part, and the part's
+            # index in ("data", "compute") under straggler/part.
+            metrics.update({f"straggler/excess_ms/{k}": v for k, v in excess.items()})
+            if part in _PART_NAMES:
+                metrics["straggler/part"] = float(list(_PART_NAMES).index(part))
         metrics["straggler/threshold"] = result.threshold
         metrics["straggler/noise"] = result.noise
         metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}

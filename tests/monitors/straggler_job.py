@@ -64,6 +64,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--delay-ms", type=float, default=30.0)
     p.add_argument("--action", default="log")
+    p.add_argument("--accumulate", type=int, default=1, help="accumulate_grad_batches")
+    p.add_argument("--interval", type=int, default=4, help="StragglerMonitor(interval=...)")
     args = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -74,7 +76,7 @@ def main() -> None:
         return torch.utils.data.default_collate(samples)
 
     batch = 4
-    n = args.steps * args.devices * batch
+    n = args.steps * args.accumulate * args.devices * batch
     data = TensorDataset(torch.randn(n, 8), torch.randn(n, 1))
     loader = DataLoader(data, batch_size=batch, collate_fn=collate)
     nvml = FakeNVML(device_count=args.devices)
@@ -85,7 +87,7 @@ def main() -> None:
     else:
         model = TinyModel(args.slow_rank if args.cause == "compute" else None, args.delay_ms)
     callbacks = [
-        StragglerMonitor(interval=4, patience=2, warmup_steps=4, action=args.action),
+        StragglerMonitor(interval=args.interval, patience=2, warmup_steps=4, action=args.action),
         ThermalMonitor(interval=4, nvml=nvml),
         GoodputMonitor(),
     ]
@@ -96,6 +98,7 @@ def main() -> None:
         devices=args.devices,
         strategy="ddp" if args.devices > 1 else "auto",
         max_steps=args.steps,
+        accumulate_grad_batches=args.accumulate,
         default_root_dir=args.root,
         logger=CSVLogger(args.root, name="logs", version=0),
         log_every_n_steps=10,
