@@ -28,6 +28,7 @@ from lightning_ft.checkpoint.coverage import coverage_problems
 from lightning_ft.checkpoint.errors import CheckpointError
 from lightning_ft.checkpoint.in_progress import discard, has_record, in_flight_paths
 from lightning_ft.checkpoint.shard_reader import ShardReader
+from lightning_ft.checkpoint.single_file import is_checkpoint_file, read_marker
 from lightning_ft.checkpoint.snapshot_storage import fsync_dir
 from lightning_ft.checkpoint.storage.object_store import ObjectStore, as_url, is_remote
 from lightning_ft.checkpoint.storage.registry import storage_for_path
@@ -71,7 +72,7 @@ def is_committed(path: str | os.PathLike) -> bool:
     checkpoint whose marker object exists."""
     if is_remote(path):
         return ObjectStore().is_committed(path)
-    return (Path(path) / COMMIT_MARKER).is_file()
+    return (Path(path) / COMMIT_MARKER).is_file() or is_checkpoint_file(path)
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
@@ -101,7 +102,14 @@ def list_committed(dirpath: str | os.PathLike) -> list[CheckpointInfo]:
         return []
     found = []
     for child in dirpath.iterdir():
-        if child.is_symlink() or not child.is_dir() or parse_swap_name(child.name) or not is_committed(child):
+        if child.is_symlink() or parse_swap_name(child.name):
+            continue
+        if child.is_file():
+            marker = read_marker(child)  # a checkpoint file of ours (single-file format), committed where it stands
+            if marker is not None:
+                found.append(_file_info(child, marker))
+            continue
+        if not child.is_dir() or not is_committed(child):
             continue
         try:
             # The marker repeats the step and full_state, so listing a folder of large checkpoints reads small files.
@@ -120,6 +128,16 @@ def list_committed(dirpath: str | os.PathLike) -> list[CheckpointInfo]:
             )
         )
     return sorted(found, key=lambda c: (c.step is not None, c.step or 0, c.mtime, c.path.name))
+
+
+def _file_info(path: Path, marker: dict[str, Any]) -> CheckpointInfo:
+    step, full_state, time = marker.get("step"), marker.get("full_state"), marker.get("time")
+    return CheckpointInfo(
+        path=path,
+        step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+        mtime=float(time) if isinstance(time, (int, float)) else path.stat().st_mtime,
+        full_state=full_state if isinstance(full_state, bool) else None,
+    )
 
 
 def latest_committed(dirpath: str | os.PathLike, *, exclude: Iterable[str | os.PathLike] = ()) -> CheckpointInfo | None:

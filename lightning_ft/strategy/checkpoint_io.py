@@ -27,7 +27,7 @@ from lightning_ft.checkpoint import AsyncCheckpointer, CheckpointError, load_che
 from lightning_ft.checkpoint.internal import (
     CheckpointLocation,
     CommitInfo,
-    ObjectStoreCheckpointer,
+    FileCheckpointer,
     Retention,
     RoutedStorage,
     as_url,
@@ -223,7 +223,7 @@ class StrategyCheckpoints:
         seam to write through (``None``: the format's storage, with object storage for URLs; a fault injector passes a
         wrapper, which keeps its faults around them)."""
         if self._writer is None:
-            self._writer = ObjectStoreCheckpointer(on_commit=self._on_commit, storage=self._storage(storage))
+            self._writer = FileCheckpointer(on_commit=self._on_commit, storage=self._storage(storage))
 
     def _storage(self, wrapper: Any) -> Any:
         """The seam the writer uses: this format's storage for folders, object storage for URLs; inside ``wrapper`` (a
@@ -277,7 +277,7 @@ class StrategyCheckpoints:
         start = time.perf_counter()
         if self._writer is None:
             # No background writer outside fit: nothing would ever wait for it, so save and commit now.
-            one_shot = ObjectStoreCheckpointer(on_commit=self._on_commit, storage=self._storage(None))
+            one_shot = FileCheckpointer(on_commit=self._on_commit, storage=self._storage(None))
             try:
                 one_shot.save(path, state, rank_state=rank_state, metadata=metadata)
             finally:

@@ -11,13 +11,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from lightning_ft.checkpoint.single_file import FileStorage
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 from lightning_ft.checkpoint.storage.dcp_storage import ENTRIES_FILE, DcpStorage
 from lightning_ft.checkpoint.storage.object_store import ObjectStore, is_remote
 
 __all__ = ["FORMATS", "storage_for_path", "storage_named"]
 
-FORMATS = ("torchsnapshot", "dcp")
+FORMATS = ("torchsnapshot", "dcp", "file")
 """The on-disk formats ``ElasticFT3D(checkpoint_format=...)`` accepts."""
 
 
@@ -32,6 +33,8 @@ def storage_named(name: str, *, owner: str | None = None) -> Any:
         return SnapshotStorage()
     if name == "dcp":
         return DcpStorage()
+    if name == "file":
+        return FileStorage()
     option = f"checkpoint_format={name!r}"
     raise ValueError(f"{f'{owner}({option})' if owner else option}: must be one of {', '.join(map(repr, FORMATS))}")
 
@@ -41,4 +44,6 @@ def storage_for_path(path: str | os.PathLike) -> Any:
     holding DCP's entry table, else torchsnapshot."""
     if is_remote(path):
         return ObjectStore()
+    if Path(path).is_file():
+        return FileStorage()
     return DcpStorage() if (Path(path) / ENTRIES_FILE).is_file() else SnapshotStorage()
