@@ -43,6 +43,7 @@ __all__ = [
     "list_committed",
     "read_metadata",
     "recover_interrupted_swaps",
+    "relink_last_file",
     "repoint_last",
     "verify",
 ]
@@ -255,6 +256,26 @@ def repoint_last(dirpath: str | os.PathLike, target: str | os.PathLike, name: st
     relative = os.path.relpath(os.path.abspath(target), os.path.abspath(dirpath))
     tmp = dirpath / f".{name}.tmp-{uuid.uuid4().hex}"
     os.symlink(relative, tmp, target_is_directory=True)
+    os.replace(tmp, link)
+    fsync_dir(dirpath)
+    return link
+
+
+def relink_last_file(dirpath: str | os.PathLike, target: str | os.PathLike, name: str = "last") -> Path:
+    """Atomically make ``dirpath/name`` a hard link to the checkpoint file ``target`` (a second name for the same
+    file: no copy, and ``os.path.isfile`` is true); returns its path. A reader sees the old ``last`` or the new one.
+
+    Raises:
+        FileExistsError: ``dirpath/name`` is a file or folder lightning-ft did not write; it is left as it is.
+    """
+    dirpath, target = Path(dirpath), Path(target)
+    link = dirpath / name
+    if link.exists() and not link.is_symlink() and not (link.is_file() and is_checkpoint_file(link)):
+        raise FileExistsError(f"{link} exists and is not a checkpoint file of lightning-ft; it is left as it is")
+    if not target.is_absolute() and not target.exists():
+        target = dirpath / target
+    tmp = dirpath / f".{name}.tmp-{uuid.uuid4().hex}"
+    os.link(target, tmp)
     os.replace(tmp, link)
     fsync_dir(dirpath)
     return link

@@ -63,14 +63,13 @@ def prepare_file(path: Path, *, step: int | None, run_id: str | None) -> Path:
     Raises:
         CheckpointError: ``path`` is a link, or a file or folder lightning-ft cannot prove it wrote; nothing is touched.
     """
-    if path.is_symlink():
-        raise CheckpointError(f"cannot save to {path}: it is a link; lightning-ft does not write through links")
-    if path.exists() and not is_ours(path):
+    # A link at the path (a `last` link of a folder run) is replaced by the file, never written through.
+    if not path.is_symlink() and path.exists() and not is_ours(path):
         raise CheckpointError(
             f"cannot save to {path}: it exists and lightning-ft cannot prove it wrote it (not a checkpoint file of"
             " ours, no commit marker, no in-progress record), so it is left alone; move it away or save to another path"
         )
-    if path.is_dir() and not (path / "lightning_ft.committed").is_file():
+    if not path.is_symlink() and path.is_dir() and not (path / "lightning_ft.committed").is_file():
         discard(path)  # an interrupted save of ours: one save is in flight at a time, so not this one's
     folder = swap_path(path, "new", uuid.uuid4().hex[:16])
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -101,7 +100,9 @@ class FileSwap:
         """Rename the new file onto ``target``, durably; a committed checkpoint there is kept aside until
         :meth:`finish`."""
         new = self.staged / STAGED_NAME
-        if self.target.is_dir():
+        if self.target.is_symlink():
+            pass  # a link holds no data: the rename below replaces the link itself
+        elif self.target.is_dir():
             os.rename(self.target, self.old)  # a committed folder of ours (prepare_file refused anything else)
             self._old_kept = True
             fsync_dir(self.target.parent)

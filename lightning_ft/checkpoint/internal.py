@@ -58,7 +58,7 @@ from lightning_ft.checkpoint.storage.object_store import (
     is_remote,
     protocol_of,
 )
-from lightning_ft.checkpoint.storage.registry import FORMATS, storage_for_path, storage_named
+from lightning_ft.checkpoint.storage.registry import FORMATS, resolve_format, storage_for_path, storage_named
 from lightning_ft.checkpoint.writer_threads import lower_thread_priority
 
 __all__ = [
@@ -115,6 +115,7 @@ __all__ = [
     "read_rank_state",
     "remove_others",
     "run_folder",
+    "resolve_format",
     "storage_for_path",
     "storage_named",
     "unpack",

@@ -183,7 +183,7 @@ class StrategyCheckpoints:
         event_log: returns the event log (``None`` before it is open).
         broadcast: rank 0's value on every rank (collective).
         all_ranks_agree: ``True`` on every rank when every rank passed ``True`` (collective).
-        checkpoint_format: the storage new checkpoints are written with (``"torchsnapshot"`` or ``"dcp"``).
+        checkpoint_format: the storage new checkpoints are written with (``"torchsnapshot"``, ``"dcp"`` or ``"file"``).
     """
 
     def __init__(
@@ -205,6 +205,8 @@ class StrategyCheckpoints:
         self._unaccounted_stall_s = 0.0
         self._last_save: tuple[Path, int | None] | None = None
         self.retention = Retention(in_flight=self._in_flight, in_flight_step=self._in_flight_step)
+        self.retention.single_file = checkpoint_format == "file"
+        self._routed: RoutedStorage | None = None
 
     def _in_flight(self) -> Path | None:
         return self._writer.in_flight if self._writer is not None else None
@@ -229,6 +231,7 @@ class StrategyCheckpoints:
         """The seam the writer uses: this format's storage for folders, object storage for URLs; inside ``wrapper`` (a
         fault injector's, whose innermost storage is replaced) when given."""
         routed = RoutedStorage(storage_named(self._format))
+        self._routed = routed
         if wrapper is None:
             return routed
         holder = wrapper
@@ -237,6 +240,14 @@ class StrategyCheckpoints:
         if hasattr(holder, "inner"):
             holder.inner = routed
         return wrapper
+
+    def use_format(self, checkpoint_format: str) -> None:
+        """Write new checkpoints with ``checkpoint_format`` from now on (the strategy's choice at set-up, once the
+        world and the state are known; :func:`~lightning_ft.checkpoint.internal.resolve_format`)."""
+        self._format = checkpoint_format
+        self.retention.single_file = checkpoint_format == "file"
+        if self._routed is not None:
+            self._routed.local = storage_named(checkpoint_format)
 
     def close(self) -> None:
         """Wait for the save in flight and stop the writer; re-raise a background failure. Every rank calls it."""

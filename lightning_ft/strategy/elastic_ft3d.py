@@ -63,7 +63,7 @@ from typing_extensions import override
 
 from lightning_ft import _compat
 from lightning_ft.checkpoint import MemoryTier
-from lightning_ft.checkpoint.internal import storage_named
+from lightning_ft.checkpoint.internal import resolve_format, storage_named
 from lightning_ft.elastic import ElasticPolicy
 from lightning_ft.elastic.internal import DATA_RANDOMNESS, align_batch_progress, check_accumulation_scheduler
 from lightning_ft.events import open_event_log
@@ -109,7 +109,10 @@ class ElasticFT3D(DDPStrategy):
         timeout: timeout of the training process group.
         find_unused_parameters: passed to ``DistributedDataParallel`` when the model is not parallelized.
         checkpoint_format: ``"torchsnapshot"`` (default) or ``"dcp"`` (PyTorch's distributed checkpoint layout); the
-            commit marker, checksums, retention and fallback are the same. Loading recognizes either.
+            commit marker, checksums, retention and fallback are the same. ``"file"``: one ``torch.save`` file that
+            Lightning's own loaders read, for a world of one process with plain state (a ``ValueError`` at set-up
+            otherwise); ``"auto"``: the file for such a world, torchsnapshot folders for any other. Loading recognizes
+            every format.
         data_randomness: ``"ddp"`` (default) draws what ``DDPStrategy`` draws; ``"per_sample"`` seeds each training
             sample from its place in the epoch (exact resume with DataLoader workers, other numbers; docs/strategy.md).
         memory_tier: a :class:`~lightning_ft.MemoryTier` saves every few steps to node-local memory and a partner node,
@@ -326,6 +329,9 @@ class ElasticFT3D(DDPStrategy):
         self._parallelized = has_dtensor_parameters(self.model)
         self._mode = mode_for(self, self.model)
         self._mode.setup(trainer)
+        self._checkpoint_manager().use_format(
+            resolve_format(self.checkpoint_format, world_size=self.world_size, plain=self._mode.name == "data_parallel")
+        )
         if self._memory is not None and trainer.state.fn == TrainerFn.FITTING:
             self._memory.setup_tier(trainer)  # collective: its gloo group, the budget check on every rank
         if self._fault is not None:  # collective: watchdog, health checks (all ranks start or none), agreement group
