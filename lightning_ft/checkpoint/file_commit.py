@@ -1,9 +1,9 @@
 """How a checkpoint file is committed: written beside its path, then renamed onto it; never a moment without one.
 
-:class:`FileCheckpointer` is the :class:`~lightning_ft.checkpoint.storage.ObjectStoreCheckpointer` the strategy uses;
-with a storage that writes files (:class:`~lightning_ft.checkpoint.single_file.FileStorage`,
-``checkpoint_format="file"``, world size 1) a save to a local path runs these steps in the background thread, from the
-same staged copies a folder is written from (the capture at the save call is the parent's):
+:class:`~lightning_ft.checkpoint.AsyncCheckpointer`, given a storage that writes files
+(:class:`~lightning_ft.checkpoint.single_file.FileStorage`, ``checkpoint_format="file"``, world size 1), runs these
+steps for a save to a local path in its background thread, from the same staged copies a folder is written from (the
+capture at the save call is the same):
 
 1. :func:`prepare_file` creates the save's staging folder ``.<name>.lft-new-<token>`` beside the path, holding the
    in-progress record (:mod:`~lightning_ft.checkpoint.in_progress`) before any data: a leftover of a killed save is
@@ -28,18 +28,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from lightning_ft.checkpoint.checksum import crc32
 from lightning_ft.checkpoint.errors import CheckpointError
 from lightning_ft.checkpoint.in_progress import discard, is_ours, write_record
 from lightning_ft.checkpoint.single_file import STAGED_NAME
 from lightning_ft.checkpoint.snapshot_storage import fsync_dir
-from lightning_ft.checkpoint.storage.object_checkpointer import ObjectStoreCheckpointer
-from lightning_ft.checkpoint.storage.object_store import is_remote
 from lightning_ft.checkpoint.swap import swap_path
 
-__all__ = ["FileCheckpointer", "FileSwap", "prepare_file", "writes_files"]
+__all__ = ["FileSwap", "prepare_file", "writes_files"]
 
 log = logging.getLogger(__name__)
 
@@ -132,66 +127,3 @@ class FileSwap:
             self._old_kept = False
             fsync_dir(self.target.parent)
         discard(self.staged)
-
-
-class FileCheckpointer(ObjectStoreCheckpointer):
-    """The strategy's checkpointer: the parent's, plus one-file saves when its storage writes files.
-
-    Arguments, calling contract, capture at the save call and error surfacing are the parent's. With a storage that
-    writes files, a save to a local path is written as one checkpoint file and committed by a rename (see the module
-    docstring); that needs a world of one process.
-
-    Example::
-
-        writer = FileCheckpointer(storage=RoutedStorage(FileStorage()))
-        writer.save("checkpoints/step=100.ckpt", {"model": model.state_dict()}, metadata={"step": 100})
-        writer.close()  # checkpoints/step=100.ckpt is a torch.save file
-    """
-
-    def _write_steps(self, job: Any) -> None:
-        if is_remote(job.path) or not writes_files(self._storage):
-            super()._write_steps(job)
-            return
-        if self._world_size != 1:
-            raise CheckpointError(
-                f"cannot save {job.path} as one file: {self._world_size} processes write this checkpoint (the"
-                " single-file format is for a world of one process)"
-            )
-        job.folder = prepare_file(job.path, step=job.metadata["step"], run_id=job.metadata["run_id"])
-        records, entries = [], {}
-        for shard in job.capture.shards:
-            data = shard.data.reshape(-1).view(torch.uint8)
-            entries[shard.name] = data
-            records.append(
-                {
-                    "key": shard.key,
-                    "rank": 0,
-                    "entry": shard.name,
-                    "offset": shard.offset,
-                    "shape": list(shard.data.shape),
-                    "nbytes": data.numel(),
-                    "crc32": crc32(data.numpy()),
-                }
-            )
-        gathered = [(records, job.capture.tensors, job.capture.rank_state_json)]
-        document, size_bytes = self._document(job, gathered, job.path)
-        self._storage.write(job.folder, entries, group=self._group, document=document)
-        swap = FileSwap(job.folder, job.path)
-        try:
-            swap.swap()
-            job.committed = True
-            if self._on_commit is not None:
-                self._on_commit(self._commit_info(job, size_bytes))
-        except BaseException:
-            # A save reported as failed must not stay committed; a checkpoint it replaced comes back.
-            try:
-                swap.undo()
-            except Exception as undo_error:  # noqa: BLE001 - the first error is the one raised
-                log.warning(
-                    "lightning-ft: undoing the failed save %s failed too (%s); the next start settles it",
-                    job.path,
-                    undo_error,
-                )
-            job.committed = False
-            raise
-        swap.finish()

@@ -17,7 +17,7 @@ from lightning_ft.checkpoint.commit import FORMAT_VERSION, METADATA_FILE
 from lightning_ft.checkpoint.dcp_folder import is_dcp_folder, load_dcp, read_lightning_dcp_meta
 from lightning_ft.checkpoint.discovery import COMMIT_MARKER, is_committed, read_metadata
 from lightning_ft.checkpoint.export import export_checkpoint, export_state_dict, exported_checkpoint
-from lightning_ft.checkpoint.file_commit import FileCheckpointer
+from lightning_ft.checkpoint.file_commit import writes_files
 from lightning_ft.checkpoint.foreign_discovery import list_foreign
 from lightning_ft.checkpoint.in_progress import IN_PROGRESS_RECORD
 from lightning_ft.checkpoint.inspect import describe, format_description
@@ -79,7 +79,6 @@ __all__ = [
     "ObjectCheckpointInfo",
     "ObjectCommit",
     "ObjectReader",
-    "FileCheckpointer",
     "ObjectStoreCheckpointer",
     "Retention",
     "RoutedStorage",
@@ -120,4 +119,5 @@ __all__ = [
     "storage_named",
     "unpack",
     "write_copy",
+    "writes_files",
 ]

@@ -27,7 +27,7 @@ from lightning_ft.checkpoint import AsyncCheckpointer, CheckpointError, load_che
 from lightning_ft.checkpoint.internal import (
     CheckpointLocation,
     CommitInfo,
-    FileCheckpointer,
+    ObjectStoreCheckpointer,
     Retention,
     RoutedStorage,
     as_url,
@@ -36,6 +36,7 @@ from lightning_ft.checkpoint.internal import (
     is_remote,
     protocol_of,
     storage_named,
+    writes_files,
 )
 
 if TYPE_CHECKING:
@@ -205,7 +206,7 @@ class StrategyCheckpoints:
         self._unaccounted_stall_s = 0.0
         self._last_save: tuple[Path, int | None] | None = None
         self.retention = Retention(in_flight=self._in_flight, in_flight_step=self._in_flight_step)
-        self.retention.single_file = checkpoint_format == "file"
+        self.retention.single_file = False  # decided at set-up (use_format), once the world is known
         self._routed: RoutedStorage | None = None
 
     def _in_flight(self) -> Path | None:
@@ -225,7 +226,7 @@ class StrategyCheckpoints:
         seam to write through (``None``: the format's storage, with object storage for URLs; a fault injector passes a
         wrapper, which keeps its faults around them)."""
         if self._writer is None:
-            self._writer = FileCheckpointer(on_commit=self._on_commit, storage=self._storage(storage))
+            self._writer = ObjectStoreCheckpointer(on_commit=self._on_commit, storage=self._storage(storage))
 
     def _storage(self, wrapper: Any) -> Any:
         """The seam the writer uses: this format's storage for folders, object storage for URLs; inside ``wrapper`` (a
@@ -245,9 +246,10 @@ class StrategyCheckpoints:
         """Write new checkpoints with ``checkpoint_format`` from now on (the strategy's choice at set-up, once the
         world and the state are known; :func:`~lightning_ft.checkpoint.internal.resolve_format`)."""
         self._format = checkpoint_format
-        self.retention.single_file = checkpoint_format == "file"
+        storage = storage_named(checkpoint_format)
+        self.retention.single_file = writes_files(storage)
         if self._routed is not None:
-            self._routed.local = storage_named(checkpoint_format)
+            self._routed.local = storage
 
     def close(self) -> None:
         """Wait for the save in flight and stop the writer; re-raise a background failure. Every rank calls it."""
@@ -288,7 +290,7 @@ class StrategyCheckpoints:
         start = time.perf_counter()
         if self._writer is None:
             # No background writer outside fit: nothing would ever wait for it, so save and commit now.
-            one_shot = FileCheckpointer(on_commit=self._on_commit, storage=self._storage(None))
+            one_shot = ObjectStoreCheckpointer(on_commit=self._on_commit, storage=self._storage(None))
             try:
                 one_shot.save(path, state, rank_state=rank_state, metadata=metadata)
             finally:
