@@ -58,7 +58,11 @@ def prepare_file(path: Path, *, step: int | None, run_id: str | None) -> Path:
     Raises:
         CheckpointError: ``path`` is a link, or a file or folder lightning-ft cannot prove it wrote; nothing is touched.
     """
-    # A link at the path (a `last` link of a folder run) is replaced by the file, never written through.
+    from lightning_ft.checkpoint.location import is_last_path
+
+    if path.is_symlink() and not is_last_path(path):
+        raise CheckpointError(f"cannot save to {path}: it is a link; lightning-ft does not write through links")
+    # A `last` link (of a folder run, or Lightning's save_last="link") is replaced by the file, never written through.
     if not path.is_symlink() and path.exists() and not is_ours(path):
         raise CheckpointError(
             f"cannot save to {path}: it exists and lightning-ft cannot prove it wrote it (not a checkpoint file of"

@@ -180,3 +180,12 @@ def plant_pickled_entry(path: Path, payload: object) -> None:
         "replicated": False,
     }
     (path / ".snapshot_metadata").write_text(json.dumps(manifest))
+
+
+def folders_only(why: str = "it checks the files inside a checkpoint folder") -> None:
+    """Skip the current test for the single-file format (``"file"``): ``why`` says what it checks that a file has not
+    (the folder's own files, several processes writing one checkpoint)."""
+    if _format[0] == "file":
+        import pytest
+
+        pytest.skip(f"a checkpoint file has no such thing: {why}")

@@ -17,7 +17,7 @@ from lightning_ft.checkpoint.internal import is_committed, read_metadata
 from lightning_ft.events import read_events
 from tests.strategy.models import TinyRegressor, make_trainer
 
-pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
+pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against every format
 
 
 class _MonitoredRegressor(TinyRegressor):

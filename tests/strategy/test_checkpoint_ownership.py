@@ -19,7 +19,7 @@ from lightning_ft.strategy.auto_resume import resume_candidates
 from tests.checkpoint.support import format_storage_class
 from tests.strategy.models import TinyRegressor, make_trainer
 
-pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
+pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against every format
 
 USER_FILES = {
     "src/model.py": b"class Model: ...\n",
