@@ -96,7 +96,11 @@ def _stored_bytes(path: Path, info: zipfile.ZipInfo) -> bytes:
 
 
 def _strings(data: bytes, prefixes: tuple[str, ...]) -> dict[str, str]:
-    """The first string constant of the pickle ``data`` starting with each of ``prefixes``; never executes it."""
+    """The first string constant of the pickle ``data`` starting with each of ``prefixes``; never executes it.
+
+    The opcodes are walked with :func:`pickletools.genops`; where the pickle is damaged (a flipped byte that breaks a
+    string's UTF-8, say) the rest is found as a ``BINUNICODE`` opcode (``X``, a 4-byte length, the UTF-8 bytes) by its
+    bytes, so a damaged file of ours is still recognized as ours (and then refused by its checksums)."""
     found: dict[str, str] = {}
     try:
         for _, arg, _ in pickletools.genops(data):
@@ -105,9 +109,18 @@ def _strings(data: bytes, prefixes: tuple[str, ...]) -> dict[str, str]:
                     if prefix not in found and arg.startswith(prefix):
                         found[prefix] = arg
                 if len(found) == len(prefixes):
-                    break
-    except Exception:  # noqa: BLE001 - a damaged pickle: what was found before the damage still counts
+                    return found
+    except Exception:  # noqa: BLE001 - a damaged pickle: look for the rest by their bytes
         pass
+    for prefix in prefixes:
+        at = data.find(prefix.encode())
+        if prefix in found or at < 5 or data[at - 5] != ord("X"):
+            continue
+        size = int.from_bytes(data[at - 4 : at], "little")
+        try:
+            found[prefix] = data[at : at + size].decode()
+        except UnicodeDecodeError:
+            continue
     return found
 
 
