@@ -108,7 +108,10 @@ def uncommitted(path: Path, step: int) -> Path:
 
 
 def data_files(path: Path) -> list[Path]:
-    """The tensor data files of checkpoint ``path``, smallest first (either format's own metadata excluded)."""
+    """The tensor data files of checkpoint ``path``, smallest first (either format's own metadata excluded); a
+    checkpoint file is its own data file."""
+    if path.is_file():
+        return [path]
     ours = {
         COMMIT_MARKER,
         METADATA_FILE,
