@@ -14,12 +14,15 @@ from lightning.pytorch.core.saving import pl_load
 from torch import nn
 from torch.utils.data import DataLoader
 
-from lightning_ft import ElasticFT3D
+from lightning_ft import ElasticFT3D, ElasticPolicy
 from lightning_ft.checkpoint import list_committed
 from lightning_ft.checkpoint.single_file import is_checkpoint_file
 from lightning_ft.events import read_events
 from tests.e2e._torchrun import assert_ok, torchrun
 from tests.strategy.models import RandomVectors, TinyRegressor, make_trainer
+
+
+KEEP_LOCAL = ElasticPolicy(batch="keep_local")  # 32 samples of 4 a batch: the global batch follows the world
 
 
 class Recorder(TinyRegressor):
@@ -53,7 +56,7 @@ def _fit(root: Path, max_steps: int, *, ckpt_path: str | None = None, fmt: str =
     model = Recorder()
     trainer = make_trainer(
         root,
-        strategy=ElasticFT3D(checkpoint_format=fmt),
+        strategy=ElasticFT3D(checkpoint_format=fmt, elastic=KEEP_LOCAL),
         callbacks=_callbacks(root, **callback_kwargs),
         max_steps=max_steps,
     )
@@ -170,7 +173,7 @@ def main() -> None:  # torchrun entry: every rank fits the recorder with the giv
     torch.manual_seed(0)
     trainer = make_trainer(
         args.root,
-        strategy=ElasticFT3D(checkpoint_format=args.format),
+        strategy=ElasticFT3D(checkpoint_format=args.format, elastic=KEEP_LOCAL),
         callbacks=_callbacks(args.root, save_last=False),
         max_steps=args.steps,
         devices="auto",
