@@ -253,15 +253,31 @@ def checkpoint_dict(document: dict[str, Any], entries: Mapping[str, torch.Tensor
     return checkpoint
 
 
+def _load(path: Path) -> Any:
+    """``torch.load(weights_only=True)`` of a checkpoint file, memory-mapped. A file that names no global beyond
+    torch's own (the common case: torch's scan of the pickle executes nothing) is loaded without importing Lightning,
+    so ``lightning-ft inspect`` stays quick; any other goes through the project's allowed globals."""
+    try:
+        needed = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
+    except Exception as e:  # noqa: BLE001 - a zip that torch's reader cannot open: damaged or truncated
+        raise CorruptCheckpointError(f"{path} is not a readable torch.save file ({type(e).__name__}: {e})") from e
+    if needed:
+        from lightning_ft.checkpoint.safe_load import load_torch_file
+
+        return load_torch_file(path, mmap=True)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # noqa: BLE001 - torch's reader on a damaged file
+        raise CorruptCheckpointError(f"{path} is not a readable torch.save file ({type(e).__name__}: {e})") from e
+
+
 class FileReader:
     """Reads the entries of one checkpoint file back, through ``torch.load(weights_only=True)`` with the allowed
     globals only (memory-mapped: an entry is read when it is asked for). Obtained from :meth:`FileStorage.reader`."""
 
     def __init__(self, path: Path) -> None:
-        from lightning_ft.checkpoint.safe_load import load_torch_file
-
         self.path = Path(path)
-        loaded = load_torch_file(self.path, mmap=True)
+        loaded = _load(self.path)
         record = loaded.get(RECORD_KEY) if isinstance(loaded, dict) else None
         entries = record.get("entries") if isinstance(record, dict) else None
         if not isinstance(entries, dict):
