@@ -329,9 +329,10 @@ class ElasticFT3D(DDPStrategy):
         self._parallelized = has_dtensor_parameters(self.model)
         self._mode = mode_for(self, self.model)
         self._mode.setup(trainer)
-        self._checkpoint_manager().use_format(
-            resolve_format(self.checkpoint_format, world_size=self.world_size, plain=self._mode.name == "data_parallel")
+        fmt = resolve_format(
+            self.checkpoint_format, world_size=self.world_size, plain=self._mode.name == "data_parallel"
         )
+        self._checkpoint_manager().use_format(fmt, checkpoint_io=self.checkpoint_io)
         if self._memory is not None and trainer.state.fn == TrainerFn.FITTING:
             self._memory.setup_tier(trainer)  # collective: its gloo group, the budget check on every rank
         if self._fault is not None:  # collective: watchdog, health checks (all ranks start or none), agreement group
