@@ -110,6 +110,15 @@ def test_lightnings_own_readers_load_a_checkpoint_file_and_last_is_a_file_of_the
     assert os.path.samefile(ckpt / "epoch=1-step=9.ckpt", last) and is_checkpoint_file(last)
 
 
+def test_save_last_link_makes_lightnings_link_to_the_newest_checkpoint_file(tmp_path):
+    _fit(tmp_path, 6, save_last="link")
+    last = tmp_path / "ckpt" / "last.ckpt"
+    assert last.is_symlink() and os.path.samefile(last, tmp_path / "ckpt" / "epoch=0-step=6.ckpt")
+    assert torch.load(last, weights_only=True)["global_step"] == 6
+    trainer, _ = _fit(tmp_path, 9, ckpt_path="last", save_last="link")
+    assert trainer.global_step == 9 and os.path.samefile(last, tmp_path / "ckpt" / "epoch=1-step=9.ckpt")
+
+
 def test_save_top_k_removes_files_of_ours_and_never_a_foreign_lightning_file_which_is_imported_when_asked(tmp_path):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
