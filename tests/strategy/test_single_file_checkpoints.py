@@ -16,6 +16,7 @@ from lightning.pytorch.core.saving import pl_load
 from torch import nn
 from torch.utils.data import DataLoader
 
+import lightning_ft
 from lightning_ft import ElasticFT3D, ElasticPolicy
 from lightning_ft.checkpoint import list_committed
 from lightning_ft.checkpoint.single_file import is_checkpoint_file
@@ -101,8 +102,9 @@ def test_lightnings_own_readers_load_a_checkpoint_file_and_last_is_a_file_of_the
     assert plain["global_step"] == 6 and "optimizer_states" in plain and "loops" in plain
     assert set(pl_load(last)["state_dict"]) == set(model.state_dict())
     loaded = Recorder.load_from_checkpoint(step6)
+    ours = lightning_ft.load_from_checkpoint(Recorder, last)
     for name, tensor in model.state_dict().items():
-        assert torch.equal(loaded.state_dict()[name], tensor), name
+        assert torch.equal(loaded.state_dict()[name], tensor) and torch.equal(ours.state_dict()[name], tensor), name
     assert sorted(p.name for p in ckpt.iterdir()) == ["epoch=0-step=3.ckpt", "epoch=0-step=6.ckpt", "last.ckpt"]
     trainer, _ = _fit(tmp_path, 9, ckpt_path="last")
     assert trainer.global_step == 9
