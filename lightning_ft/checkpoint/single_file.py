@@ -102,6 +102,10 @@ def _strings(data: bytes, prefixes: tuple[str, ...]) -> dict[str, str]:
     string's UTF-8, say) the rest is found as a ``BINUNICODE`` opcode (``X``, a 4-byte length, the UTF-8 bytes) by its
     bytes, so a damaged file of ours is still recognized as ours (and then refused by its checksums)."""
     found: dict[str, str] = {}
+    # A string constant is stored as its UTF-8 bytes: a pickle without them (every other .ckpt file) is not walked.
+    prefixes = tuple(prefix for prefix in prefixes if prefix.encode() in data)
+    if not prefixes:
+        return found
     try:
         for _, arg, _ in pickletools.genops(data):
             if isinstance(arg, str):
@@ -114,9 +118,14 @@ def _strings(data: bytes, prefixes: tuple[str, ...]) -> dict[str, str]:
         pass
     for prefix in prefixes:
         at = data.find(prefix.encode())
-        if prefix in found or at < 5 or data[at - 5] != ord("X"):
+        if prefix in found or at < 2:
             continue
-        size = int.from_bytes(data[at - 4 : at], "little")
+        if at >= 5 and data[at - 5] == ord("X"):  # BINUNICODE: 4-byte length (torch.save's protocol 2)
+            size = int.from_bytes(data[at - 4 : at], "little")
+        elif data[at - 2] == 0x8C:  # SHORT_BINUNICODE: 1-byte length (protocol 4)
+            size = data[at - 1]
+        else:
+            continue
         try:
             found[prefix] = data[at : at + size].decode()
         except UnicodeDecodeError:
