@@ -292,6 +292,10 @@ class StrategyCheckpoints:
                 return
             path = Path(target)
         self._last_save = (path, metadata.get("step"))
+        if self._rank() == 0 and not is_remote(path):
+            # As Lightning's TorchCheckpointIO does before it returns: a `save_last="link"` makes its link right after
+            # this call, while the write (which would create the folder) is still in the background.
+            path.parent.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
         if self._writer is None:
             # No background writer outside fit: nothing would ever wait for it, so save and commit now.

@@ -4,6 +4,7 @@ fallback from a damaged file, and the move between one process (files) and two (
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -18,7 +19,7 @@ from torch.utils.data import DataLoader
 
 import lightning_ft
 from lightning_ft import ElasticFT3D, ElasticPolicy
-from lightning_ft.checkpoint import list_committed
+from lightning_ft.checkpoint import async_checkpointer, list_committed
 from lightning_ft.checkpoint.single_file import is_checkpoint_file
 from lightning_ft.events import read_events
 from tests.e2e._torchrun import assert_ok, torchrun
@@ -113,7 +114,14 @@ def test_lightnings_own_readers_load_a_checkpoint_file_and_last_is_a_file_of_the
 
 
 def test_save_last_link_makes_lightnings_link_to_the_newest_checkpoint_file(tmp_path):
-    _fit(tmp_path, 6, save_last="link")
+    real_prepare = async_checkpointer.prepare_file
+
+    def late_prepare(*args, **kwargs):
+        time.sleep(0.5)  # the background write starts after Lightning made its link (a busy machine)
+        return real_prepare(*args, **kwargs)
+
+    with mock.patch.object(async_checkpointer, "prepare_file", late_prepare):
+        _fit(tmp_path, 6, save_last="link")
     last = tmp_path / "ckpt" / "last.ckpt"
     assert last.is_symlink() and os.path.samefile(last, tmp_path / "ckpt" / "epoch=0-step=6.ckpt")
     assert torch.load(last, weights_only=True)["global_step"] == 6
