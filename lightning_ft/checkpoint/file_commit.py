@@ -28,6 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from lightning_ft.checkpoint.commit import COMMIT_MARKER
 from lightning_ft.checkpoint.errors import CheckpointError
 from lightning_ft.checkpoint.in_progress import discard, is_ours, write_record
 from lightning_ft.checkpoint.single_file import STAGED_NAME
@@ -68,7 +69,7 @@ def prepare_file(path: Path, *, step: int | None, run_id: str | None) -> Path:
             f"cannot save to {path}: it exists and lightning-ft cannot prove it wrote it (not a checkpoint file of"
             " ours, no commit marker, no in-progress record), so it is left alone; move it away or save to another path"
         )
-    if not path.is_symlink() and path.is_dir() and not (path / "lightning_ft.committed").is_file():
+    if not path.is_symlink() and path.is_dir() and not (path / COMMIT_MARKER).is_file():
         discard(path)  # an interrupted save of ours: one save is in flight at a time, so not this one's
     folder = swap_path(path, "new", uuid.uuid4().hex[:16])
     folder.parent.mkdir(parents=True, exist_ok=True)

@@ -170,7 +170,7 @@ def read_file_document(path: str | os.PathLike) -> dict[str, Any]:
     """Read and check the metadata document of the checkpoint file ``path`` (executes nothing).
 
     Raises:
-        CheckpointNotFoundError-like ``UncommittedCheckpointError``: ``path`` is not a lightning-ft checkpoint file.
+        UncommittedCheckpointError: ``path`` is not a lightning-ft checkpoint file.
         CorruptCheckpointError: the pickled part fails the zip's CRC32, or the document is missing, fails its crc32 or
             is not valid JSON.
         FormatVersionError: a format version this release does not read.
