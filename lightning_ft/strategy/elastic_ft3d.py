@@ -158,7 +158,7 @@ class ElasticFT3D(DDPStrategy):
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
         find_unused_parameters: bool = False,
-        checkpoint_format: str = "torchsnapshot",
+        checkpoint_format: str = "auto",
         data_randomness: str = "ddp",
         memory_tier: MemoryTier | None = None,
     ) -> None:

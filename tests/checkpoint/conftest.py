@@ -25,8 +25,8 @@ def use_checkpoint_format(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(async_checkpointer, "SnapshotStorage", support.format_storage)
 
     def strategy_storage(format_name: str, **kwargs):
-        # ElasticFT3D() passes its default "torchsnapshot"; an explicit "dcp" stays "dcp".
-        return storage_named(name if format_name == "torchsnapshot" else format_name, **kwargs)
+        # ElasticFT3D() resolves its default "auto" (to "file" in one process); an explicit "dcp" stays "dcp".
+        return storage_named(name if format_name in ("torchsnapshot", "auto", "file") else format_name, **kwargs)
 
     monkeypatch.setattr(checkpoint_io, "storage_named", strategy_storage)
 
