@@ -108,11 +108,11 @@ class ElasticFT3D(DDPStrategy):
         process_group_backend: ``"nccl"``, ``"gloo"``, ...; ``None`` = the default for the device.
         timeout: timeout of the training process group.
         find_unused_parameters: passed to ``DistributedDataParallel`` when the model is not parallelized.
-        checkpoint_format: ``"torchsnapshot"`` (default) or ``"dcp"`` (PyTorch's distributed checkpoint layout); the
-            commit marker, checksums, retention and fallback are the same. ``"file"``: one ``torch.save`` file that
-            Lightning's own loaders read, for a world of one process with plain state (a ``ValueError`` at set-up
-            otherwise); ``"auto"``: the file for such a world, torchsnapshot folders for any other. Loading recognizes
-            every format.
+        checkpoint_format: ``"auto"`` (default): one ``torch.save`` file that Lightning's own loaders read when the
+            world is one process with plain (non-DTensor, non-pipeline) state, torchsnapshot folders otherwise.
+            ``"torchsnapshot"`` or ``"dcp"`` (PyTorch's distributed checkpoint layout): folders always; the commit
+            marker, checksums, retention and fallback are the same. ``"file"``: the file only (a ``ValueError`` at
+            set-up for more processes or DTensor/pipeline state). Loading recognizes every format.
         data_randomness: ``"ddp"`` (default) draws what ``DDPStrategy`` draws; ``"per_sample"`` seeds each training
             sample from its place in the epoch (exact resume with DataLoader workers, other numbers; docs/strategy.md).
         memory_tier: a :class:`~lightning_ft.MemoryTier` saves every few steps to node-local memory and a partner node,
