@@ -36,6 +36,7 @@ from lightning_ft.checkpoint.internal import (
     is_last_path,
     is_remote,
     protocol_of,
+    resolve_format,
     storage_named,
     writes_files,
 )
@@ -232,7 +233,14 @@ class StrategyCheckpoints:
     def _storage(self, wrapper: Any) -> Any:
         """The seam the writer uses: this format's storage for folders, object storage for URLs; inside ``wrapper`` (a
         fault injector's, whose innermost storage is replaced) when given."""
-        routed = RoutedStorage(storage_named(self._format))
+        name = self._format
+        if name == "auto":
+            # Not yet resolved at set-up (a save outside any stage: no mesh, no DTensor): the file for one process.
+            world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+            name = resolve_format(name, world_size=world_size, plain=True)
+        storage = storage_named(name)
+        self.retention.single_file = writes_files(storage)
+        routed = RoutedStorage(storage)
         self._routed = routed
         if wrapper is None:
             return routed
