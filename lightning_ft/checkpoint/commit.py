@@ -140,6 +140,10 @@ def read_document(path: Path, *, require_commit: bool = True) -> dict[str, Any]:
         FormatVersionError: the format version is not :data:`FORMAT_VERSION`.
     """
     path = Path(path)
+    if path.is_file():
+        from lightning_ft.checkpoint.single_file import read_file_document
+
+        return read_file_document(path)  # a checkpoint file holds its marker and document inside
     marker: dict[str, Any] | None = None
     if (path / COMMIT_MARKER).is_file():
         try:

@@ -28,6 +28,7 @@ from lightning_ft.checkpoint.coverage import coverage_problems
 from lightning_ft.checkpoint.errors import CheckpointError
 from lightning_ft.checkpoint.in_progress import discard, has_record, in_flight_paths
 from lightning_ft.checkpoint.shard_reader import ShardReader
+from lightning_ft.checkpoint.single_file import is_checkpoint_file, read_marker
 from lightning_ft.checkpoint.snapshot_storage import fsync_dir
 from lightning_ft.checkpoint.storage.object_store import ObjectStore, as_url, is_remote
 from lightning_ft.checkpoint.storage.registry import storage_for_path
@@ -42,6 +43,7 @@ __all__ = [
     "list_committed",
     "read_metadata",
     "recover_interrupted_swaps",
+    "relink_last_file",
     "repoint_last",
     "verify",
 ]
@@ -71,7 +73,7 @@ def is_committed(path: str | os.PathLike) -> bool:
     checkpoint whose marker object exists."""
     if is_remote(path):
         return ObjectStore().is_committed(path)
-    return (Path(path) / COMMIT_MARKER).is_file()
+    return (Path(path) / COMMIT_MARKER).is_file() or is_checkpoint_file(path)
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
@@ -101,7 +103,14 @@ def list_committed(dirpath: str | os.PathLike) -> list[CheckpointInfo]:
         return []
     found = []
     for child in dirpath.iterdir():
-        if child.is_symlink() or not child.is_dir() or parse_swap_name(child.name) or not is_committed(child):
+        if child.is_symlink() or parse_swap_name(child.name):
+            continue
+        if child.is_file():
+            marker = read_marker(child)  # a checkpoint file of ours (single-file format), committed where it stands
+            if marker is not None:
+                found.append(_file_info(child, marker))
+            continue
+        if not child.is_dir() or not is_committed(child):
             continue
         try:
             # The marker repeats the step and full_state, so listing a folder of large checkpoints reads small files.
@@ -120,6 +129,16 @@ def list_committed(dirpath: str | os.PathLike) -> list[CheckpointInfo]:
             )
         )
     return sorted(found, key=lambda c: (c.step is not None, c.step or 0, c.mtime, c.path.name))
+
+
+def _file_info(path: Path, marker: dict[str, Any]) -> CheckpointInfo:
+    step, full_state, time = marker.get("step"), marker.get("full_state"), marker.get("time")
+    return CheckpointInfo(
+        path=path,
+        step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+        mtime=float(time) if isinstance(time, (int, float)) else path.stat().st_mtime,
+        full_state=full_state if isinstance(full_state, bool) else None,
+    )
 
 
 def latest_committed(dirpath: str | os.PathLike, *, exclude: Iterable[str | os.PathLike] = ()) -> CheckpointInfo | None:
@@ -237,6 +256,26 @@ def repoint_last(dirpath: str | os.PathLike, target: str | os.PathLike, name: st
     relative = os.path.relpath(os.path.abspath(target), os.path.abspath(dirpath))
     tmp = dirpath / f".{name}.tmp-{uuid.uuid4().hex}"
     os.symlink(relative, tmp, target_is_directory=True)
+    os.replace(tmp, link)
+    fsync_dir(dirpath)
+    return link
+
+
+def relink_last_file(dirpath: str | os.PathLike, target: str | os.PathLike, name: str = "last") -> Path:
+    """Atomically make ``dirpath/name`` a hard link to the checkpoint file ``target`` (a second name for the same
+    file: no copy, and ``os.path.isfile`` is true); returns its path. A reader sees the old ``last`` or the new one.
+
+    Raises:
+        FileExistsError: ``dirpath/name`` is a file or folder lightning-ft did not write; it is left as it is.
+    """
+    dirpath, target = Path(dirpath), Path(target)
+    link = dirpath / name
+    if link.exists() and not link.is_symlink() and not (link.is_file() and is_checkpoint_file(link)):
+        raise FileExistsError(f"{link} exists and is not a checkpoint file of lightning-ft; it is left as it is")
+    if not target.is_absolute() and not target.exists():
+        target = dirpath / target
+    tmp = dirpath / f".{name}.tmp-{uuid.uuid4().hex}"
+    os.link(target, tmp)
     os.replace(tmp, link)
     fsync_dir(dirpath)
     return link

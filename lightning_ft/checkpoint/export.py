@@ -42,6 +42,7 @@ from lightning_ft.checkpoint.errors import (
 from lightning_ft.checkpoint.load import load_checkpoint
 from lightning_ft.checkpoint.safe_load import safe_globals_for
 from lightning_ft.checkpoint.shard_reader import ShardReader
+from lightning_ft.checkpoint.single_file import is_checkpoint_file
 from lightning_ft.checkpoint.storage.registry import storage_for_path
 from lightning_ft.checkpoint.torch_file import TensorSlot, can_stream, save_streaming
 
@@ -236,7 +237,7 @@ def export_checkpoint(
     import lightning
 
     path = Path(path)
-    if not path.is_dir():
+    if not path.is_dir() and not is_checkpoint_file(path):
         raise UncommittedCheckpointError(f"checkpoint {path} does not exist")
     document = read_document(path)
     reader = ShardReader(path, document, storage_for_path(path), verify_checksums=True)

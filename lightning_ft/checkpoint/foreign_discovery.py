@@ -18,6 +18,7 @@ from lightning_ft.checkpoint.commit import COMMIT_MARKER, METADATA_FILE
 from lightning_ft.checkpoint.dcp_folder import LIGHTNING_META, is_dcp_folder
 from lightning_ft.checkpoint.errors import CheckpointError
 from lightning_ft.checkpoint.safe_load import load_torch_file
+from lightning_ft.checkpoint.single_file import is_checkpoint_file
 from lightning_ft.checkpoint.storage.dcp_storage import ENTRIES_FILE
 
 __all__ = ["ForeignCheckpointInfo", "list_foreign"]
@@ -55,6 +56,8 @@ def list_foreign(dirpath: str | os.PathLike) -> list[ForeignCheckpointInfo]:
         if child.is_symlink():
             continue
         if child.is_file() and child.suffix == ".ckpt":
+            if is_checkpoint_file(child):
+                continue  # a checkpoint file lightning-ft wrote: listed with the committed ones
             source = child
         elif child.is_dir() and is_dcp_folder(child) and (child / LIGHTNING_META).is_file() and not _is_ours(child):
             source = child / LIGHTNING_META

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_ft.checkpoint.commit import COMMIT_MARKER, atomic_write, uncommit
+from lightning_ft.checkpoint.single_file import is_checkpoint_file
 from lightning_ft.checkpoint.snapshot_storage import fsync_dir
 
 __all__ = [
@@ -88,14 +89,20 @@ def remove_record(folder: Path) -> None:
 
 
 def is_ours(path: Path) -> bool:
-    """Whether ``path`` is a folder (not a link) holding our commit marker or our in-progress record."""
-    if path.is_symlink() or not path.is_dir():
+    """Whether ``path`` is a folder (not a link) holding our commit marker or our in-progress record, or a checkpoint
+    file lightning-ft wrote (:func:`~lightning_ft.checkpoint.single_file.is_checkpoint_file`)."""
+    if path.is_symlink():
+        return False
+    if path.is_file():
+        return is_checkpoint_file(path)
+    if not path.is_dir():
         return False
     return (path / COMMIT_MARKER).is_file() or has_record(path)
 
 
 def discard(folder: Path) -> None:
-    """Delete ``folder``, a folder of ours, so that no moment of it looks committed: record, no marker, no files.
+    """Delete ``folder``, a folder of ours, so that no moment of it looks committed: record, no marker, no files; or
+    a checkpoint file of ours.
 
     Does nothing if ``folder`` does not exist. A crash in the middle leaves a folder holding the record, which the next
     cleanup removes.
@@ -108,6 +115,10 @@ def discard(folder: Path) -> None:
         return
     if not is_ours(folder):
         raise ValueError(f"{folder} is not a lightning-ft checkpoint folder; it is left alone")
+    if folder.is_file():
+        folder.unlink()  # a checkpoint file: one unlink, it is there whole or not at all
+        fsync_dir(folder.parent)
+        return
     if not has_record(folder):
         write_record(folder, target=folder, step=None, run_id=None)
     uncommit(folder)

@@ -17,6 +17,7 @@ from lightning_ft.checkpoint.commit import FORMAT_VERSION, METADATA_FILE
 from lightning_ft.checkpoint.dcp_folder import is_dcp_folder, load_dcp, read_lightning_dcp_meta
 from lightning_ft.checkpoint.discovery import COMMIT_MARKER, is_committed, read_metadata
 from lightning_ft.checkpoint.export import export_checkpoint, export_state_dict, exported_checkpoint
+from lightning_ft.checkpoint.file_commit import writes_files
 from lightning_ft.checkpoint.foreign_discovery import list_foreign
 from lightning_ft.checkpoint.in_progress import IN_PROGRESS_RECORD
 from lightning_ft.checkpoint.inspect import describe, format_description
@@ -57,7 +58,7 @@ from lightning_ft.checkpoint.storage.object_store import (
     is_remote,
     protocol_of,
 )
-from lightning_ft.checkpoint.storage.registry import FORMATS, storage_for_path, storage_named
+from lightning_ft.checkpoint.storage.registry import FORMATS, resolve_format, storage_for_path, storage_named
 from lightning_ft.checkpoint.writer_threads import lower_thread_priority
 
 __all__ = [
@@ -113,8 +114,10 @@ __all__ = [
     "read_rank_state",
     "remove_others",
     "run_folder",
+    "resolve_format",
     "storage_for_path",
     "storage_named",
     "unpack",
     "write_copy",
+    "writes_files",
 ]

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextvars
 import dataclasses
 import enum
+import io
 import math
 import pathlib
 import sys
@@ -222,6 +224,21 @@ def _decode_dataclass(type_name: str, fields: dict[str, Any], path: str) -> Any:
     return instance
 
 
+_own_pickles: contextvars.ContextVar[bool] = contextvars.ContextVar("lightning_ft_own_pickles", default=False)
+
+
+def decode_own(obj: Any, on_tensor: DecodeTensor | None = None) -> Any:
+    """:func:`decode` of what :func:`encode` produced in this process at a save call, never of bytes read back from
+    storage: its pickled objects are the user's own objects of that call, pickled a moment ago, so they come back
+    whatever their class (the single-file format writes them into the file as Lightning would). Loads of stored
+    checkpoints use :func:`decode`, whose unpickling is restricted."""
+    token = _own_pickles.set(True)
+    try:
+        return decode(obj, on_tensor)
+    finally:
+        _own_pickles.reset(token)
+
+
 def decode(obj: Any, on_tensor: DecodeTensor | None = None, path: str = "") -> Any:
     """Inverse of :func:`encode`; tensor references are resolved through ``on_tensor`` (kept as keys if ``None``)."""
     if isinstance(obj, list):
@@ -270,7 +287,10 @@ def decode(obj: Any, on_tensor: DecodeTensor | None = None, path: str = "") -> A
     if tag == "sparse":
         return _decode_sparse(obj, on_tensor, path)
     if tag == "pickle":
-        return load_pickled(base64.b64decode(obj["data"]), path or "value")
+        data = base64.b64decode(obj["data"])
+        if _own_pickles.get():
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+        return load_pickled(data, path or "value")
     if tag == "repr":  # written by lightning-ft 0.2.0 and earlier, which stored what it could not encode as a repr
         return obj["repr"]
     raise ValueError(f"{path or 'value'}: unknown encoded type {tag!r} (written by a newer lightning-ft?)")

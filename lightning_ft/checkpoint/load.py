@@ -38,6 +38,7 @@ from lightning_ft.checkpoint.errors import (
 )
 from lightning_ft.checkpoint.location import CheckpointLocation
 from lightning_ft.checkpoint.shard_reader import ShardReader
+from lightning_ft.checkpoint.single_file import is_checkpoint_file
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 from lightning_ft.checkpoint.storage.object_store import ObjectStore, is_remote
 from lightning_ft.checkpoint.storage.registry import storage_for_path
@@ -157,8 +158,8 @@ def load_checkpoint(
             document = read_document(path)  # located: a committed folder of ours
         elif not path.exists():
             raise CheckpointNotFoundError(f"checkpoint {path} does not exist")
-        elif not path.is_dir():
-            raise UncommittedCheckpointError(f"checkpoint {path} is a file, not a lightning-ft checkpoint directory")
+        elif not path.is_dir() and not is_checkpoint_file(path):
+            raise UncommittedCheckpointError(f"checkpoint {path} is a file, not a lightning-ft checkpoint")
         else:
             document = read_document(path)
         problems = coverage_problems(document)

@@ -21,6 +21,7 @@ from lightning_ft.checkpoint.dcp_folder import is_dcp_folder
 from lightning_ft.checkpoint.discovery import COMMIT_MARKER, is_committed, latest_committed, newest_alternative
 from lightning_ft.checkpoint.errors import CheckpointNotFoundError, UncommittedCheckpointError
 from lightning_ft.checkpoint.in_progress import IN_PROGRESS_RECORD
+from lightning_ft.checkpoint.single_file import is_checkpoint_file
 from lightning_ft.checkpoint.storage.dcp_storage import ENTRIES_FILE
 from lightning_ft.checkpoint.storage.object_store import ObjectStore, as_url, is_remote
 
@@ -67,6 +68,8 @@ def is_lightning_ft_checkpoint(path: Path) -> bool:
     or snapshot data; or an object-store checkpoint holding our marker or a generation of ours."""
     if is_remote(path):
         return ObjectStore().is_ours(path)
+    if path.is_file():
+        return is_checkpoint_file(path)
     if not path.is_dir():
         return False
     names = (METADATA_FILE, COMMIT_MARKER, IN_PROGRESS_RECORD, ".snapshot_metadata", "batched", ENTRIES_FILE)

@@ -70,6 +70,10 @@ class Retention:
         self._pending_links: dict[Path, Path] = {}  # link -> the checkpoint it points at once that one commits
         self._pending_removals: list[Path] = []
         self._warned: set[Path] = set()
+        self.single_file = False
+        """Whether checkpoints are single files (``checkpoint_format="file"``): ``last`` is then a file of its own, a
+        hard link to the committed file of the same step (no second copy, and ``os.path.isfile`` holds), or the state
+        written at the ``last`` path itself."""
 
     def _warn_once(self, path: Path, message: str) -> None:
         if path in self._warned:
@@ -89,6 +93,8 @@ class Retention:
         """
         if is_remote(link):
             return self._plan_remote_last(link, step, same_state)
+        if self.single_file:
+            return self._plan_file_last(link, step, same_state)
         if link.exists() and not link.is_symlink():
             self._warn_not_a_link(link)
             return None
@@ -104,6 +110,24 @@ class Retention:
         target = last_data_path(link, step)
         self._follow(link, target)
         return target
+
+    def _plan_file_last(self, link: Path, step: int | None, same_state: Path | None) -> Path | None:
+        # Single files: `last` is a hard link to the committed file of the same state, or that state written at the
+        # `last` path itself (a rename onto the previous `last`, which is ours, or a link).
+        if link.exists() and not link.is_symlink() and not is_ours(link):
+            self._warn_not_a_link(link)
+            return None
+        if same_state is not None and same_state.parent == link.parent:
+            in_flight = self._in_flight()
+            if in_flight is not None and in_flight == same_state and self._in_flight_step() == step:
+                self._follow(link, in_flight)
+                return None
+            if same_state.is_file() and discovery.is_committed(same_state):
+                self._follow(link, None)
+                self._repoint(link, same_state)
+                return None
+        self._follow(link, None)
+        return link
 
     def _plan_remote_last(self, link: Path, step: int | None, same_state: Path | None) -> Path | None:
         # Object stores have no links: `last` is the newest marker found by listing. The same state committed or being
@@ -148,11 +172,14 @@ class Retention:
     def _repoint(self, link: Path, target: Path, *, remove: bool = True) -> Path | None:
         """Point ``link`` at ``target``; the superseded ``last`` state of ours it pointed at is removed (``remove``)
         or returned."""
-        if link.exists() and not link.is_symlink():
+        if link.exists() and not link.is_symlink() and not (target.is_file() and is_ours(link) and link.is_file()):
             self._warn_not_a_link(link)  # appeared since the save was planned: never replaced
             return None
         previous = link.resolve() if link.is_symlink() else None
-        discovery.repoint_last(link.parent, target, name=link.name)
+        if target.is_file():
+            discovery.relink_last_file(link.parent, target, name=link.name)
+        else:
+            discovery.repoint_last(link.parent, target, name=link.name)
         if previous is not None and previous != target.resolve() and is_last_data(previous):
             if not remove:
                 return previous

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from lightning_ft.checkpoint.checksum import crc32
-from lightning_ft.checkpoint.errors import CorruptCheckpointError, UnsafeCheckpointError
+from lightning_ft.checkpoint.errors import CheckpointError, CorruptCheckpointError, UnsafeCheckpointError
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 
 __all__ = ["ShardReader"]
@@ -51,6 +51,8 @@ class ShardReader:
         self.verify_checksums = verify_checksums
         try:
             self.reader = storage.reader(path)
+        except CheckpointError:
+            raise  # a checkpoint file's own refusal (unsafe, corrupt) says why
         except Exception as e:  # noqa: BLE001 - torchsnapshot reports a missing manifest as RuntimeError
             raise CorruptCheckpointError(f"checkpoint {path}: torchsnapshot metadata unreadable ({e})") from e
         unsafe = self.reader.unsafe_entries()

@@ -34,6 +34,7 @@ from typing import NamedTuple
 from lightning_ft.checkpoint.commit import COMMIT_MARKER, uncommit
 from lightning_ft.checkpoint.errors import CheckpointError
 from lightning_ft.checkpoint.in_progress import discard, has_record, in_flight_paths, is_ours, write_record
+from lightning_ft.checkpoint.single_file import is_checkpoint_file, read_marker
 from lightning_ft.checkpoint.snapshot_storage import fsync_dir
 
 __all__ = ["Swap", "SwapName", "parse_swap_name", "prepare", "recover_interrupted_swaps", "swap_path", "swap_target"]
@@ -72,7 +73,8 @@ def swap_target(path: Path) -> Path:
 
 
 def _committed(path: Path) -> bool:
-    return (path / COMMIT_MARKER).is_file()
+    # A checkpoint file of ours is committed wherever it stands: only a rename of a durable file puts one anywhere.
+    return (path / COMMIT_MARKER).is_file() or is_checkpoint_file(path)
 
 
 def _rename(source: Path, destination: Path) -> None:
@@ -161,6 +163,9 @@ class Swap:
 
 
 def _commit_time(path: Path) -> float:
+    if path.is_file():
+        value = (read_marker(path) or {}).get("time")
+        return float(value) if isinstance(value, (int, float)) else 0.0
     marker = path / COMMIT_MARKER
     try:
         value = json.loads(marker.read_bytes()).get("time")
@@ -224,7 +229,7 @@ def recover_interrupted_swaps(dirpath: str | os.PathLike, *, keep: Iterable[str 
     groups: dict[str, list[tuple[str, Path]]] = {}
     for child in dirpath.iterdir():
         parsed = parse_swap_name(child.name)
-        if parsed is not None and not child.is_symlink() and child.is_dir():
+        if parsed is not None and not child.is_symlink() and (child.is_dir() or is_checkpoint_file(child)):
             groups.setdefault(parsed.target, []).append((parsed.kind, child))
     settled = []
     for name, members in sorted(groups.items()):

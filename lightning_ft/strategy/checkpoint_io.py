@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_ft import _compat
@@ -35,7 +36,9 @@ from lightning_ft.checkpoint.internal import (
     is_last_path,
     is_remote,
     protocol_of,
+    resolve_format,
     storage_named,
+    writes_files,
 )
 
 if TYPE_CHECKING:
@@ -183,7 +186,7 @@ class StrategyCheckpoints:
         event_log: returns the event log (``None`` before it is open).
         broadcast: rank 0's value on every rank (collective).
         all_ranks_agree: ``True`` on every rank when every rank passed ``True`` (collective).
-        checkpoint_format: the storage new checkpoints are written with (``"torchsnapshot"`` or ``"dcp"``).
+        checkpoint_format: the storage new checkpoints are written with (``"torchsnapshot"``, ``"dcp"`` or ``"file"``).
     """
 
     def __init__(
@@ -205,6 +208,8 @@ class StrategyCheckpoints:
         self._unaccounted_stall_s = 0.0
         self._last_save: tuple[Path, int | None] | None = None
         self.retention = Retention(in_flight=self._in_flight, in_flight_step=self._in_flight_step)
+        self.retention.single_file = False  # decided at set-up (use_format), once the world is known
+        self._routed: RoutedStorage | None = None
 
     def _in_flight(self) -> Path | None:
         return self._writer.in_flight if self._writer is not None else None
@@ -228,7 +233,15 @@ class StrategyCheckpoints:
     def _storage(self, wrapper: Any) -> Any:
         """The seam the writer uses: this format's storage for folders, object storage for URLs; inside ``wrapper`` (a
         fault injector's, whose innermost storage is replaced) when given."""
-        routed = RoutedStorage(storage_named(self._format))
+        name = self._format
+        if name == "auto":
+            # Not yet resolved at set-up (a save outside any stage: no mesh, no DTensor): the file for one process.
+            world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+            name = resolve_format(name, world_size=world_size, plain=True)
+        storage = storage_named(name)
+        self.retention.single_file = writes_files(storage)
+        routed = RoutedStorage(storage)
+        self._routed = routed
         if wrapper is None:
             return routed
         holder = wrapper
@@ -237,6 +250,19 @@ class StrategyCheckpoints:
         if hasattr(holder, "inner"):
             holder.inner = routed
         return wrapper
+
+    def use_format(self, checkpoint_format: str, *, checkpoint_io: Any = None) -> None:
+        """Write new checkpoints with ``checkpoint_format`` from now on (the strategy's choice at set-up, once the
+        world and the state are known; :func:`~lightning_ft.checkpoint.internal.resolve_format`). A checkpoint file is
+        written through ``checkpoint_io`` (the Trainer's plugin) when it is Lightning's own ``TorchCheckpointIO``,
+        whose write is synchronous, so a test or tool that wraps it sees every save."""
+        self._format = checkpoint_format
+        storage = storage_named(checkpoint_format)
+        self.retention.single_file = writes_files(storage)
+        if self.retention.single_file and type(checkpoint_io) is TorchCheckpointIO:
+            storage.checkpoint_io = checkpoint_io
+        if self._routed is not None:
+            self._routed.local = storage
 
     def close(self) -> None:
         """Wait for the save in flight and stop the writer; re-raise a background failure. Every rank calls it."""
@@ -274,6 +300,10 @@ class StrategyCheckpoints:
                 return
             path = Path(target)
         self._last_save = (path, metadata.get("step"))
+        if self._rank() == 0 and not is_remote(path):
+            # As Lightning's TorchCheckpointIO does before it returns: a `save_last="link"` makes its link right after
+            # this call, while the write (which would create the folder) is still in the background.
+            path.parent.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
         if self._writer is None:
             # No background writer outside fit: nothing would ever wait for it, so save and commit now.

@@ -63,7 +63,7 @@ from typing_extensions import override
 
 from lightning_ft import _compat
 from lightning_ft.checkpoint import MemoryTier
-from lightning_ft.checkpoint.internal import storage_named
+from lightning_ft.checkpoint.internal import resolve_format, storage_named
 from lightning_ft.elastic import ElasticPolicy
 from lightning_ft.elastic.internal import DATA_RANDOMNESS, align_batch_progress, check_accumulation_scheduler
 from lightning_ft.events import open_event_log
@@ -108,8 +108,11 @@ class ElasticFT3D(DDPStrategy):
         process_group_backend: ``"nccl"``, ``"gloo"``, ...; ``None`` = the default for the device.
         timeout: timeout of the training process group.
         find_unused_parameters: passed to ``DistributedDataParallel`` when the model is not parallelized.
-        checkpoint_format: ``"torchsnapshot"`` (default) or ``"dcp"`` (PyTorch's distributed checkpoint layout); the
-            commit marker, checksums, retention and fallback are the same. Loading recognizes either.
+        checkpoint_format: ``"auto"`` (default): one ``torch.save`` file that Lightning's own loaders read when the
+            world is one process with plain (non-DTensor, non-pipeline) state, torchsnapshot folders otherwise.
+            ``"torchsnapshot"`` or ``"dcp"`` (PyTorch's distributed checkpoint layout): folders always; the commit
+            marker, checksums, retention and fallback are the same. ``"file"``: the file only (a ``ValueError`` at
+            set-up for more processes or DTensor/pipeline state). Loading recognizes every format.
         data_randomness: ``"ddp"`` (default) draws what ``DDPStrategy`` draws; ``"per_sample"`` seeds each training
             sample from its place in the epoch (exact resume with DataLoader workers, other numbers; docs/strategy.md).
         memory_tier: a :class:`~lightning_ft.MemoryTier` saves every few steps to node-local memory and a partner node,
@@ -155,7 +158,7 @@ class ElasticFT3D(DDPStrategy):
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
         find_unused_parameters: bool = False,
-        checkpoint_format: str = "torchsnapshot",
+        checkpoint_format: str = "auto",
         data_randomness: str = "ddp",
         memory_tier: MemoryTier | None = None,
     ) -> None:
@@ -326,6 +329,10 @@ class ElasticFT3D(DDPStrategy):
         self._parallelized = has_dtensor_parameters(self.model)
         self._mode = mode_for(self, self.model)
         self._mode.setup(trainer)
+        fmt = resolve_format(
+            self.checkpoint_format, world_size=self.world_size, plain=self._mode.name == "data_parallel"
+        )
+        self._checkpoint_manager().use_format(fmt, checkpoint_io=self.checkpoint_io)
         if self._memory is not None and trainer.state.fn == TrainerFn.FITTING:
             self._memory.setup_tier(trainer)  # collective: its gloo group, the budget check on every rank
         if self._fault is not None:  # collective: watchdog, health checks (all ranks start or none), agreement group

@@ -108,7 +108,10 @@ def uncommitted(path: Path, step: int) -> Path:
 
 
 def data_files(path: Path) -> list[Path]:
-    """The tensor data files of checkpoint ``path``, smallest first (either format's own metadata excluded)."""
+    """The tensor data files of checkpoint ``path``, smallest first (either format's own metadata excluded); a
+    checkpoint file is its own data file."""
+    if path.is_file():
+        return [path]
     ours = {
         COMMIT_MARKER,
         METADATA_FILE,
@@ -180,3 +183,12 @@ def plant_pickled_entry(path: Path, payload: object) -> None:
         "replicated": False,
     }
     (path / ".snapshot_metadata").write_text(json.dumps(manifest))
+
+
+def folders_only(why: str = "it checks the files inside a checkpoint folder") -> None:
+    """Skip the current test for the single-file format (``"file"``): ``why`` says what it checks that a file has not
+    (the folder's own files, several processes writing one checkpoint)."""
+    if _format[0] == "file":
+        import pytest
+
+        pytest.skip(f"a checkpoint file has no such thing: {why}")

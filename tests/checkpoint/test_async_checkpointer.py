@@ -15,9 +15,9 @@ from lightning_ft.checkpoint import AsyncCheckpointer, load_checkpoint, verify
 from lightning_ft.checkpoint import snapshot_storage as storage_module
 from lightning_ft.checkpoint.async_checkpointer import THREAD_NAME
 from lightning_ft.checkpoint.internal import is_committed, read_metadata
-from tests.checkpoint.support import FlakyStorage, GatedStorage, enospc
+from tests.checkpoint.support import FlakyStorage, GatedStorage, enospc, folders_only
 
-pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
+pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against every format
 
 
 def test_tensors_mutated_in_place_after_save_returns_do_not_reach_the_checkpoint(tmp_path):
@@ -71,6 +71,7 @@ def test_save_returns_before_the_write_and_commits_in_a_named_background_thread(
 
 
 def test_only_one_save_is_in_flight_and_the_next_save_waits_for_the_commit(tmp_path):
+    folders_only()
     storage = GatedStorage()
     commits = []
     checkpointer = AsyncCheckpointer(storage=storage, on_commit=lambda info: commits.append(info.path.name))
@@ -174,6 +175,7 @@ def test_a_save_whose_commit_callback_fails_is_raised_at_the_next_save_and_not_c
 def test_a_disk_error_inside_the_format_library_is_raised_with_its_errno_and_nothing_is_committed(
     tmp_path, monkeypatch, checkpoint_format
 ):
+    folders_only()
     if checkpoint_format == "torchsnapshot":
 
         def full_disk(self, write_io):

@@ -13,9 +13,16 @@ import torch
 
 from lightning_ft.checkpoint import AsyncCheckpointer, cleanup_uncommitted, list_committed, load_checkpoint
 from lightning_ft.checkpoint.internal import IN_PROGRESS_RECORD, is_committed
-from tests.checkpoint.support import GatedStorage, StorageWrapper, in_forked_child, kill_this_process, save
+from tests.checkpoint.support import (
+    GatedStorage,
+    StorageWrapper,
+    folders_only,
+    in_forked_child,
+    kill_this_process,
+    save,
+)
 
-pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
+pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against every format
 
 
 class RecordingStorage(StorageWrapper):
@@ -85,6 +92,7 @@ def test_cleanup_removes_only_interrupted_saves_of_ours_and_says_once_what_it_le
 
 
 def test_cleanup_never_removes_a_save_in_flight_even_when_the_caller_does_not_name_it(tmp_path):
+    folders_only()
     save(tmp_path / "replaced", 1)
     storage = GatedStorage()
     checkpointer = AsyncCheckpointer(storage=storage)
@@ -120,6 +128,7 @@ class DyingStorage(StorageWrapper):
 
 
 def test_a_save_killed_mid_write_leaves_a_folder_of_ours_that_the_next_cleanup_removes(tmp_path):
+    folders_only()
     save(tmp_path / "step=1", 1)
 
     def killed_mid_save():

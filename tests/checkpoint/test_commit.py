@@ -17,12 +17,13 @@ from lightning_ft.checkpoint import (
     verify,
 )
 from lightning_ft.checkpoint.internal import COMMIT_MARKER, FORMAT_VERSION, METADATA_FILE, is_committed
-from tests.checkpoint.support import CreatesFileWhenUnpickled, save
+from tests.checkpoint.support import CreatesFileWhenUnpickled, folders_only, save
 
-pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
+pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against every format
 
 
 def test_an_unknown_format_version_is_refused(tmp_path):
+    folders_only()
     path = save(tmp_path / "c", 1)
     document = json.loads((path / METADATA_FILE).read_text())
     document["format_version"] = 99
@@ -36,6 +37,7 @@ def test_an_unknown_format_version_is_refused(tmp_path):
 
 
 def test_a_metadata_file_replaced_by_a_pickle_is_refused_without_unpickling(tmp_path):
+    folders_only()
     path = save(tmp_path / "c", 1)
     sentinel = tmp_path / "pwned"
     (path / METADATA_FILE).write_bytes(pickle.dumps(CreatesFileWhenUnpickled(sentinel)))
@@ -53,6 +55,7 @@ def test_a_metadata_file_replaced_by_a_pickle_is_refused_without_unpickling(tmp_
 
 
 def test_a_metadata_file_changed_after_the_commit_is_refused_because_it_no_longer_matches_its_marker(tmp_path):
+    folders_only()
     path = save(tmp_path / "c", 1)
     document = json.loads((path / METADATA_FILE).read_text())
     document["metadata"]["step"] = 2
@@ -63,6 +66,7 @@ def test_a_metadata_file_changed_after_the_commit_is_refused_because_it_no_longe
 
 
 def test_the_marker_is_written_last_and_records_the_step_and_the_metadata_checksum(tmp_path, monkeypatch):
+    folders_only()
     written = []
     original = commit.atomic_write
 
@@ -80,6 +84,7 @@ def test_the_marker_is_written_last_and_records_the_step_and_the_metadata_checks
 
 
 def test_uncommit_removes_only_the_marker_so_the_directory_stops_counting_before_it_is_deleted(tmp_path):
+    folders_only()
     path = save(tmp_path / "c", 3)
     commit.uncommit(path)
     assert not is_committed(path)
@@ -90,6 +95,7 @@ def test_uncommit_removes_only_the_marker_so_the_directory_stops_counting_before
 
 
 def test_a_directory_without_metadata_or_with_a_damaged_marker_is_refused(tmp_path):
+    folders_only()
     (tmp_path / "empty").mkdir()
     with pytest.raises(UncommittedCheckpointError, match=METADATA_FILE):
         commit.read_document(tmp_path / "empty", require_commit=False)

@@ -10,12 +10,13 @@ import pytest
 
 from lightning_ft.checkpoint import cleanup_uncommitted, latest_committed, list_committed, repoint_last, verify
 from lightning_ft.checkpoint.internal import COMMIT_MARKER, METADATA_FILE, is_committed
-from tests.checkpoint.support import save, uncommitted
+from tests.checkpoint.support import folders_only, save, uncommitted
 
-pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
+pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against every format
 
 
 def test_discovery_sees_committed_checkpoints_by_step_and_ignores_uncommitted_ones_and_the_last_link(tmp_path):
+    folders_only()
     save(tmp_path / "b", 20)
     save(tmp_path / "a", 10)
     uncommitted(tmp_path / "c", 30)
@@ -29,6 +30,7 @@ def test_discovery_sees_committed_checkpoints_by_step_and_ignores_uncommitted_on
 
 
 def test_verify_finds_nothing_wrong_in_a_sound_checkpoint_and_reports_a_missing_marker(tmp_path):
+    folders_only()
     assert verify(save(tmp_path / "sound", 1)) == []
     problems = verify(uncommitted(tmp_path / "interrupted", 2))
     assert len(problems) == 1 and COMMIT_MARKER in problems[0] and "interrupted" in problems[0]
@@ -36,6 +38,7 @@ def test_verify_finds_nothing_wrong_in_a_sound_checkpoint_and_reports_a_missing_
 
 
 def test_cleanup_removes_interrupted_saves_of_ours_except_those_kept(tmp_path):
+    folders_only()
     save(tmp_path / "done", 1)
     uncommitted(tmp_path / "crashed", 2)
     uncommitted(tmp_path / "in-flight", 3)
@@ -46,6 +49,7 @@ def test_cleanup_removes_interrupted_saves_of_ours_except_those_kept(tmp_path):
 
 
 def test_the_marker_says_whether_the_checkpoint_holds_the_full_state_so_listing_reads_only_markers(tmp_path):
+    folders_only()
     save(tmp_path / "full", 2, metadata={"step": 2, "full_state": True})
     save(tmp_path / "weights", 3, metadata={"step": 3, "full_state": False})
     save(tmp_path / "unsaid", 1)
@@ -59,6 +63,7 @@ def test_the_marker_says_whether_the_checkpoint_holds_the_full_state_so_listing_
 
 
 def test_repoint_last_is_atomic_so_the_link_always_resolves_to_a_committed_checkpoint(tmp_path):
+    folders_only()
     targets = [save(tmp_path / "step=1", 1), save(tmp_path / "step=2", 2)]
     link = repoint_last(tmp_path, targets[0])
     assert os.readlink(link) == "step=1"  # relative, so the folder can move

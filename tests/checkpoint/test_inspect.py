@@ -11,8 +11,9 @@ import torch.nn as nn
 
 from lightning_ft.checkpoint import AsyncCheckpointer
 from lightning_ft.checkpoint.internal import COMMIT_MARKER, describe, export_state_dict, format_description
+from tests.checkpoint.support import folders_only
 
-pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
+pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against every format
 
 
 class TinyModule(lightning.LightningModule):
@@ -41,6 +42,7 @@ def save_lightning_like(path, module: TinyModule, step: int) -> None:
 
 
 def test_describe_reports_step_world_size_bytes_commit_and_checksums(tmp_path):
+    folders_only()
     save_lightning_like(tmp_path / "step=10", TinyModule(), 10)
     desc = describe(tmp_path / "step=10")
     assert desc["committed"] and desc["checksums_ok"] and desc["problems"] == []

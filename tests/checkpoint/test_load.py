@@ -17,13 +17,21 @@ from lightning_ft.checkpoint import (
     load_checkpoint,
     verify,
 )
-from tests.checkpoint.support import CreatesFileWhenUnpickled, data_files, plant_pickled_entry, save, uncommitted
+from tests.checkpoint.support import (
+    CreatesFileWhenUnpickled,
+    data_files,
+    folders_only,
+    plant_pickled_entry,
+    save,
+    uncommitted,
+)
 from tests.helpers import run_distributed
 
-pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
+pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against every format
 
 
 def test_loading_an_uncommitted_checkpoint_is_refused_naming_the_newest_committed_one(tmp_path):
+    folders_only()
     save(tmp_path / "step=10", 10)
     uncommitted(tmp_path / "step=20", 20)
     with pytest.raises(UncommittedCheckpointError) as raised:
@@ -35,6 +43,7 @@ def test_loading_an_uncommitted_checkpoint_is_refused_naming_the_newest_committe
 
 
 def test_a_corrupted_byte_in_a_shard_file_is_named_by_load_and_verify(tmp_path):
+    folders_only()
     path = save(tmp_path / "c", 1, {"model": {"weight": torch.randn(512, 512), "bias": torch.randn(8)}})
     target = data_files(path)[-1]
     data = bytearray(target.read_bytes())
@@ -50,6 +59,7 @@ def test_a_corrupted_byte_in_a_shard_file_is_named_by_load_and_verify(tmp_path):
 
 
 def test_a_missing_shard_file_is_named(tmp_path):
+    folders_only()
     path = save(tmp_path / "c", 1, {"model": {"weight": torch.randn(512, 512)}})
     target = data_files(path)[-1]
     target.unlink()
@@ -60,6 +70,7 @@ def test_a_missing_shard_file_is_named(tmp_path):
 
 
 def test_a_shard_file_replaced_by_a_pickle_is_refused_without_unpickling(tmp_path):
+    folders_only()
     path = save(tmp_path / "c", 1, {"weight": torch.randn(64, 64)})
     sentinel = tmp_path / "pwned"
     data_files(path)[-1].write_bytes(pickle.dumps(CreatesFileWhenUnpickled(sentinel)))

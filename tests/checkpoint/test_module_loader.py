@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_ft import load_from_checkpoint
+from lightning_ft import ElasticFT3D, load_from_checkpoint
 from lightning_ft.checkpoint import CheckpointNotFoundError, UncommittedCheckpointError
 from lightning_ft.checkpoint.internal import COMMIT_MARKER
 from tests.helpers import run_distributed
@@ -25,9 +25,10 @@ class ShardedRegressor(TinyRegressor):
         fully_shard(self.net, mesh=self.device_mesh["data_parallel"])
 
 
-def _train(tmp_path, model, steps=4):
+def _train(tmp_path, model, steps=4, checkpoint_format="auto"):
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1, save_last=True)
-    make_trainer(tmp_path, callbacks=[ckpt], max_steps=steps).fit(model)
+    strategy = ElasticFT3D(checkpoint_format=checkpoint_format)
+    make_trainer(tmp_path, strategy=strategy, callbacks=[ckpt], max_steps=steps).fit(model)
     return tmp_path / "ckpt"
 
 
@@ -74,7 +75,7 @@ def test_a_sharded_dtensor_checkpoint_loads_into_the_plain_module(tmp_path):
 
 
 def test_an_uncommitted_last_link_and_a_missing_path_are_refused(tmp_path):
-    folder = _train(tmp_path, TinyRegressor())
+    folder = _train(tmp_path, TinyRegressor(), checkpoint_format="torchsnapshot")  # `last` a link to a folder
     with pytest.raises(CheckpointNotFoundError, match="does not exist") as raised:
         load_from_checkpoint(TinyRegressor, folder / "epoch=0-step=9.ckpt")
     assert isinstance(raised.value, FileNotFoundError)

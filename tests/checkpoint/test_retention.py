@@ -9,9 +9,9 @@ import pytest
 
 from lightning_ft.checkpoint import repoint_last
 from lightning_ft.checkpoint.internal import Retention, is_committed
-from tests.checkpoint.support import save
+from tests.checkpoint.support import folders_only, save
 
-pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
+pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against every format
 
 
 class InFlight:
@@ -56,6 +56,7 @@ def test_removing_a_checkpoint_that_is_still_being_written_waits_for_its_commit(
 
 
 def test_the_last_link_waits_for_the_save_of_its_step_and_never_points_at_a_save_in_flight(tmp_path):
+    folders_only()
     first, second = save(tmp_path / "step=1", 1), tmp_path / "step=2"
     writing = InFlight()
     retention = Retention(in_flight=writing, in_flight_step=lambda: 2 if writing.path == second else None)
@@ -76,6 +77,7 @@ def test_the_last_link_waits_for_the_save_of_its_step_and_never_points_at_a_save
 
 
 def test_a_last_save_with_no_checkpoint_of_its_step_is_written_beside_the_link_and_replaces_the_previous(tmp_path):
+    folders_only()
     save(tmp_path / "step=1", 1)
     retention = Retention(in_flight=InFlight())
     link = tmp_path / "last.ckpt"

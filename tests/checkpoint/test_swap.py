@@ -28,12 +28,13 @@ from tests.checkpoint.support import (
     GatedStorage,
     StorageWrapper,
     enospc,
+    folders_only,
     in_forked_child,
     kill_this_process,
     save,
 )
 
-pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
+pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against every format
 
 TOKEN = "0123456789abcdef"
 
@@ -157,6 +158,7 @@ def _crash_at(monkeypatch, index: int) -> list[str]:
 def test_a_crash_at_any_step_of_a_swap_leaves_the_new_checkpoint_committed_at_its_path_after_recovery(
     tmp_path, monkeypatch, crash_at
 ):
+    folders_only()
     target = save(tmp_path / "c", 1)
     staged = save(swap.swap_path(target, "new", TOKEN), 2)
     steps = _crash_at(monkeypatch, crash_at)
@@ -193,6 +195,7 @@ def test_recovery_keeps_the_old_checkpoint_when_the_new_one_never_committed(tmp_
 def test_a_crash_while_undoing_a_failed_save_leaves_a_committed_checkpoint_at_its_path_after_recovery(
     tmp_path, monkeypatch, crash_at
 ):
+    folders_only()
     target = save(tmp_path / "c", 1)
     staged = save(swap.swap_path(target, "new", TOKEN), 2)
     replacement = swap.Swap(staged, target)
@@ -238,6 +241,7 @@ def _kill_at_rename(number: int):
 def test_a_process_killed_while_replacing_a_checkpoint_leaves_one_that_recovery_restores(
     tmp_path, kill_at, expected_step
 ):
+    folders_only()
     path = save(tmp_path / "c", 1, {"w": torch.full((4,), 1.0), "b": torch.arange(1000.0)})
 
     def replace_and_die():

@@ -9,22 +9,26 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from lightning_ft import ElasticFT3D
 from lightning_ft.cli import main
 from tests.helpers import REPO_ROOT, subprocess_env
 from tests.strategy.conftest import _release_lightning_process_group  # noqa: F401 - autouse in this module too
 from tests.strategy.models import TinyRegressor, make_trainer
 
+FORMATS = pytest.mark.parametrize("fmt", ["torchsnapshot", "file"])  # a folder, or one file (one process)
 
-def _train(tmp_path):
+
+def _train(tmp_path, fmt="torchsnapshot"):
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1)
-    trainer = make_trainer(tmp_path, callbacks=[ckpt], max_steps=3)
+    trainer = make_trainer(tmp_path, strategy=ElasticFT3D(checkpoint_format=fmt), callbacks=[ckpt], max_steps=3)
     model = TinyRegressor()
     trainer.fit(model)
     return model, tmp_path / "ckpt" / "epoch=0-step=3.ckpt"
 
 
-def test_inspect_shows_step_world_size_and_intact_checksums(tmp_path, capsys):
-    _, path = _train(tmp_path)
+@FORMATS
+def test_inspect_shows_step_world_size_and_intact_checksums(tmp_path, capsys, fmt):
+    _, path = _train(tmp_path, fmt)
     assert main(["inspect", str(path)]) == 0
     out = capsys.readouterr().out
     assert "3" in out and "committed" in out.lower()
@@ -46,8 +50,19 @@ def test_inspect_fails_on_a_corrupted_shard(tmp_path, capsys):
     assert '"checksums_ok": false' in capsys.readouterr().out
 
 
-def test_export_writes_a_file_load_from_checkpoint_accepts(tmp_path):
-    model, path = _train(tmp_path)
+def test_inspect_fails_on_a_corrupted_tensor_in_a_checkpoint_file(tmp_path, capsys):
+    model, path = _train(tmp_path, "file")
+    wanted = model.state_dict()["net.0.weight"].numpy().tobytes()
+    raw = bytearray(path.read_bytes())
+    raw[bytes(raw).find(wanted) + 3] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    assert main(["inspect", "--json", str(path)]) == 1
+    assert '"checksums_ok": false' in capsys.readouterr().out
+
+
+@FORMATS
+def test_export_writes_a_file_load_from_checkpoint_accepts(tmp_path, fmt):
+    model, path = _train(tmp_path, fmt)
     out = tmp_path / "plain.ckpt"
     assert main(["export", str(path), str(out)]) == 0
     restored = TinyRegressor.load_from_checkpoint(out, weights_only=True)
@@ -68,8 +83,9 @@ sys.exit(code)
 """
 
 
-def test_inspect_of_a_checkpoint_does_not_import_lightning(tmp_path):
-    _, path = _train(tmp_path)
+@FORMATS
+def test_inspect_of_a_checkpoint_does_not_import_lightning(tmp_path, fmt):
+    _, path = _train(tmp_path, fmt)
     proc = subprocess.run(
         [sys.executable, "-c", _INSPECT, str(path)],
         cwd=REPO_ROOT,

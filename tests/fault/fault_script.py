@@ -64,6 +64,7 @@ def main() -> None:
     p.add_argument("--health-action", default="log", help="FaultPolicy.health_check_action")
     p.add_argument("--health-slowdown", type=float, default=5.0, help="FaultPolicy.health_check_slowdown")
     p.add_argument("--ecc-at", default=None, help="RANK:STEP: the fake NVML reports ECC errors there")
+    p.add_argument("--checkpoint-format", default="torchsnapshot", help="ElasticFT3D(checkpoint_format=...)")
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -79,7 +80,7 @@ def main() -> None:
         health_check_action=args.health_action,
         health_check_slowdown=args.health_slowdown,
     )
-    strategy = ElasticFT3D(fault=fault)
+    strategy = ElasticFT3D(fault=fault, checkpoint_format=args.checkpoint_format)
     extra = []
     if args.ecc_at:
         rank, step = (int(v) for v in args.ecc_at.split(":"))
@@ -112,6 +113,7 @@ def main() -> None:
     trainer.fit(model, train_dataloaders=train, val_dataloaders=val)
     if trainer.global_rank == 0:
         (root / "done.json").write_text(json.dumps({"step": trainer.global_step}))
+        torch.save(model.state_dict(), root / "final_weights.pt")
 
 
 if __name__ == "__main__":

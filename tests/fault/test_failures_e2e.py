@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from lightning_ft.checkpoint import verify
 from lightning_ft.checkpoint.internal import is_committed
@@ -111,6 +112,27 @@ def test_sigkill_of_one_rank_at_random_points_never_loses_a_committed_checkpoint
 
 
 @pytest.mark.extended
+def test_sigkill_during_the_write_of_a_checkpoint_file_keeps_the_previous_file_and_the_resume_is_exact(tmp_path):
+    args = ("--max-steps", "8", "--checkpoint-format", "file", "--no-health-checks")
+    uninterrupted = torchrun("--root", str(tmp_path / "whole"), *args, nproc=1)
+    assert uninterrupted.returncode == 0, output(uninterrupted)
+    root = tmp_path / "killed"
+    faults = "kill_at:rank=0,step=6,during=write,delay_s=0.0,attempt=0"
+    proc = torchrun("--root", str(root), *args, "--faults", faults, nproc=1, max_restarts=1)
+    assert proc.returncode == 0, output(proc)
+    assert proc.stdout.count("[fault] SIGKILL") == 1
+    assert [e["step"] for e in events(root, "checkpoint_committed", 0)] == [2, 4]
+    (resumed,) = events(root, "resumed", 1)
+    assert resumed["step"] == 4 and Path(resumed["path"]).is_file()  # the file of step 4, untouched by the kill
+    files = sorted(p.name for p in (root / "ckpt").iterdir())
+    assert files == [f"epoch=0-step={s}.ckpt" for s in (2, 4, 6, 8)]  # the half-written save was cleaned up
+    assert all(is_committed(root / "ckpt" / name) and verify(root / "ckpt" / name) == [] for name in files)
+    expected = torch.load(tmp_path / "whole" / "final_weights.pt", weights_only=True)
+    actual = torch.load(root / "final_weights.pt", weights_only=True)
+    assert expected.keys() == actual.keys()
+    assert all(torch.equal(expected[k], actual[k]) for k in expected), "the resumed run is not the uninterrupted one"
+
+
 def test_an_unwritable_checkpoint_folder_stops_every_rank_before_training_with_one_report(tmp_path):
     root = tmp_path / "run"
     proc = torchrun("--root", str(root), "--ckpt-dir", "/sys/lightning_ft_ckpt")

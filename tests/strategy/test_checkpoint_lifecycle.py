@@ -17,7 +17,7 @@ from lightning_ft.events import read_events
 from tests.checkpoint.support import flip_a_byte_of
 from tests.strategy.models import TinyRegressor, make_trainer
 
-pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
+pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against every format
 
 
 def _fit(tmp_path, max_steps, *, ckpt_path=None, strategy=None, callbacks=None, **ckpt_kwargs):

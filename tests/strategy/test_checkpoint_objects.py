@@ -65,11 +65,13 @@ class WithLossModule(L.LightningModule):
         self.loss = checkpoint["hyper_parameters"]["loss"]  # a str here fails: "cannot assign 'str' as child module"
 
 
-def _fit(model: L.LightningModule, root, *, max_steps: int, ckpt_path: str | None = None) -> L.Trainer:
+def _fit(
+    model: L.LightningModule, root, *, max_steps: int, ckpt_path: str | None = None, checkpoint_format: str = "auto"
+) -> L.Trainer:
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,
-        strategy=ElasticFT3D(),
+        strategy=ElasticFT3D(checkpoint_format=checkpoint_format),
         default_root_dir=root,
         max_steps=max_steps,
         logger=False,
@@ -85,7 +87,8 @@ def test_a_custom_object_not_allowed_is_saved_with_a_warning_and_its_resume_name
     with pytest.warns(
         UserWarning, match=r"vocabulary is a tests\.strategy\.test_checkpoint_objects\.Vocabulary.*add_safe_globals"
     ):
-        _fit(WithVocabulary(), tmp_path, max_steps=2)
+        # Folders: `last` is a link, not listed (a checkpoint file's `last` is a file of its own, listed).
+        _fit(WithVocabulary(), tmp_path, max_steps=2, checkpoint_format="torchsnapshot")
     assert [c.path.name for c in discovery.list_committed(tmp_path / "checkpoints")] == ["epoch=0-step=2.ckpt"]
     with pytest.raises(UnsafeCheckpointError, match=r"vocabulary: .*Vocabulary.*add_safe_globals"):
         _fit(WithVocabulary(), tmp_path, max_steps=4, ckpt_path="last")

@@ -7,6 +7,7 @@ checkpoint with it after ``fit``.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +124,7 @@ class WritesThroughData(Net):
             p.data.mul_(0.5)
 
 
-@pytest.mark.parametrize("checkpoint_format", ["torchsnapshot", "dcp"])
+@pytest.mark.parametrize("checkpoint_format", ["torchsnapshot", "dcp", "file"])
 @pytest.mark.parametrize("module_class", [ClipsWeights, WritesThroughData], ids=["clamp under no_grad", ".data"])
 def test_a_module_that_writes_its_weights_after_every_batch_commits_every_checkpoint_as_saved(
     tmp_path, module_class, checkpoint_format
@@ -174,8 +175,18 @@ class SwapsInAverage(Callback):
         self.average = state_dict["average"]
 
 
-def test_an_ema_callback_swapping_weights_at_validation_start_never_leaks_into_the_checkpoint_before_it(tmp_path):
-    recorder = _fit(tmp_path, Net(), [SwapsInAverage(), _every_step(tmp_path)], max_epochs=3, limit_val_batches=1)
+@pytest.mark.parametrize("checkpoint_format", ["torchsnapshot", "file"])  # a folder, and one file (one process)
+def test_an_ema_callback_swapping_weights_at_validation_start_never_leaks_into_the_checkpoint_before_it(
+    tmp_path, checkpoint_format
+):
+    recorder = _fit(
+        tmp_path,
+        Net(),
+        [SwapsInAverage(), _every_step(tmp_path)],
+        max_epochs=3,
+        limit_val_batches=1,
+        checkpoint_format=checkpoint_format,
+    )
     _assert_every_save_committed_as_called(recorder, at_least=12)
 
 
@@ -207,15 +218,30 @@ def test_a_duck_typed_optimizer_saves_and_commits(tmp_path):
     _assert_every_save_committed_as_called(recorder, at_least=8)
 
 
-def test_lbfgs_with_a_closure_commits_every_checkpoint_as_saved(tmp_path):
-    recorder = _fit(tmp_path, ClipsWeights("lbfgs"), [_every_step(tmp_path)], max_epochs=2, limit_val_batches=0)
+@pytest.mark.parametrize("checkpoint_format", ["torchsnapshot", "file"])  # a folder, and one file (one process)
+def test_lbfgs_with_a_closure_commits_every_checkpoint_as_saved(tmp_path, checkpoint_format):
+    recorder = _fit(
+        tmp_path,
+        ClipsWeights("lbfgs"),
+        [_every_step(tmp_path)],
+        max_epochs=2,
+        limit_val_batches=0,
+        checkpoint_format=checkpoint_format,
+    )
     _assert_every_save_committed_as_called(recorder, at_least=8)
 
 
-def test_gradient_accumulation_commits_every_checkpoint_as_saved(tmp_path):
+@pytest.mark.parametrize("checkpoint_format", ["torchsnapshot", "file"])  # a folder, and one file (one process)
+def test_gradient_accumulation_commits_every_checkpoint_as_saved(tmp_path, checkpoint_format):
     checkpoints = ModelCheckpoint(dirpath=tmp_path / "checkpoints", every_n_train_steps=1, save_top_k=-1)
     recorder = _fit(
-        tmp_path, WritesThroughData(), [checkpoints], max_epochs=4, limit_val_batches=0, accumulate_grad_batches=2
+        tmp_path,
+        WritesThroughData(),
+        [checkpoints],
+        max_epochs=4,
+        limit_val_batches=0,
+        accumulate_grad_batches=2,
+        checkpoint_format=checkpoint_format,
     )
     _assert_every_save_committed_as_called(recorder, at_least=8)
 
@@ -253,7 +279,8 @@ class TwoOptimizers(L.LightningModule):
         return _data()
 
 
-def test_manual_optimization_with_two_optimizers_commits_every_checkpoint_as_saved(tmp_path):
+@pytest.mark.parametrize("checkpoint_format", ["torchsnapshot", "file"])  # a folder, and one file (one process)
+def test_manual_optimization_with_two_optimizers_commits_every_checkpoint_as_saved(tmp_path, checkpoint_format):
     recorder = _fit(
         tmp_path,
         TwoOptimizers(),
@@ -261,6 +288,7 @@ def test_manual_optimization_with_two_optimizers_commits_every_checkpoint_as_sav
         max_epochs=2,
         limit_val_batches=0,
         find_unused_parameters=True,
+        checkpoint_format=checkpoint_format,
     )
     _assert_every_save_committed_as_called(recorder, at_least=8)
 
@@ -275,25 +303,45 @@ class WritesThenSavesLast(ModelCheckpoint):
         super().on_train_batch_end(trainer, pl_module, *args)
 
 
-def test_last_saved_after_a_write_at_the_same_step_holds_its_own_state_not_a_link_to_the_earlier_save(tmp_path):
+@pytest.mark.parametrize("checkpoint_format", ["torchsnapshot", "file"])  # a folder, and one file (one process)
+def test_last_saved_after_a_write_at_the_same_step_holds_its_own_state_not_a_link_to_the_earlier_save(
+    tmp_path, checkpoint_format
+):
     dirpath = tmp_path / "checkpoints"
     every_step = ModelCheckpoint(dirpath=dirpath, filename="{step}", every_n_train_steps=1, save_top_k=-1)
     last = WritesThenSavesLast(dirpath=dirpath, every_n_train_steps=1, save_top_k=0, save_last=True)
-    recorder = _fit(tmp_path, Net(), [every_step, last], max_epochs=2, limit_val_batches=0)
+    recorder = _fit(
+        tmp_path, Net(), [every_step, last], max_epochs=2, limit_val_batches=0, checkpoint_format=checkpoint_format
+    )
     _assert_every_save_committed_as_called(recorder, at_least=9)
+    if checkpoint_format == "file":  # a file of its own, not a second name of the earlier save
+        assert not (dirpath / "last.ckpt").is_symlink()
+        assert not os.path.samefile(dirpath / "last.ckpt", dirpath / "step=8.ckpt"), "last is a state it does not hold"
+        return
     assert (dirpath / "last.ckpt").resolve().name.startswith("last.ckpt.step="), (
         "last links to a state it does not hold"
     )
 
 
-def test_two_checkpoint_callbacks_saving_the_same_state_at_one_step_share_one_copy(tmp_path):
+@pytest.mark.parametrize("checkpoint_format", ["torchsnapshot", "file"])  # a folder, and one file (one process)
+def test_two_checkpoint_callbacks_saving_the_same_state_at_one_step_share_one_copy(tmp_path, checkpoint_format):
     # The monitors keep state in the checkpoint too: it must not change between two saves of one step.
     dirpath = tmp_path / "checkpoints"
     every_step = ModelCheckpoint(dirpath=dirpath, filename="{step}", every_n_train_steps=1, save_top_k=-1)
     last = ModelCheckpoint(dirpath=dirpath, every_n_train_steps=1, save_top_k=0, save_last=True, mode="max")
     monitors = [StragglerMonitor(), ThermalMonitor(), GoodputMonitor()]
-    recorder = _fit(tmp_path, Net(), [*monitors, every_step, last], max_epochs=2, limit_val_batches=0)
+    recorder = _fit(
+        tmp_path,
+        Net(),
+        [*monitors, every_step, last],
+        max_epochs=2,
+        limit_val_batches=0,
+        checkpoint_format=checkpoint_format,
+    )
     _assert_every_save_committed_as_called(recorder, at_least=9)
+    if checkpoint_format == "file":  # a second name of the same file (a hard link): one copy
+        assert os.path.samefile(dirpath / "last.ckpt", dirpath / "step=8.ckpt")
+        return
     assert (dirpath / "last.ckpt").is_symlink()
     assert (dirpath / "last.ckpt").resolve() == (dirpath / "step=8.ckpt").resolve()
     assert not list(dirpath.glob("last.ckpt.step=*")), "a second copy of the same state was written"

@@ -5,7 +5,8 @@ callback and of the LightningModule, times every kind of write (in place, under 
 ``param.data = ...``, ``load_state_dict``, optimizer state in place or replaced, scheduler stepped, param groups),
 with saves at every step (and ``last``), at validation end and at train epoch end. Each committed checkpoint is
 compared bitwise with a deep copy of the dict Lightning handed to the save call. Every kind is applied at every hook
-(the test asserts it), in both checkpoint formats; the 2-rank cases run under torchrun.
+(the test asserts it), in every checkpoint format (the single file compared also as ``torch.load`` reads it); the
+2-rank cases run under torchrun.
 """
 
 from __future__ import annotations
@@ -51,7 +52,15 @@ def test_a_write_after_the_save_never_reaches_a_committed_dcp_checkpoint(tmp_pat
     _check(tmp_path, where, hook, "dcp")
 
 
-def test_the_matrix_finds_a_capture_that_does_not_copy_at_the_save_call(tmp_path, monkeypatch):
+@pytest.mark.parametrize(("where", "hook"), DCP_CASES, ids=[f"{w}.{h}" for w, h in DCP_CASES])
+def test_a_write_after_the_save_never_reaches_a_committed_checkpoint_file(tmp_path, where, hook):
+    _check(tmp_path, where, hook, "file")
+    saved = list(tmp_path.rglob("*.ckpt"))
+    assert saved and all(p.is_file() for p in saved), "the checkpoints were not written as files"
+
+
+@pytest.mark.parametrize("checkpoint_format", ["torchsnapshot", "file"])
+def test_the_matrix_finds_a_capture_that_does_not_copy_at_the_save_call(tmp_path, monkeypatch, checkpoint_format):
     """The check can fail: with a capture that keeps references instead of copies (what a deferred copy amounts to
     when user code runs first), the writes after the save show up in the committed checkpoints."""
     written = threading.Event()
@@ -80,7 +89,7 @@ def test_the_matrix_finds_a_capture_that_does_not_copy_at_the_save_call(tmp_path
     monkeypatch.setattr(async_checkpointer.AsyncCheckpointer, "_write", late_write)
     monkeypatch.setattr(consistency._WritesAfterSaves, "maybe_write", signalling)
     _, problems, _ = consistency.run(
-        tmp_path, hook="on_train_batch_end", where="module", checkpoint_format="torchsnapshot", devices=1
+        tmp_path, hook="on_train_batch_end", where="module", checkpoint_format=checkpoint_format, devices=1
     )
     # Seen either as values that differ or, when a write lands between the checksum and the write of the bytes, as a
     # checkpoint that fails its checksum at load: both are leaks the matrix reports.

@@ -212,7 +212,9 @@ def test_the_line_shows_the_lr_factor_with_keep_local_and_carries_earlier_resume
 def trained(tmp_path, caplog):
     caplog.set_level(logging.INFO)
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1)
-    make_trainer(tmp_path, callbacks=[ckpt], max_steps=4).fit(EvalRegressor())
+    # A folder: a test below rewrites its metadata file as if two ranks had written it.
+    strategy = ElasticFT3D(checkpoint_format="torchsnapshot")
+    make_trainer(tmp_path, strategy=strategy, callbacks=[ckpt], max_steps=4).fit(EvalRegressor())
     caplog.clear()
     return tmp_path / "ckpt" / "epoch=0-step=4.ckpt"
 

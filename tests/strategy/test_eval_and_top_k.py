@@ -10,7 +10,7 @@ from lightning_ft.checkpoint import list_committed, load_checkpoint
 from lightning_ft.events import read_events
 from tests.strategy.models import TinyRegressor, make_trainer
 
-pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
+pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against every format
 
 SCORES = [5.0, 3.0, 4.0, 1.0, 2.0, 6.0, 0.5, 7.0]
 """The monitored value logged at each step: the checkpoint of step ``i + 1`` carries ``SCORES[i]``."""
@@ -65,6 +65,7 @@ def test_top_k_by_a_metric_keeps_the_best_snapshots_and_removes_the_worse_ones_a
     assert sorted(leftovers) in (
         ["epoch=0-step=4.ckpt", "epoch=0-step=7.ckpt", "last.ckpt.step=8.lft"],
         ["epoch=0-step=4.ckpt", "epoch=0-step=7.ckpt"],
+        ["epoch=0-step=4.ckpt", "epoch=0-step=7.ckpt", "last.ckpt"],  # checkpoint files: `last` is a file of its own
     )
 
 

@@ -12,7 +12,7 @@ from lightning_ft.checkpoint.internal import is_committed
 from tests.checkpoint.support import format_storage_class
 from tests.strategy.models import TinyRegressor, make_trainer
 
-pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against both formats
+pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against every format
 
 
 def test_a_full_disk_fails_the_run_at_the_next_save_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):

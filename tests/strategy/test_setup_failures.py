@@ -184,7 +184,8 @@ def test_a_failed_background_save_does_not_replace_the_error_that_stopped_the_ru
     caplog.set_level(logging.ERROR, logger="lightning_ft.strategy.teardown")
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2)
     # The save of step 2 fails in the background; the user's error at step 3 comes before any save could report it.
-    trainer = make_trainer(tmp_path, callbacks=[ckpt, FailsAfterTheSave()], max_steps=4)
+    strategy = ElasticFT3D(checkpoint_format="torchsnapshot")  # the folder's storage is the one made to fail
+    trainer = make_trainer(tmp_path, strategy=strategy, callbacks=[ckpt, FailsAfterTheSave()], max_steps=4)
     with pytest.raises(Boom, match="right after a save"):
         trainer.fit(TinyRegressor())
     logged = [r for r in caplog.records if r.name == "lightning_ft.strategy.teardown"]

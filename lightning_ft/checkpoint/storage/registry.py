@@ -11,14 +11,36 @@ import os
 from pathlib import Path
 from typing import Any
 
+from lightning_ft.checkpoint.single_file import FileStorage
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 from lightning_ft.checkpoint.storage.dcp_storage import ENTRIES_FILE, DcpStorage
 from lightning_ft.checkpoint.storage.object_store import ObjectStore, is_remote
 
-__all__ = ["FORMATS", "storage_for_path", "storage_named"]
+__all__ = ["FORMATS", "resolve_format", "storage_for_path", "storage_named"]
 
-FORMATS = ("torchsnapshot", "dcp")
-"""The on-disk formats ``ElasticFT3D(checkpoint_format=...)`` accepts."""
+FORMATS = ("torchsnapshot", "dcp", "file", "auto")
+"""The on-disk formats ``ElasticFT3D(checkpoint_format=...)`` accepts: ``"auto"`` picks ``"file"`` for a world of one
+process with plain (non-DTensor, non-pipeline) state, ``"torchsnapshot"`` otherwise (:func:`resolve_format`)."""
+
+
+def resolve_format(name: str, *, world_size: int, plain: bool, owner: str = "ElasticFT3D") -> str:
+    """The format a run writes with: ``name``, or for ``"auto"`` the single file when the world is one process with
+    plain state, else torchsnapshot folders.
+
+    Raises:
+        ValueError: ``name`` is ``"file"`` and the world has more than one process or the state holds DTensors or
+            pipeline stages (a file holds the whole state of one process); or ``name`` is unknown.
+    """
+    if name == "auto":
+        return "file" if world_size == 1 and plain else "torchsnapshot"
+    if name == "file" and (world_size != 1 or not plain):
+        why = f"this run has {world_size} processes" if world_size != 1 else "this run holds DTensor or pipeline state"
+        raise ValueError(
+            f"{owner}(checkpoint_format='file'): a checkpoint file holds the whole state of one process, and {why};"
+            " use 'auto' (a file for one process, folders otherwise), 'torchsnapshot' or 'dcp'"
+        )
+    storage_named(name, owner=owner)
+    return name
 
 
 def storage_named(name: str, *, owner: str | None = None) -> Any:
@@ -32,6 +54,10 @@ def storage_named(name: str, *, owner: str | None = None) -> Any:
         return SnapshotStorage()
     if name == "dcp":
         return DcpStorage()
+    if name == "file":
+        return FileStorage()
+    if name == "auto":
+        return SnapshotStorage()  # until the run's world is known (resolve_format), as the folder it would be
     option = f"checkpoint_format={name!r}"
     raise ValueError(f"{f'{owner}({option})' if owner else option}: must be one of {', '.join(map(repr, FORMATS))}")
 
@@ -41,4 +67,6 @@ def storage_for_path(path: str | os.PathLike) -> Any:
     holding DCP's entry table, else torchsnapshot."""
     if is_remote(path):
         return ObjectStore()
+    if Path(path).is_file():
+        return FileStorage()
     return DcpStorage() if (Path(path) / ENTRIES_FILE).is_file() else SnapshotStorage()

@@ -1,0 +1,134 @@
+"""How a checkpoint file is committed: written beside its path, then renamed onto it; never a moment without one.
+
+:class:`~lightning_ft.checkpoint.AsyncCheckpointer`, given a storage that writes files
+(:class:`~lightning_ft.checkpoint.single_file.FileStorage`, ``checkpoint_format="file"``, world size 1), runs these
+steps for a save to a local path in its background thread, from the same staged copies a folder is written from (the
+capture at the save call is the same):
+
+1. :func:`prepare_file` creates the save's staging folder ``.<name>.lft-new-<token>`` beside the path, holding the
+   in-progress record (:mod:`~lightning_ft.checkpoint.in_progress`) before any data: a leftover of a killed save is
+   proven ours and removed at the next start, exactly as a folder's.
+2. The index (a crc32 per entry) and the metadata document are built and checked to cover every tensor; the file is
+   written into the staging folder and fsynced with it.
+3. :class:`FileSwap` renames it onto the path (fsync of the folder): ``os.replace`` onto a checkpoint file of ours is
+   atomic, so a reader sees the old file or the new one. A committed folder at the path (a checkpoint of an earlier
+   run on more processes) is moved aside first and deleted last; a committed file it replaces is kept as a hard link
+   beside it until the commit callback succeeded, so a failed callback puts it back.
+
+A file of ours at a checkpoint path is committed: nothing else ever puts one there. A kill at any instant leaves the
+old checkpoint or the new one at the path; :func:`~lightning_ft.checkpoint.swap.recover_interrupted_swaps` removes
+the staging folder and a replaced checkpoint left aside.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from lightning_ft.checkpoint.commit import COMMIT_MARKER
+from lightning_ft.checkpoint.errors import CheckpointError
+from lightning_ft.checkpoint.in_progress import discard, is_ours, write_record
+from lightning_ft.checkpoint.single_file import STAGED_NAME
+from lightning_ft.checkpoint.snapshot_storage import fsync_dir
+from lightning_ft.checkpoint.swap import swap_path
+
+__all__ = ["FileSwap", "prepare_file", "writes_files"]
+
+log = logging.getLogger(__name__)
+
+
+def writes_files(storage: Any) -> bool:
+    """Whether the storage seam ``storage`` (or the storage it wraps or routes local paths to) writes one file per
+    checkpoint."""
+    seen = 0
+    while storage is not None and seen < 16:
+        if getattr(storage, "writes_files", False):
+            return True
+        storage = getattr(storage, "inner", None) or getattr(storage, "local", None)
+        seen += 1
+    return False
+
+
+def prepare_file(path: Path, *, step: int | None, run_id: str | None) -> Path:
+    """Create the staging folder a save of the checkpoint file ``path`` is written in, holding its in-progress record;
+    return it. Rank 0 only.
+
+    Raises:
+        CheckpointError: ``path`` is a link, or a file or folder lightning-ft cannot prove it wrote; nothing is touched.
+    """
+    from lightning_ft.checkpoint.location import is_last_path
+
+    if path.is_symlink() and not is_last_path(path):
+        raise CheckpointError(f"cannot save to {path}: it is a link; lightning-ft does not write through links")
+    # A `last` link (of a folder run, or Lightning's save_last="link") is replaced by the file, never written through.
+    if not path.is_symlink() and path.exists() and not is_ours(path):
+        raise CheckpointError(
+            f"cannot save to {path}: it exists and lightning-ft cannot prove it wrote it (not a checkpoint file of"
+            " ours, no commit marker, no in-progress record), so it is left alone; move it away or save to another path"
+        )
+    if not path.is_symlink() and path.is_dir() and not (path / COMMIT_MARKER).is_file():
+        discard(path)  # an interrupted save of ours: one save is in flight at a time, so not this one's
+    folder = swap_path(path, "new", uuid.uuid4().hex[:16])
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    folder.mkdir()
+    write_record(folder, target=path, step=step, run_id=run_id)
+    fsync_dir(folder.parent)
+    return folder
+
+
+class FileSwap:
+    """Puts the checkpoint file written in the staging folder ``staged`` at ``target``. Rank 0 only.
+
+    Example::
+
+        swap = FileSwap(staged, target)
+        swap.swap()  # target is the new file
+        swap.finish()  # what it replaced and the staging folder are deleted
+    """
+
+    def __init__(self, staged: Path, target: Path) -> None:
+        self.staged = staged
+        self.target = target
+        self.old = swap_path(target, "old", staged.name.rsplit("-", 1)[-1])
+        self._old_kept = False
+        self._new_moved = False
+
+    def swap(self) -> None:
+        """Rename the new file onto ``target``, durably; a committed checkpoint there is kept aside until
+        :meth:`finish`."""
+        new = self.staged / STAGED_NAME
+        if self.target.is_symlink():
+            pass  # a link holds no data: the rename below replaces the link itself
+        elif self.target.is_dir():
+            os.rename(self.target, self.old)  # a committed folder of ours (prepare_file refused anything else)
+            self._old_kept = True
+            fsync_dir(self.target.parent)
+        elif self.target.exists():
+            os.link(self.target, self.old)  # a second name for the old file: no copy, and undo can put it back
+            self._old_kept = True
+        os.replace(new, self.target)
+        self._new_moved = True
+        fsync_dir(self.target.parent)
+
+    def finish(self) -> None:
+        """Delete the replaced checkpoint and the staging folder (a failure is a warning: the next cleanup does it)."""
+        for leftover in (self.old, self.staged):
+            try:
+                discard(leftover)
+            except Exception as e:  # noqa: BLE001 - a leftover of ours is removed by the next cleanup instead
+                log.warning("lightning-ft: could not delete %s (%s); the next cleanup removes it", leftover, e)
+
+    def undo(self) -> None:
+        """Put the replaced checkpoint back at ``target`` and delete the new file, whichever steps had run."""
+        if self._new_moved:
+            os.rename(self.target, self.staged / STAGED_NAME)
+            self._new_moved = False
+            fsync_dir(self.target.parent)
+        if self._old_kept:
+            os.rename(self.old, self.target)
+            self._old_kept = False
+            fsync_dir(self.target.parent)
+        discard(self.staged)
