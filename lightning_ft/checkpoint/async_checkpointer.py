@@ -43,7 +43,6 @@ import torch.distributed as dist
 from lightning_ft import _compat
 from lightning_ft.checkpoint import json_codec
 from lightning_ft.checkpoint.agreement import agree, is_distributed
-from lightning_ft.checkpoint.checksum import crc32
 from lightning_ft.checkpoint.commit import build_document, owned_records, write_marker, write_metadata
 from lightning_ft.checkpoint.errors import CheckpointError, CheckpointWriteError
 from lightning_ft.checkpoint.file_commit import FileSwap, prepare_file, writes_files
@@ -364,22 +363,9 @@ class AsyncCheckpointer:
         job.path, job.folder = Path(path), Path(folder)
 
         # 2. Every rank writes its shards; the exchange shows every rank's data durable.
-        records, entries, error = [], {}, None
+        records, error = [], None
         try:
-            for shard in job.capture.shards:
-                data = shard.data.reshape(-1).view(torch.uint8)
-                entries[shard.name] = data
-                records.append(
-                    {
-                        "key": shard.key,
-                        "rank": self._rank,
-                        "entry": shard.name,
-                        "offset": shard.offset,
-                        "shape": list(shard.data.shape),
-                        "nbytes": data.numel(),
-                        "crc32": crc32(data.numpy()),
-                    }
-                )
+            entries, records = job.capture.entries_and_records(self._rank)
             self._storage.write(job.folder, entries, group=self._group)
         except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
             error = e
@@ -410,21 +396,7 @@ class AsyncCheckpointer:
                 " single-file format is for a world of one process)"
             )
         job.folder = prepare_file(job.path, step=job.metadata["step"], run_id=job.metadata["run_id"])
-        records, entries = [], {}
-        for shard in job.capture.shards:
-            data = shard.data.reshape(-1).view(torch.uint8)
-            entries[shard.name] = data
-            records.append(
-                {
-                    "key": shard.key,
-                    "rank": 0,
-                    "entry": shard.name,
-                    "offset": shard.offset,
-                    "shape": list(shard.data.shape),
-                    "nbytes": data.numel(),
-                    "crc32": crc32(data.numpy()),
-                }
-            )
+        entries, records = job.capture.entries_and_records()
         gathered = [(records, job.capture.tensors, job.capture.rank_state_json)]
         document, size_bytes = self._document(job, gathered, job.path)
         self._storage.write(job.folder, entries, group=self._group, document=document)
@@ -443,15 +415,7 @@ class AsyncCheckpointer:
                 self._on_commit(self._commit_info(job, size_bytes))
         except BaseException:
             # A save reported as failed must not stay committed; a checkpoint it replaced comes back.
-            try:
-                swap.undo()
-            except Exception as undo_error:  # noqa: BLE001 - the first error is the one raised
-                log.warning(
-                    "lightning-ft: undoing the failed save %s failed too (%s); the next start settles it",
-                    job.path,
-                    undo_error,
-                )
-            job.committed = False
+            _undo_quietly(swap.undo, job)
             raise
         swap.finish()
 
@@ -487,18 +451,7 @@ class AsyncCheckpointer:
                 self._on_commit(self._commit_info(job, size_bytes))
         except BaseException:
             # A save reported as failed must not stay committed; a checkpoint it replaced comes back.
-            try:
-                if swap is not None:
-                    swap.undo()
-                else:
-                    discard(job.folder)
-            except Exception as undo_error:  # noqa: BLE001 - the first error is the one raised
-                log.warning(
-                    "lightning-ft: undoing the failed save %s failed too (%s); the next start settles it",
-                    job.path,
-                    undo_error,
-                )
-            job.committed = False
+            _undo_quietly(swap.undo if swap is not None else lambda: discard(job.folder), job)
             raise
         if swap is not None:
             _discard_quietly(swap.old, "the checkpoint it replaced")
@@ -506,6 +459,17 @@ class AsyncCheckpointer:
 
 def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def _undo_quietly(undo: Callable[[], None], job: _Job) -> None:
+    """Undo the commit of the failed save ``job`` (its error is the one raised: an error of the undo is logged)."""
+    try:
+        undo()
+    except Exception as undo_error:  # noqa: BLE001 - the first error is the one raised
+        log.warning(
+            "lightning-ft: undoing the failed save %s failed too (%s); the next start settles it", job.path, undo_error
+        )
+    job.committed = False
 
 
 def _discard_quietly(folder: Path, what: str) -> None:

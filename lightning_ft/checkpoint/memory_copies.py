@@ -28,11 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from lightning_ft._compat import DTensor
 from lightning_ft.checkpoint import json_codec
-from lightning_ft.checkpoint.checksum import crc32
 from lightning_ft.checkpoint.commit import COMMIT_MARKER, build_document, read_document, write_marker, write_metadata
 from lightning_ft.checkpoint.coverage import coverage_problems
 from lightning_ft.checkpoint.errors import CheckpointError
@@ -119,21 +116,7 @@ def write_copy(folder: Path, capture: Capture, metadata: dict[str, Any], *, step
     tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
     _remove(tmp)
     try:
-        entries, records = {}, []
-        for shard in capture.shards:
-            data = shard.data.reshape(-1).view(torch.uint8)
-            entries[shard.name] = data
-            records.append(
-                {
-                    "key": shard.key,
-                    "rank": 0,
-                    "entry": shard.name,
-                    "offset": shard.offset,
-                    "shape": list(shard.data.shape),
-                    "nbytes": data.numel(),
-                    "crc32": crc32(data.numpy()),
-                }
-            )
+        entries, records = capture.entries_and_records()
         MemoryFileStorage().write(tmp, entries)
         document, size_bytes = build_document(
             json_codec.encode(metadata, path="metadata"),

@@ -34,6 +34,7 @@ import torch
 
 from lightning_ft._compat import DTensor
 from lightning_ft.checkpoint import json_codec
+from lightning_ft.checkpoint.checksum import crc32
 from lightning_ft.checkpoint.direct_write import aligned_empty
 from lightning_ft.checkpoint.dtensor_geometry import describe_placements
 from lightning_ft.checkpoint.ownership import Region
@@ -84,6 +85,27 @@ class Capture:
     def nbytes(self) -> int:
         """Bytes staged by this capture (the bytes this rank writes)."""
         return sum(s.data.numel() * s.data.element_size() for s in self.shards)
+
+    def entries_and_records(self, rank: int = 0) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
+        """The staged shards as rank ``rank`` writes them: flat ``uint8`` views by entry name, and their index
+        records (each with its entry's crc32). Reads the staged copies only."""
+        entries: dict[str, torch.Tensor] = {}
+        records: list[dict[str, Any]] = []
+        for shard in self.shards:
+            data = shard.data.reshape(-1).view(torch.uint8)
+            entries[shard.name] = data
+            records.append(
+                {
+                    "key": shard.key,
+                    "rank": rank,
+                    "entry": shard.name,
+                    "offset": shard.offset,
+                    "shape": list(shard.data.shape),
+                    "nbytes": data.numel(),
+                    "crc32": crc32(data.numpy()),
+                }
+            )
+        return entries, records
 
 
 def _unique_key(path: str, seen: set[str], prefix: str) -> str:

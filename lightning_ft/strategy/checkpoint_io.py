@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 import torch
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_ft import _compat
@@ -251,16 +250,12 @@ class StrategyCheckpoints:
             holder.inner = routed
         return wrapper
 
-    def use_format(self, checkpoint_format: str, *, checkpoint_io: Any = None) -> None:
+    def use_format(self, checkpoint_format: str) -> None:
         """Write new checkpoints with ``checkpoint_format`` from now on (the strategy's choice at set-up, once the
-        world and the state are known; :func:`~lightning_ft.checkpoint.internal.resolve_format`). A checkpoint file is
-        written through ``checkpoint_io`` (the Trainer's plugin) when it is Lightning's own ``TorchCheckpointIO``,
-        whose write is synchronous, so a test or tool that wraps it sees every save."""
+        world and the state are known; :func:`~lightning_ft.checkpoint.internal.resolve_format`)."""
         self._format = checkpoint_format
         storage = storage_named(checkpoint_format)
         self.retention.single_file = writes_files(storage)
-        if self.retention.single_file and type(checkpoint_io) is TorchCheckpointIO:
-            storage.checkpoint_io = checkpoint_io
         if self._routed is not None:
             self._routed.local = storage
 

@@ -332,7 +332,7 @@ class ElasticFT3D(DDPStrategy):
         fmt = resolve_format(
             self.checkpoint_format, world_size=self.world_size, plain=self._mode.name == "data_parallel"
         )
-        self._checkpoint_manager().use_format(fmt, checkpoint_io=self.checkpoint_io)
+        self._checkpoint_manager().use_format(fmt)
         if self._memory is not None and trainer.state.fn == TrainerFn.FITTING:
             self._memory.setup_tier(trainer)  # collective: its gloo group, the budget check on every rank
         if self._fault is not None:  # collective: watchdog, health checks (all ranks start or none), agreement group

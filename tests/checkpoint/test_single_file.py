@@ -284,3 +284,28 @@ def test_the_file_format_is_for_one_process_with_plain_state():
         resolve_format("file", world_size=2, plain=True)
     with pytest.raises(ValueError, match=r"ElasticFT3D\(checkpoint_format='file'\):.*DTensor or pipeline"):
         resolve_format("file", world_size=1, plain=False)
+
+
+def test_writing_a_checkpoint_file_holds_no_second_copy_of_the_state_in_memory(tmp_path, monkeypatch):
+    # A save already holds one copy (the staged one); serializing the file into memory before writing it, as
+    # Lightning's TorchCheckpointIO does, would add two more for the length of the write.
+    import tracemalloc
+
+    state = _state(5)
+    state["state_dict"]["big"] = torch.randn(4 * 1024 * 1024)  # 16 MiB
+    peaks = []
+    write = FileStorage.write
+
+    def traced_write(self, *args, **kwargs):
+        tracemalloc.start()
+        try:
+            write(self, *args, **kwargs)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+
+    monkeypatch.setattr(FileStorage, "write", traced_write)
+    path = save_file(tmp_path / "big.ckpt", 5, state=state)
+    assert is_checkpoint_file(path)
+    assert torch.equal(torch.load(path, weights_only=True)["state_dict"]["big"], state["state_dict"]["big"])
+    assert peaks and peaks[0] < 4 * 1024 * 1024, f"the write allocated {peaks[0]} bytes for a 16 MiB state"

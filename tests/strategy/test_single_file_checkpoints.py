@@ -11,7 +11,6 @@ from unittest import mock
 
 import pytest
 import torch
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.core.saving import pl_load
 from torch import nn
@@ -160,14 +159,6 @@ def test_a_damaged_newest_file_is_rejected_and_auto_resume_falls_back_to_the_pre
     [rejected] = [e for e in events if e["event"] == "checkpoint_rejected"]
     assert rejected["path"].endswith("epoch=0-step=6.ckpt")
     assert [e["step"] for e in events if e["event"] == "resumed"] == [3]
-
-
-def test_a_checkpoint_file_is_written_through_the_trainers_checkpoint_io_plugin(tmp_path):
-    real = TorchCheckpointIO.save_checkpoint
-    with mock.patch.object(TorchCheckpointIO, "save_checkpoint", autospec=True, side_effect=real) as save:
-        _fit(tmp_path, 6, save_last=False)
-    assert save.call_count == 2  # steps 3 and 6, as Lightning's own strategies call it
-    assert all(is_checkpoint_file(p) for p in (tmp_path / "ckpt").iterdir())
 
 
 def test_a_replaced_torch_save_that_writes_nothing_commits_nothing_and_fails_nothing(tmp_path):
