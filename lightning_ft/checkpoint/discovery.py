@@ -242,13 +242,16 @@ def repoint_last(dirpath: str | os.PathLike, target: str | os.PathLike, name: st
 
     A reader resolving the link at any moment sees either the old target or the new one, never a missing link.
 
+    A checkpoint file of lightning-ft at ``dirpath/name`` (the ``last`` of a run that had one process until now) is
+    replaced by the link the same way.
+
     Raises:
-        FileExistsError: ``dirpath/name`` exists and is not a link (a file or folder lightning-ft did not make); it is
-            left as it is.
+        FileExistsError: ``dirpath/name`` exists and is neither a link nor a checkpoint file of lightning-ft (a file or
+            folder lightning-ft did not make); it is left as it is.
     """
     dirpath, target = Path(dirpath), Path(target)
     link = dirpath / name
-    if link.exists() and not link.is_symlink():
+    if link.exists() and not link.is_symlink() and not (link.is_file() and is_checkpoint_file(link)):
         raise FileExistsError(f"{link} exists and is not a link; lightning-ft does not replace it with one")
     # A relative target is taken relative to the current directory, like any path, unless only dirpath/target exists.
     if not target.is_absolute() and not target.exists():

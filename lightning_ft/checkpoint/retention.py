@@ -95,7 +95,8 @@ class Retention:
             return self._plan_remote_last(link, step, same_state)
         if self.single_file:
             return self._plan_file_last(link, step, same_state)
-        if link.exists() and not link.is_symlink():
+        if link.exists() and not link.is_symlink() and not _our_file(link):
+            # (A checkpoint file of ours is the `last` of a run that had one process until now: replaced by a link.)
             self._warn_not_a_link(link)
             return None
         if same_state is not None and same_state.parent == link.parent:
@@ -172,7 +173,7 @@ class Retention:
     def _repoint(self, link: Path, target: Path, *, remove: bool = True) -> Path | None:
         """Point ``link`` at ``target``; the superseded ``last`` state of ours it pointed at is removed (``remove``)
         or returned."""
-        if link.exists() and not link.is_symlink() and not (target.is_file() and is_ours(link) and link.is_file()):
+        if link.exists() and not link.is_symlink() and not _our_file(link):
             self._warn_not_a_link(link)  # appeared since the save was planned: never replaced
             return None
         previous = link.resolve() if link.is_symlink() else None
@@ -244,3 +245,8 @@ class Retention:
             store.remove(path)
         except (OSError, ValueError) as e:
             log.warning("lightning-ft: could not delete checkpoint %s (%s); it is left as it is", as_url(path), e)
+
+
+def _our_file(path: Path) -> bool:
+    """Whether ``path`` is a checkpoint file lightning-ft wrote (a ``last`` kept as a file of its own)."""
+    return path.is_file() and not path.is_symlink() and is_ours(path)

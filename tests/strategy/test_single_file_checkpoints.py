@@ -189,6 +189,26 @@ def test_checkpoint_format_file_and_auto_write_files_in_one_process_and_folders_
     assert (resumed[-1]["step"], resumed[-1]["saved_world_size"], resumed[-1]["world_size"]) == (6, 2, 1)
 
 
+def test_last_moves_between_a_link_to_a_folder_and_a_file_when_the_format_changes(tmp_path):
+    # What a run that shrinks to one process (folders -> files) and grows again (files -> folders) does to `last`.
+    # (Without the version counter: a resumed ModelCheckpoint's `last_model_path` is the one saved with the step's
+    # top-k checkpoint, so Lightning would write `last-v1.ckpt` beside an existing `last.ckpt`.)
+    last = tmp_path / "ckpt" / "last.ckpt"
+    _fit(tmp_path, 3, fmt="torchsnapshot", enable_version_counter=False)
+    assert last.is_symlink() and last.resolve().is_dir()
+    trainer, _ = _fit(tmp_path, 6, fmt="auto", enable_version_counter=False)
+    assert trainer.global_step == 6
+    assert last.is_file() and not last.is_symlink() and is_checkpoint_file(last)
+    assert os.path.samefile(last, tmp_path / "ckpt" / "epoch=0-step=6.ckpt")
+    assert torch.load(last, weights_only=True)["global_step"] == 6
+    trainer, _ = _fit(tmp_path, 9, fmt="torchsnapshot", enable_version_counter=False)
+    assert trainer.global_step == 9
+    assert last.is_symlink() and last.resolve() == (tmp_path / "ckpt" / "epoch=1-step=9.ckpt").resolve()
+    assert [c.step for c in list_committed(tmp_path / "ckpt") if not c.path.name.startswith("last")] == [3, 6, 9]
+    resumed = [e["step"] for e in read_events(tmp_path) if e["event"] == "resumed"]
+    assert resumed == [3, 6]
+
+
 SCRIPT = Path(__file__)
 
 
