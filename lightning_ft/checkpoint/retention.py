@@ -93,10 +93,10 @@ class Retention:
         """
         if is_remote(link):
             return self._plan_remote_last(link, step, same_state)
-        if self.single_file:
-            return self._plan_file_last(link, step, same_state)
-        if link.exists() and not link.is_symlink() and not _our_file(link):
-            # (A checkpoint file of ours is the `last` of a run that had one process until now: replaced by a link.)
+        # Single files: `last` is a hard link to the committed file of the same state, or that state written at the
+        # `last` path itself (a rename onto the previous `last`, which is ours, or a link). Folders: `last` is a link;
+        # a checkpoint file of ours there is the `last` of a run that had one process until now, replaced by a link.
+        if link.exists() and not link.is_symlink() and not (is_ours(link) if self.single_file else _our_file(link)):
             self._warn_not_a_link(link)
             return None
         if same_state is not None and same_state.parent == link.parent:
@@ -104,31 +104,16 @@ class Retention:
             if in_flight is not None and in_flight == same_state and self._in_flight_step() == step:
                 self._follow(link, in_flight)
                 return None
-            if discovery.is_committed(same_state):
+            if (same_state.is_file() or not self.single_file) and discovery.is_committed(same_state):
                 self._follow(link, None)
                 self._repoint(link, same_state)
                 return None
+        if self.single_file:
+            self._follow(link, None)
+            return link
         target = last_data_path(link, step)
         self._follow(link, target)
         return target
-
-    def _plan_file_last(self, link: Path, step: int | None, same_state: Path | None) -> Path | None:
-        # Single files: `last` is a hard link to the committed file of the same state, or that state written at the
-        # `last` path itself (a rename onto the previous `last`, which is ours, or a link).
-        if link.exists() and not link.is_symlink() and not is_ours(link):
-            self._warn_not_a_link(link)
-            return None
-        if same_state is not None and same_state.parent == link.parent:
-            in_flight = self._in_flight()
-            if in_flight is not None and in_flight == same_state and self._in_flight_step() == step:
-                self._follow(link, in_flight)
-                return None
-            if same_state.is_file() and discovery.is_committed(same_state):
-                self._follow(link, None)
-                self._repoint(link, same_state)
-                return None
-        self._follow(link, None)
-        return link
 
     def _plan_remote_last(self, link: Path, step: int | None, same_state: Path | None) -> Path | None:
         # Object stores have no links: `last` is the newest marker found by listing. The same state committed or being
