@@ -25,6 +25,9 @@ from typing import TYPE_CHECKING, Any
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from lightning_ft.checkpoint.errors import CheckpointError
+from lightning_ft.checkpoint.location import locate
+from lightning_ft.checkpoint.safe_load import load_torch_file
 from lightning_ft.strategy import per_rank_state
 from lightning_ft.strategy.checkpoint_io import run_metadata, split_checkpoint
 from lightning_ft.strategy.elastic_resume import loaded_message
@@ -45,9 +48,11 @@ def save_for_strategy(strategy: ElasticFT3D, checkpoint: dict[str, Any], filepat
     module = strategy.lightning_module
     params = {name for name, _ in module.named_parameters()} if module is not None else set()
     state = per_rank_state.separate(state, rank_state, parameter_names=params)
+    # A module connected to the strategy but never to a Trainer (a save before any stage) has no trainer.
+    trainer = module._trainer if module is not None else None
     metadata = run_metadata(
         checkpoint,
-        trainer=module.trainer if module is not None else None,
+        trainer=trainer,
         world_size=strategy.world_size,
         mesh=strategy.mesh_shape(),
         parallelized=strategy._parallelized,
@@ -56,13 +61,14 @@ def save_for_strategy(strategy: ElasticFT3D, checkpoint: dict[str, Any], filepat
         **strategy._elastic_resume.metadata(),
     )
     # Everything is copied before this returns: what the user's hooks do next never reaches the checkpoint.
-    trainer = module.trainer if module is not None else None
     volatile = frozenset(cb.state_key for cb in trainer.checkpoint_callbacks) if trainer is not None else frozenset()
     strategy._checkpoint_manager().save(path, state, rank_state, metadata, volatile_callbacks=volatile)
 
 
 def load_for_strategy(strategy: ElasticFT3D, checkpoint_path: Any) -> dict[str, Any]:
     """The checkpoint dict Lightning restores from, for ``checkpoint_path`` (every rank calls it; collective)."""
+    if strategy.parallel_config is None:
+        return _load_outside_stage(strategy, checkpoint_path)
     # The path was classified once, by auto-resume's choice (fit) or here (validate/test/predict reach here without
     # it); a missing path is a FileNotFoundError.
     trainer = strategy.lightning_module.trainer
@@ -119,4 +125,25 @@ def load_for_strategy(strategy: ElasticFT3D, checkpoint_path: Any) -> dict[str, 
     )
     if strategy._tracker is not None:
         strategy._tracker.resume_with_rng(rng or None)
+    return checkpoint
+
+
+def _load_outside_stage(strategy: ElasticFT3D, checkpoint_path: Any) -> dict[str, Any]:
+    """A load outside a running stage (Lightning's checkpoint connector called before any ``fit``/``validate``/...):
+    in a world of this one process only (:meth:`ElasticFT3D.outside_stage_config`), Lightning's checkpoint dict as
+    saved, checked as any load of a lightning-ft checkpoint is (commit, checksums, no unpickling), without the
+    fallbacks and the resume of a stage; a checkpoint of another strategy is read as Lightning reads it."""
+    strategy.outside_stage_config("load a checkpoint")
+    location = locate(Path(checkpoint_path))
+    if location.kind == "lightning_file":
+        return load_torch_file(location.path)  # as an import in a stage reads it: weights_only plus Lightning's types
+    if not location.ours:
+        raise CheckpointError(
+            f"ckpt_path={str(checkpoint_path)!r} is a distributed checkpoint of another strategy: it is imported into"
+            " the model of a running stage; pass it to fit/validate/test/predict(ckpt_path=...)"
+        )
+    loaded = strategy._checkpoint_manager().load(location, fallbacks=[], template=None)
+    same_world = loaded.metadata.get("world_size") == 1
+    checkpoint = per_rank_state.restore_own(dict(loaded.state), loaded.rank_state, same_world=same_world)
+    checkpoint["callbacks"] = loaded.rank_state.get("callbacks", {})
     return checkpoint

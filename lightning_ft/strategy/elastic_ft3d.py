@@ -46,6 +46,7 @@ through the mode) and hold no state of a run.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Generator, Mapping
 from contextlib import contextmanager, nullcontext
@@ -232,10 +233,40 @@ class ElasticFT3D(DDPStrategy):
         return self.parallel_config.data_parallel_size if self.parallel_config else 1
 
     def mesh_shape(self) -> dict[str, int]:
-        """``{"pipeline_parallel": pp, "data_parallel": dp, "tensor_parallel": tp}`` of this run."""
-        cfg = self.parallel_config
-        assert cfg is not None
+        """``{"pipeline_parallel": pp, "data_parallel": dp, "tensor_parallel": tp}`` of this run (outside a running
+        stage: of the one process a save or load there may run in, :meth:`outside_stage_config`)."""
+        cfg = self.parallel_config or self.outside_stage_config("save or load a checkpoint")
         return dict(zip(cfg.mesh_dim_names, cfg.mesh_shape, strict=True))
+
+    def outside_stage_config(self, action: str) -> ParallelConfig:
+        """The layout of a checkpoint save or load outside a running stage (``trainer.save_checkpoint`` before any
+        ``fit``, Lightning's checkpoint connector called directly): no process group or device mesh exists yet, so it
+        can only be a world of this one process, as with Lightning's strategies before set-up.
+
+        Raises:
+            RuntimeError: more processes were launched (torchrun's ``WORLD_SIZE``, or an initialized process group):
+                every rank must save and load together, inside ``fit``/``validate``/``test``/``predict``.
+            ValueError: the strategy's layout needs more than one process (``tensor_parallel_size=2``, say).
+        """
+        world = (
+            torch.distributed.get_world_size()
+            if torch.distributed.is_available() and torch.distributed.is_initialized()
+            else int(os.environ.get("WORLD_SIZE", "1"))
+        )
+        if world > 1:
+            raise RuntimeError(
+                f"ElasticFT3D: cannot {action} outside a running fit/validate/test/predict in a world of {world}"
+                " processes: every rank takes part in each save and load, through the process group the stage sets"
+                " up. Call it inside a stage (a hook, or trainer.save_checkpoint after fit) or in a one-process run."
+            )
+        return ParallelConfig(
+            data_parallel_size=self._data_parallel_size,
+            tensor_parallel_size=self._tensor_parallel_size,
+            pipeline_parallel_size=self._pipeline_parallel_size,
+            num_nodes=1,
+            devices_per_node=1,
+            owner="ElasticFT3D",
+        )
 
     @property
     @override
