@@ -30,10 +30,10 @@ from typing import Any
 
 from lightning_ft.checkpoint.commit import COMMIT_MARKER
 from lightning_ft.checkpoint.errors import CheckpointError
-from lightning_ft.checkpoint.in_progress import discard, is_ours, write_record
+from lightning_ft.checkpoint.in_progress import discard, is_ours
 from lightning_ft.checkpoint.single_file import STAGED_NAME
 from lightning_ft.checkpoint.snapshot_storage import fsync_dir
-from lightning_ft.checkpoint.swap import swap_path
+from lightning_ft.checkpoint.swap import make_staging, swap_path
 
 __all__ = ["FileSwap", "prepare_file", "writes_files"]
 
@@ -71,12 +71,7 @@ def prepare_file(path: Path, *, step: int | None, run_id: str | None) -> Path:
         )
     if not path.is_symlink() and path.is_dir() and not (path / COMMIT_MARKER).is_file():
         discard(path)  # an interrupted save of ours: one save is in flight at a time, so not this one's
-    folder = swap_path(path, "new", uuid.uuid4().hex[:16])
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    folder.mkdir()
-    write_record(folder, target=path, step=step, run_id=run_id)
-    fsync_dir(folder.parent)
-    return folder
+    return make_staging(swap_path(path, "new", uuid.uuid4().hex[:16]), target=path, step=step, run_id=run_id)
 
 
 class FileSwap:

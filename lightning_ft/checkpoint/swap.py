@@ -108,9 +108,15 @@ def prepare(path: Path, *, step: int | None, run_id: str | None) -> Path:
             )
     else:
         folder = path
+    return make_staging(folder, target=path, step=step, run_id=run_id)
+
+
+def make_staging(folder: Path, *, target: Path, step: int | None, run_id: str | None) -> Path:
+    """Create ``folder`` holding the in-progress record of a save to ``target``, durable (the record and the folder's
+    entry fsynced) before this returns, so before any data is written; return it."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     folder.mkdir()
-    write_record(folder, target=path, step=step, run_id=run_id)
+    write_record(folder, target=target, step=step, run_id=run_id)
     fsync_dir(folder.parent)
     return folder
 
