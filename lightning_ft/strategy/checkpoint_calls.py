@@ -25,9 +25,8 @@ from typing import TYPE_CHECKING, Any
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from lightning_ft.checkpoint.errors import CheckpointError
-from lightning_ft.checkpoint.location import locate
-from lightning_ft.checkpoint.safe_load import load_torch_file
+from lightning_ft.checkpoint import CheckpointError
+from lightning_ft.checkpoint.internal import load_torch_file, locate
 from lightning_ft.strategy import per_rank_state
 from lightning_ft.strategy.checkpoint_io import run_metadata, split_checkpoint
 from lightning_ft.strategy.elastic_resume import loaded_message
