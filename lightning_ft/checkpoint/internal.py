@@ -23,6 +23,7 @@ from lightning_ft.checkpoint.in_progress import IN_PROGRESS_RECORD
 from lightning_ft.checkpoint.inspect import describe, format_description
 from lightning_ft.checkpoint.location import (
     CheckpointLocation,
+    existing_ancestor,
     is_last_path,
     is_lightning_ft_checkpoint,
     listed,
@@ -92,6 +93,7 @@ __all__ = [
     "discovery",
     "export_checkpoint",
     "export_state_dict",
+    "existing_ancestor",
     "exported_checkpoint",
     "format_description",
     "is_committed",

@@ -25,7 +25,15 @@ from lightning_ft.checkpoint.single_file import is_checkpoint_file
 from lightning_ft.checkpoint.storage.dcp_storage import ENTRIES_FILE
 from lightning_ft.checkpoint.storage.object_store import ObjectStore, as_url, is_remote
 
-__all__ = ["CheckpointLocation", "Kind", "is_last_path", "is_lightning_ft_checkpoint", "listed", "locate"]
+__all__ = [
+    "CheckpointLocation",
+    "Kind",
+    "existing_ancestor",
+    "is_last_path",
+    "is_lightning_ft_checkpoint",
+    "listed",
+    "locate",
+]
 
 Kind = Literal["lightning_ft", "dcp_folder", "lightning_file"]
 """``"lightning_ft"``: a committed checkpoint lightning-ft wrote (read by ``load_checkpoint``); ``"dcp_folder"``: a
@@ -55,6 +63,15 @@ class CheckpointLocation:
     def ours(self) -> bool:
         """Whether lightning-ft wrote it (committed, read by ``load_checkpoint``), rather than another strategy."""
         return self.kind == "lightning_ft"
+
+
+def existing_ancestor(path: Path) -> Path:
+    """``path`` if it exists, else its nearest parent that does (a checkpoint folder whose missing parents the first save
+    makes, as Lightning's checkpoint I/O does). A link counts as existing, dangling or not."""
+    path = Path(path)
+    while not path.exists() and not path.is_symlink() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def is_last_path(path: Path) -> bool:

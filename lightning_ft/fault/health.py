@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lightning_ft.checkpoint.internal import is_remote
+from lightning_ft.checkpoint.internal import existing_ancestor, is_remote
 from lightning_ft.nvml import NVML, NVMLUnavailable, decode_reasons
 
 # Optimizer state per parameter, in parameter-sized tensors, for optimizers whose state does not exist yet (it is
@@ -103,8 +103,7 @@ def check_checkpoint_dirs(
         if is_remote(raw):
             continue  # an object store has no local disk whose free space means anything
         dirpath = Path(raw)
-        target = dirpath if dirpath.exists() else dirpath.parent
-        free = shutil.disk_usage(target).free
+        free = shutil.disk_usage(existing_ancestor(dirpath)).free
         # The retained checkpoints, plus the one being written before retention removes the oldest.
         needed = checkpoint_bytes * (keep(dirpath) + 1)
         if free < needed:

@@ -32,6 +32,7 @@ from lightning_ft.checkpoint.internal import (
     RoutedStorage,
     as_url,
     discovery,
+    existing_ancestor,
     is_last_path,
     is_remote,
     protocol_of,
@@ -108,13 +109,14 @@ def _check_writable_url(url: str, option: str) -> None:
 
 
 def _check_writable_dir(dirpath: Path) -> None:
-    target = dirpath if dirpath.exists() else dirpath.parent
-    if dirpath.exists() and not dirpath.is_dir():
-        raise ValueError(f"ModelCheckpoint(dirpath={str(dirpath)!r}): exists and is not a folder")
-    if not target.exists():
+    # Missing folders are created by the first save, as Lightning's own checkpoint I/O does: what must hold now is
+    # that the nearest folder that exists takes new entries.
+    target = existing_ancestor(dirpath)
+    if target.exists() and not target.is_dir():
         raise ValueError(
-            f"ModelCheckpoint(dirpath={str(dirpath)!r}): the parent folder {str(target)!r} does not exist;"
-            " create it first (on the filesystem all nodes share) or choose another dirpath"
+            f"ModelCheckpoint(dirpath={str(dirpath)!r}): {str(target)!r} exists and is not a folder"
+            if target != dirpath
+            else f"ModelCheckpoint(dirpath={str(dirpath)!r}): exists and is not a folder"
         )
     try:
         # A real write, not os.access: permissions are not the only reason a folder refuses files (read-only mounts,

@@ -19,7 +19,8 @@ from lightning_ft.events import read_events
 from tests.checkpoint.support import checkpoint_format
 from tests.strategy.models import TinyRegressor, make_trainer
 
-pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against every format
+# Each test runs against every format; these runs read their event log, as a restarted run keeps it on disk.
+pytestmark = pytest.mark.usefixtures("checkpoint_format", "event_log_on_disk")
 
 
 class _MonitoredRegressor(TinyRegressor):
@@ -173,10 +174,20 @@ def test_unwritable_checkpoint_directory_fails_at_setup_naming_the_path(tmp_path
     assert trainer.global_step == 0
 
 
-def test_checkpoint_directory_with_a_missing_parent_fails_at_setup(tmp_path):
-    ckpt = ModelCheckpoint(dirpath=tmp_path / "no" / "such" / "ckpt", every_n_train_steps=1)
+def test_checkpoint_directory_with_missing_parents_is_created_by_the_first_save(tmp_path):
+    # As under DDPStrategy (its checkpoint I/O makes every missing folder): invariant 2.
+    dirpath = tmp_path / "not" / "yet" / "ckpt"
+    ckpt = ModelCheckpoint(dirpath=dirpath, every_n_train_steps=1)
+    trainer = make_trainer(tmp_path / "root" / "missing", callbacks=[ckpt], max_steps=1)
+    trainer.fit(TinyRegressor())
+    assert is_committed(dirpath / "epoch=0-step=1.ckpt")
+
+
+def test_checkpoint_directory_below_a_file_fails_at_setup_naming_it(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "a_file" / "ckpt", every_n_train_steps=1)
     trainer = make_trainer(tmp_path, callbacks=[ckpt], max_steps=1)
-    with pytest.raises(ValueError, match=r"parent folder .*no/such.* does not exist"):
+    with pytest.raises(ValueError, match=r"a_file' exists and is not a folder"):
         trainer.fit(TinyRegressor())
     assert trainer.global_step == 0
 
