@@ -5,6 +5,14 @@ Every rank appends one JSON object per line to ``<default_root_dir>/lightning-ft
 folder there would shadow the package). Each line carries ``time``, ``run_id``, ``attempt``, ``rank``, ``event`` and
 ``step`` (see docs/strategy.md, "Event log").
 
+The records are kept on disk when something will read them (:func:`keeps_records`): a run launched by torchrun,
+SLURM or another cluster environment, or of more than one process (restarts are what they are for); a run with a
+lightning-ft monitor or the memory tier; a run named by ``LIGHTNING_FT_RUN_ID``; a run whose root already holds
+records of an earlier attempt; or ``LIGHTNING_FT_EVENT_LOG=always``. A plain one-process run (``python train.py``)
+keeps them in memory and writes nothing beside the user's files, as Lightning itself does with ``logger=False``,
+until an incident (a hang, a preemption, a failed health check, a rejected checkpoint, ...): that writes the
+attempt's lines so far and everything after.
+
 One rule for the run and the attempt, in one opener, :func:`open_event_log`: rank 0 resolves the ``run_id`` (stable
 across restarts: ``LIGHTNING_FT_RUN_ID``, else ``lightning-ft/run.json`` written by the first attempt) and the
 ``attempt`` (one more than the highest recorded, so a scheduler requeue that restarts torchrun still counts up), and
@@ -17,6 +25,7 @@ Logs written by lightning-ft 0.1.0 under ``lightning_ft/events`` are still read.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import math
@@ -49,6 +58,24 @@ LOGGER_VERSIONS_FILE = Path(STATE_DIR) / "logger_versions.json"
 """``{run_id: {logger folder: version}}``: the version each logger folder got in the first attempt of a run."""
 _UNSET: Any = object()
 _IMPORT_TIME = time.time()
+
+INCIDENT_EVENTS = (
+    "preempted",
+    "hang",
+    "straggler",
+    "thermal",
+    "checkpoint_rejected",
+    "checkpoint_failed",
+    "node_evicted",
+    "join_refused",
+)
+"""The events ``lightning-ft report`` lists as incidents."""
+_KEPT_ON_DISK = frozenset(INCIDENT_EVENTS) | {"health_check_failed", "fault_injected"}
+"""Events that make an in-memory event log write itself to disk: what a user looks for after something went wrong."""
+EVENT_LOG_ENV = "LIGHTNING_FT_EVENT_LOG"
+"""``always``: keep the event log on disk in every run; ``auto`` (the default): see :func:`keeps_records`."""
+_MEMORY_LINES = 10_000
+"""An in-memory log keeps its first line (``attempt_start``) and the newest lines up to this count."""
 
 
 def process_start_time() -> float:
@@ -137,9 +164,9 @@ def _iter_lines(file: Path) -> Iterator[dict[str, Any]]:
                 continue
 
 
-def resolve_run_id(root_dir: str | os.PathLike[str]) -> str:
+def resolve_run_id(root_dir: str | os.PathLike[str], *, record: bool = True) -> str:
     """The run's id: ``LIGHTNING_FT_RUN_ID``, else the one recorded in ``lightning-ft/run.json`` (or 0.1.0's
-    ``lightning_ft/run.json``), else a new one, recorded.
+    ``lightning_ft/run.json``), else a new one, recorded (with ``record``; :func:`record_run_id` later otherwise).
 
     Call on one rank (rank 0) and broadcast: the first attempt of a run writes the file.
     """
@@ -152,12 +179,44 @@ def resolve_run_id(root_dir: str | os.PathLike[str]) -> str:
         except (OSError, ValueError, KeyError):
             pass
     run_id = uuid.uuid4().hex[:12]
+    if record:
+        record_run_id(root_dir, run_id)
+    return run_id
+
+
+def record_run_id(root_dir: str | os.PathLike[str], run_id: str) -> None:
+    """Write ``lightning-ft/run.json`` naming ``run_id``, unless a run id is recorded there already."""
     run_file = Path(root_dir) / RUN_FILE
+    if run_file.exists() or os.environ.get("LIGHTNING_FT_RUN_ID"):
+        return
     run_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = run_file.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps({"run_id": run_id, "created": time.time()}))
     os.replace(tmp, run_file)
-    return run_id
+
+
+def keeps_records(trainer: pl.Trainer, root_dir: str | os.PathLike[str]) -> bool:
+    """Whether a run keeps its event log and run id on disk from its start (rather than in memory, until an incident).
+
+    Yes when something will read them: more than one process, or a launch by torchrun, SLURM or another cluster
+    environment that restarts workers (anything but Lightning's own ``LightningEnvironment``); a lightning-ft monitor
+    among the callbacks, or the strategy's memory tier; ``LIGHTNING_FT_RUN_ID`` (the user names the run);
+    ``LIGHTNING_FT_EVENT_LOG=always``; or records of an earlier attempt under ``root_dir``. Rank 0 decides (it reads
+    the root) and broadcasts.
+    """
+    setting = os.environ.get(EVENT_LOG_ENV, "auto").strip().lower()
+    if setting not in ("auto", "always"):
+        raise ValueError(f"{EVENT_LOG_ENV}={setting!r}: must be 'auto' (the default) or 'always'")
+    if setting == "always" or os.environ.get("LIGHTNING_FT_RUN_ID") or getattr(trainer, "world_size", 1) > 1:
+        return True
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    if environment is not None and type(environment).__name__ != "LightningEnvironment":
+        return True
+    if getattr(trainer.strategy, "memory_tier", None) is not None:
+        return True
+    if any(getattr(cb, "uses_event_log", False) for cb in getattr(trainer, "callbacks", ())):
+        return True
+    return any((Path(root_dir) / name).exists() for name in (RUN_FILE, LEGACY_RUN_FILE)) or has_event_logs(root_dir)
 
 
 def keep_logger_version(
@@ -211,6 +270,8 @@ class EventLog:
         rank: the global rank of this process.
         run_id: stable across restarts of one run (see :func:`resolve_run_id`).
         attempt: 0 for the first launch, then counted up (see :func:`next_attempt`).
+        on_disk: write to the file from the start; ``False`` keeps the lines in memory until :meth:`keep` or an
+            incident event (see :func:`keeps_records`), then writes them and every later line to the file.
 
     Example::
 
@@ -218,16 +279,55 @@ class EventLog:
         log.write("progress", step=10, productive_s=1.5, data_wait_s=0.1)
     """
 
-    def __init__(self, root_dir: str | os.PathLike[str], *, rank: int, run_id: str, attempt: int) -> None:
+    def __init__(
+        self, root_dir: str | os.PathLike[str], *, rank: int, run_id: str, attempt: int, on_disk: bool = True
+    ) -> None:
         self.root_dir = Path(root_dir)
         self.rank = rank
         self.run_id = run_id
         self.attempt = attempt
         self.path = events_dir(root_dir) / f"rank{rank}.jsonl"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._step_fn: Any = None
         self._claims: set[str] = set()
+        self._first_line: str | None = None
+        self._lines: collections.deque[str] | None = None if on_disk else collections.deque(maxlen=_MEMORY_LINES)
+        if on_disk:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def on_disk(self) -> bool:
+        """Whether lines go to the file (else they are kept in memory; see :func:`keeps_records`)."""
+        return self._lines is None
+
+    def keep(self) -> None:
+        """Write the lines kept in memory so far to the file, with the run id, and every later line; idempotent."""
+        with self._lock:
+            self._to_disk()
+
+    def _to_disk(self) -> None:
+        if self._lines is None:
+            return
+        record_run_id(self.root_dir, self.run_id)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lines = ([self._first_line] if self._first_line is not None else []) + list(self._lines)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write("".join(lines))
+            f.flush()
+        self._lines = None
+
+    def lines(self) -> list[dict[str, Any]]:
+        """This rank's events of this attempt, whether on disk or in memory (an in-memory log keeps its first line and
+        the newest 10,000)."""
+        with self._lock:
+            if self._lines is not None:
+                kept = ([self._first_line] if self._first_line is not None else []) + list(self._lines)
+                return [json.loads(line) for line in kept]
+        return [
+            e
+            for e in (_iter_lines(self.path) if self.path.exists() else [])
+            if e.get("run_id") == self.run_id and e.get("attempt") == self.attempt
+        ]
 
     def bind_step(self, step_fn: Any) -> None:
         """Use ``step_fn()`` (usually ``lambda: trainer.global_step``) for ``step`` when a write names none."""
@@ -264,9 +364,18 @@ class EventLog:
         }
         record.update({k: _finite(v) for k, v in fields.items()})
         line = json.dumps(record, default=_json_default, allow_nan=False) + "\n"
-        with self._lock, open(self.path, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
+        with self._lock:
+            if self._lines is not None and event in _KEPT_ON_DISK:
+                self._to_disk()
+            if self._lines is not None:
+                if self._first_line is None:
+                    self._first_line = line
+                else:
+                    self._lines.append(line)
+                return record
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(line)
+                f.flush()
         return record
 
 
@@ -291,12 +400,13 @@ def open_event_log(trainer: pl.Trainer, **attempt_fields: Any) -> EventLog:
             os.fspath(trainer.default_root_dir),
             Path(root) / EVENTS_SUBDIR,
         )
-    ids: tuple[str, int] | None = None
+    ids: tuple[str, int, bool] | None = None
     if trainer.global_rank == 0:
-        run_id = resolve_run_id(root)
-        ids = (run_id, next_attempt(root, run_id))
-    run_id, attempt = trainer.strategy.broadcast(ids, src=0)
-    log = EventLog(root, rank=trainer.global_rank, run_id=run_id, attempt=attempt)
+        on_disk = keeps_records(trainer, root)
+        run_id = resolve_run_id(root, record=on_disk)
+        ids = (run_id, next_attempt(root, run_id), on_disk)
+    run_id, attempt, on_disk = trainer.strategy.broadcast(ids, src=0)
+    log = EventLog(root, rank=trainer.global_rank, run_id=run_id, attempt=attempt, on_disk=on_disk)
     log.bind_step(lambda: trainer.global_step if trainer.state.fn == "fit" else None)
     _LOGS[trainer] = log
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")

@@ -52,3 +52,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def event_log_on_disk(monkeypatch):
+    """Keep the event log on disk in a plain one-process run (``LIGHTNING_FT_EVENT_LOG=always``), for a test that
+    reads it: without a monitor, torchrun or an incident such a run keeps it in memory (lightning_ft/events.py)."""
+    monkeypatch.setenv("LIGHTNING_FT_EVENT_LOG", "always")

@@ -100,7 +100,9 @@ def run_report(args: argparse.Namespace) -> int:
         # read_events takes the events folder itself as well as the root above it.
         folder = logdir if logdir.name == "events" else events_dir(logdir)
         raise CLIError(
-            f"no event logs under {logdir} (expected {folder}/rank*.jsonl; pass the trainer's default_root_dir)"
+            f"no event logs under {logdir} (expected {folder}/rank*.jsonl; pass the trainer's default_root_dir). A"
+            " one-process run started without torchrun or SLURM and without a lightning-ft monitor keeps its event"
+            " log in memory unless something goes wrong: add GoodputMonitor() or set LIGHTNING_FT_EVENT_LOG=always"
         )
     summary = summarize(
         events,

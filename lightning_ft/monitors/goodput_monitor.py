@@ -70,6 +70,9 @@ class GoodputMonitor(Callback):
         print(trainer.callbacks[0].totals()["ettr"])
     """
 
+    uses_event_log = True
+    """The run keeps its event log on disk from the start (:func:`lightning_ft.events.keeps_records`)."""
+
     def __init__(self, *, log_every_n_steps: int | None = None) -> None:
         if log_every_n_steps is not None and log_every_n_steps < 1:
             raise ValueError(f"GoodputMonitor(log_every_n_steps={log_every_n_steps!r}): must be >= 1 or None")

@@ -35,6 +35,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from lightning_ft.events import INCIDENT_EVENTS
 from lightning_ft.monitors.checkpoint_tiers import (
     DEFAULT_DURABLE_FRACTION,
     DURABLE_FRACTION_SOURCE,
@@ -47,16 +48,6 @@ from lightning_ft.monitors.goodput_text import fmt_ratio
 from lightning_ft.monitors.run_history import attempts as attempt_records
 from lightning_ft.monitors.run_history import latest_run, link, num
 
-INCIDENT_EVENTS = (
-    "preempted",
-    "hang",
-    "straggler",
-    "thermal",
-    "checkpoint_rejected",
-    "checkpoint_failed",
-    "node_evicted",
-    "join_refused",
-)
 _MERGED_BY = {
     # They stop the attempt; each rank may write its own record.
     "preempted": (),

@@ -109,6 +109,9 @@ class StragglerMonitor(Callback):
         trainer = L.Trainer(callbacks=[StragglerMonitor(interval=8, action="checkpoint_and_stop")])
     """
 
+    uses_event_log = True
+    """The run keeps its event log on disk from the start (:func:`lightning_ft.events.keeps_records`)."""
+
     def __init__(
         self,
         *,

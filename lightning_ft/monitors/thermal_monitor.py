@@ -88,6 +88,9 @@ class ThermalMonitor(Callback):
         trainer = L.Trainer(callbacks=[ThermalMonitor(interval=50)])
     """
 
+    uses_event_log = True
+    """The run keeps its event log on disk from the start (:func:`lightning_ft.events.keeps_records`)."""
+
     def __init__(
         self,
         *,

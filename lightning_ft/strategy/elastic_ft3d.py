@@ -344,7 +344,9 @@ class ElasticFT3D(DDPStrategy):
                 attempt_start_time=self._attempt_start_time,
             )
         callbacks = [self._tracker, self._elastic_resume] + ([self._memory] if self._memory is not None else [])
-        attach_to_trainer(trainer, callbacks=callbacks, run_id=self.event_log.run_id)
+        attach_to_trainer(
+            trainer, callbacks=callbacks, run_id=self.event_log.run_id, keep_versions=self.event_log.on_disk
+        )
         self._auto_resume.install(trainer)
 
     # ------------------------------------------------------------------ model set-up and steps

@@ -95,7 +95,7 @@ class RunPart:
         setattr(strategy._run, self.part, value)
 
 
-def attach_to_trainer(trainer: pl.Trainer, *, callbacks: list[Any], run_id: str) -> None:
+def attach_to_trainer(trainer: pl.Trainer, *, callbacks: list[Any], run_id: str, keep_versions: bool = True) -> None:
     """Put ``callbacks`` first in ``trainer.callbacks`` (in this order; those already there stay where they are),
     keep every ``TensorBoardLogger``'s version the same across the attempts of one run (:func:`keep_logger_versions`),
     and warn about a ``ModelCheckpoint`` without a ``dirpath``.
@@ -107,7 +107,8 @@ def attach_to_trainer(trainer: pl.Trainer, *, callbacks: list[Any], run_id: str)
     for position, callback in enumerate(callbacks):
         if callback not in trainer.callbacks:
             trainer.callbacks.insert(position, callback)
-    keep_logger_versions(trainer, run_id)
+    if keep_versions:  # a run that keeps no records on disk (a plain one-process run) numbers them as Lightning does
+        keep_logger_versions(trainer, run_id)
     for cb in trainer.checkpoint_callbacks:
         if isinstance(cb, ModelCheckpoint) and getattr(cb, "dirpath", None) is None:
             rank_zero_warn(

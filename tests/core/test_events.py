@@ -33,17 +33,25 @@ class _Strategy:
 class _Trainer:
     """What open_event_log needs of a trainer (a plain class: the log is kept per trainer, by weak reference)."""
 
-    def __init__(self, root, rank: int) -> None:
+    def __init__(self, root, rank: int, callbacks: list) -> None:
         self.default_root_dir = str(root)
         self.global_rank = rank
         self.world_size = 1
         self.global_step = 0
         self.state = SimpleNamespace(fn="fit")
         self.strategy = _Strategy()
+        self.callbacks = callbacks
 
 
-def _trainer(root, rank=0):
-    return _Trainer(root, rank)
+class _Monitor:
+    """A callback that wants the records on disk, as lightning-ft's monitors do."""
+
+    uses_event_log = True
+
+
+def _trainer(root, rank=0, *, plain=False):
+    """A trainer whose run keeps its records on disk (it has a monitor), or a ``plain`` one-process run."""
+    return _Trainer(root, rank, [] if plain else [_Monitor()])
 
 
 def test_logs_live_under_a_folder_name_that_python_cannot_import(tmp_path):
@@ -150,3 +158,71 @@ def test_lightning_ft_s_records_stay_local_whatever_the_default_root_dir(tmp_pat
     assert state_root(tmp_path / "runs") == str(tmp_path / "runs")
     assert state_root(f"file://{tmp_path}/runs") == f"{tmp_path}/runs"
     assert state_root("s3://bucket/runs") == str(tmp_path)  # an object store: the working directory
+
+
+# ---------------------------------------------------------------- when the records are kept on disk
+
+
+def test_a_plain_one_process_run_keeps_its_log_in_memory_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.delenv("LIGHTNING_FT_RUN_ID", raising=False)
+    log = open_event_log(_trainer(tmp_path, plain=True))
+    log.write("progress", step=5, productive_s=1.0, data_wait_s=0.0)
+    assert not log.on_disk
+    assert list(tmp_path.iterdir()) == []  # as Lightning with logger=False: nothing beside the user's files
+    assert [e["event"] for e in log.lines()] == ["attempt_start", "progress"]
+
+
+def test_an_incident_writes_the_attempt_s_lines_so_far_and_every_later_one(tmp_path, monkeypatch):
+    monkeypatch.delenv("LIGHTNING_FT_RUN_ID", raising=False)
+    log = open_event_log(_trainer(tmp_path, plain=True))
+    log.write("progress", step=5, productive_s=1.0, data_wait_s=0.0)
+    log.write("hang", step=6, idle_s=30.0, ranks=[0])
+    log.write("progress", step=7, productive_s=1.0, data_wait_s=0.0)
+    assert log.on_disk
+    assert [e["event"] for e in read_events(tmp_path)] == ["attempt_start", "progress", "hang", "progress"]
+    assert resolve_run_id(tmp_path) == log.run_id  # recorded: the next attempt is the same run
+    assert next_attempt(tmp_path, log.run_id) == 1
+
+
+@pytest.mark.parametrize(
+    "why", ["world", "torchrun", "monitor", "memory_tier", "run_id_env", "always_env", "earlier_records"]
+)
+def test_a_run_that_something_will_read_keeps_its_records_on_disk_from_the_start(tmp_path, monkeypatch, why):
+    from lightning.fabric.plugins.environments import TorchElasticEnvironment
+
+    monkeypatch.delenv("LIGHTNING_FT_RUN_ID", raising=False)
+    trainer = _trainer(tmp_path, plain=True)
+    if why == "world":
+        trainer.world_size = 2
+    elif why == "torchrun":
+        trainer.strategy.cluster_environment = TorchElasticEnvironment()
+    elif why == "monitor":
+        trainer.callbacks = [_Monitor()]
+    elif why == "memory_tier":
+        trainer.strategy.memory_tier = object()
+    elif why == "run_id_env":
+        monkeypatch.setenv("LIGHTNING_FT_RUN_ID", "named")
+    elif why == "always_env":
+        monkeypatch.setenv("LIGHTNING_FT_EVENT_LOG", "always")
+    else:
+        open_event_log(_trainer(tmp_path)).write("progress", step=3, productive_s=1.0, data_wait_s=0.0)
+    log = open_event_log(trainer)
+    assert log.on_disk
+    assert [e["event"] for e in read_events(tmp_path) if e["attempt"] == log.attempt] == ["attempt_start"]
+
+
+def test_a_plain_run_s_memory_keeps_the_attempt_start_and_the_newest_lines(tmp_path):
+    log = EventLog(tmp_path, rank=0, run_id="r", attempt=0, on_disk=False)
+    log.write("attempt_start", step=None)
+    for step in range(10_050):
+        log.write("progress", step=step, productive_s=1.0, data_wait_s=0.0)
+    lines = log.lines()
+    assert len(lines) == 10_001 and lines[0]["event"] == "attempt_start"
+    assert [e["step"] for e in lines[1:3]] == [50, 51] and lines[-1]["step"] == 10_049
+    assert not tmp_path.joinpath("lightning-ft").exists()
+
+
+def test_an_unknown_event_log_setting_is_refused_naming_the_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("LIGHTNING_FT_EVENT_LOG", "sometimes")
+    with pytest.raises(ValueError, match="LIGHTNING_FT_EVENT_LOG='sometimes': must be 'auto'"):
+        open_event_log(_trainer(tmp_path, plain=True))

@@ -65,6 +65,7 @@ def test_without_a_fault_policy_lightning_keeps_its_own_handlers_and_nothing_of_
     assert not any(type(cb).__name__ == "FaultHandler" for cb in trainer.callbacks)
 
 
+@pytest.mark.usefixtures("event_log_on_disk")  # a passed check is not an incident: on disk only when kept
 def test_a_passed_health_check_is_recorded_before_the_first_step(tmp_path):
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=1)
     make_trainer(tmp_path, callbacks=[ckpt], max_steps=2).fit(TinyRegressor())

@@ -13,6 +13,8 @@ from lightning_ft.checkpoint.internal import is_committed
 from lightning_ft.events import read_events
 from tests.strategy.models import TinyRegressor, make_trainer
 
+pytestmark = pytest.mark.usefixtures("event_log_on_disk")  # these runs read their event log
+
 
 def _fit(tmp_path, max_steps):
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1, save_last=True)

@@ -17,7 +17,8 @@ from lightning_ft.events import read_events
 from tests.checkpoint.support import flip_a_byte_of
 from tests.strategy.models import TinyRegressor, make_trainer
 
-pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against every format
+# Each test runs against every format; these runs read their event log, as a restarted run keeps it on disk.
+pytestmark = pytest.mark.usefixtures("checkpoint_format", "event_log_on_disk")
 
 
 def _fit(tmp_path, max_steps, *, ckpt_path=None, strategy=None, callbacks=None, **ckpt_kwargs):

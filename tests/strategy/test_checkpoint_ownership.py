@@ -20,7 +20,8 @@ from lightning_ft.strategy.auto_resume import resume_candidates
 from tests.checkpoint.support import checkpoint_format, folders_only, format_storage_class
 from tests.strategy.models import TinyRegressor, make_trainer
 
-pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against every format
+# Each test runs against every format; these runs read their event log, as a restarted run keeps it on disk.
+pytestmark = pytest.mark.usefixtures("checkpoint_format", "event_log_on_disk")
 
 USER_FILES = {
     "src/model.py": b"class Model: ...\n",

@@ -26,6 +26,8 @@ from lightning_ft.events import read_events
 from lightning_ft.strategy.elastic_resume import resume_message
 from tests.strategy.models import RandomVectors, TinyRegressor, make_trainer
 
+pytestmark = pytest.mark.usefixtures("event_log_on_disk")  # these runs read their event log
+
 BASE_LR = 0.1
 
 

@@ -10,7 +10,8 @@ from lightning_ft.checkpoint import list_committed, load_checkpoint
 from lightning_ft.events import read_events
 from tests.strategy.models import TinyRegressor, make_trainer
 
-pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against every format
+# Each test runs against every format; these runs read their event log, as a restarted run keeps it on disk.
+pytestmark = pytest.mark.usefixtures("checkpoint_format", "event_log_on_disk")
 
 SCORES = [5.0, 3.0, 4.0, 1.0, 2.0, 6.0, 0.5, 7.0]
 """The monitored value logged at each step: the checkpoint of step ``i + 1`` carries ``SCORES[i]``."""

@@ -18,6 +18,8 @@ from lightning_ft.checkpoint import CheckpointError, UnsafeCheckpointError
 from lightning_ft.events import read_events
 from tests.strategy.models import TinyRegressor, make_trainer
 
+pytestmark = pytest.mark.usefixtures("event_log_on_disk")  # these runs read their event log
+
 
 class Activation(enum.Enum):
     TANH = "tanh"

@@ -18,6 +18,8 @@ from lightning_ft.events import read_events
 from lightning_ft.strategy.checkpoint_io import check_checkpoint_callback, check_checkpoint_dirpath
 from tests.strategy.models import TinyRegressor, make_trainer
 
+pytestmark = pytest.mark.usefixtures("event_log_on_disk")  # these runs read their event log
+
 
 @pytest.fixture
 def bucket(tmp_path):

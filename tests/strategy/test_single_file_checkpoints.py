@@ -24,6 +24,8 @@ from lightning_ft.events import read_events
 from tests.e2e._torchrun import assert_ok, torchrun
 from tests.strategy.models import RandomVectors, TinyRegressor, make_trainer
 
+pytestmark = pytest.mark.usefixtures("event_log_on_disk")  # these runs read their event log
+
 KEEP_LOCAL = ElasticPolicy(batch="keep_local")  # 32 samples of 4 a batch: the global batch follows the world
 
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_ft.events import read_events
 from tests.strategy.models import TinyRegressor, make_trainer
+
+pytestmark = pytest.mark.usefixtures("event_log_on_disk")  # these runs read their event log
 
 
 def _fit(tmp_path, max_steps, *, model=None, **ckpt_kwargs):

@@ -1,0 +1,60 @@
+"""Where a run's records go under a real Trainer: nothing beside the user's files in a plain one-process run (as
+Lightning writes nothing with ``logger=False``), the event log on disk as soon as something will read it, and an
+incident that writes what the attempt recorded so far."""
+
+from __future__ import annotations
+
+import os
+
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+import lightning_ft.checkpoint as lft_checkpoint
+from lightning_ft import GoodputMonitor
+from lightning_ft.events import get_event_log, read_events
+from tests.checkpoint.support import flip_a_byte_of
+from tests.strategy.models import TinyRegressor, make_trainer
+
+
+def _fit(root, *, callbacks=(), max_steps=4, **kwargs):
+    ckpt = ModelCheckpoint(dirpath=root, every_n_train_steps=2, save_top_k=-1)
+    trainer = make_trainer(root, callbacks=[ckpt, *callbacks], max_steps=max_steps, **kwargs)
+    trainer.fit(TinyRegressor())
+    return trainer
+
+
+def test_a_plain_run_with_dirpath_equal_to_default_root_dir_lists_only_its_checkpoints(tmp_path, monkeypatch):
+    monkeypatch.delenv("LIGHTNING_FT_RUN_ID", raising=False)
+    trainer = _fit(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt"]
+    lines = get_event_log(trainer, open_if_missing=False).lines()
+    assert [e["step"] for e in lines if e["event"] == "checkpoint_committed"] == [2, 4]
+
+    # A second launch over the same folder still resumes by itself, and still writes nothing else.
+    again = _fit(tmp_path, max_steps=6)
+    assert again.global_step == 6
+    assert sorted(os.listdir(tmp_path)) == ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt", "epoch=0-step=6.ckpt"]
+    (resumed,) = [e for e in get_event_log(again, open_if_missing=False).lines() if e["event"] == "resumed"]
+    assert resumed["step"] == 4
+
+
+def test_a_run_with_a_lightning_ft_monitor_keeps_its_event_log_on_disk(tmp_path, monkeypatch):
+    monkeypatch.delenv("LIGHTNING_FT_RUN_ID", raising=False)
+    _fit(tmp_path, callbacks=[GoodputMonitor()])
+    assert "lightning-ft" in os.listdir(tmp_path)
+    events = [e["event"] for e in read_events(tmp_path)]
+    assert events[0] == "attempt_start" and events.count("checkpoint_committed") == 2
+
+
+def test_an_incident_in_a_plain_run_writes_the_attempt_so_far_for_report(tmp_path, monkeypatch):
+    monkeypatch.delenv("LIGHTNING_FT_RUN_ID", raising=False)
+    _fit(tmp_path)
+    newest = tmp_path / "epoch=0-step=4.ckpt"
+    flip_a_byte_of(newest, lft_checkpoint.load_checkpoint(newest).state["state_dict"]["net.0.weight"])
+
+    again = _fit(tmp_path, max_steps=6)  # falls back to step 2: a rejected checkpoint is an incident
+    assert again.global_step == 6
+    events = read_events(tmp_path)
+    names = [e["event"] for e in events]
+    assert names[0] == "attempt_start" and "checkpoint_rejected" in names  # the lines before it too
+    assert {e["attempt"] for e in events} == {0}  # the first launch kept nothing: this is the run's first record
+    assert [e["step"] for e in events if e["event"] == "resumed"] == [2]
