@@ -154,7 +154,8 @@ class AutoResume:
         if ckpt_path is not None:
             self._candidates = []
             self._chosen = self._located(locate(Path(ckpt_path)))
-            return self._chosen.path
+            # As Lightning keeps it (``trainer.ckpt_path``): the path as given, unless it resolved to another one.
+            return ckpt_path if self._chosen.path == Path(ckpt_path) else str(self._chosen.path)
         self._candidates = [listed(Path(p), ours=ours) for p, ours, _ in names]
         if self._memory_plan is not None:
             memory_path = self._memory_plan(names[0][2] if names else None)  # collective: every rank calls
@@ -162,7 +163,7 @@ class AutoResume:
                 self._chosen = None  # every durable candidate stays a fallback of the memory restore
                 return memory_path
         self._chosen = self._candidates[0] if self._candidates else None
-        return self._chosen.path if self._chosen is not None else None
+        return str(self._chosen.path) if self._chosen is not None else None
 
     @staticmethod
     def _located(location: CheckpointLocation) -> CheckpointLocation:

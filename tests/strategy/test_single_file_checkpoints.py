@@ -235,3 +235,16 @@ def main() -> None:  # torchrun entry: every rank fits the recorder with the giv
 
 if __name__ == "__main__":
     main()
+
+
+def test_trainer_ckpt_path_is_what_lightning_keeps_there(tmp_path):
+    # Lightning's trainer.ckpt_path: the path it resolved "last" to, as a string, and a given path as given.
+    _fit(tmp_path, 3)
+    last = tmp_path / "ckpt" / "last.ckpt"
+    trainer, _ = _fit(tmp_path, 4, ckpt_path="last")
+    assert trainer.ckpt_path == str(last)
+    given = str(tmp_path / "ckpt" / "epoch=0-step=3.ckpt")
+    trainer, _ = _fit(tmp_path, 5, ckpt_path=given)
+    assert trainer.ckpt_path == given
+    trainer, _ = _fit(tmp_path, 6)  # auto-resume: the newest committed checkpoint, a string as Lightning's own
+    assert isinstance(trainer.ckpt_path, str) and Path(trainer.ckpt_path).parent == tmp_path / "ckpt"
