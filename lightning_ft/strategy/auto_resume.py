@@ -11,15 +11,19 @@ lightning-ft folder without its commit marker): the path is classified once ther
 
 from __future__ import annotations
 
+import os
+import tempfile
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_ft import _compat
-from lightning_ft.checkpoint import CheckpointError
+from lightning_ft.checkpoint import CheckpointError, CheckpointNotFoundError
 from lightning_ft.checkpoint.internal import (
     CheckpointLocation,
     as_url,
@@ -111,7 +115,10 @@ class AutoResume:
         self._memory_plan = memory_plan
         self._candidates: list[CheckpointLocation] = []
         self._chosen: CheckpointLocation | None = None
+        self._chosen_as_given: str | None = None
         self._patch: _compat.Patch | None = None
+        self._downloads: dict[str, Path] = {}
+        self._download_dir: tempfile.TemporaryDirectory[str] | None = None
 
     def install(self, trainer: pl.Trainer) -> None:
         """Patch the trainer's checkpoint connector for this run (idempotent); :meth:`uninstall` undoes it."""
@@ -131,6 +138,10 @@ class AutoResume:
         if self._patch is not None:
             self._patch.undo()
             self._patch = None
+        self._downloads.clear()
+        if self._download_dir is not None:
+            self._download_dir.cleanup()
+            self._download_dir = None
 
     def select(self, trainer: pl.Trainer, ckpt_path: Any) -> Any:
         """The checkpoint to resume from: the user's (checked), else the memory tier's agreed step when it is newer
@@ -141,7 +152,7 @@ class AutoResume:
         if ckpt_path is None and not self.enabled:
             return None
         folders = checkpoint_dirpaths(trainer)
-        if ckpt_path is not None and Path(ckpt_path).parent not in folders:
+        if ckpt_path is not None and not _downloaded(ckpt_path) and Path(ckpt_path).parent not in folders:
             folders.append(Path(ckpt_path).parent)
         names = None
         if trainer.global_rank == 0:
@@ -153,9 +164,9 @@ class AutoResume:
         names = self._broadcast(names)
         if ckpt_path is not None:
             self._candidates = []
-            self._chosen = self._located(locate(Path(ckpt_path)))
+            self._chosen = self._locate(ckpt_path)
             # As Lightning keeps it (``trainer.ckpt_path``): the path as given, unless it resolved to another one.
-            return ckpt_path if self._chosen.path == Path(ckpt_path) else str(self._chosen.path)
+            return ckpt_path if self._chosen.path == self._chosen.requested else str(self._chosen.path)
         self._candidates = [listed(Path(p), ours=ours) for p, ours, _ in names]
         if self._memory_plan is not None:
             memory_path = self._memory_plan(names[0][2] if names else None)  # collective: every rank calls
@@ -163,7 +174,30 @@ class AutoResume:
                 self._chosen = None  # every durable candidate stays a fallback of the memory restore
                 return memory_path
         self._chosen = self._candidates[0] if self._candidates else None
+        self._chosen_as_given = None
         return str(self._chosen.path) if self._chosen is not None else None
+
+    def _locate(self, ckpt_path: Any) -> CheckpointLocation:
+        """:func:`~lightning_ft.checkpoint.internal.locate` of a ``ckpt_path`` as the user gave it; an ``http(s)://``
+        URL (which Lightning's own loading reads with ``torch.hub``) is downloaded first, once, into a temporary folder
+        of this process, and the copy is classified and read like a local file (removed at teardown)."""
+        given = os.fspath(ckpt_path)
+        self._chosen_as_given = given
+        if not _downloaded(given):
+            return self._located(locate(Path(given)))
+        local = self._downloads.get(given)
+        if local is None:
+            if self._download_dir is None:
+                self._download_dir = tempfile.TemporaryDirectory(prefix="lightning-ft-ckpt-")
+            name = Path(urllib.parse.urlparse(given).path).name or "checkpoint.ckpt"
+            local = Path(self._download_dir.name) / str(len(self._downloads)) / name
+            local.parent.mkdir()
+            try:
+                torch.hub.download_url_to_file(given, str(local), progress=False)
+            except Exception as err:  # noqa: BLE001 - urllib's errors: HTTP status, DNS, connection
+                raise CheckpointNotFoundError(f"ckpt_path={given!r}: cannot download it ({err})") from err
+            self._downloads[given] = local
+        return self._located(locate(local))
 
     @staticmethod
     def _located(location: CheckpointLocation) -> CheckpointLocation:
@@ -171,7 +205,7 @@ class AutoResume:
             rank_zero_warn(location.note)
         return location
 
-    def location_for(self, path: Path) -> CheckpointLocation:
+    def location_for(self, path: str | Path) -> CheckpointLocation:
         """The classification of the path a load was given: the one :meth:`select` made of it, else found now (a
         ``validate``/``test``/``predict`` ``ckpt_path``, which :meth:`select` does not see).
 
@@ -179,9 +213,11 @@ class AutoResume:
             CheckpointNotFoundError, UncommittedCheckpointError: as :func:`~lightning_ft.checkpoint.location.locate`.
         """
         chosen = self._chosen
-        if chosen is not None and path in (chosen.path, chosen.requested):
+        if chosen is not None and (
+            Path(path) in (chosen.path, chosen.requested) or os.fspath(path) == self._chosen_as_given
+        ):
             return chosen
-        return self._located(locate(path))
+        return self._locate(path)
 
     def take_candidates(self) -> list[CheckpointLocation]:
         """Every candidate of the last automatic choice, newest first (the durable fallbacks of a memory restore);
@@ -194,3 +230,9 @@ class AutoResume:
         fallbacks = [c for c in self._candidates if c.path != chosen.path]
         self._candidates, self._chosen = [], None
         return fallbacks
+
+
+def _downloaded(ckpt_path: Any) -> bool:
+    """Whether ``ckpt_path`` is read by downloading it: an ``http(s)://`` URL given as a string (what Lightning's own
+    checkpoint loading reads with ``torch.hub``)."""
+    return isinstance(ckpt_path, str) and ckpt_path.lower().startswith(("http://", "https://"))

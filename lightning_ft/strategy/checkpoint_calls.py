@@ -18,6 +18,7 @@ and what a load means for ``fit`` and for evaluation:
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,7 +27,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_ft.checkpoint import CheckpointError
-from lightning_ft.checkpoint.internal import load_torch_file, locate
+from lightning_ft.checkpoint.internal import load_torch_file
 from lightning_ft.strategy import per_rank_state
 from lightning_ft.strategy.checkpoint_io import run_metadata, split_checkpoint
 from lightning_ft.strategy.elastic_resume import loaded_message
@@ -92,7 +93,7 @@ def load_for_strategy(strategy: ElasticFT3D, checkpoint_path: Any) -> dict[str, 
             rank_zero_warn(f"Skipping the memory tier: {err}. Falling back to {candidates[0].path}.")
             location, fallbacks = candidates[0], [c for c in candidates[1:] if c.ours]
     else:
-        location = strategy._auto_resume.location_for(Path(strategy.broadcast(str(checkpoint_path))))
+        location = strategy._auto_resume.location_for(strategy.broadcast(os.fspath(checkpoint_path)))
         fallbacks = [c for c in strategy._auto_resume.take_fallbacks(location) if c.ours]
     if loaded is None:
         if not location.ours:
@@ -133,7 +134,7 @@ def _load_outside_stage(strategy: ElasticFT3D, checkpoint_path: Any) -> dict[str
     saved, checked as any load of a lightning-ft checkpoint is (commit, checksums, no unpickling), without the
     fallbacks and the resume of a stage; a checkpoint of another strategy is read as Lightning reads it."""
     strategy.outside_stage_config("load a checkpoint")
-    location = locate(Path(checkpoint_path))
+    location = strategy._auto_resume.location_for(os.fspath(checkpoint_path))
     if location.kind == "lightning_file":
         return load_torch_file(location.path)  # as an import in a stage reads it: weights_only plus Lightning's types
     if not location.ours:

@@ -4,6 +4,7 @@ fallback from a damaged file, and the move between one process (files) and two (
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.core.saving import pl_load
+from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -248,3 +250,48 @@ def test_trainer_ckpt_path_is_what_lightning_keeps_there(tmp_path):
     assert trainer.ckpt_path == given
     trainer, _ = _fit(tmp_path, 6)  # auto-resume: the newest committed checkpoint, a string as Lightning's own
     assert isinstance(trainer.ckpt_path, str) and Path(trainer.ckpt_path).parent == tmp_path / "ckpt"
+
+
+@pytest.fixture
+def http_folder(tmp_path):
+    """``tmp_path / "served"`` over HTTP on a free port: yields (folder, base URL)."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    folder = tmp_path / "served"
+    folder.mkdir()
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(folder))
+    with ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        yield folder, f"http://127.0.0.1:{server.server_address[1]}"
+        server.shutdown()
+        thread.join()
+
+
+@pytest.mark.parametrize("writer", ["lightning-ft", "DDPStrategy"])
+def test_a_ckpt_path_url_is_downloaded_and_resumed_from_exactly(tmp_path, http_folder, writer):
+    # Lightning reads an http(s) ckpt_path with torch.hub; it is not a local path (it was taken as one, "http:/...").
+    folder, base = http_folder
+    full_trainer, full = _fit(tmp_path / "full", 6)
+    source = tmp_path / "full" / "ckpt" / "epoch=0-step=3.ckpt"
+    if writer == "DDPStrategy":  # a plain Lightning file: imported
+        plain = make_trainer(tmp_path / "ddp", strategy=DDPStrategy(), max_steps=3)
+        torch.manual_seed(0)
+        plain.fit(Recorder())
+        plain.save_checkpoint(folder / "served.ckpt")
+    else:
+        os.link(source, folder / "served.ckpt")
+    trainer, resumed = _fit(tmp_path / "resumed", 6, ckpt_path=f"{base}/served.ckpt")
+    assert trainer.ckpt_path == f"{base}/served.ckpt"
+    assert sorted(resumed.losses) == [3, 4, 5]
+    if writer == "lightning-ft":
+        assert resumed.losses == {s: full.losses[s] for s in (3, 4, 5)}
+    assert not list(Path(tempfile.gettempdir()).glob("lightning-ft-ckpt-*/*/served.ckpt"))  # the copy is removed
+
+
+def test_a_ckpt_path_url_that_cannot_be_read_is_refused_naming_it(tmp_path, http_folder):
+    _, base = http_folder
+    with pytest.raises(FileNotFoundError, match=r"ckpt_path='http://127\.0\.0\.1:\d+/missing\.ckpt': cannot download"):
+        _fit(tmp_path, 3, ckpt_path=f"{base}/missing.ckpt")
