@@ -4,9 +4,10 @@
 file that ``LightningModule.load_from_checkpoint`` and plain ``torch.load(..., weights_only=True)`` read. With
 ``full=True`` it also writes optimizer states (keyed by parameter position, as ``optimizer.state_dict()`` is), LR
 schedulers, the loop state, callback states (rank 0's) and everything else Lightning saved, so that
-``Trainer.fit(ckpt_path=...)`` under ``DDPStrategy`` resumes from it. The position of the training samplers inside an
-epoch is left out: only lightning-ft's resumable sampler reads it, and Lightning refuses loader states its own
-DataLoaders cannot take (it restarts an epoch interrupted in the middle from the epoch's first batch, with a warning).
+``Trainer.fit(ckpt_path=...)`` under ``DDPStrategy`` resumes from it. The position of lightning-ft's resumable
+samplers inside an epoch is left out (:func:`~lightning_ft.checkpoint.single_file.without_sampler_states`): only they
+read it, and Lightning refuses loader states its own DataLoaders cannot take (it restarts an epoch interrupted in the
+middle from the epoch's first batch, with a warning); the state of a loader that is stateful by itself is kept.
 
 The file is written one tensor at a time (:func:`~lightning_ft.checkpoint.torch_file.save_streaming`): each tensor
 is assembled from its shards, checked against its checksums, written, and released, so the state may be larger than
@@ -42,7 +43,7 @@ from lightning_ft.checkpoint.errors import (
 from lightning_ft.checkpoint.load import load_checkpoint
 from lightning_ft.checkpoint.safe_load import safe_globals_for
 from lightning_ft.checkpoint.shard_reader import ShardReader
-from lightning_ft.checkpoint.single_file import is_checkpoint_file
+from lightning_ft.checkpoint.single_file import is_checkpoint_file, without_sampler_states
 from lightning_ft.checkpoint.storage.registry import storage_for_path
 from lightning_ft.checkpoint.torch_file import TensorSlot, can_stream, save_streaming
 
@@ -138,16 +139,6 @@ def _by_position(optimizer_state: dict[str, Any]) -> dict[str, Any]:
         new_groups.append({**group, "params": ids})
     state = {index[name]: values for name, values in optimizer_state.get("state", {}).items() if name in index}
     return {"state": state, "param_groups": new_groups}
-
-
-def _without_sampler_position(loops: Any) -> Any:
-    """The loop state without the training samplers' position, which only lightning-ft's resumable sampler reads:
-    Lightning refuses a checkpoint with loader states when its own DataLoaders are not stateful."""
-    fit_loop = loops.get("fit_loop") if isinstance(loops, dict) else None
-    if not isinstance(fit_loop, dict) or not isinstance(fit_loop.get("state_dict"), dict):
-        return loops
-    state_dict = {k: v for k, v in fit_loop["state_dict"].items() if k != "combined_loader"}
-    return {**loops, "fit_loop": {**fit_loop, "state_dict": state_dict}}
 
 
 def _model_state(state: dict[str, Any], rank_states: list[Any], path: Path) -> dict[str, Any]:
@@ -269,7 +260,7 @@ def export_checkpoint(
             )
         exported.update({str(k): v for k, v in state.items()})
         exported["optimizer_states"] = [_by_position(o) for o in state.get("optimizer_states", [])]
-        exported["loops"] = _without_sampler_position(state.get("loops", {}))
+        exported["loops"] = without_sampler_states(state.get("loops", {}))
         callbacks = (rank_states[0] or {}).get("callbacks", {}) if rank_states else {}
         exported["callbacks"] = {k: v for k, v in callbacks.items() if not str(k).startswith(_OWN_CALLBACKS)}
     exported.update(

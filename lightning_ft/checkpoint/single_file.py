@@ -55,6 +55,7 @@ __all__ = [
     "is_checkpoint_file",
     "read_file_document",
     "read_marker",
+    "without_sampler_states",
 ]
 
 FORMAT_VERSION = 1
@@ -211,6 +212,31 @@ def _dtype(name: str) -> torch.dtype:
     return dtype
 
 
+SAMPLER_STATE_KEYS = frozenset({"epoch", "consumed", "seed", "shuffle", "drop_last", "dataset_len"})
+"""The keys of a :class:`~lightning_ft.elastic.ResumableSampler` state: how its entry among the training loaders'
+states is told from a stateful loader of the user's own (litData's, say)."""
+
+
+def without_sampler_states(loops: Any) -> Any:
+    """Lightning's loop state without the resumable samplers' positions among the training loaders' states.
+
+    lightning-ft makes the training DataLoaders it swaps a :class:`~lightning_ft.elastic.ResumableSampler` into
+    stateful, so Lightning saves their positions with its loop state; under another strategy those loaders are not
+    stateful and Lightning refuses a mid-epoch checkpoint with more loader states than stateful loaders ("The
+    CombinedLoader has 0 stateful loaders, but found 1 states"). The states of loaders that are stateful by themselves
+    are kept, in order; lightning-ft reads its own from the checkpoint's metadata document, not from here.
+    """
+    fit_loop = loops.get("fit_loop") if isinstance(loops, dict) else None
+    state_dict = fit_loop.get("state_dict") if isinstance(fit_loop, dict) else None
+    if not isinstance(state_dict, dict) or not isinstance(state_dict.get("combined_loader"), list):
+        return loops
+    kept = [s for s in state_dict["combined_loader"] if not (isinstance(s, dict) and set(s) == SAMPLER_STATE_KEYS)]
+    state_dict = {k: v for k, v in state_dict.items() if k != "combined_loader"} | (
+        {"combined_loader": kept} if kept else {}
+    )
+    return {**loops, "fit_loop": {**fit_loop, "state_dict": state_dict}}
+
+
 def checkpoint_dict(document: dict[str, Any], entries: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     """Lightning's checkpoint dict, as the file holds it, built from a save's document and its staged entries (flat
     ``uint8`` views of the staging buffers, by entry name): the tensors of the dict are views of the staged copies,
@@ -236,6 +262,8 @@ def checkpoint_dict(document: dict[str, Any], entries: Mapping[str, torch.Tensor
 
     # The pickled objects in the state are the bytes this process pickled at the save call, not bytes from storage.
     checkpoint = json_codec.decode_own(document["state"], tensor)
+    if "loops" in checkpoint:  # for Lightning's own readers; lightning-ft resumes from the document
+        checkpoint["loops"] = without_sampler_states(checkpoint["loops"])
     rank_states = document["rank_states"]
     rank_state = json_codec.decode_own(rank_states[0], tensor) if rank_states else None
     if isinstance(rank_state, dict) and "callbacks" in rank_state:

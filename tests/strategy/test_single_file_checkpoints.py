@@ -295,3 +295,30 @@ def test_a_ckpt_path_url_that_cannot_be_read_is_refused_naming_it(tmp_path, http
     _, base = http_folder
     with pytest.raises(FileNotFoundError, match=r"ckpt_path='http://127\.0\.0\.1:\d+/missing\.ckpt': cannot download"):
         _fit(tmp_path, 3, ckpt_path=f"{base}/missing.ckpt")
+
+
+def test_lightning_s_ddp_strategy_resumes_mid_epoch_from_a_checkpoint_file(tmp_path):
+    # The file holds Lightning's loop state without lightning-ft's sampler position (Lightning refused it: "The
+    # CombinedLoader has 0 stateful loaders, but found 1 states"); ElasticFT3D reads its position from the document.
+    _fit(tmp_path, 3)
+    saved = tmp_path / "ckpt" / "epoch=0-step=3.ckpt"
+    assert "combined_loader" not in torch.load(saved, weights_only=True)["loops"]["fit_loop"]["state_dict"]
+    torch.manual_seed(0)
+    trainer = make_trainer(tmp_path / "ddp", strategy=DDPStrategy(), max_steps=5)
+    trainer.fit(Recorder(), ckpt_path=str(saved))
+    assert trainer.global_step == 5
+
+
+def test_only_lightning_ft_s_sampler_states_are_left_out_of_lightning_s_loop_state():
+    from lightning_ft.checkpoint.single_file import without_sampler_states
+    from lightning_ft.elastic import ResumableSampler
+
+    ours = ResumableSampler(8, num_replicas=1, rank=0, shuffle=True, seed=3).state_dict()
+    theirs = {"current_epoch": 1, "num_samples_yielded": 16}  # a loader stateful by itself (litData's, say)
+    loops = {"fit_loop": {"state_dict": {"combined_loader": [ours, theirs], "other": 1}, "epoch_progress": {}}}
+    kept = without_sampler_states(loops)
+    assert kept["fit_loop"]["state_dict"] == {"combined_loader": [theirs], "other": 1}
+    assert kept["fit_loop"]["epoch_progress"] == {}
+    only_ours = {"fit_loop": {"state_dict": {"combined_loader": [ours]}}}
+    assert without_sampler_states(only_ours)["fit_loop"]["state_dict"] == {}
+    assert loops["fit_loop"]["state_dict"]["combined_loader"] == [ours, theirs]  # the input is left alone
