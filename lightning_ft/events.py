@@ -270,8 +270,8 @@ class EventLog:
         rank: the global rank of this process.
         run_id: stable across restarts of one run (see :func:`resolve_run_id`).
         attempt: 0 for the first launch, then counted up (see :func:`next_attempt`).
-        on_disk: write to the file from the start; ``False`` keeps the lines in memory until :meth:`keep` or an
-            incident event (see :func:`keeps_records`), then writes them and every later line to the file.
+        on_disk: write to the file from the start; ``False`` keeps the lines in memory until an incident event
+            (see :func:`keeps_records`), then writes them and every later line to the file.
 
     Example::
 
@@ -300,12 +300,8 @@ class EventLog:
         """Whether lines go to the file (else they are kept in memory; see :func:`keeps_records`)."""
         return self._lines is None
 
-    def keep(self) -> None:
-        """Write the lines kept in memory so far to the file, with the run id, and every later line; idempotent."""
-        with self._lock:
-            self._to_disk()
-
     def _to_disk(self) -> None:
+        """Write the lines kept in memory so far to the file, with the run id; every later line goes there too."""
         if self._lines is None:
             return
         record_run_id(self.root_dir, self.run_id)
