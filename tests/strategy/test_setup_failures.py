@@ -121,8 +121,9 @@ def _writer_failure(tmp_path, monkeypatch):
 
 
 def _dirpath_failure(tmp_path):
-    # Refused in ElasticFT3D.setup, after configure_model.
-    ckpt = ModelCheckpoint(dirpath=tmp_path / "no" / "such" / "ckpt", every_n_train_steps=1)
+    # Refused in ElasticFT3D.setup, after configure_model: a file stands where a folder of the dirpath must be.
+    (tmp_path / "a_file").write_text("")
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "a_file" / "ckpt", every_n_train_steps=1)
     trainer = make_trainer(tmp_path, callbacks=[ckpt], max_steps=1)
     return trainer, lambda: trainer.fit(TinyRegressor())
 
@@ -145,7 +146,7 @@ def _uncommitted_ckpt_path(tmp_path):
         ("launch", MisconfigurationException, "You cannot pass `train_dataloader`"),
         ("layout", ValueError, "tensor_parallel_size=2"),
         ("writer", RuntimeError, "connection refused while creating the checkpoint group"),
-        ("dirpath", ValueError, "does not exist"),
+        ("dirpath", ValueError, "exists and is not a folder"),
         ("callback", Boom, "user error in a callback's on_train_start"),
         ("ckpt_path", UncommittedCheckpointError, "without its commit marker"),
     ],
