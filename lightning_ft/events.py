@@ -306,19 +306,22 @@ class EventLog:
             return
         record_run_id(self.root_dir, self.run_id)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        lines = ([self._first_line] if self._first_line is not None else []) + list(self._lines)
         with open(self.path, "a", encoding="utf-8") as f:
-            f.write("".join(lines))
+            f.write("".join(self._in_memory()))
             f.flush()
         self._lines = None
+
+    def _in_memory(self) -> list[str]:
+        """The lines an in-memory log holds: its first line and the newest ones."""
+        assert self._lines is not None
+        return ([self._first_line] if self._first_line is not None else []) + list(self._lines)
 
     def lines(self) -> list[dict[str, Any]]:
         """This rank's events of this attempt, whether on disk or in memory (an in-memory log keeps its first line and
         the newest 10,000)."""
         with self._lock:
             if self._lines is not None:
-                kept = ([self._first_line] if self._first_line is not None else []) + list(self._lines)
-                return [json.loads(line) for line in kept]
+                return [json.loads(line) for line in self._in_memory()]
         return [
             e
             for e in (_iter_lines(self.path) if self.path.exists() else [])

@@ -115,7 +115,6 @@ class AutoResume:
         self._memory_plan = memory_plan
         self._candidates: list[CheckpointLocation] = []
         self._chosen: CheckpointLocation | None = None
-        self._chosen_as_given: str | None = None
         self._patch: _compat.Patch | None = None
         self._downloads: dict[str, Path] = {}
         self._download_dir: tempfile.TemporaryDirectory[str] | None = None
@@ -174,7 +173,6 @@ class AutoResume:
                 self._chosen = None  # every durable candidate stays a fallback of the memory restore
                 return memory_path
         self._chosen = self._candidates[0] if self._candidates else None
-        self._chosen_as_given = None
         return str(self._chosen.path) if self._chosen is not None else None
 
     def _locate(self, ckpt_path: Any) -> CheckpointLocation:
@@ -182,7 +180,6 @@ class AutoResume:
         URL (which Lightning's own loading reads with ``torch.hub``) is downloaded first, once, into a temporary folder
         of this process, and the copy is classified and read like a local file (removed at teardown)."""
         given = os.fspath(ckpt_path)
-        self._chosen_as_given = given
         if not _downloaded(given):
             return self._located(locate(Path(given)))
         local = self._downloads.get(given)
@@ -213,9 +210,9 @@ class AutoResume:
             CheckpointNotFoundError, UncommittedCheckpointError: as :func:`~lightning_ft.checkpoint.location.locate`.
         """
         chosen = self._chosen
-        if chosen is not None and (
-            Path(path) in (chosen.path, chosen.requested) or os.fspath(path) == self._chosen_as_given
-        ):
+        given = os.fspath(path)
+        # A URL was classified through its downloaded copy, which is what the choice names.
+        if chosen is not None and self._downloads.get(given, Path(given)) in (chosen.path, chosen.requested):
             return chosen
         return self._locate(path)
 

@@ -106,9 +106,7 @@ def load_for_strategy(strategy: ElasticFT3D, checkpoint_path: Any) -> dict[str, 
             rank_states=mode.saved_rank_states,
         )
         tier = {"tier": "durable", "restored_from": {"local": 0, "peer": 0, "durable": strategy.world_size}}
-    same_world = loaded.metadata.get("world_size") == strategy.world_size
-    checkpoint = per_rank_state.restore_own(dict(loaded.state), loaded.rank_state, same_world=same_world)
-    checkpoint["callbacks"] = loaded.rank_state.get("callbacks", {})
+    checkpoint = _lightning_dict(loaded, world_size=strategy.world_size)
     mode.apply_loaded(
         loaded.path, checkpoint, loaded.rank_state, loaded.metadata, saved_rank_states=loaded.saved_rank_states
     )
@@ -142,8 +140,13 @@ def _load_outside_stage(strategy: ElasticFT3D, checkpoint_path: Any) -> dict[str
             f"ckpt_path={str(checkpoint_path)!r} is a distributed checkpoint of another strategy: it is imported into"
             " the model of a running stage; pass it to fit/validate/test/predict(ckpt_path=...)"
         )
-    loaded = strategy._checkpoint_manager().load(location, fallbacks=[], template=None)
-    same_world = loaded.metadata.get("world_size") == 1
+    return _lightning_dict(strategy._checkpoint_manager().load(location, fallbacks=[], template=None), world_size=1)
+
+
+def _lightning_dict(loaded: Any, *, world_size: int) -> dict[str, Any]:
+    """Lightning's checkpoint dict from a loaded lightning-ft checkpoint: this rank's own values of the per-rank
+    tensors (rank 0's on another world size) and its callback states at the top level, where Lightning keeps them."""
+    same_world = loaded.metadata.get("world_size") == world_size
     checkpoint = per_rank_state.restore_own(dict(loaded.state), loaded.rank_state, same_world=same_world)
     checkpoint["callbacks"] = loaded.rank_state.get("callbacks", {})
     return checkpoint

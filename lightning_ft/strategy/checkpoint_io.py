@@ -113,11 +113,7 @@ def _check_writable_dir(dirpath: Path) -> None:
     # that the nearest folder that exists takes new entries.
     target = existing_ancestor(dirpath)
     if target.exists() and not target.is_dir():
-        raise ValueError(
-            f"ModelCheckpoint(dirpath={str(dirpath)!r}): {str(target)!r} exists and is not a folder"
-            if target != dirpath
-            else f"ModelCheckpoint(dirpath={str(dirpath)!r}): exists and is not a folder"
-        )
+        raise ValueError(f"ModelCheckpoint(dirpath={str(dirpath)!r}): {str(target)!r} exists and is not a folder")
     try:
         # A real write, not os.access: permissions are not the only reason a folder refuses files (read-only mounts,
         # root on a filesystem that still says no).
