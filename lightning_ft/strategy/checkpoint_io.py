@@ -263,6 +263,25 @@ class StrategyCheckpoints:
         if writer is not None:
             writer.close()
 
+    def last_save_outcome(self) -> str:
+        """What became of the newest save issued, in one clause for a message: committed or not, and the newest
+        committed checkpoint beside it (what a restart resumes). For a teardown after another process died; reads the
+        checkpoint folder, not collective."""
+        if self._last_save is None:
+            return "no checkpoint was being saved"
+        path, step = self._last_save
+        saved = f"{as_url(path)} (step {step})" if step is not None else as_url(path)
+        newest = discovery.latest_committed(as_url(path.parent))
+        if newest is not None and newest.path.name == path.name and newest.step == step:
+            return f"the checkpoint in flight, {saved}, was committed before that; it is the last committed checkpoint"
+        if newest is None:
+            folder = as_url(path.parent)
+            return f"the checkpoint in flight, {saved}, is not committed; no checkpoint is committed in {folder}"
+        return (
+            f"the checkpoint in flight, {saved}, is not committed; the last committed checkpoint is"
+            f" {as_url(newest.path)} (step {newest.step})"
+        )
+
     def save(
         self,
         path: Path,

@@ -490,9 +490,14 @@ class ElasticFT3D(DDPStrategy):
     def teardown(self) -> None:
         """Safe at every stage of a failed set-up: every step runs; while a run fails, their errors are logged and the
         run's own error propagates; otherwise the first error (a failed background save, say) is raised."""
-        steps = TeardownSteps(failure=self._exception)
+        steps = TeardownSteps(failure=self._exception, rank=self.global_rank, world_size=self.world_size)
         if self._checkpoints is not None:
-            steps.run(self._checkpoints.close, "waiting for the checkpoint in flight")
+            checkpoints = self._checkpoints
+            steps.run(
+                checkpoints.close,
+                "waiting for the checkpoint in flight",
+                after_peer_loss=checkpoints.last_save_outcome,
+            )
         trainer = attached_trainer(self.lightning_module)
         if self._memory is not None:
             fitted = self._exception is None and trainer is not None and trainer.state.fn == TrainerFn.FITTING

@@ -142,3 +142,29 @@ def test_an_unwritable_checkpoint_folder_stops_every_rank_before_training_with_o
     assert events(root, "first_step") == []
     (failed,) = events(root, "health_check_failed")
     assert sorted(c["rank"] for c in failed["checks"]) == [0, 1]
+
+
+def test_the_survivor_of_a_killed_peer_says_in_one_line_that_the_peer_failed_and_which_checkpoint_is_committed(
+    tmp_path,
+):
+    # Rank 0's write of the step-4 checkpoint stalls, so that save is still in flight when rank 1 is SIGKILLed in
+    # step 5: rank 0's step fails in the all-reduce (the run's error, as under DDPStrategy) and its teardown finds the
+    # save failed too, for the same reason.
+    root = tmp_path / "run"
+    faults = "storage_stall_at:rank=0,step=4,seconds=10;kill_at:rank=1,step=5"
+    proc = torchrun("--root", str(root), "--max-steps", "8", "--no-health-checks", "--faults", faults)
+    assert proc.returncode != 0 and "[fault] SIGKILL (step) at rank 1, step 5" in proc.stdout, output(proc)
+    err = proc.stderr
+    assert "teardown failed" not in err, output(proc)
+    assert "During handling of the above exception, another exception occurred" not in err, output(proc)
+    lines = [line for line in err.splitlines() if "lightning-ft: rank 0 lost a peer" in line]
+    assert len(lines) == 1, output(proc)
+    ckpt = root / "ckpt"
+    assert lines[0].startswith("lightning-ft: rank 0 lost a peer (connection ") and "by rank 1" in lines[0], lines
+    in_flight, committed = ckpt / "epoch=0-step=4.ckpt", ckpt / "epoch=0-step=2.ckpt"
+    assert (
+        f"while waiting for the checkpoint in flight; the checkpoint in flight, {in_flight} (step 4),"
+        f" is not committed; the last committed checkpoint is {committed} (step 2)." in lines[0]
+    ), lines
+    assert "Expected when another process of the run dies" in lines[0]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["epoch=0-step=2.ckpt"]

@@ -13,7 +13,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_ft import ElasticFT3D, _compat
 from lightning_ft.checkpoint import UncommittedCheckpointError
-from lightning_ft.strategy.teardown import TeardownSteps
+from lightning_ft.strategy.teardown import TeardownSteps, peer_loss
 from lightning_ft.strategy.tracker import TrainingTracker
 from tests.strategy.models import TinyRegressor, make_trainer
 
@@ -217,3 +217,63 @@ def test_teardown_steps_run_all_steps_and_raise_the_first_error_only_when_nothin
     steps.run(fails("close"), "waiting for the checkpoint in flight")
     steps.finish()  # nothing raised: the run's own error propagates
     assert "waiting for the checkpoint in flight" in caplog.records[-1].getMessage()
+
+
+GLOO_CLOSED = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer"
+    " [127.0.0.1]:9358. This is typically caused by a remote worker crashing."
+)
+GLOO_RESET = "[../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:49057: Connection reset by peer. GLHF!"
+
+
+def test_peer_loss_recognises_a_peer_that_went_away_and_nothing_else():
+    assert peer_loss(RuntimeError(GLOO_CLOSED), rank=0, world_size=2) == "connection closed by rank 1 at 127.0.0.1:9358"
+    assert peer_loss(RuntimeError(GLOO_CLOSED), rank=1, world_size=4) == "connection closed by a peer at 127.0.0.1:9358"
+    assert peer_loss(RuntimeError(GLOO_RESET), rank=1, world_size=2) == "connection reset by rank 0"
+    nccl = RuntimeError("NCCL error in: ProcessGroupNCCL.cpp:1970, remote process exited or there was a network error")
+    assert peer_loss(nccl, rank=0, world_size=8).startswith("the process group failed: NCCL error in")
+    wrapped = RuntimeError("checkpoint save failed")
+    wrapped.__cause__ = RuntimeError(GLOO_CLOSED)
+    assert peer_loss(wrapped, rank=0, world_size=2) == "connection closed by rank 1 at 127.0.0.1:9358"
+    # A teardown error raised while the run's own (peer) error is handled is not a peer loss because of that context.
+    own = OSError("No space left on device")
+    own.__context__ = RuntimeError(GLOO_CLOSED)
+    assert peer_loss(own, rank=0, world_size=2) is None
+    assert peer_loss(Boom("the user's error"), rank=0, world_size=2) is None
+
+
+def test_a_teardown_step_failed_by_a_lost_peer_is_one_warning_line_that_blames_the_peer(caplog):
+    caplog.set_level(logging.WARNING, logger="lightning_ft.strategy.teardown")
+
+    def close():
+        raise RuntimeError(GLOO_CLOSED)
+
+    steps = TeardownSteps(failure=RuntimeError(GLOO_CLOSED), rank=0, world_size=2)
+    steps.run(close, "waiting for the checkpoint in flight", after_peer_loss=lambda: "the save of step 4 is lost")
+    steps.run(fails_with_oserror, "undoing the auto-resume patch")
+    steps.finish()  # nothing raised: the run's own error propagates
+    (peer, other) = caplog.records
+    assert peer.levelno == logging.WARNING and peer.exc_info is None  # no traceback: nothing of ours failed
+    assert peer.getMessage() == (
+        "lightning-ft: rank 0 lost a peer (connection closed by rank 1 at 127.0.0.1:9358) while waiting for the"
+        " checkpoint in flight; the save of step 4 is lost. Expected when another process of the run dies: the"
+        " failure is that process's (its own output says why), not this one's"
+    )
+    assert "\n" not in peer.getMessage()
+    # Any other teardown error is still reported as one, with its traceback.
+    assert other.levelno == logging.ERROR and other.exc_info is not None
+    assert other.getMessage().startswith("lightning-ft: teardown failed while undoing the auto-resume patch")
+
+
+def test_a_lost_peer_in_a_run_that_otherwise_succeeded_still_raises():
+    def close():
+        raise RuntimeError(GLOO_CLOSED)
+
+    steps = TeardownSteps(failure=None, rank=0, world_size=2)
+    steps.run(close, "waiting for the checkpoint in flight", after_peer_loss=lambda: "lost")
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        steps.finish()
+
+
+def fails_with_oserror():
+    raise OSError("patch already undone")
