@@ -1,8 +1,10 @@
-"""``lightning-ft inspect PATH`` and ``lightning-ft export PATH OUT``: what a checkpoint holds, and one plain file of it.
+"""``lightning-ft inspect PATH``, ``verify PATH`` and ``export PATH OUT``: what a checkpoint holds, whether it is sound,
+and one plain file of it.
 
-Both wrap :mod:`lightning_ft.checkpoint`: :func:`~lightning_ft.checkpoint.describe` and
-:func:`~lightning_ft.checkpoint.format_description` for ``inspect``, :func:`~lightning_ft.checkpoint.export_checkpoint`
-for ``export``. A path that does not exist is a usage error (exit code 2), checked before anything is read.
+Each wraps :mod:`lightning_ft.checkpoint`: :func:`~lightning_ft.checkpoint.describe` and
+:func:`~lightning_ft.checkpoint.format_description` for ``inspect``, :func:`~lightning_ft.checkpoint.verify` for
+``verify``, :func:`~lightning_ft.checkpoint.export_checkpoint` for ``export``. A path that does not exist is a usage
+error (exit code 2), checked before anything is read.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from typing import Any
 
 from lightning_ft.cli.errors import EXIT_NO, EXIT_OK, CLIError, require_path
 
-__all__ = ["parse_safe_globals", "register", "run_export", "run_inspect"]
+__all__ = ["parse_safe_globals", "register", "run_export", "run_inspect", "run_verify"]
 
 
 def register(subparsers: Any) -> None:
-    """Add the ``inspect`` and ``export`` subcommands to ``subparsers`` (from ``add_subparsers``)."""
+    """Add the ``inspect``, ``verify`` and ``export`` subcommands to ``subparsers`` (from ``add_subparsers``)."""
     inspect = subparsers.add_parser(
         "inspect",
         help="what a checkpoint holds and whether it is intact",
@@ -28,6 +30,16 @@ def register(subparsers: Any) -> None:
     inspect.add_argument("path", help="a checkpoint directory, e.g. checkpoints/epoch=0-step=100.ckpt")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
     inspect.set_defaults(func=run_inspect)
+
+    verify = subparsers.add_parser(
+        "verify",
+        help="read every shard of a checkpoint and check it: commit marker, metadata, checksums, coverage of every"
+        " tensor",
+        epilog="exit codes: 0 sound; 1 a problem found (each printed on its own line); 2 no such checkpoint",
+    )
+    verify.add_argument("path", help="a checkpoint directory or file, e.g. checkpoints/epoch=0-step=100.ckpt")
+    verify.add_argument("--json", action="store_true", help='print {"path": ..., "problems": [...]} as JSON')
+    verify.set_defaults(func=run_verify)
 
     export = subparsers.add_parser(
         "export",
@@ -69,6 +81,31 @@ def run_inspect(args: argparse.Namespace) -> int:
     desc = describe(args.path)
     print(json.dumps(desc, indent=2, default=str) if args.json else format_description(desc))
     return EXIT_OK if desc.get("committed") and desc.get("checksums_ok", True) else EXIT_NO
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    """Read every shard of checkpoint ``args.path`` and print what is wrong with it, one problem a line (or that it is
+    sound). Returns 0 when it is sound, else 1.
+
+    Raises:
+        CLIError: nothing exists at ``args.path``.
+    """
+    require_path(args.path, "checkpoint")
+    from lightning_ft.checkpoint import verify
+
+    problems = verify(args.path)
+    if args.json:
+        print(json.dumps({"path": str(args.path), "problems": problems}, indent=2))
+    elif problems:
+        print(f"{args.path}: {len(problems)} problem(s)")
+        for problem in problems:
+            print(f"  {problem}")
+    else:
+        print(
+            f"{args.path}: sound (committed, metadata intact, every shard read and its checksum matches, every tensor"
+            " covered)"
+        )
+    return EXIT_NO if problems else EXIT_OK
 
 
 def run_export(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ EXIT_OK = 0
 """The command did what was asked, and the answer is yes."""
 EXIT_NO = 1
 """The command ran and the answer is no: ``plan`` finds no layout that fits, ``inspect`` finds the checkpoint
-uncommitted or a checksum wrong, ``export`` finds the checkpoint unreadable."""
+uncommitted or a checksum wrong, ``verify`` finds a problem, ``export`` finds the checkpoint unreadable."""
 EXIT_USAGE = 2
 """The command could not run as asked: a bad option, a path that does not exist, a folder without event logs, a
 missing optional dependency. argparse's own usage errors use 2 too."""
@@ -27,7 +27,7 @@ EXIT_CODES_HELP = """\
 exit codes:
   0  done
   1  done, and the answer is no: plan finds no layout that fits; inspect finds the checkpoint uncommitted or a
-     checksum wrong; export cannot read the checkpoint
+     checksum wrong; verify finds a problem; export cannot read the checkpoint
   2  could not run as asked: a bad option, a path that does not exist, no event logs under LOGDIR, or a missing
      optional dependency (one line on stderr says which, and what to do)
   69 health-gate: this node's health record keeps it out of the job (its eviction cooldown has not passed)"""

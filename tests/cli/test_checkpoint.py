@@ -1,4 +1,4 @@
-"""``lightning-ft inspect`` and ``export`` on checkpoints written by a real Trainer."""
+"""``lightning-ft inspect``, ``verify`` and ``export`` on checkpoints written by a real Trainer."""
 
 from __future__ import annotations
 
@@ -58,6 +58,37 @@ def test_inspect_fails_on_a_corrupted_tensor_in_a_checkpoint_file(tmp_path, caps
     path.write_bytes(bytes(raw))
     assert main(["inspect", "--json", str(path)]) == 1
     assert '"checksums_ok": false' in capsys.readouterr().out
+
+
+@FORMATS
+def test_verify_exits_0_on_a_sound_checkpoint_and_1_with_each_problem_on_a_flipped_byte(tmp_path, capsys, fmt):
+    model, path = _train(tmp_path, fmt)
+    assert main(["verify", str(path)]) == 0
+    assert capsys.readouterr().out.startswith(f"{path}: sound")
+    # One flipped byte in the stored weight: verify reads every shard and names the tensor whose checksum is wrong.
+    wanted = model.state_dict()["net.0.weight"].numpy().tobytes()
+    shards = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    (shard,) = [p for p in shards if wanted in p.read_bytes()]
+    raw = bytearray(shard.read_bytes())
+    raw[bytes(raw).find(wanted) + 3] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    assert main(["verify", str(path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{path}: 1 problem(s)" and "net.0.weight" in out[1], out
+    assert main(["verify", "--json", str(path)]) == 1
+    import json
+
+    report = json.loads(capsys.readouterr().out)
+    assert report["path"] == str(path) and len(report["problems"]) == 1 and "net.0.weight" in report["problems"][0]
+
+
+def test_verify_names_a_checkpoint_without_its_commit_marker_and_refuses_a_missing_path(tmp_path, capsys):
+    _, path = _train(tmp_path)
+    (path / "lightning_ft.committed").unlink()
+    assert main(["verify", str(path)]) == 1
+    assert "has no commit marker" in capsys.readouterr().out
+    assert main(["verify", str(tmp_path / "nothing")]) == 2
+    assert capsys.readouterr().err.strip() == f"lightning-ft verify: error: no such checkpoint: {tmp_path / 'nothing'}"
 
 
 @FORMATS
