@@ -108,26 +108,27 @@ import sys
 
 from lightning_ft.cli import main
 
-code = main(["inspect", sys.argv[1]])
+code = main([sys.argv[1], sys.argv[2]])
 print(sorted(m for m in sys.modules if m.split(".")[0] in {"lightning", "pytorch_lightning"}))
 sys.exit(code)
 """
 
 
 @FORMATS
-def test_inspect_of_a_checkpoint_does_not_import_lightning(tmp_path, fmt):
+def test_inspect_and_verify_of_a_checkpoint_do_not_import_lightning(tmp_path, fmt):
     _, path = _train(tmp_path, fmt)
-    proc = subprocess.run(
-        [sys.executable, "-c", _INSPECT, str(path)],
-        cwd=REPO_ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "checksums" in proc.stdout
-    assert proc.stdout.strip().splitlines()[-1] == "[]"
+    for command, says in (("inspect", "checksums"), ("verify", ": sound")):
+        proc = subprocess.run(
+            [sys.executable, "-c", _INSPECT, command, str(path)],
+            cwd=REPO_ROOT,
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert says in proc.stdout
+        assert proc.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_export_is_told_the_classes_to_allow_with_safe_globals(tmp_path, capsys):
