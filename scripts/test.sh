@@ -15,7 +15,11 @@ TORCH_FACING=(-m "not slow" tests/checkpoint tests/strategy tests/core)
 torch_pass() {
   local release=$1
   shift
-  TORCH=$release bash scripts/setup_env.sh
+  # A release other than CI's is tested as pip gives it to a GPU user (torch 2.14.1 from PyPI: the CUDA build, which
+  # runs on CPU too), unless TORCH_INDEX says otherwise (TORCH_INDEX=cpu: its CPU build; scripts/setup_env.sh).
+  local index=${TORCH_INDEX:-}
+  [ "$release" != "2.13.0" ] && index=${index:-default}
+  TORCH=$release TORCH_INDEX=$index bash scripts/setup_env.sh
   local venv=.venv-torch-$release
   [ "$release" = "2.13.0" ] && venv=.venv
   if [ "$#" -eq 0 ]; then
