@@ -3,7 +3,8 @@
 lightning-ft launches nothing; torchrun's agents own the membership. :func:`evict_node` uses what they already do:
 
 1. every rank saves ``preempt-step=<N>`` (:func:`~lightning_ft.stop.checkpoint_and_stop`), so nothing is retrained;
-2. the leaving node writes its :class:`HealthRecord` beside the checkpoints (every node reads that folder);
+2. the leaving node writes its :class:`~lightning_ft.fault.health_record.HealthRecord` beside the checkpoints (every
+   node reads that folder);
 3. the leaving node's workers send SIGTERM to their own torchrun agent (the parent process, verified as the agent
    through the torchrun environment) and wait for the agent's SIGTERM back. An agent that dies of a signal does
    *not* close the rendezvous (``torch/distributed/launcher/api.py``: ``shutdown_rdzv = False`` on
@@ -14,9 +15,9 @@ lightning-ft launches nothing; torchrun's agents own the membership. :func:`evic
    ``ElasticPolicy``'s batch rules.
 
 A node that starts while its record says unhealthy and the cooldown has not passed refuses to join
-(:func:`refuse_if_unhealthy`, run in the fault handler's pre-flight; :func:`check_record` for ``lightning-ft
-health-gate``, which a job script runs before torchrun). docs/fault-tolerance.md says what torchrun, SLURM and
-Kubernetes need.
+(:func:`refuse_if_unhealthy`, run in the fault handler's pre-flight;
+:func:`~lightning_ft.fault.health_record.check_record` for ``lightning-ft health-gate``, which a job script runs before
+torchrun). docs/fault-tolerance.md says what torchrun, SLURM and Kubernetes need.
 """
 
 from __future__ import annotations
