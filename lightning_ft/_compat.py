@@ -4,7 +4,7 @@ Other libraries' private names change without notice. Keeping them here means on
 breaks something, and one place that says which versions each name was checked against. Every patch of another
 library's object is a :class:`Patch`: a named object with an ``undo``, which the owner calls at teardown.
 
-Only what the declared versions need (pyproject.toml: ``torch>=2.13,<2.16``, ``lightning>=2.5,<3``,
+Only what the declared versions need (pyproject.toml: ``torch>=2.13``, ``lightning>=2.5,<3``,
 ``torchsnapshot-nightly==2024.7.26``). Each name says which versions it was checked against: torch 2.13.0 (the CPU
 build CI installs), 2.14.1 and 2.15.0 (the on-demand passes, ``TORCH=... scripts/test.sh``: each torch name read in
 their source, its signature compared with 2.13.0's), Lightning 2.5.0 (the lowest, ``scripts/test.sh``) and 2.6.6,
