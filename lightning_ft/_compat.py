@@ -6,8 +6,8 @@ library's object is a :class:`Patch`: a named object with an ``undo``, which the
 
 Only what the declared versions need (pyproject.toml: ``torch>=2.13``, ``lightning>=2.5,<3``,
 ``torchsnapshot-nightly==2024.7.26``). Each name says which versions it was checked against: torch 2.13.0 (the CPU
-build CI installs) and 2.14.1 (CI's second pass, ``scripts/test.sh``: each torch name read in 2.14.1's source, its
-signature compared with 2.13.0's), Lightning 2.5.0 (the lowest, ``scripts/test.sh``) and 2.6.6,
+build CI installs), 2.14.1 and 2.15.0 (the on-demand passes, ``TORCH=... scripts/test.sh``: each torch name read in
+their source, its signature compared with 2.13.0's), Lightning 2.5.0 (the lowest, ``scripts/test.sh``) and 2.6.6,
 torchsnapshot-nightly 2024.7.26 (the last build).
 """
 
@@ -27,9 +27,9 @@ import torch
 
 # -- DTensor ---------------------------------------------------------------------------------------------------------
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor  # public names, here for one import
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # torch 2.13.0, 2.14.1
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # torch 2.13.0, 2.14.1, 2.15.0
 
-# FSDP2 over tensor parallel produces it. torch 2.13.0, 2.14.1 (``_StridedShard(dim, *, split_factor)`` in both).
+# FSDP2 over tensor parallel produces it. torch 2.13.0, 2.14.1, 2.15.0 (``_StridedShard(dim, *, split_factor)`` in each).
 from torch.distributed.tensor.placement_types import _StridedShard as StridedShard
 
 __all__ = [
@@ -113,7 +113,7 @@ def update_dataloader(dataloader: Any, sampler: Any, mode: Any = None) -> Any:
 def local_shard_of_full(full: torch.Tensor, like: Any) -> torch.Tensor:
     """This rank's local shard of the full tensor ``full`` laid out as the DTensor ``like``, without communication:
     ``distribute_tensor(..., src_data_rank=None)`` cuts every placement, ``_StridedShard`` included (torch 2.13.0,
-    2.14.1)."""
+    2.14.1, 2.15.0)."""
     return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None).to_local()
 
 
@@ -127,7 +127,7 @@ def collect_rng_states() -> dict[str, Any]:
 def init_optim_state(optimizer: torch.optim.Optimizer) -> None:
     """Create an optimizer's lazily initialised state (zeros), so that it can be loaded in place.
 
-    ``torch.distributed.checkpoint.state_dict._init_optim_state``: torch 2.13.0, 2.14.1.
+    ``torch.distributed.checkpoint.state_dict._init_optim_state``: torch 2.13.0, 2.14.1, 2.15.0.
     """
     from torch.distributed.checkpoint.state_dict import _init_optim_state
 
@@ -151,8 +151,8 @@ def mark_checkpoint_saved_at(callback: Any, global_step: int) -> None:
 
 
 def set_scheduler_last_lr(scheduler: Any, values: list[float]) -> None:
-    """Make ``scheduler.get_last_lr()`` return ``values`` (``LRScheduler._last_lr``: torch 2.13.0, 2.14.1; also set by
-    ``ReduceLROnPlateau``). Schedulers without it are left alone."""
+    """Make ``scheduler.get_last_lr()`` return ``values`` (``LRScheduler._last_lr``: torch 2.13.0, 2.14.1, 2.15.0; also
+    set by ``ReduceLROnPlateau``). Schedulers without it are left alone."""
     if hasattr(scheduler, "_last_lr"):
         scheduler._last_lr = list(values)
 
@@ -427,7 +427,7 @@ def dcp_metadata_globals() -> dict[tuple[str, str], Any]:
 
     DCP pickles its ``Metadata`` dataclass tree; besides the public dataclasses it names ``_StorageInfo``
     (``torch.distributed.checkpoint.filesystem``), ``_MEM_FORMAT_ENCODING`` (``...checkpoint.metadata``) and
-    ``torch.serialization._get_layout``. Checked against torch 2.13.0 and 2.14.1 (a ``.metadata`` file 2.14.1 writes
+    ``torch.serialization._get_layout``. Checked against torch 2.13.0, 2.14.1 and 2.15.0 (a ``.metadata`` file 2.14.1 writes
     names the same globals as one 2.13.0 writes).
     """
     import pathlib

@@ -16,16 +16,23 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torchsnapshot import Snapshot, StateDict
-from torchsnapshot.io_types import WriteIO
-from torchsnapshot.manifest import ChunkedTensorEntry, ObjectEntry, TensorEntry
-from torchsnapshot.storage_plugins.fs import FSStoragePlugin
+
+with warnings.catch_warnings():
+    # torchsnapshot compiles two helpers with `@torch.jit.script` when it is imported; torch 2.15 deprecates that with
+    # a FutureWarning the user can do nothing about (torchsnapshot is no longer developed), printed by every process
+    # that imports lightning-ft. The helpers still work.
+    warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
+    from torchsnapshot import Snapshot, StateDict
+    from torchsnapshot.io_types import WriteIO
+    from torchsnapshot.manifest import ChunkedTensorEntry, ObjectEntry, TensorEntry
+    from torchsnapshot.storage_plugins.fs import FSStoragePlugin
 
 from lightning_ft import _compat
 from lightning_ft.checkpoint.direct_write import write_file

@@ -42,3 +42,15 @@ def test_resume_start_is_called_with_the_arguments_this_lightning_accepts():
     _compat.call_resume_start(lightning_2_5, "a", True)
     _compat.call_resume_start(lightning_2_6, "b", False)
     assert calls == [("a",), ("b", False)]
+
+
+def test_importing_the_storage_seam_prints_no_warning_about_torchsnapshot_internals():
+    # torch 2.15 deprecates `torch.jit.script`, which torchsnapshot calls when imported: every process that imported
+    # lightning-ft printed a FutureWarning the user can do nothing about (and `health-gate` printed 3 lines, not 1).
+    import subprocess
+    import sys
+
+    code = "import lightning_ft.checkpoint.snapshot_storage"
+    done = subprocess.run([sys.executable, "-W", "error::FutureWarning", "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
