@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import lightning as L
 import torch
 import torch.distributed as dist
-from lightning.pytorch.callbacks import BackboneFinetuning, ModelCheckpoint
+from lightning.pytorch.callbacks import BackboneFinetuning, Callback, ModelCheckpoint
 
 from tests.differential.models import (
     SAFE_GLOBALS,
@@ -59,7 +59,8 @@ def current() -> Observation:
 # -- the script's pieces ---------------------------------------------------------------------------------------------
 
 
-def strategy_for(name: str) -> Any:
+def strategy_for(name: str, elasticft: dict[str, Any] | None = None) -> Any:
+    """The one line the user changes: ``DDPStrategy()`` or ``ElasticFT3D(**elasticft)`` (its own options, if any)."""
     if name == "ddp":
         from lightning.pytorch.strategies import DDPStrategy
 
@@ -67,16 +68,16 @@ def strategy_for(name: str) -> Any:
     if name == "elasticft":
         from lightning_ft import ElasticFT3D
 
-        return ElasticFT3D()
+        return ElasticFT3D(**(elasticft or {}))
     raise ValueError(f"strategy {name!r}: 'ddp' or 'elasticft'")
 
 
-def trainer(folder: Path, strategy: str, **kwargs: Any) -> L.Trainer:
+def trainer(folder: Path, strategy: str, elasticft: dict[str, Any] | None = None, **kwargs: Any) -> L.Trainer:
     """A Trainer as the scripts write one: this process count, a fresh strategy object, no logger unless given."""
     options: dict[str, Any] = dict(
         accelerator="cpu",
         devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-        strategy=strategy_for(strategy),
+        strategy=strategy_for(strategy, elasticft),
         default_root_dir=folder / "root",
         logger=False,
         enable_progress_bar=False,
@@ -106,10 +107,10 @@ def checkpoint_state(obs: Observation, folder: Path, mc: ModelCheckpoint, cls: s
         "best_k_models": dict(sorted(best_k.items())),
         "kth_best_model_path": rel(folder, mc.kth_best_model_path),
         "last_model_path": rel(folder, mc.last_model_path),
-        "folder": sorted(p.name for p in Path(mc.dirpath).iterdir()),
+        "folder": sorted(p.name for p in Path(mc.dirpath).iterdir()) if Path(mc.dirpath).is_dir() else None,
     }
     named = [p for p in (state["best_model_path"], state["last_model_path"], *best_k) if p]
-    for name in [*(rel(folder, str(Path(mc.dirpath) / n)) for n in state["folder"]), *named]:
+    for name in [*(rel(folder, str(Path(mc.dirpath) / n)) for n in state["folder"] or []), *named]:
         obs["files"].setdefault(name, cls)
     return state
 
@@ -429,6 +430,46 @@ def new_trainer_on_trained_model(folder: Path, strategy: str) -> Observation:
         "step": t2.global_step,
     }
     obs["checkpoint"] = checkpoint_state(obs, folder, stage2)
+    obs["weights"] = weights(model)
+    return obs
+
+
+class _Crash(Exception):
+    pass
+
+
+class _CrashAfter(Callback):
+    """The user's code fails after a given step (an exception in a hook, as a bug or a bad batch raises one)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            raise _Crash(f"step {self.step}")
+
+
+@scenario
+def other_experiment_same_root(folder: Path, strategy: str) -> Observation:
+    """Issue 30 C: experiment A (memory tier every 2 steps under ElasticFT3D) fails at step 5; experiment B starts from
+    the same working folder with a new, empty checkpoint folder and another learning rate: it trains from scratch."""
+    obs = observation()
+    tier = None
+    if strategy == "elasticft":  # the oracle's process never imports lightning_ft
+        from lightning_ft import MemoryTier
+
+        tier = {"memory_tier": MemoryTier(every_n_train_steps=2, dirpath=folder / "node-memory")}
+    a = ModelCheckpoint(dirpath=folder / "ckpt-a", every_n_train_steps=4, save_top_k=-1)
+    model = seeded(DiffModel)
+    t = trainer(folder, strategy, elasticft=tier, max_steps=8, callbacks=[a, _CrashAfter(5)])
+    try:
+        t.fit(model)
+    except _Crash:
+        obs["a"] = "failed at step 5"
+    b = ModelCheckpoint(dirpath=folder / "ckpt-b", every_n_train_steps=4, save_top_k=-1)
+    t, model = fit_steps(folder, strategy, 6, [b], model=seeded(lambda: DiffModel(lr=0.01)), elasticft=tier)
+    obs["b"] = {"start_step": model.fit_start_step, "start_weights": model.train_start_weights, "step": t.global_step}
+    obs["checkpoint"] = checkpoint_state(obs, folder, b)
     obs["weights"] = weights(model)
     return obs
 
