@@ -1,7 +1,7 @@
 """DDPStrategy is the oracle: each scenario, one Lightning user script, shows under ElasticFT3D what it shows under
 DDPStrategy, at one process and at two (torchrun, gloo).
 
-Invariant 3 (DESIGN.md) and STYLE.md rule 13. The scenarios are in scenarios.py; what is compared is in README.md. A
+Invariant 3 (a drop-in shows what it replaces) and STYLE.md rule 13. The scenarios are in scenarios.py; what is compared is in README.md. A
 known difference is an ``xfail(strict=True)`` naming its issue: the fix turns it into an XPASS, a failure, and the
 fixing merge removes the marker. All scenarios selected for one process count run in one launch per strategy
 (``runs``), so selecting one with ``-k`` runs only that one.
