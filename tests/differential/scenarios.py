@@ -491,6 +491,22 @@ def wider_layer_same_folder(folder: Path, strategy: str) -> Observation:
     return obs
 
 
+@scenario
+def resume_mid_epoch(folder: Path, strategy: str) -> Observation:
+    """A resume from a checkpoint in the middle of an epoch: Lightning restarts a plain DataLoader at the epoch's start,
+    lightning-ft continues where it stopped (an exact resume). A documented difference (docs/lightning-compatibility.md,
+    "The differential suite"), held by its own test."""
+    obs = observation()
+    _, straight = fit_steps(folder / "straight", strategy, 8, [], enable_checkpointing=False)
+    obs["uninterrupted"] = weights(straight)
+    mc = ModelCheckpoint(dirpath=folder / "ckpt", every_n_train_steps=6, save_top_k=-1, filename="{step}")
+    fit_steps(folder, strategy, 6, [mc])
+    _, model = fit_steps(folder, strategy, 8, [], enable_checkpointing=False, ckpt_path=folder / "ckpt" / "step=6.ckpt")
+    obs["resumed"] = {"start_step": model.fit_start_step, "start_weights": model.train_start_weights}
+    obs["weights"] = weights(model)
+    return obs
+
+
 # -- the order of restore and hooks (issue 30) -------------------------------------------------------------------------
 
 
