@@ -155,6 +155,7 @@ def test_elastic_ft3d_shows_what_ddp_strategy_shows(runs: Runs, name: str, nproc
     assert not lines, f"{name} at {nproc} process(es) differs from DDPStrategy:\n" + "\n".join(lines[:40])
 
 
+@pytest.mark.timeout(900)  # the first test to run launches every selected scenario
 @pytest.mark.parametrize(("name", "nproc"), [("resume_mid_epoch", 1)])
 def test_a_mid_epoch_resume_differs_from_ddp_strategy_only_by_resuming_exactly(
     runs: Runs, name: str, nproc: int
