@@ -13,8 +13,12 @@ What it does per training batch, on every rank:
   that state (see :meth:`TrainingTracker.resume_with_rng`), not at load time: between the load and the first step
   Lightning creates dataloader iterators and runs hooks, and whatever they draw would otherwise shift the stream;
 - on rank 0, times productive steps and data wait (a :class:`~lightning_ft.batch_timer.BatchTimer`, with the save
-  stalls the strategy measured) and writes a ``progress`` event every ``log_every_n_steps`` optimizer steps, and
-  ``first_step`` when the first step of this attempt completes.
+  stalls the strategy measured) and writes a ``progress`` event every ``log_every_n_steps`` optimizer steps, at the
+  latest :data:`PROGRESS_EVERY_S` seconds after the previous one, when training ends, and when ``fit`` fails (a crash,
+  a preemption: the steps since the last line are on record before ``attempt_end``), and ``first_step`` when the
+  first step of this attempt completes. A process killed outright leaves at most ``PROGRESS_EVERY_S`` seconds (or
+  ``log_every_n_steps`` steps) of training without a ``progress`` line; ``lightning-ft report`` estimates those from
+  the highest step the attempt recorded.
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ if TYPE_CHECKING:
 
     from lightning_ft.elastic.internal import TrainingDataPosition
     from lightning_ft.strategy.checkpoint_io import StrategyCheckpoints
+
+PROGRESS_EVERY_S = 10.0
+"""The longest time between two ``progress`` lines while training runs, whatever ``log_every_n_steps`` is: one line
+per 10 s costs nothing, and bounds what a process killed outright (SIGKILL, out of memory) leaves unrecorded."""
 
 
 class TrainingTracker(Callback):
@@ -69,6 +77,7 @@ class TrainingTracker(Callback):
         self._resumed_mid_epoch = False  # this fit resumed in the middle of the epoch that is running
         self._timer = BatchTimer()
         self._last_progress_step: int | None = None
+        self._last_progress_time = time.monotonic()
         self._first_step_written = False
 
     @property
@@ -165,16 +174,26 @@ class TrainingTracker(Callback):
             self._first_step_written = True
             log.write("first_step", step=step, since_attempt_start_s=time.time() - self._attempt_start_time)
         every = max(int(trainer.log_every_n_steps or 1), 1)
-        if step > 0 and step % every == 0 and step != self._last_progress_step:
-            self._last_progress_step = step
+        due = step % every == 0 or time.monotonic() - self._last_progress_time >= PROGRESS_EVERY_S
+        if step > 0 and due and step != self._last_progress_step:
             self._write_progress(log, step)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._write_pending(trainer)
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        # Before the strategy's teardown writes attempt_end: the steps trained since the last line are on record.
+        self._write_pending(trainer)
+
+    def _write_pending(self, trainer: pl.Trainer) -> None:
         log = self._event_log()
         if trainer.global_rank == 0 and log is not None and self._timer.pending():
             self._write_progress(log, trainer.global_step)
 
     def _write_progress(self, log: EventLog, step: int) -> None:
         productive_s, data_wait_s = self._timer.drain()
+        self._last_progress_step = step
+        self._last_progress_time = time.monotonic()
         log.write("progress", step=step, productive_s=productive_s, data_wait_s=data_wait_s)

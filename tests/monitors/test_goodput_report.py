@@ -80,7 +80,10 @@ def test_a_preemption_then_resume_splits_the_restart_into_its_phases():
     assert (r["cause"], r["resumed_step"], r["lost_steps"], r["failure"]) == ("preempted", 33, 0, False)
     # Wall: 56 + 41 s of attempts + the 24 s gap before the restart.
     assert s["totals"]["wall_s"] == 121.0
-    assert s["ettr"] == pytest.approx(39 / 121)
+    # Attempt 0 trained steps 31..33 after its last progress line (step 30): 3 steps at its own 24 s / 30 steps.
+    assert (first["estimated_steps"], first["estimated_productive_s"]) == (3, pytest.approx(2.4))
+    assert first["productive_s"] == pytest.approx(26.4)
+    assert s["ettr"] == pytest.approx((39 + 2.4) / 121)
     assert s["checkpoint_interval"]["mtbf_source"] == "assumed"
     text = format_report(s)
     assert "ended: preempted (SIGTERM)" in text
@@ -177,7 +180,9 @@ def test_restarts_at_other_world_sizes_weigh_device_time_by_each_attempt():
     crash, preempt = s["restarts"]
     # Rank 2 crashed first (1052); the others' watchdogs then found them hung, at 1060: the crash is the cause.
     assert phases(crash) == (8.0, 0.0, 20.0, None, 3.0, 17.0)
-    assert (crash["cause"], crash["lost_steps"], crash["lost_s"], crash["failure"]) == ("crashed", 12, 8.0, True)
+    # Steps 21..32 again: 8 s measured over (20, 30], and steps 31, 32 after the last progress line at 0.8 s each.
+    assert (crash["cause"], crash["lost_steps"], crash["failure"]) == ("crashed", 12, True)
+    assert crash["lost_s"] == pytest.approx(9.6)
     assert phases(preempt) == (4.0, 0.0, 22.0, None, 4.0, 16.0)
     assert (preempt["lost_steps"], preempt["failure"]) == (0, False)
     t = s["totals"]
@@ -185,9 +190,11 @@ def test_restarts_at_other_world_sizes_weigh_device_time_by_each_attempt():
     assert t["wall_s"] == 191.0
     # Held: 4 x 60 + 2 x 48 + 4 x 41, and each gap at the world size being relaunched: 2 x 20 + 4 x 22.
     assert t["device_s_held"] == 628.0
-    # Useful: 4 x (24 - 8) + 2 x 16 + 4 x 12.8 device-s.
-    assert s["device_utilisation"] == pytest.approx(147.2 / 628)
-    assert s["ettr"] == pytest.approx((52.8 - 8) / 191)
+    # Productive: 24 + 2 x 0.8 (steps 31, 32 estimated), 16 + 4 x 0.8 (41..44), 12.8 s.
+    assert [a["productive_s"] for a in s["attempts"]] == pytest.approx([25.6, 19.2, 12.8])
+    # Useful: 4 x (25.6 - 9.6) + 2 x 19.2 + 4 x 12.8 device-s.
+    assert s["device_utilisation"] == pytest.approx(153.6 / 628)
+    assert s["ettr"] == pytest.approx((57.6 - 9.6) / 191)
     assert s["checkpoint_interval"]["mtbf_s"] == 191.0
     assert "world size 4 -> 2" in format_report(s)
 
