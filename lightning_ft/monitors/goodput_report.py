@@ -416,8 +416,10 @@ def timeline_figure(events: Iterable[dict[str, Any]]) -> Any:
     """The run as a matplotlib figure: global step over time per attempt, a marker where each attempt ended (one
     per kind of end: finished, preempted, hung, crashed, stopped, killed, no end recorded), the committed
     checkpoints, the incidents, and below, each attempt's time: start-up (the first attempt's and a continuation's
-    process start to first step), recovery (a restarted attempt's), training, and the time between attempts before a
-    restart. The caller closes it (``matplotlib.pyplot.close(fig)``).
+    process start to first step), recovery (a restarted attempt's), training, the time from the fault to the
+    attempt's last record, and the time between attempts before a restart. A kill and a hang are marked where the
+    attempt was last seen training; the other ends at the attempt's last record. The caller closes it
+    (``matplotlib.pyplot.close(fig)``).
 
     Raises:
         ModuleNotFoundError: matplotlib is not installed (``pip install 'lightning-ft[plot]'``).
@@ -472,12 +474,19 @@ def timeline_figure(events: Iterable[dict[str, Any]]) -> Any:
             bars.broken_barh([(start, first - start)], (0, 1), color="tab:gray", alpha=0.5, label=once("recovery"))
         else:
             bars.broken_barh([(start, first - start)], (0, 1), color="tab:blue", alpha=0.35, label=once("start-up"))
-        bars.broken_barh([(first, end - first)], (0, 1), color="tab:green", alpha=0.6, label=once("training"))
-        previous_end = end
-        # Where the attempt ended: a kill at the last record of its last step (nothing recorded the kill itself).
+        # Training up to the fault (a kill: the last record of its last step; a hang: its last progress), then the
+        # time the attempt took to notice and stop.
         reason = a["end_reason"]
+        fault = a["fault_time"] - t0 if a["fault_time"] is not None and reason != "finished" else end
+        fault = min(max(fault, first), end)
+        bars.broken_barh([(first, fault - first)], (0, 1), color="tab:green", alpha=0.6, label=once("training"))
+        if end > fault:
+            bars.broken_barh(
+                [(fault, end - fault)], (0, 1), color="tab:orange", alpha=0.5, label=once("fault to end (detection)")
+            )
+        previous_end = end
         marker, colour = _END_MARKERS.get(reason, _END_MARKERS["unknown"])
-        at = a["fault_time"] if reason in ("killed", "unknown") and a["fault_time"] is not None else a["end_time"]
+        at = fault + t0 if reason in ("killed", "unknown", "hung") else a["end_time"]
         step = a["last_step"] if a["last_step"] is not None else a["start_step"]
         ax.scatter(
             [at - t0],
@@ -511,7 +520,7 @@ def timeline_figure(events: Iterable[dict[str, Any]]) -> Any:
     )
     ax.legend(loc="upper left", fontsize="small", ncol=2)
     bars.set_yticks([])
-    bars.set_ylim(0, 1.9)
-    bars.legend(loc="upper left", fontsize="small", ncol=4)
+    bars.set_ylim(0, 2.0)
+    bars.legend(loc="upper left", fontsize="x-small", ncol=6)
     bars.set_xlabel("seconds since the first process start")
     return fig

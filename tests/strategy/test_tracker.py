@@ -63,3 +63,47 @@ def test_a_resumed_run_draws_the_random_numbers_an_uninterrupted_run_draws(tmp_p
     resumed = _DrawingRegressor()
     _fit(tmp_path / "two", 4, model=resumed, every_n_train_steps=2)
     assert resumed.draws == uninterrupted.draws[2:]
+
+
+class _SlowRegressor(TinyRegressor):
+    """Each training step takes at least ``step_s`` seconds."""
+
+    def __init__(self, step_s: float) -> None:
+        super().__init__()
+        self.step_s = step_s
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        import time
+
+        time.sleep(self.step_s)
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_progress_line_comes_at_least_every_progress_every_s_whatever_log_every_n_steps(tmp_path, monkeypatch):
+    import lightning_ft.strategy.tracker as tracker
+
+    monkeypatch.setattr(tracker, "PROGRESS_EVERY_S", 0.12)
+    trainer = make_trainer(tmp_path, max_steps=12, log_every_n_steps=50)
+    trainer.fit(_SlowRegressor(step_s=0.05))
+    progress = [e for e in read_events(tmp_path) if e["event"] == "progress"]
+    # A line every 3 steps or so (0.12 s at 0.05 s a step, and the loop's own time), the last one at the end.
+    assert 3 <= len(progress) <= 7 and progress[-1]["step"] == 12
+    assert sum(e["productive_s"] for e in progress) >= 12 * 0.05
+
+
+def test_a_failed_fit_writes_the_steps_since_the_last_progress_line_before_its_end(tmp_path):
+    class Crash(TinyRegressor):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            if self.trainer.global_step == 7:
+                raise RuntimeError("a bug in training_step")
+            return super().training_step(batch, batch_idx)
+
+    trainer = make_trainer(tmp_path, max_steps=20, log_every_n_steps=5)
+    with pytest.raises(RuntimeError, match="a bug in training_step"):
+        trainer.fit(Crash())
+    events = [e for e in read_events(tmp_path) if e["rank"] == 0]
+    assert [(e["event"], e["step"]) for e in events if e["event"] in ("progress", "attempt_end")] == [
+        ("progress", 5),
+        ("progress", 7),  # steps 6 and 7, written at the exception
+        ("attempt_end", 7),
+    ]
