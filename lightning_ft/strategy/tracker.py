@@ -15,8 +15,8 @@ What it does per training batch, on every rank:
 - on rank 0, times productive steps and data wait (a :class:`~lightning_ft.batch_timer.BatchTimer`, with the save
   stalls the strategy measured) and writes a ``progress`` event every ``log_every_n_steps`` optimizer steps, at the
   latest :data:`PROGRESS_EVERY_S` seconds after the previous one, when training ends, and when ``fit`` fails (a crash,
-  a preemption: the steps since the last line are on record before ``attempt_end``), and ``first_step`` when the
-  first step of this attempt completes. A process killed outright leaves at most ``PROGRESS_EVERY_S`` seconds (or
+  a preemption, a hang the watchdog ends: the steps since the last line are on record before ``attempt_end``), and
+  ``first_step`` when the first step of this attempt completes. A process killed outright leaves at most ``PROGRESS_EVERY_S`` seconds (or
   ``log_every_n_steps`` steps) of training without a ``progress`` line; ``lightning-ft report`` estimates those from
   the highest step the attempt recorded.
 """
@@ -180,14 +180,17 @@ class TrainingTracker(Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._write_pending(trainer)
+        self.write_pending(trainer)
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         # Before the strategy's teardown writes attempt_end: the steps trained since the last line are on record.
-        self._write_pending(trainer)
+        self.write_pending(trainer)
 
-    def _write_pending(self, trainer: pl.Trainer) -> None:
+    def write_pending(self, trainer: pl.Trainer) -> None:
+        """On rank 0, write a ``progress`` line for what was measured since the last one, if anything: at the end of
+        training, when ``fit`` fails, and from the hang watchdog's thread before it ends the process (the main thread
+        is stuck then, and the step it last completed is ``trainer.global_step``)."""
         log = self._event_log()
         if trainer.global_rank == 0 and log is not None and self._timer.pending():
             self._write_progress(log, trainer.global_step)

@@ -107,3 +107,59 @@ def test_a_failed_fit_writes_the_steps_since_the_last_progress_line_before_its_e
         ("progress", 7),  # steps 6 and 7, written at the exception
         ("attempt_end", 7),
     ]
+
+
+_HANG_SCRIPT = """
+import sys, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning_ft import FaultPolicy, ElasticFT3D
+from tests.strategy.models import RandomVectors, TinyRegressor, make_trainer
+
+class StopsAtItem(Dataset):
+    # The data read of a batch that holds item 28 never returns.
+    def __init__(self):
+        self.inner = RandomVectors()
+    def __len__(self):
+        return len(self.inner)
+    def __getitem__(self, i):
+        if i == 28:
+            time.sleep(3600)
+        return self.inner[i]
+
+class Model(TinyRegressor):
+    def train_dataloader(self):
+        return DataLoader(StopsAtItem(), batch_size=4)
+
+strategy = ElasticFT3D(fault=FaultPolicy(hang_timeout_s=2.0, first_step_timeout_s=120.0, health_checks=False))
+trainer = make_trainer(sys.argv[1], strategy=strategy, max_steps=20, log_every_n_steps=50)
+trainer.fit(Model())
+"""
+
+
+@pytest.mark.slow
+def test_a_hang_records_the_steps_its_stuck_main_thread_trained_before_the_watchdog_ends_it(tmp_path):
+    import subprocess
+    import sys
+
+    from lightning_ft.fault.internal import HANG_EXIT_CODE
+    from lightning_ft.monitors.goodput_report import summarize
+    from tests.helpers import REPO_ROOT, subprocess_env
+
+    done = subprocess.run(
+        [sys.executable, "-c", _HANG_SCRIPT, str(tmp_path)],
+        cwd=REPO_ROOT,
+        env=subprocess_env(LIGHTNING_FT_EVENT_LOG="always"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == HANG_EXIT_CODE, done.stderr[-3000:]
+    events = read_events(tmp_path)
+    # No periodic line (log_every_n_steps=50): the watchdog's thread wrote one for the steps trained, before the hang.
+    lines = [(e["event"], e["step"]) for e in events if e["event"] in ("progress", "hang", "attempt_end")]
+    stuck_at = lines[0][1]
+    assert stuck_at > 0 and lines == [("progress", stuck_at), ("hang", stuck_at), ("attempt_end", stuck_at)]
+    (attempt,) = summarize(events)["attempts"]
+    assert attempt["end_reason"] == "hung" and attempt["estimated_steps"] == 0 and attempt["productive_s"] > 0
