@@ -148,7 +148,9 @@ def _attempt(attempt: int, evs: list[dict[str, Any]], *, every_rank_ends: bool) 
     steps = [e["step"] for e in stepped]
     last_step = max(steps) if steps else None
     # When the attempt was last seen at its last step: where a kill's fault is placed, and an estimate's end.
-    last_step_time = min((num(e.get("time")) for e in stepped if e["step"] == last_step), default=None)
+    last_step_time = min(
+        (num(e.get("last_step_time"), num(e.get("time"))) for e in stepped if e["step"] == last_step), default=None
+    )
     progress_steps = [e["step"] for e in progress if isinstance(e.get("step"), int)]
     committed = [e for e in rank0 if e.get("event") == "checkpoint_committed"]
     durable = [e for e in committed if e.get("tier") in (None, "durable")]  # no tier: a log older than the tiers

@@ -78,6 +78,7 @@ class TrainingTracker(Callback):
         self._timer = BatchTimer()
         self._last_progress_step: int | None = None
         self._last_progress_time = time.monotonic()
+        self._last_step_time: float | None = None
         self._first_step_written = False
 
     @property
@@ -163,6 +164,7 @@ class TrainingTracker(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._timer.batch_end()
+        self._last_step_time = time.time()
         self._data_position.advance()
         if trainer.global_rank != 0:
             return
@@ -199,4 +201,11 @@ class TrainingTracker(Callback):
         productive_s, data_wait_s = self._timer.drain()
         self._last_progress_step = step
         self._last_progress_time = time.monotonic()
-        log.write("progress", step=step, productive_s=productive_s, data_wait_s=data_wait_s)
+        # The line may come well after the step (a failed fit, a hang): last_step_time says when the step ended.
+        log.write(
+            "progress",
+            step=step,
+            productive_s=productive_s,
+            data_wait_s=data_wait_s,
+            last_step_time=self._last_step_time,
+        )
