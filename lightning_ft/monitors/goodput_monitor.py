@@ -33,9 +33,11 @@ from lightning_ft.monitors.straggler_monitor import STRAGGLER_EXIT_CODE, Straggl
 
 log = logging.getLogger(__name__)
 
-LOG_EVERY_S = 10.0
-"""The longest time between two logs of the totals (and, where this monitor writes them, ``progress`` lines) while
-training runs, whatever ``log_every_n_steps`` is."""
+LOG_EVERY_S = 60.0
+"""The longest time between two logs of the totals while training runs, whatever ``log_every_n_steps`` is."""
+PROGRESS_EVERY_S = 5.0
+"""Where this monitor writes ``progress`` lines (under a strategy without an event log of its own): the longest time
+between two, as the strategy's own (:data:`lightning_ft.strategy.tracker.PROGRESS_EVERY_S`)."""
 
 _TOTAL_KEYS = (
     "wall_s",
@@ -99,7 +101,7 @@ class GoodputMonitor(Callback):
         self._first_step_time: float | None = None
         self._saved_in_gap = False
         self._last_logged_step = -1
-        self._last_logged_time = time.monotonic()
+        self._last_logged_time = self._last_progress_time = time.monotonic()
         self._boundary_time: float | None = None
 
     @property
@@ -181,15 +183,19 @@ class GoodputMonitor(Callback):
                 )
         every = self.log_every_n_steps or trainer.log_every_n_steps or 50
         step = trainer.global_step
-        overdue = time.monotonic() - self._last_logged_time >= LOG_EVERY_S
-        if (step % every == 0 or overdue) and step != self._last_logged_step:
+        now = time.monotonic()
+        if step == self._last_logged_step:
+            return
+        if step % every == 0 or now - self._last_logged_time >= LOG_EVERY_S:
             self._log_at(trainer, step)
+        elif self._writes_progress and now - self._last_progress_time >= PROGRESS_EVERY_S:
+            self._write_progress(trainer)
 
     def _log_at(self, trainer: pl.Trainer, step: int) -> None:
         """Write ``progress`` (where this monitor does) and log the totals at ``step`` (rank 0)."""
         self._last_logged_step = step
         self._last_logged_time = time.monotonic()
-        if self._writes_progress:
+        if self._writes_progress and self._timer.pending():
             self._write_progress(trainer)
         if step > self._replayed_through:  # an earlier attempt logged the steps up to there
             metrics = {f"goodput/{k}": v for k, v in self.totals(trainer).items() if v is not None}
@@ -241,6 +247,7 @@ class GoodputMonitor(Callback):
         get_event_log(trainer).write("attempt_end", reason="stopped" if stopped else "crashed", error=repr(exception))
 
     def _write_progress(self, trainer: pl.Trainer) -> None:
+        self._last_progress_time = time.monotonic()
         productive_s, data_wait_s = self._timer.drain()
         get_event_log(trainer).write("progress", productive_s=productive_s, data_wait_s=data_wait_s)
 

@@ -40,9 +40,10 @@ if TYPE_CHECKING:
     from lightning_ft.elastic.internal import TrainingDataPosition
     from lightning_ft.strategy.checkpoint_io import StrategyCheckpoints
 
-PROGRESS_EVERY_S = 10.0
+PROGRESS_EVERY_S = 5.0
 """The longest time between two ``progress`` lines while training runs, whatever ``log_every_n_steps`` is: one line
-per 10 s costs nothing, and bounds what a process killed outright (SIGKILL, out of memory) leaves unrecorded."""
+per 5 s (about 200 bytes: 3.5 MB a day on rank 0) costs nothing, and bounds what a process killed outright (SIGKILL,
+out of memory) leaves unrecorded to 5 s of training."""
 
 
 class TrainingTracker(Callback):

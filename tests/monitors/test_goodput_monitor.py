@@ -137,6 +137,16 @@ def test_a_slow_run_logs_at_least_every_log_every_s_seconds(tmp_path, monkeypatc
     assert [int(r["step"]) for r in logged(tmp_path, 0) if r.get("goodput/ettr")] == [1, 2, 3, 4, 5, 6]
 
 
+def test_its_progress_lines_come_at_least_every_progress_every_s(tmp_path, monkeypatch):
+    import lightning_ft.monitors.goodput_monitor as goodput_monitor
+
+    monkeypatch.setattr(goodput_monitor, "PROGRESS_EVERY_S", 0.0)
+    fit(tmp_path, GoodputMonitor(), steps=6, log_every_n_steps=50)
+    assert [e["step"] for e in read_events(tmp_path) if e["event"] == "progress"] == [1, 2, 3, 4, 5, 6]
+    # The totals are logged at the last step only: a line in the event log is not a point in the logger.
+    assert [int(r["step"]) for r in logged(tmp_path, 0) if r.get("goodput/ettr")] == [6]
+
+
 def test_a_crash_before_the_first_progress_line_still_records_the_steps_trained(tmp_path):
     # log_every_n_steps=50 and a crash after 12 steps: the monitor writes what it measured before attempt_end.
     with pytest.raises(RuntimeError, match="injected crash"):

@@ -163,3 +163,66 @@ def test_a_hang_records_the_steps_its_stuck_main_thread_trained_before_the_watch
     assert stuck_at > 0 and lines == [("progress", stuck_at), ("hang", stuck_at), ("attempt_end", stuck_at)]
     (attempt,) = summarize(events)["attempts"]
     assert attempt["end_reason"] == "hung" and attempt["estimated_steps"] == 0 and attempt["productive_s"] > 0
+
+
+_KILL_SCRIPT = """
+import os, signal, sys, time
+from pathlib import Path
+import lightning_ft.strategy.tracker as tracker
+tracker.PROGRESS_EVERY_S = 0.25  # 10 s in a real run; a test's steps are short
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from tests.strategy.models import TinyRegressor, make_trainer
+
+root, kill_at = Path(sys.argv[1]), int(sys.argv[2])
+
+class Slow(TinyRegressor):
+    def training_step(self, batch, batch_idx):
+        time.sleep(0.02)
+        return super().training_step(batch, batch_idx)
+
+class Kill(Callback):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+ckpt = ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=20, save_top_k=-1)
+trainer = make_trainer(root, callbacks=[ckpt, Kill()], max_steps=60, log_every_n_steps=50)
+trainer.fit(Slow())
+"""
+
+
+@pytest.mark.slow
+def test_an_attempt_sigkilled_before_its_first_periodic_progress_line_is_counted_at_its_step_time(tmp_path):
+    # Lightning's default log_every_n_steps=50 and a SIGKILL after step 45: the time-based progress lines (and the
+    # report's estimate for the steps after the last one) account for the 45 steps, not "productive 0.0s".
+    import subprocess
+    import sys
+
+    from lightning_ft.monitors.goodput_report import summarize
+    from tests.helpers import REPO_ROOT, subprocess_env
+
+    def launch(kill_at: int) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-c", _KILL_SCRIPT, str(tmp_path), str(kill_at)],
+            cwd=REPO_ROOT,
+            env=subprocess_env(LIGHTNING_FT_EVENT_LOG="always"),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    killed = launch(45)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    finished = launch(-1)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    summary = summarize(read_events(tmp_path))
+    first, second = summary["attempts"]
+    assert (first["end_reason"], second["end_reason"], second["start_step"]) == ("killed", "finished", 40)
+    # Its last record: step 40's checkpoint, or a time-based progress line after it.
+    assert 40 <= first["last_step"] <= 45
+    progress = [e for e in read_events(tmp_path) if e["event"] == "progress" and e["attempt"] == 0]
+    assert len(progress) >= 2 and progress[-1]["step"] + first["estimated_steps"] == first["last_step"]
+    # Every step slept 0.02 s inside training_step: the steps it recorded, at least that long each.
+    assert first["productive_s"] >= first["last_step"] * 0.02
+    (restart,) = summary["restarts"]
+    assert restart["lost_steps"] == first["last_step"] - 40
