@@ -81,8 +81,8 @@ def format_report(summary: dict[str, Any]) -> str:
         estimated = ""
         if a.get("estimated_steps"):
             estimated = (
-                f" ({_fmt_s(a['estimated_productive_s'])} of it estimated: {a['estimated_steps']} step(s) after its last"
-                " progress line)"
+                f" ({_fmt_s(a['estimated_productive_s'])} of it estimated:"
+                f" {a['estimated_steps']} step(s) after its last progress line)"
             )
         lines.append(
             f"  attempt {a['attempt']}: world size {a['world_size']}, wall {_fmt_s(a['wall_s'])}, {steps}, "

@@ -24,10 +24,10 @@ adds them up. The rules, in one place:
 - A restart's time is split into: *detection*, from the fault (the first ``signal_time`` of a preemption; a hang's
   last progress, ``hang`` time minus ``idle_s``; the first ``attempt_end`` of a crash or a stop) to the last rank's
   ``attempt_end`` (for a kill, from the first record of the attempt's last step to the next process start, which then
-  holds exit and relaunch too); *exit*, to the stopped attempt's last record; *relaunch*, to the next attempt's process start;
-  *start-up*, from that process start until the checkpoint load began (``resumed.startup_s``: imports, process group,
-  model set-up; ``None`` when not recorded); *load*, ``resumed.load_s``; and *first step*, the rest of the time to
-  the next attempt's ``first_step``.
+  holds exit and relaunch too); *exit*, to the stopped attempt's last record; *relaunch*, to the next attempt's
+  process start; *start-up*, from that process start until the checkpoint load began (``resumed.startup_s``:
+  imports, process group, model set-up; ``None`` when not recorded); *load*, ``resumed.load_s``; and *first step*,
+  the rest of the time to the next attempt's ``first_step``.
 - An attempt's ``checkpoints`` and ``checkpoint_steps`` are its durable saves (``checkpoint_committed`` without
   ``tier``, or ``tier="durable"``); ``memory_checkpoints`` counts its memory-tier saves, and ``resumed_tier`` names
   the tier its ``resumed`` event restored from (``"durable"`` when the event names none, ``None`` without one).

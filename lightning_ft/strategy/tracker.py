@@ -16,9 +16,9 @@ What it does per training batch, on every rank:
   stalls the strategy measured) and writes a ``progress`` event every ``log_every_n_steps`` optimizer steps, at the
   latest :data:`PROGRESS_EVERY_S` seconds after the previous one, when training ends, and when ``fit`` fails (a crash,
   a preemption, a hang the watchdog ends: the steps since the last line are on record before ``attempt_end``), and
-  ``first_step`` when the first step of this attempt completes. A process killed outright leaves at most ``PROGRESS_EVERY_S`` seconds (or
-  ``log_every_n_steps`` steps) of training without a ``progress`` line; ``lightning-ft report`` estimates those from
-  the highest step the attempt recorded.
+  ``first_step`` when the first step of this attempt completes. A process killed outright leaves at most
+  ``PROGRESS_EVERY_S`` seconds (or ``log_every_n_steps`` steps) of training without a ``progress`` line;
+  ``lightning-ft report`` estimates those from the highest step the attempt recorded.
 """
 
 from __future__ import annotations
