@@ -452,8 +452,8 @@ def timeline_figure(events: Iterable[dict[str, Any]]) -> Any:
 
     previous_end: float | None = None
     for a in summary["attempts"]:
-        pts = [
-            (num(e["time"]) - t0, e["step"])
+        pts = [  # a line written after its step (at a failure, a hang) is drawn when its step ended
+            (num(e.get("last_step_time"), num(e["time"])) - t0, e["step"])
             for e in run
             if e.get("attempt") == a["attempt"] and e.get("event") in ("progress", "first_step")
             if isinstance(e.get("step"), int)
