@@ -10,8 +10,8 @@ SLURM or another cluster environment, or of more than one process (restarts are 
 lightning-ft monitor or the memory tier; a run named by ``LIGHTNING_FT_RUN_ID``; a run whose root already holds
 records of an earlier attempt; or ``LIGHTNING_FT_EVENT_LOG=always``. A plain one-process run (``python train.py``)
 keeps them in memory and writes nothing beside the user's files, as Lightning itself does with ``logger=False``,
-until an incident (a hang, a preemption, a failed health check, a rejected checkpoint, ...): that writes the
-attempt's lines so far and everything after.
+until an incident (a crash of the user's code, a hang, a preemption, a failed health check, a rejected checkpoint,
+...): that writes the attempt's lines so far and everything after.
 
 One rule for the run and the attempt, in one opener, :func:`open_event_log`: rank 0 resolves the ``run_id`` (stable
 across restarts: ``LIGHTNING_FT_RUN_ID``, else ``lightning-ft/run.json`` written by the first attempt) and the
@@ -71,11 +71,22 @@ INCIDENT_EVENTS = (
 )
 """The events ``lightning-ft report`` lists as incidents."""
 _KEPT_ON_DISK = frozenset(INCIDENT_EVENTS) | {"health_check_failed", "fault_injected"}
-"""Events that make an in-memory event log write itself to disk: what a user looks for after something went wrong."""
+"""Events that make an in-memory event log write itself to disk: what a user looks for after something went wrong.
+An ``attempt_end`` with any ``reason`` but ``finished`` (a crash of the user's code, a stop) does too (see
+:func:`is_incident`): the next launch is then a restart that counts its attempt and the work it lost."""
 EVENT_LOG_ENV = "LIGHTNING_FT_EVENT_LOG"
 """``always``: keep the event log on disk in every run; ``auto`` (the default): see :func:`keeps_records`."""
 _MEMORY_LINES = 10_000
 """An in-memory log keeps its first line (``attempt_start``) and the newest lines up to this count."""
+
+
+def is_incident(event: str, fields: dict[str, Any]) -> bool:
+    """Whether a line ``event`` with ``fields`` makes an in-memory event log write itself to disk: an incident event
+    (:data:`INCIDENT_EVENTS`, a failed health check, an injected fault) or an attempt that ended other than
+    ``finished`` (``crashed``, ``stopped``, ``preempted``, ``hung``)."""
+    if event == "attempt_end":
+        return fields.get("reason") != "finished"
+    return event in _KEPT_ON_DISK
 
 
 def process_start_time() -> float:
@@ -364,7 +375,7 @@ class EventLog:
         record.update({k: _finite(v) for k, v in fields.items()})
         line = json.dumps(record, default=_json_default, allow_nan=False) + "\n"
         with self._lock:
-            if self._lines is not None and event in _KEPT_ON_DISK:
+            if self._lines is not None and is_incident(event, fields):
                 self._to_disk()
             if self._lines is not None:
                 if self._first_line is None:

@@ -102,7 +102,8 @@ def run_report(args: argparse.Namespace) -> int:
         raise CLIError(
             f"no event logs under {logdir} (expected {folder}/rank*.jsonl; pass the trainer's default_root_dir). A"
             " one-process run started without torchrun or SLURM and without a lightning-ft monitor keeps its event"
-            " log in memory unless something goes wrong: add GoodputMonitor() or set LIGHTNING_FT_EVENT_LOG=always"
+            " log in memory and writes it only at an incident (a crash, a hang, a preemption, a rejected checkpoint):"
+            " add GoodputMonitor() or set LIGHTNING_FT_EVENT_LOG=always to keep it from the start"
         )
     summary = summarize(
         events,

@@ -5,7 +5,8 @@ grow alike, under torchrun or a scheduler:
 
 - the previous world's *last step*: the latest ``last_step_time`` in its ``attempt_end`` events (each rank of an
   attempt that stops with an exception or a signal writes one), else the time of its last ``progress`` or
-  ``first_step`` event (then good to ``log_every_n_steps``);
+  ``first_step`` event (then good to ``log_every_n_steps``; a ``progress`` line's own ``last_step_time`` where it has
+  one, since one written by the hang watchdog comes long after its step);
 - its *stop*: the earliest ``attempt_end`` of that attempt (the first rank to notice; absent when every process was
   killed outright);
 - this attempt's process start (rank 0), the checkpoint load's start and end, and the end of its first step.
@@ -48,7 +49,8 @@ def previous_world(events: list[dict[str, Any]], *, run_id: str, attempt: int) -
         ends = [e for e in mine if e.get("event") == "attempt_end"]
         step_times = [e["last_step_time"] for e in ends if isinstance(e.get("last_step_time"), (int, float))]
         if not step_times:
-            step_times = [e["time"] for e in mine if e.get("event") in _STEP_EVENTS]
+            # A progress line written at a failure or a hang names when its step ended (last_step_time).
+            step_times = [e.get("last_step_time") or e["time"] for e in mine if e.get("event") in _STEP_EVENTS]
         if step_times or ends:
             return PreviousWorld(
                 attempt=number,

@@ -80,6 +80,9 @@ class FaultHandler(Callback):
         self._store: Any = None
         self._collective_patches: list[_compat.Patch] = []
         self.periodic: PeriodicHealthCheck | None = None
+        self.before_hang_exit: Callable[[], None] | None = None
+        """Called by the watchdog's thread when it fires, before it records the hang (the strategy's tracker writes
+        the ``progress`` measured since its last line there)."""
 
     @property
     @override
@@ -197,6 +200,7 @@ class FaultHandler(Callback):
             event_log=log_,
             stacks_path=stacks,
             on_tick=self._arm_grace_on_signal,
+            before_hang_exit=lambda: self.before_hang_exit() if self.before_hang_exit is not None else None,
         )
         self.watchdog.start()
 

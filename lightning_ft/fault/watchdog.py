@@ -53,6 +53,8 @@ class Watchdog:
         exit_fn: ends the process (``os._exit``; tests inject a recorder).
         on_tick: called with the time at every poll, in the watchdog thread, before judging (the preemption handling
             arms its deadline from there).
+        before_hang_exit: called in the watchdog thread when it fires, before ``hang`` and ``attempt_end`` are written
+            (the strategy writes the ``progress`` its stuck main thread measured since its last line).
 
     Example::
 
@@ -76,6 +78,7 @@ class Watchdog:
         clock: Callable[[], float] = time.time,
         exit_fn: Callable[[int], Any] = os._exit,
         on_tick: Callable[[float], None] | None = None,
+        before_hang_exit: Callable[[], None] | None = None,
     ) -> None:
         self.progress = progress
         self.rank = rank
@@ -87,6 +90,7 @@ class Watchdog:
         self._clock = clock
         self._exit = exit_fn
         self._on_tick = on_tick
+        self._before_hang_exit = before_hang_exit
         self.poll_s = min(1.0, hang_timeout_s / 10.0)
         self.publish_s = max(self.poll_s, min(30.0, hang_timeout_s / 20.0))
         self._last_publish = float("-inf")
@@ -218,6 +222,11 @@ class Watchdog:
                 report.get("stacks_path"),
                 HANG_EXIT_CODE,
             )
+            if self._before_hang_exit is not None:
+                try:
+                    self._before_hang_exit()
+                except Exception as err:  # noqa: BLE001 - the hang's own record matters more
+                    log.debug("lightning-ft watchdog: before_hang_exit failed: %s", err)
             if self.event_log is not None:
                 self.event_log.write("hang", step=self.progress.step, **report)
                 self.event_log.write("attempt_end", step=self.progress.step, reason="hung", exit_code=HANG_EXIT_CODE)

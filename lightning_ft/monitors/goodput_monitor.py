@@ -33,6 +33,12 @@ from lightning_ft.monitors.straggler_monitor import STRAGGLER_EXIT_CODE, Straggl
 
 log = logging.getLogger(__name__)
 
+LOG_EVERY_S = 60.0
+"""The longest time between two logs of the totals while training runs, whatever ``log_every_n_steps`` is."""
+PROGRESS_EVERY_S = 5.0
+"""Where this monitor writes ``progress`` lines (under a strategy without an event log of its own): the longest time
+between two, as the strategy's own (:data:`lightning_ft.strategy.tracker.PROGRESS_EVERY_S`)."""
+
 _TOTAL_KEYS = (
     "wall_s",
     "productive_s",
@@ -56,7 +62,8 @@ _TOTAL_KEYS = (
 class GoodputMonitor(Callback):
     """Effective training time ratio, device utilisation, restart, lost-work and straggler time, across restarts.
 
-    Logs on rank 0 under ``goodput/*`` every ``log_every_n_steps`` (default: the trainer's). Not collective.
+    Logs on rank 0 under ``goodput/*`` every ``log_every_n_steps`` (default: the trainer's), at the latest
+    :data:`LOG_EVERY_S` seconds after the previous log, and at the last step of training. Not collective.
     Its state (JSON numbers) is saved in every checkpoint under :attr:`state_key`.
 
     Args:
@@ -94,6 +101,7 @@ class GoodputMonitor(Callback):
         self._first_step_time: float | None = None
         self._saved_in_gap = False
         self._last_logged_step = -1
+        self._last_logged_time = self._last_progress_time = time.monotonic()
         self._boundary_time: float | None = None
 
     @property
@@ -175,17 +183,27 @@ class GoodputMonitor(Callback):
                 )
         every = self.log_every_n_steps or trainer.log_every_n_steps or 50
         step = trainer.global_step
-        if step % every == 0 and step != self._last_logged_step:
-            self._last_logged_step = step
-            if self._writes_progress:
-                self._write_progress(trainer)
-            if step > self._replayed_through:  # an earlier attempt logged the steps up to there
-                metrics = {f"goodput/{k}": v for k, v in self.totals(trainer).items() if v is not None}
-                if self._replayed_steps:
-                    metrics["goodput/replayed_steps"] = float(self._replayed_steps)
-                    self._replayed_steps = 0
-                for logger in trainer.loggers:
-                    logger.log_metrics(metrics, step=step)
+        now = time.monotonic()
+        if step == self._last_logged_step:
+            return
+        if step % every == 0 or now - self._last_logged_time >= LOG_EVERY_S:
+            self._log_at(trainer, step)
+        elif self._writes_progress and now - self._last_progress_time >= PROGRESS_EVERY_S:
+            self._write_progress(trainer)
+
+    def _log_at(self, trainer: pl.Trainer, step: int) -> None:
+        """Write ``progress`` (where this monitor does) and log the totals at ``step`` (rank 0)."""
+        self._last_logged_step = step
+        self._last_logged_time = time.monotonic()
+        if self._writes_progress and self._timer.pending():
+            self._write_progress(trainer)
+        if step > self._replayed_through:  # an earlier attempt logged the steps up to there
+            metrics = {f"goodput/{k}": v for k, v in self.totals(trainer).items() if v is not None}
+            if self._replayed_steps:
+                metrics["goodput/replayed_steps"] = float(self._replayed_steps)
+                self._replayed_steps = 0
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=step)
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -203,6 +221,13 @@ class GoodputMonitor(Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The last step's totals are logged too: a run shorter than log_every_n_steps still gets its points.
+        if (
+            trainer.is_global_zero
+            and self._first_step_time is not None
+            and trainer.global_step != self._last_logged_step
+        ):
+            self._log_at(trainer, trainer.global_step)
         if not self._writes_progress:
             return
         if trainer.is_global_zero and self._timer.pending():
@@ -213,6 +238,8 @@ class GoodputMonitor(Callback):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         if not self._writes_progress:
             return
+        if trainer.is_global_zero and self._timer.pending():  # the steps since the last line, before the end
+            self._write_progress(trainer)
         # A StragglerMonitor stop and an interrupt from the keyboard end the attempt on purpose; anything else crashed.
         stopped = isinstance(exception, KeyboardInterrupt) or (
             isinstance(exception, SystemExit) and exception.code == STRAGGLER_EXIT_CODE
@@ -220,6 +247,7 @@ class GoodputMonitor(Callback):
         get_event_log(trainer).write("attempt_end", reason="stopped" if stopped else "crashed", error=repr(exception))
 
     def _write_progress(self, trainer: pl.Trainer) -> None:
+        self._last_progress_time = time.monotonic()
         productive_s, data_wait_s = self._timer.drain()
         get_event_log(trainer).write("progress", productive_s=productive_s, data_wait_s=data_wait_s)
 

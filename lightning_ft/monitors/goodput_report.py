@@ -11,8 +11,11 @@ Definitions (all wall-clock seconds):
 - an attempt runs from its process start (``attempt_start.process_start_time``, else the ``attempt_start`` time) to
   its last event; the run's wall time is the sum of its attempts plus the gaps before restarts (the gap before a
   continuation, a finished run launched again, is not the run's time);
-- productive time is the step time of the ``progress`` events; *useful* productive time leaves out the steps that a
-  later attempt computed again (lost work);
+- productive time is the step time of the ``progress`` events, plus, for steps an attempt trained after its last
+  ``progress`` line (a kill, a hang), those steps times its step time (see :mod:`~lightning_ft.monitors.run_history`);
+  *useful* productive time leaves out the steps that a later attempt computed again (lost work);
+- start-up is the time from process start to the first step of the first attempt and of each continuation (a
+  restart's is part of its restart time); the text report says so when it is more than half of the wall time;
 - a restart's time runs from the fault to the next attempt's ``first_step``, split into detection, exit, relaunch,
   load and first step; recovery is the part from the next attempt's process start to that first step;
 - lost steps are the steps a stopped attempt reached beyond the checkpoint the next one resumed from
@@ -137,6 +140,7 @@ def summarize(
         "useful_productive_s": productive_s - lost_s,
         "data_wait_s": sum(a["data_wait_s"] for a in attempts),
         "checkpoint_stall_s": sum(a["checkpoint_stall_s"] for a in attempts),
+        "startup_s": _startup_s(attempts, restarts),
         "restart_s": sum(r["restart_s"] or 0.0 for r in restarts),
         "recovery_s": sum(r["recovery_s"] or 0.0 for r in restarts),
         "lost_steps": sum(a["lost_steps"] for a in attempts),
@@ -152,7 +156,8 @@ def summarize(
     tiers["observed_durable_fraction"] = _observed_durable_fraction(restarts) if tiers["memory_in_use"] else None
     intervals = _young_daly(run_events, attempts, wall_s, failures, mtbf_hours, tiers["memory_in_use"], fraction)
     for a in attempts:
-        del a["_progress"]
+        for key in [k for k in a if k.startswith("_")]:  # the history's working fields
+            del a[key]
     summary = {
         "run_id": run_id,
         "attempts": attempts,
@@ -179,6 +184,19 @@ def summarize(
             fraction_given=durable_fraction is not None,
         )
     return summary
+
+
+def _startup_s(attempts: list[dict[str, Any]], restarts: list[dict[str, Any]]) -> float:
+    """Seconds from process start to the first step of the attempts that are no restart (the first, continuations):
+    imports, process group, model set-up. A restart's own start-up is part of its restart time."""
+    restarted = {r["attempt"] for r in restarts}
+    total = 0.0
+    for a in attempts:
+        if a["attempt"] in restarted:
+            continue
+        first = a["first_step_time"] if a["first_step_time"] is not None else a["end_time"]
+        total += max(first - a["start_time"], 0.0)
+    return total
 
 
 def _check_projection_options(durable_fraction: Any, project_gpus: Any, mttf_hours_at: Any) -> None:
@@ -365,8 +383,43 @@ _COLOURS = {
 }
 
 
+_END_MARKERS = {
+    "finished": ("o", "tab:green"),
+    "preempted": ("v", "tab:red"),
+    "hung": ("s", "tab:purple"),
+    "crashed": ("X", "tab:red"),
+    "stopped": ("D", "tab:orange"),
+    "killed": ("X", "black"),
+    "unknown": ("P", "tab:gray"),
+}
+"""Marker and colour of each way an attempt can end (run_history's recorded and inferred ends)."""
+_END_LABELS = {
+    "killed": "killed (no end recorded)",
+    "unknown": "no end recorded",
+}
+
+
 def plot_timeline(events: Iterable[dict[str, Any]], out_png: str | os.PathLike[str]) -> None:
-    """Draw the run as a PNG: global step over time per attempt, checkpoints, restarts and incidents.
+    """Draw the run as a PNG (:func:`timeline_figure`).
+
+    Raises:
+        ModuleNotFoundError: matplotlib is not installed (``pip install 'lightning-ft[plot]'``).
+    """
+    import matplotlib.pyplot as plt
+
+    fig = timeline_figure(events)
+    fig.savefig(os.fspath(out_png), dpi=100)
+    plt.close(fig)
+
+
+def timeline_figure(events: Iterable[dict[str, Any]]) -> Any:
+    """The run as a matplotlib figure: global step over time per attempt, a marker where each attempt ended (one
+    per kind of end: finished, preempted, hung, crashed, stopped, killed, no end recorded), the committed
+    checkpoints, the incidents, and below, each attempt's time: start-up (the first attempt's and a continuation's
+    process start to first step), recovery (a restarted attempt's), training, the time from the fault to the
+    attempt's last record, and the time between attempts before a restart. A kill and a hang are marked where the
+    attempt was last seen training; the other ends at the attempt's last record. The caller closes it
+    (``matplotlib.pyplot.close(fig)``).
 
     Raises:
         ModuleNotFoundError: matplotlib is not installed (``pip install 'lightning-ft[plot]'``).
@@ -384,12 +437,23 @@ def plot_timeline(events: Iterable[dict[str, Any]], out_png: str | os.PathLike[s
     summary = summarize(events)
     t0 = min((a["start_time"] for a in summary["attempts"]), default=0.0)
     fig, (ax, bars) = plt.subplots(
-        2, 1, figsize=(11, 5), sharex=True, gridspec_kw={"height_ratios": [4, 1]}, constrained_layout=True
+        2, 1, figsize=(11, 5.5), sharex=True, gridspec_kw={"height_ratios": [4, 1]}, constrained_layout=True
     )
     run = [e for e in events if e.get("run_id") == summary["run_id"] and e.get("rank", 0) == 0]
+    restarted = {r["attempt"] for r in summary["restarts"]}
+    labelled: set[str] = set()
+
+    def once(label: str) -> str | None:
+        """``label`` the first time (one legend entry per kind), else ``None``."""
+        if label in labelled:
+            return None
+        labelled.add(label)
+        return label
+
+    previous_end: float | None = None
     for a in summary["attempts"]:
-        pts = [
-            (num(e["time"]) - t0, e["step"])
+        pts = [  # a line written after its step (at a failure, a hang) is drawn when its step ended
+            (num(e.get("last_step_time"), num(e["time"])) - t0, e["step"])
             for e in run
             if e.get("attempt") == a["attempt"] and e.get("event") in ("progress", "first_step")
             if isinstance(e.get("step"), int)
@@ -397,29 +461,66 @@ def plot_timeline(events: Iterable[dict[str, Any]], out_png: str | os.PathLike[s
         if pts:
             ax.plot(*zip(*pts, strict=True), marker=".", label=f"attempt {a['attempt']}")
         start, end = a["start_time"] - t0, a["end_time"] - t0
-        recovery_end = a["first_step_time"] - t0 if a["first_step_time"] is not None else end
-        bars.broken_barh([(start, recovery_end - start)], (0, 1), color="tab:gray", alpha=0.5)
-        bars.broken_barh([(recovery_end, end - recovery_end)], (0, 1), color="tab:green", alpha=0.6)
+        first = a["first_step_time"] - t0 if a["first_step_time"] is not None else end
+        if a["attempt"] in restarted:
+            if previous_end is not None and start > previous_end:
+                bars.broken_barh(
+                    [(previous_end, start - previous_end)],
+                    (0, 1),
+                    color="tab:red",
+                    alpha=0.15,
+                    label=once("between attempts (relaunch)"),
+                )
+            bars.broken_barh([(start, first - start)], (0, 1), color="tab:gray", alpha=0.5, label=once("recovery"))
+        else:
+            bars.broken_barh([(start, first - start)], (0, 1), color="tab:blue", alpha=0.35, label=once("start-up"))
+        # Training up to the fault (a kill: the last record of its last step; a hang: its last progress), then the
+        # time the attempt took to notice and stop.
+        reason = a["end_reason"]
+        fault = a["fault_time"] - t0 if a["fault_time"] is not None and reason != "finished" else end
+        fault = min(max(fault, first), end)
+        bars.broken_barh([(first, fault - first)], (0, 1), color="tab:green", alpha=0.6, label=once("training"))
+        if end > fault:
+            bars.broken_barh(
+                [(fault, end - fault)], (0, 1), color="tab:orange", alpha=0.5, label=once("fault to end (detection)")
+            )
+        previous_end = end
+        marker, colour = _END_MARKERS.get(reason, _END_MARKERS["unknown"])
+        at = fault + t0 if reason in ("killed", "unknown", "hung") else a["end_time"]
+        step = a["last_step"] if a["last_step"] is not None else a["start_step"]
+        ax.scatter(
+            [at - t0],
+            [step],
+            marker=marker,
+            s=90,
+            color=colour,
+            edgecolors="black",
+            linewidths=0.5,
+            zorder=5,
+            label=once(f"ended: {_END_LABELS.get(reason, reason)}"),
+        )
     for e in run:
         if e.get("event") == "checkpoint_committed":
-            ax.axvline(num(e["time"]) - t0, color="tab:green", alpha=0.3, linewidth=1)
-    seen: set[str] = set()
+            memory = tier_of(e) == "memory"
+            ax.axvline(
+                num(e["time"]) - t0,
+                color="tab:green",
+                alpha=0.2 if memory else 0.35,
+                linewidth=1,
+                linestyle=":" if memory else "-",
+                label=once("memory-tier checkpoint" if memory else "checkpoint committed"),
+            )
     for i in summary["incidents"]:
         name = i["event"]
-        ax.axvline(
-            num(i["time"]) - t0,
-            color=_COLOURS[name],
-            linestyle="--",
-            label=name if name not in seen else None,
-        )
-        seen.add(name)
+        ax.axvline(num(i["time"]) - t0, color=_COLOURS[name], linestyle="--", label=once(name))
     ax.set_ylabel("global step")
     ax.set_title(
         f"run {summary['run_id']}: ETTR {fmt_ratio(summary['ettr'])}, "
         f"{summary['totals']['restarts']} restart(s), {summary['stragglers']['count']} straggler detection(s)"
     )
-    ax.legend(loc="upper left", fontsize="small")
+    ax.legend(loc="upper left", fontsize="small", ncol=2)
     bars.set_yticks([])
-    bars.set_xlabel("seconds since the first process start (grey: recovery, green: training)")
-    fig.savefig(os.fspath(out_png), dpi=100)
-    plt.close(fig)
+    bars.set_ylim(0, 2.0)
+    bars.legend(loc="upper left", fontsize="x-small", ncol=6)
+    bars.set_xlabel("seconds since the first process start")
+    return fig

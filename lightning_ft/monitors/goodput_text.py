@@ -49,6 +49,7 @@ def format_report(summary: dict[str, Any]) -> str:
         + (f", {t['continuations']} continuation(s)" if t.get("continuations") else ""),
         f"  effective training time ratio  {fmt_ratio(summary['ettr'])}"
         f"  (useful productive {_fmt_s(t['useful_productive_s'])} of {_fmt_s(t['wall_s'])} wall)",
+        *_startup_note(t),
         f"  device utilisation             {fmt_ratio(summary['device_utilisation'])}"
         f"  ({t['device_s_held']:.1f} device-s held, gaps before restarts included)",
         f"  productive {_fmt_s(t['productive_s'])}, data wait {_fmt_s(t['data_wait_s'])}, "
@@ -77,9 +78,16 @@ def format_report(summary: dict[str, Any]) -> str:
             else _END_TEXT.get(a["end_reason"], a["end_reason"])
         )
         memory = f" + {a['memory_checkpoints']} in memory" if a.get("memory_checkpoints") else ""
+        estimated = ""
+        if a.get("estimated_steps"):
+            estimated = (
+                f" ({_fmt_s(a['estimated_productive_s'])} of it estimated:"
+                f" {a['estimated_steps']} step(s) after its last progress line)"
+            )
         lines.append(
             f"  attempt {a['attempt']}: world size {a['world_size']}, wall {_fmt_s(a['wall_s'])}, {steps}, "
-            f"productive {_fmt_s(a['productive_s'])}, {a['checkpoints']} checkpoint(s){memory}, ended: {ended}"
+            f"productive {_fmt_s(a['productive_s'])}{estimated}, {a['checkpoints']} checkpoint(s){memory}, "
+            f"ended: {ended}"
         )
     for c in summary.get("continuations", []):
         lines.append(
@@ -134,6 +142,25 @@ def format_report(summary: dict[str, Any]) -> str:
     t0 = min((a["start_time"] for a in summary["attempts"]), default=0.0)
     lines += [_format_node_incident(i, t0) for i in summary["incidents"] if i["event"] in _NODE_INCIDENTS]
     return "\n".join(lines)
+
+
+STARTUP_DOMINATES = 0.5
+"""The share of the wall time above which the report says that start-up dominates the run."""
+
+
+def _startup_note(t: dict[str, Any]) -> list[str]:
+    """A line when start-up (process start to the first step, restarts left out) is most of the wall time: the ETTR of
+    a short run measures its start-up, not its training."""
+    startup, wall = num(t.get("startup_s")), num(t.get("wall_s"))
+    if wall <= 0 or startup <= STARTUP_DOMINATES * wall:
+        return []
+    after = wall - startup
+    rest = fmt_ratio(t["useful_productive_s"] / after) if after > 0 else "-"
+    return [
+        f"  start-up dominates: {_fmt_s(startup)} of the {_fmt_s(wall)} wall ({fmt_ratio(startup / wall)}) ran from"
+        " process start to the first step (imports, process group, model set-up, checkpoint load), which a longer"
+        f" run spreads over more steps; after start-up the ratio is {rest}"
+    ]
 
 
 _NODE_INCIDENTS = frozenset({"node_evicted", "join_refused"})

@@ -8,21 +8,26 @@ adds them up. The rules, in one place:
   ``attempt_end`` was killed (a later attempt followed) or is still running (``unknown``, the last attempt). When
   every rank records its end but some rank of an attempt did not, that rank was killed and the attempt ended
   ``killed`` whatever the others wrote (they were stopped because of it; ``recorded_reason`` keeps what they wrote).
-- An attempt's steps run from the step it resumed at to the highest step its records show; records with a lower
-  step were written before the checkpoint was restored (a crash while loading), and an attempt that trained no step
-  has ``last_step`` ``None``. Logs without ``attempt_end`` (lightning-ft
-  0.1.0) fall back on ``hang`` and ``preempted`` events.
+- An attempt's steps run from the step it resumed at to the highest step its records show (its live-step events,
+  its own ``checkpoint_committed`` saves and ``fault_injected``); records with a lower step were written before the
+  checkpoint was restored (a crash while loading), and an attempt that trained no step has ``last_step`` ``None``.
+  Logs without ``attempt_end`` (lightning-ft 0.1.0) fall back on ``hang`` and ``preempted`` events.
+- An attempt's productive time is what its ``progress`` lines measured, plus, for the steps it trained after its last
+  ``progress`` line (a process killed outright, a hang: nothing wrote the line), those steps times a step time:
+  the attempt's own (its ``progress`` lines' productive time over the steps they cover), else that of the run's other
+  attempts at the same world size, else at any, else the wall time from its ``first_step`` to the time its last step
+  was recorded, over those steps. The record names them: ``estimated_steps``, ``estimated_productive_s``.
 - An attempt that follows a ``finished`` one is a *continuation* (the run was launched again to train longer): the
   wall-clock gap between them is not lost time and no step counts as recomputed. Any other next attempt is a
   *restart*: the time from the fault to its first step is restart time, the gap is part of the run's wall time, and
   the steps the stopped attempt reached beyond the checkpoint it resumed from were recomputed.
 - A restart's time is split into: *detection*, from the fault (the first ``signal_time`` of a preemption; a hang's
   last progress, ``hang`` time minus ``idle_s``; the first ``attempt_end`` of a crash or a stop) to the last rank's
-  ``attempt_end`` (for a kill, from the last ``progress`` to the next process start, which then holds exit and
-  relaunch too); *exit*, to the stopped attempt's last record; *relaunch*, to the next attempt's process start;
-  *start-up*, from that process start until the checkpoint load began (``resumed.startup_s``: imports, process group,
-  model set-up; ``None`` when not recorded); *load*, ``resumed.load_s``; and *first step*, the rest of the time to
-  the next attempt's ``first_step``.
+  ``attempt_end`` (for a kill, from the first record of the attempt's last step to the next process start, which then
+  holds exit and relaunch too); *exit*, to the stopped attempt's last record; *relaunch*, to the next attempt's
+  process start; *start-up*, from that process start until the checkpoint load began (``resumed.startup_s``:
+  imports, process group, model set-up; ``None`` when not recorded); *load*, ``resumed.load_s``; and *first step*,
+  the rest of the time to the next attempt's ``first_step``.
 - An attempt's ``checkpoints`` and ``checkpoint_steps`` are its durable saves (``checkpoint_committed`` without
   ``tier``, or ``tier="durable"``); ``memory_checkpoints`` counts its memory-tier saves, and ``resumed_tier`` names
   the tier its ``resumed`` event restored from (``"durable"`` when the event names none, ``None`` without one).
@@ -41,6 +46,8 @@ LIVE_STEP_EVENTS = frozenset(
     {"progress", "first_step", "straggler", "straggler_cleared", "thermal", "preempted", "hang", "attempt_end"}
 )
 """Events whose ``step`` is the global step when written (checkpoint events carry the checkpoint's step instead)."""
+_TRAINED_STEP_EVENTS = LIVE_STEP_EVENTS | {"checkpoint_committed", "fault_injected"}
+"""Events whose ``step`` the attempt had trained when it wrote them (an attempt's own save holds a step it reached)."""
 RECORDED_ENDS = ("finished", "preempted", "hung", "crashed", "stopped")
 """The ``reason`` of an ``attempt_end`` event."""
 INFERRED_ENDS = ("killed", "unknown")
@@ -86,7 +93,41 @@ def attempts(by_attempt: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]
     for record in records[:-1]:
         if record["end_reason"] == "unknown":
             record["end_reason"] = "killed"
+    for record in records:
+        _estimate_unrecorded_steps(record, records)
     return records
+
+
+def _measured_step_s(records: Iterable[dict[str, Any]]) -> float | None:
+    """Productive seconds per step that ``records``' ``progress`` lines measured, or ``None`` (none measured)."""
+    steps = seconds = 0.0
+    for r in records:
+        if r["_recorded_steps"] > 0 and r["_recorded_productive_s"] > 0:
+            steps += r["_recorded_steps"]
+            seconds += r["_recorded_productive_s"]
+    return seconds / steps if steps else None
+
+
+def _estimate_unrecorded_steps(record: dict[str, Any], records: list[dict[str, Any]]) -> None:
+    """Add the productive time of the steps ``record`` trained after its last ``progress`` line (module docstring)."""
+    last = record["last_step"]
+    unrecorded = max(last - record["_progress_step"], 0) if last is not None else 0
+    record["estimated_steps"], record["estimated_productive_s"] = unrecorded, 0.0
+    if not unrecorded:
+        return
+    others = [r for r in records if r is not record]
+    same_size = [r for r in others if r["world_size"] == record["world_size"]]
+    step_s = _measured_step_s([record]) or _measured_step_s(same_size) or _measured_step_s(others)
+    first, first_step = record["first_step_time"], record["_first_step_step"]
+    if step_s is None and first is not None and first_step is not None and last > first_step:
+        step_s = max(record["_last_step_time"] - first, 0.0) / (last - first_step)
+    if step_s is None:  # one step on record and nothing measured anywhere: no estimate
+        record["estimated_steps"] = 0
+        return
+    estimate = unrecorded * step_s
+    record["estimated_productive_s"] = estimate
+    record["productive_s"] += estimate
+    record["_progress"].append((last, estimate))
 
 
 def _attempt(attempt: int, evs: list[dict[str, Any]], *, every_rank_ends: bool) -> dict[str, Any]:
@@ -101,9 +142,16 @@ def _attempt(attempt: int, evs: list[dict[str, Any]], *, every_rank_ends: bool) 
     first = next((e for e in rank0 if e.get("event") == "first_step"), None)
     resumed = next((e for e in rank0 if e.get("event") == "resumed"), None)
     resumed_step = int(resumed["step"]) if resumed is not None and isinstance(resumed.get("step"), int) else None
-    steps = [e["step"] for e in evs if e.get("event") in LIVE_STEP_EVENTS and isinstance(e.get("step"), int)]
+    stepped = [e for e in evs if e.get("event") in _TRAINED_STEP_EVENTS and isinstance(e.get("step"), int)]
     if resumed_step is not None:  # records written before the checkpoint's step was restored (a crash while loading)
-        steps = [s for s in steps if s >= resumed_step]
+        stepped = [e for e in stepped if e["step"] >= resumed_step]
+    steps = [e["step"] for e in stepped]
+    last_step = max(steps) if steps else None
+    # When the attempt was last seen at its last step: where a kill's fault is placed, and an estimate's end.
+    last_step_time = min(
+        (num(e.get("last_step_time"), num(e.get("time"))) for e in stepped if e["step"] == last_step), default=None
+    )
+    progress_steps = [e["step"] for e in progress if isinstance(e.get("step"), int)]
     committed = [e for e in rank0 if e.get("event") == "checkpoint_committed"]
     durable = [e for e in committed if e.get("tier") in (None, "durable")]  # no tier: a log older than the tiers
     last_progress_time = num(progress[-1].get("time")) if progress else None
@@ -120,9 +168,11 @@ def _attempt(attempt: int, evs: list[dict[str, Any]], *, every_rank_ends: bool) 
         "load_s": num(resumed.get("load_s"), math.nan) if resumed is not None else math.nan,
         "resume_startup_s": num(resumed.get("startup_s"), math.nan) if resumed is not None else math.nan,
         "start_step": resumed_step or 0,
-        "last_step": max(steps) if steps else None,
+        "last_step": last_step,
         "last_progress_time": last_progress_time,
         "productive_s": sum(num(e.get("productive_s")) for e in progress),
+        "estimated_steps": 0,
+        "estimated_productive_s": 0.0,
         "data_wait_s": sum(num(e.get("data_wait_s")) for e in progress),
         "checkpoint_stall_s": sum(num(e.get("stall_s")) for e in committed),
         "checkpoints": len(durable),
@@ -131,8 +181,14 @@ def _attempt(attempt: int, evs: list[dict[str, Any]], *, every_rank_ends: bool) 
         "lost_steps": 0,
         "lost_s": 0.0,
         "_progress": [(int(e["step"]), num(e.get("productive_s"))) for e in progress if isinstance(e.get("step"), int)],
+        "_progress_step": max(progress_steps, default=resumed_step or 0),
+        "_recorded_steps": max(max(progress_steps, default=0) - (resumed_step or 0), 0),
+        "_recorded_productive_s": sum(num(e.get("productive_s")) for e in progress),
+        "_first_step_step": first["step"] if first is not None and isinstance(first.get("step"), int) else None,
+        "_last_step_time": last_step_time,
     }
-    record.update(_end(evs, starts, every_rank_ends=every_rank_ends, last_progress_time=last_progress_time))
+    seen_alive = last_step_time if last_step_time is not None else last_progress_time
+    record.update(_end(evs, starts, every_rank_ends=every_rank_ends, last_seen_time=seen_alive))
     for key in ("load_s", "resume_startup_s"):
         if record[key] != record[key]:  # NaN: not recorded
             record[key] = None
@@ -144,9 +200,10 @@ def _end(
     starts: list[dict[str, Any]],
     *,
     every_rank_ends: bool,
-    last_progress_time: float | None,
+    last_seen_time: float | None,
 ) -> dict[str, Any]:
-    """How the attempt ended: ``end_reason``, ``fault_time`` and ``stop_time`` (the last rank's ``attempt_end``)."""
+    """How the attempt ended: ``end_reason``, ``fault_time`` and ``stop_time`` (the last rank's ``attempt_end``).
+    ``last_seen_time``: when a record first showed the attempt's last step (a kill's fault time)."""
     ends = [e for e in evs if e.get("event") == "attempt_end"]
     preempted = [e for e in evs if e.get("event") == "preempted"]
     hangs = [e for e in evs if e.get("event") == "hang"]
@@ -173,7 +230,7 @@ def _end(
     elif reason in ("crashed", "stopped", "hung", "preempted") and ends:
         out["fault_time"] = min(num(e.get("time")) for e in ends)
     elif reason in INFERRED_ENDS:
-        out["fault_time"] = last_progress_time
+        out["fault_time"] = last_seen_time
     if out["stop_time"] is None and reason in ("preempted", "hung") and (preempted or hangs):
         out["stop_time"] = max(num(e.get("time")) for e in preempted + hangs)
     return out

@@ -343,6 +343,8 @@ class ElasticFT3D(DDPStrategy):
                 data_position=self._data_position,
                 attempt_start_time=self._attempt_start_time,
             )
+        if self._fault is not None:  # a hang ends the process from the watchdog's thread: the steps so far first
+            self._fault.before_hang_exit = lambda: self._tracker.write_pending(trainer) if self._tracker else None
         callbacks = [self._tracker, self._elastic_resume] + ([self._memory] if self._memory is not None else [])
         attach_to_trainer(
             trainer, callbacks=callbacks, run_id=self.event_log.run_id, keep_versions=self.event_log.on_disk

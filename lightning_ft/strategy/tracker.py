@@ -13,8 +13,12 @@ What it does per training batch, on every rank:
   that state (see :meth:`TrainingTracker.resume_with_rng`), not at load time: between the load and the first step
   Lightning creates dataloader iterators and runs hooks, and whatever they draw would otherwise shift the stream;
 - on rank 0, times productive steps and data wait (a :class:`~lightning_ft.batch_timer.BatchTimer`, with the save
-  stalls the strategy measured) and writes a ``progress`` event every ``log_every_n_steps`` optimizer steps, and
-  ``first_step`` when the first step of this attempt completes.
+  stalls the strategy measured) and writes a ``progress`` event every ``log_every_n_steps`` optimizer steps, at the
+  latest :data:`PROGRESS_EVERY_S` seconds after the previous one, when training ends, and when ``fit`` fails (a crash,
+  a preemption, a hang the watchdog ends: the steps since the last line are on record before ``attempt_end``), and
+  ``first_step`` when the first step of this attempt completes. A process killed outright leaves at most
+  ``PROGRESS_EVERY_S`` seconds (or ``log_every_n_steps`` steps) of training without a ``progress`` line;
+  ``lightning-ft report`` estimates those from the highest step the attempt recorded.
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ if TYPE_CHECKING:
 
     from lightning_ft.elastic.internal import TrainingDataPosition
     from lightning_ft.strategy.checkpoint_io import StrategyCheckpoints
+
+PROGRESS_EVERY_S = 5.0
+"""The longest time between two ``progress`` lines while training runs, whatever ``log_every_n_steps`` is: one line
+per 5 s (about 200 bytes: 3.5 MB a day on rank 0) costs nothing, and bounds what a process killed outright (SIGKILL,
+out of memory) leaves unrecorded to 5 s of training."""
 
 
 class TrainingTracker(Callback):
@@ -69,6 +78,8 @@ class TrainingTracker(Callback):
         self._resumed_mid_epoch = False  # this fit resumed in the middle of the epoch that is running
         self._timer = BatchTimer()
         self._last_progress_step: int | None = None
+        self._last_progress_time = time.monotonic()
+        self._last_step_time: float | None = None
         self._first_step_written = False
 
     @property
@@ -154,6 +165,7 @@ class TrainingTracker(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._timer.batch_end()
+        self._last_step_time = time.time()
         self._data_position.advance()
         if trainer.global_rank != 0:
             return
@@ -165,16 +177,36 @@ class TrainingTracker(Callback):
             self._first_step_written = True
             log.write("first_step", step=step, since_attempt_start_s=time.time() - self._attempt_start_time)
         every = max(int(trainer.log_every_n_steps or 1), 1)
-        if step > 0 and step % every == 0 and step != self._last_progress_step:
-            self._last_progress_step = step
+        due = step % every == 0 or time.monotonic() - self._last_progress_time >= PROGRESS_EVERY_S
+        if step > 0 and due and step != self._last_progress_step:
             self._write_progress(log, step)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.write_pending(trainer)
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        # Before the strategy's teardown writes attempt_end: the steps trained since the last line are on record.
+        self.write_pending(trainer)
+
+    def write_pending(self, trainer: pl.Trainer) -> None:
+        """On rank 0, write a ``progress`` line for what was measured since the last one, if anything: at the end of
+        training, when ``fit`` fails, and from the hang watchdog's thread before it ends the process (the main thread
+        is stuck then, and the step it last completed is ``trainer.global_step``)."""
         log = self._event_log()
         if trainer.global_rank == 0 and log is not None and self._timer.pending():
             self._write_progress(log, trainer.global_step)
 
     def _write_progress(self, log: EventLog, step: int) -> None:
         productive_s, data_wait_s = self._timer.drain()
-        log.write("progress", step=step, productive_s=productive_s, data_wait_s=data_wait_s)
+        self._last_progress_step = step
+        self._last_progress_time = time.monotonic()
+        # The line may come well after the step (a failed fit, a hang): last_step_time says when the step ended.
+        log.write(
+            "progress",
+            step=step,
+            productive_s=productive_s,
+            data_wait_s=data_wait_s,
+            last_step_time=self._last_step_time,
+        )

@@ -73,7 +73,8 @@ def test_report_of_a_folder_without_event_logs_says_where_they_were_expected(tmp
     assert (code, out) == (2, "")
     assert err.startswith(f"lightning-ft report: error: no event logs under {tmp_path} (expected {tmp_path}")
     assert "/events/rank*.jsonl; pass the trainer's default_root_dir)" in err
-    assert err.endswith("add GoodputMonitor() or set LIGHTNING_FT_EVENT_LOG=always\n")  # why a plain run has none
+    # why a plain run has none
+    assert err.endswith("add GoodputMonitor() or set LIGHTNING_FT_EVENT_LOG=always to keep it from the start\n")
     assert err.count("\n") == 1 and "Traceback" not in err
 
 

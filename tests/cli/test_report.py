@@ -108,3 +108,23 @@ def test_report_on_an_event_log_imports_neither_lightning_nor_torch():
     assert "incidents: 1 checkpoint_failed, 2 checkpoint_rejected, 1 join_refused, 1 node_evicted" in proc.stdout
     assert "16384 GPUs (MTTF 1.8h, given)" in proc.stdout
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_report_and_its_png_account_for_the_steps_after_the_last_progress_line(capsys, tmp_path):
+    # histories/preempted: attempt 0 trained steps 31..33 after its last progress line (step 30).
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "run.png"
+    assert main(["report", str(PREEMPTED), "--png", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "productive 26.4s (2.4s of it estimated: 3 step(s) after its last progress line)" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["report", str(PREEMPTED), "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)["attempts"][0]
+    assert (first["estimated_steps"], first["productive_s"]) == (3, pytest.approx(26.4))
+    assert not any(key.startswith("_") for key in first)  # the history's working fields stay inside
+
+
+def test_an_empty_folder_says_what_keeps_the_event_log_and_when_a_plain_run_writes_it(capsys, tmp_path):
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "writes it only at an incident (a crash, a hang, a preemption" in err

@@ -184,6 +184,26 @@ def test_an_incident_writes_the_attempt_s_lines_so_far_and_every_later_one(tmp_p
     assert next_attempt(tmp_path, log.run_id) == 1
 
 
+@pytest.mark.parametrize("reason", ["crashed", "stopped"])
+def test_an_attempt_that_ends_other_than_finished_writes_its_lines_so_far(tmp_path, monkeypatch, reason):
+    # A crash of the user's code is an incident: the next launch must count itself a restart, attempt 1.
+    monkeypatch.delenv("LIGHTNING_FT_RUN_ID", raising=False)
+    log = open_event_log(_trainer(tmp_path, plain=True))
+    log.write("progress", step=5, productive_s=1.0, data_wait_s=0.0)
+    log.write("attempt_end", step=5, reason=reason, exit_code=None, error="RuntimeError: boom")
+    assert log.on_disk
+    assert [e["event"] for e in read_events(tmp_path)] == ["attempt_start", "progress", "attempt_end"]
+    assert resolve_run_id(tmp_path) == log.run_id
+    assert next_attempt(tmp_path, log.run_id) == 1
+
+
+def test_an_attempt_that_finished_keeps_a_plain_run_s_log_in_memory(tmp_path, monkeypatch):
+    monkeypatch.delenv("LIGHTNING_FT_RUN_ID", raising=False)
+    log = open_event_log(_trainer(tmp_path, plain=True))
+    log.write("attempt_end", step=5, reason="finished", exit_code=0)
+    assert not log.on_disk and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     "why", ["world", "torchrun", "monitor", "memory_tier", "run_id_env", "always_env", "earlier_records"]
 )

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lightning_ft.events import read_events
+from lightning_ft.monitors.goodput_report import summarize
 from tests.e2e._torchrun import torchrun
 from tests.helpers import REPO_ROOT, subprocess_env
 
@@ -67,3 +68,11 @@ def test_demo_survives_a_killed_rank_a_preemption_and_a_hang_through_torchrun_re
     assert "1 hang" in incidents and "1 preempted" in incidents, incidents
     steps = [(int(a), int(b)) for a, b in re.findall(r"steps (\d+)\.\.(\d+)", report.stdout)]
     assert steps and all(a <= b for a, b in steps), report.stdout
+    # Every attempt's productive time is on record for every step it trained: the killed attempt's surviving rank,
+    # the preempted and the hung attempt write the steps since their last progress line before they end (nothing
+    # left to estimate), and each attempt that trained has productive time.
+    summary = summarize(events)
+    for attempt in summary["attempts"]:
+        trained = (attempt["last_step"] or 0) - attempt["start_step"]
+        assert trained > 0 and attempt["productive_s"] > 0, attempt
+        assert attempt["estimated_steps"] == 0, attempt

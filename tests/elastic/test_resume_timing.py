@@ -37,6 +37,12 @@ def test_the_breakdown_runs_from_the_previous_worlds_last_step_to_the_first_step
     assert sum(v for k, v in timing.items() if k != "downtime_s") == pytest.approx(timing["downtime_s"])
 
 
+def test_a_progress_line_written_after_its_step_counts_from_the_step_s_end():
+    # The hang watchdog writes the progress of the last steps when it fires, 30 s after the step ended at 60.
+    events = [ev("progress", 2, 50.0), ev("progress", 2, 90.0, last_step_time=60.0), ev("attempt_start", 3, 95.0)]
+    assert previous_world(events, run_id="r", attempt=3).last_step_time == 60.0
+
+
 def test_without_attempt_end_records_the_clock_starts_at_the_last_progress_and_detection_is_unknown():
     events = [ev("progress", 2, 50.0), ev("progress", 2, 60.0), ev("attempt_start", 3, 70.0)]
     previous = previous_world(events, run_id="r", attempt=4)  # attempt 3 never trained: 2 is the previous world

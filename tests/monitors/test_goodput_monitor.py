@@ -27,14 +27,22 @@ class CrashAt(Callback):
             raise RuntimeError("injected crash")
 
 
-def fit(root, monitor: GoodputMonitor, steps: int, *, version: int = 0, crash_at: int | None = None) -> L.Trainer:
+def fit(
+    root,
+    monitor: GoodputMonitor,
+    steps: int,
+    *,
+    version: int = 0,
+    crash_at: int | None = None,
+    log_every_n_steps: int = 5,
+) -> L.Trainer:
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,
         max_steps=steps,
         default_root_dir=root,
         logger=CSVLogger(root, name="logs", version=version),
-        log_every_n_steps=5,
+        log_every_n_steps=log_every_n_steps,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -113,3 +121,39 @@ def test_its_state_is_plain_json_and_restores_the_totals_when_no_event_log_is_le
 def test_a_non_positive_log_interval_is_rejected():
     with pytest.raises(ValueError, match="log_every_n_steps"):
         GoodputMonitor(log_every_n_steps=0)
+
+
+def test_a_run_shorter_than_two_log_intervals_still_logs_its_last_step(tmp_path):
+    # Lightning's default log_every_n_steps=50 in a 78-step run: a point at step 50, and one at the end (step 78).
+    fit(tmp_path, GoodputMonitor(), steps=78, log_every_n_steps=50)
+    assert [int(r["step"]) for r in logged(tmp_path, 0) if r.get("goodput/ettr")] == [50, 78]
+
+
+def test_a_slow_run_logs_at_least_every_log_every_s_seconds(tmp_path, monkeypatch):
+    import lightning_ft.monitors.goodput_monitor as goodput_monitor
+
+    monkeypatch.setattr(goodput_monitor, "LOG_EVERY_S", 0.0)  # every step is overdue
+    fit(tmp_path, GoodputMonitor(), steps=6, log_every_n_steps=50)
+    assert [int(r["step"]) for r in logged(tmp_path, 0) if r.get("goodput/ettr")] == [1, 2, 3, 4, 5, 6]
+
+
+def test_its_progress_lines_come_at_least_every_progress_every_s(tmp_path, monkeypatch):
+    import lightning_ft.monitors.goodput_monitor as goodput_monitor
+
+    monkeypatch.setattr(goodput_monitor, "PROGRESS_EVERY_S", 0.0)
+    fit(tmp_path, GoodputMonitor(), steps=6, log_every_n_steps=50)
+    assert [e["step"] for e in read_events(tmp_path) if e["event"] == "progress"] == [1, 2, 3, 4, 5, 6]
+    # The totals are logged at the last step only: a line in the event log is not a point in the logger.
+    assert [int(r["step"]) for r in logged(tmp_path, 0) if r.get("goodput/ettr")] == [6]
+
+
+def test_a_crash_before_the_first_progress_line_still_records_the_steps_trained(tmp_path):
+    # log_every_n_steps=50 and a crash after 12 steps: the monitor writes what it measured before attempt_end.
+    with pytest.raises(RuntimeError, match="injected crash"):
+        fit(tmp_path, GoodputMonitor(), steps=40, crash_at=12, log_every_n_steps=50)
+    events = read_events(tmp_path)
+    (progress,) = [e for e in events if e["event"] == "progress"]
+    assert progress["step"] == 12 and progress["productive_s"] > 0
+    assert [e["event"] for e in events][-2:] == ["progress", "attempt_end"]
+    (attempt,) = summarize(events)["attempts"]
+    assert attempt["productive_s"] == progress["productive_s"] and attempt["estimated_steps"] == 0

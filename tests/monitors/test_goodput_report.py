@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lightning_ft.events import read_events
-from lightning_ft.monitors.goodput_report import plot_timeline, summarize
+from lightning_ft.monitors.goodput_report import plot_timeline, summarize, timeline_figure
 from lightning_ft.monitors.goodput_text import format_report
 from lightning_ft.monitors.run_history import highest_step
 
@@ -80,7 +80,10 @@ def test_a_preemption_then_resume_splits_the_restart_into_its_phases():
     assert (r["cause"], r["resumed_step"], r["lost_steps"], r["failure"]) == ("preempted", 33, 0, False)
     # Wall: 56 + 41 s of attempts + the 24 s gap before the restart.
     assert s["totals"]["wall_s"] == 121.0
-    assert s["ettr"] == pytest.approx(39 / 121)
+    # Attempt 0 trained steps 31..33 after its last progress line (step 30): 3 steps at its own 24 s / 30 steps.
+    assert (first["estimated_steps"], first["estimated_productive_s"]) == (3, pytest.approx(2.4))
+    assert first["productive_s"] == pytest.approx(26.4)
+    assert s["ettr"] == pytest.approx((39 + 2.4) / 121)
     assert s["checkpoint_interval"]["mtbf_source"] == "assumed"
     text = format_report(s)
     assert "ended: preempted (SIGTERM)" in text
@@ -177,7 +180,9 @@ def test_restarts_at_other_world_sizes_weigh_device_time_by_each_attempt():
     crash, preempt = s["restarts"]
     # Rank 2 crashed first (1052); the others' watchdogs then found them hung, at 1060: the crash is the cause.
     assert phases(crash) == (8.0, 0.0, 20.0, None, 3.0, 17.0)
-    assert (crash["cause"], crash["lost_steps"], crash["lost_s"], crash["failure"]) == ("crashed", 12, 8.0, True)
+    # Steps 21..32 again: 8 s measured over (20, 30], and steps 31, 32 after the last progress line at 0.8 s each.
+    assert (crash["cause"], crash["lost_steps"], crash["failure"]) == ("crashed", 12, True)
+    assert crash["lost_s"] == pytest.approx(9.6)
     assert phases(preempt) == (4.0, 0.0, 22.0, None, 4.0, 16.0)
     assert (preempt["lost_steps"], preempt["failure"]) == (0, False)
     t = s["totals"]
@@ -185,9 +190,11 @@ def test_restarts_at_other_world_sizes_weigh_device_time_by_each_attempt():
     assert t["wall_s"] == 191.0
     # Held: 4 x 60 + 2 x 48 + 4 x 41, and each gap at the world size being relaunched: 2 x 20 + 4 x 22.
     assert t["device_s_held"] == 628.0
-    # Useful: 4 x (24 - 8) + 2 x 16 + 4 x 12.8 device-s.
-    assert s["device_utilisation"] == pytest.approx(147.2 / 628)
-    assert s["ettr"] == pytest.approx((52.8 - 8) / 191)
+    # Productive: 24 + 2 x 0.8 (steps 31, 32 estimated), 16 + 4 x 0.8 (41..44), 12.8 s.
+    assert [a["productive_s"] for a in s["attempts"]] == pytest.approx([25.6, 19.2, 12.8])
+    # Useful: 4 x (25.6 - 9.6) + 2 x 19.2 + 4 x 12.8 device-s.
+    assert s["device_utilisation"] == pytest.approx(153.6 / 628)
+    assert s["ettr"] == pytest.approx((57.6 - 9.6) / 191)
     assert s["checkpoint_interval"]["mtbf_s"] == 191.0
     assert "world size 4 -> 2" in format_report(s)
 
@@ -242,6 +249,32 @@ def test_the_timeline_is_written_as_a_png(tmp_path, name):
     out = tmp_path / "timeline.png"
     plot_timeline(history(name), out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _legend(axes) -> list[str]:
+    return axes.get_legend_handles_labels()[1]
+
+
+def test_the_timeline_marks_every_end_shades_start_up_apart_from_recovery_and_names_the_checkpoints():
+    plt = pytest.importorskip("matplotlib.pyplot")
+    # killed: attempt 0 of "killed" (SIGKILL, no record); then a crash, a preemption, a hang and a finish elsewhere.
+    for name, ends in [
+        ("killed", ["killed (no end recorded)", "finished"]),
+        ("world_sizes", ["crashed", "preempted", "finished"]),
+        ("hung", ["hung", "finished"]),
+    ]:
+        fig = timeline_figure(history(name))
+        try:
+            steps, bars = fig.axes
+            labels = _legend(steps)
+            assert [label for label in labels if label.startswith("ended: ")] == [f"ended: {e}" for e in ends]
+            assert "checkpoint committed" in labels
+            # The first attempt's start-up is start-up, a restarted attempt's is recovery.
+            assert [label for label in _legend(bars) if label in ("start-up", "recovery")] == ["start-up", "recovery"]
+            start_up = next(c for c in bars.collections if c.get_label() == "start-up")
+            assert start_up.get_paths()[0].vertices[:, 0].min() == 0.0  # from the first process start
+        finally:
+            plt.close(fig)
 
 
 def test_an_evicted_node_and_its_refused_join_are_listed_once_per_node():
@@ -299,3 +332,62 @@ def test_an_eviction_every_rank_recorded_counts_once_and_a_refusal_makes_no_atte
 def test_a_refusal_of_another_run_is_not_this_run_s():
     events = [e | {"run_id": "other"} if e["event"] == "join_refused" else e for e in history("tiers")]
     assert [i for i in summarize(events)["incidents"] if i["event"] == "join_refused"] == []
+
+
+def _line(time, attempt, event, step=None, rank=0, **fields):
+    return {"time": time, "run_id": "r", "attempt": attempt, "rank": rank, "event": event, "step": step, **fields}
+
+
+def test_an_attempt_killed_before_its_first_progress_line_counts_its_steps_at_the_run_s_step_time():
+    # The issue's case: log_every_n_steps=50, killed after step 40's checkpoint, before any progress line.
+    events = [
+        _line(1005.0, 0, "attempt_start", world_size=1, process_start_time=1000.0),
+        _line(1020.0, 0, "first_step", 1),
+        _line(1060.0, 0, "checkpoint_committed", 40, path="ckpt/step=40", stall_s=0.1, total_s=0.5),
+        _line(1085.0, 1, "attempt_start", world_size=1, process_start_time=1080.0),
+        _line(1090.0, 1, "resumed", 40, path="ckpt/step=40", load_s=1.0),
+        _line(1095.0, 1, "first_step", 41),
+        _line(1105.0, 1, "progress", 50, productive_s=9.0, data_wait_s=0.5),
+        _line(1115.0, 1, "progress", 60, productive_s=9.0, data_wait_s=0.5),
+        _line(1116.0, 1, "attempt_end", 60, reason="finished"),
+    ]
+    s = summarize(events)
+    killed, finished = s["attempts"]
+    assert (killed["end_reason"], killed["last_step"]) == ("killed", 40)
+    # 40 steps at the next attempt's 18 s / 20 steps, not "productive 0.0s".
+    assert (killed["estimated_steps"], killed["productive_s"]) == (40, pytest.approx(36.0))
+    assert finished["estimated_steps"] == 0 and finished["productive_s"] == 18.0
+    (r,) = s["restarts"]
+    # The kill is placed where the attempt was last seen (step 40's checkpoint at 1060), not at its process start.
+    assert (r["fault_time"], r["detection_s"], r["restart_s"]) == (1060.0, 20.0, 35.0)
+    assert s["ettr"] == pytest.approx((36.0 + 18.0) / (60.0 + 36.0 + 20.0))
+    assert "productive 36.0s (36.0s of it estimated: 40 step(s) after its last progress line)" in format_report(s)
+
+
+def test_without_any_progress_line_the_step_time_comes_from_the_attempt_s_own_records():
+    events = [
+        _line(1005.0, 0, "attempt_start", world_size=1, process_start_time=1000.0),
+        _line(1020.0, 0, "first_step", 1),
+        _line(1040.0, 0, "fault_injected", 21, kind="kill_at"),
+    ]
+    (a,) = summarize(events)["attempts"]
+    # Steps 1 -> 21 took 20 s: 1 s a step, for the 21 steps trained.
+    assert (a["end_reason"], a["estimated_steps"], a["productive_s"]) == ("unknown", 21, pytest.approx(21.0))
+
+
+def test_the_report_says_when_start_up_dominates_a_short_run():
+    events = [
+        _line(1005.0, 0, "attempt_start", world_size=2, process_start_time=1000.0),
+        _line(1036.0, 0, "first_step", 1),
+        _line(1038.0, 0, "progress", 40, productive_s=1.6, data_wait_s=0.2),
+        _line(1040.0, 0, "attempt_end", 40, reason="finished"),
+    ]
+    s = summarize(events)
+    assert s["totals"]["startup_s"] == 36.0 and s["ettr"] == pytest.approx(1.6 / 40)
+    assert (
+        "start-up dominates: 36.0s of the 40.0s wall (90.0%) ran from process start to the first step (imports,"
+        " process group, model set-up, checkpoint load), which a longer run spreads over more steps; after start-up"
+        " the ratio is 40.0%" in format_report(s)
+    )
+    # A run where training is most of the time says nothing of it.
+    assert "start-up dominates" not in format_report(report("finished"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 import lightning_ft.checkpoint as lft_checkpoint
@@ -58,3 +59,54 @@ def test_an_incident_in_a_plain_run_writes_the_attempt_so_far_for_report(tmp_pat
     assert names[0] == "attempt_start" and "checkpoint_rejected" in names  # the lines before it too
     assert {e["attempt"] for e in events} == {0}  # the first launch kept nothing: this is the run's first record
     assert [e["step"] for e in events if e["event"] == "resumed"] == [2]
+
+
+class _CrashesAtStep(TinyRegressor):
+    """A bug in the user's code: ``training_step`` raises once the run reached ``step``."""
+
+    def __init__(self, step: int | None) -> None:
+        super().__init__()
+        self.crash_step = step
+
+    def training_step(self, batch, batch_idx):
+        if self.trainer.global_step == self.crash_step:
+            raise RuntimeError(f"a bug in training_step at step {self.crash_step}")
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_crash_of_user_code_in_a_plain_run_is_on_record_and_the_relaunch_is_a_restart(tmp_path, monkeypatch):
+    monkeypatch.delenv("LIGHTNING_FT_RUN_ID", raising=False)
+    from lightning_ft.monitors.goodput_report import summarize
+    from lightning_ft.monitors.goodput_text import format_report
+
+    def fit(model, max_steps):
+        ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1)
+        # Lightning's default log_every_n_steps: the crash comes before any periodic progress line.
+        trainer = make_trainer(tmp_path, callbacks=[ckpt], max_steps=max_steps, log_every_n_steps=50)
+        trainer.fit(model)
+        return trainer
+
+    with pytest.raises(RuntimeError, match="a bug in training_step at step 7"):
+        fit(_CrashesAtStep(7), 10)
+    events = read_events(tmp_path)  # written to disk by the crash, though the run kept its log in memory
+    (end,) = [e for e in events if e["event"] == "attempt_end"]
+    assert (end["attempt"], end["reason"], end["step"]) == (0, "crashed", 7)
+    assert "RuntimeError: a bug in training_step at step 7" in end["error"]
+
+    again = fit(_CrashesAtStep(None), 10)  # the relaunch: resumes from step 6 and counts itself attempt 1
+    assert again.global_step == 10
+    events = read_events(tmp_path)
+    assert sorted({e["attempt"] for e in events}) == [0, 1]
+    summary = summarize(events)
+    first, second = summary["attempts"]
+    assert (first["end_reason"], first["last_step"], second["end_reason"]) == ("crashed", 7, "finished")
+    assert first["productive_s"] > 0 and first["estimated_steps"] == 0  # steps 1..7 measured, written at the crash
+    (restart,) = summary["restarts"]
+    assert (restart["cause"], restart["resumed_step"], restart["lost_steps"], restart["failure"]) == (
+        "crashed",
+        6,
+        1,
+        True,
+    )
+    assert summary["totals"]["restarts"] == 1 and summary["totals"]["lost_steps"] == 1
+    assert "restart before attempt 1 (after: crashed)" in format_report(summary)
