@@ -84,6 +84,7 @@ from lightning_ft.strategy.foreign_import import position_sampler
 from lightning_ft.strategy.parallel_modes import DataParallelMode, has_dtensor_parameters, mode_for
 from lightning_ft.strategy.registry import register_strategy_names
 from lightning_ft.strategy.run import RunPart, StrategyRun, attach_to_trainer
+from lightning_ft.strategy.run_identity import mark_trained, module_identity
 from lightning_ft.strategy.teardown import TeardownSteps, attached_trainer, remove_callback
 from lightning_ft.strategy.torchrun_world import follow_torchrun
 from lightning_ft.strategy.tracker import TrainingTracker
@@ -446,10 +447,19 @@ class ElasticFT3D(DDPStrategy):
     def load_checkpoint(self, checkpoint_path: _compat.PATH, weights_only: bool | None = None) -> dict[str, Any]:
         return load_for_strategy(self, checkpoint_path)
 
+    def run_identity(self) -> dict[str, Any] | None:
+        """The identity of this run's model that checkpoints record and auto-resume compares
+        (:func:`~lightning_ft.strategy.run_identity.module_identity`; without the parameter digest for pipeline
+        stages, whose parameters per rank depend on the layout)."""
+        return module_identity(self.lightning_module, parameters=self._mode.name != "pipeline")
+
     @override
     def on_train_start(self) -> None:
         super().on_train_start()
         trainer = self.lightning_module.trainer
+        # From here the live model holds this fit's state: a later fit of it (or of this Trainer) in this process
+        # continues from it, as under Lightning, rather than auto-resuming an older checkpoint.
+        mark_trained(trainer, self.lightning_module)
         # A resume at another data-parallel or batch size counted its batches in the old size.
         if self._foreign_batches_into_epoch:
             position_sampler(trainer, self._foreign_batches_into_epoch, data_parallel_size=self.data_parallel_size)

@@ -1,0 +1,112 @@
+"""What "this run" is, for auto-resume: the identity written into every checkpoint's metadata and the live state of
+the process.
+
+Auto-resume (:mod:`lightning_ft.strategy.auto_resume`) resumes a checkpoint only when it belongs to this run:
+
+- **Never older than the live state of the process.** Once a LightningModule object or a Trainer has trained in this
+  process (reached ``on_train_start`` of a ``fit``), a later ``fit`` of either does not auto-resume: it continues from
+  the live state, as Lightning does (:func:`mark_trained`, :func:`trained_in_process`). A restart is a new process.
+- **The same model.** Every checkpoint records :func:`module_identity` (``run_identity`` in its metadata): the
+  LightningModule's class, a digest of its hyperparameters, and a digest of its parameters' names, global shapes and
+  dtypes. A checkpoint whose identity differs from the live module's is another experiment's
+  (:func:`identity_mismatch`): it is named in one message and left alone, unless ``LIGHTNING_FT_RUN_ID`` names the run
+  the checkpoint recorded (the user says it is this run). A checkpoint without an identity (lightning-ft 0.3 and
+  before, another strategy's file) stays a candidate.
+
+World size, mesh and batch size are not part of the identity: a relaunch at another world size is the same run
+(elastic resume, docs/elastic.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import weakref
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+__all__ = ["RUN_ID_ENV", "identity_mismatch", "mark_trained", "module_identity", "trained_in_process"]
+
+RUN_ID_ENV = "LIGHTNING_FT_RUN_ID"
+
+_TRAINED: weakref.WeakSet[Any] = weakref.WeakSet()
+"""The LightningModules and Trainers that trained in this process (reached ``on_train_start`` of a ``fit``)."""
+
+
+def mark_trained(*objects: Any) -> None:
+    """Record that ``objects`` (a Trainer, its LightningModule) hold live training state in this process."""
+    for obj in objects:
+        if obj is not None:
+            try:
+                _TRAINED.add(obj)
+            except TypeError:  # not weak-referenceable (a test double): nothing to remember
+                pass
+
+
+def trained_in_process(*objects: Any) -> bool:
+    """Whether any of ``objects`` trained in this process (:func:`mark_trained`)."""
+    for obj in objects:
+        try:
+            if obj is not None and obj in _TRAINED:
+                return True
+        except TypeError:
+            pass
+    return False
+
+
+def _plain(value: Any) -> Any:
+    """A JSON value that is the same in every process for the same hyperparameter: plain values as they are, anything
+    else by its type's name (an object's ``repr`` may carry its address, which changes at every launch)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return f"<{type(value).__module__}.{type(value).__qualname__}>"
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def module_identity(module: pl.LightningModule | None, *, parameters: bool = True) -> dict[str, Any] | None:
+    """The identity of ``module`` a checkpoint records: ``{"module": class qualname, "hparams": digest,
+    "parameters": digest or None}``. The parameter digest covers each parameter's name, global shape (a DTensor's
+    full shape) and dtype; ``parameters=False`` (pipeline stages, whose parameters per rank depend on the layout)
+    leaves it out. ``None`` without a module."""
+    if module is None:
+        return None
+    cls = type(module)
+    hparams = getattr(module, "hparams", None)
+    params = None
+    if parameters:
+        params = _digest([[name, list(p.shape), str(p.dtype)] for name, p in module.named_parameters()])
+    return {
+        "module": f"{cls.__module__}.{cls.__qualname__}",
+        "hparams": _digest(_plain(dict(hparams))) if hparams else None,
+        "parameters": params,
+    }
+
+
+def identity_mismatch(metadata: dict[str, Any], live: dict[str, Any] | None) -> str | None:
+    """Why the checkpoint with ``metadata`` is not this run's (the live module's identity ``live``), or ``None``.
+
+    ``None`` too when the checkpoint records no identity (an older release), when there is no live identity, and when
+    ``LIGHTNING_FT_RUN_ID`` is set and equals the run id the checkpoint recorded."""
+    saved = metadata.get("run_identity")
+    if not isinstance(saved, dict) or live is None:
+        return None
+    explicit = os.environ.get(RUN_ID_ENV)
+    if explicit and metadata.get("run_id") == explicit:
+        return None
+    if saved.get("module") != live.get("module"):
+        return f"it was written by a {saved.get('module')}, this run trains a {live.get('module')}"
+    if saved.get("parameters") and live.get("parameters") and saved["parameters"] != live["parameters"]:
+        return "its parameters differ from this model's (names, shapes or dtypes)"
+    if saved.get("hparams") != live.get("hparams"):
+        return "its hyperparameters (self.hparams) differ from this model's"
+    return None
