@@ -484,7 +484,6 @@ class MemoryCheckpoints(Callback):
         assert strategy.event_log is not None
         return {
             "run_id": strategy.event_log.run_id,
-            "run_identity": strategy.run_identity(),
             "mesh": strategy.mesh_shape(),
             "node_layout": self.layout.describe(),
             "memory_world_size": self.layout.world_size,
@@ -652,7 +651,8 @@ def memory_run_name(trainer: pl.Trainer, strategy: ElasticFT3D) -> str:
     copies."""
     assert strategy.event_log is not None
     folders = sorted(str(p) for p in checkpoint_dirpaths(trainer))  # ModelCheckpoint made local ones absolute
-    key = json.dumps({"dirpaths": folders, "identity": strategy.run_identity()}, sort_keys=True)
+    identity = {k: v for k, v in (strategy.run_identity() or {}).items() if k != "hparams"}  # as auto-resume compares
+    key = json.dumps({"dirpaths": folders, "identity": identity}, sort_keys=True)
     return f"{strategy.event_log.run_id}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 

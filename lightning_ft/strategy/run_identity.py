@@ -7,14 +7,15 @@ Auto-resume (:mod:`lightning_ft.strategy.auto_resume`) resumes a checkpoint only
   process (reached ``on_train_start`` of a ``fit``), a later ``fit`` of either does not auto-resume: it continues from
   the live state, as Lightning does (:func:`mark_trained`, :func:`trained_in_process`). A restart is a new process.
 - **The same model.** Every checkpoint records :func:`module_identity` (``run_identity`` in its metadata): the
-  LightningModule's class, a digest of its hyperparameters, and a digest of its parameters' names, global shapes and
-  dtypes. A checkpoint whose identity differs from the live module's is another experiment's
-  (:func:`identity_mismatch`): it is named in one message and left alone, unless ``LIGHTNING_FT_RUN_ID`` names the run
-  the checkpoint recorded (the user says it is this run). A checkpoint without an identity (lightning-ft 0.3 and
-  before, another strategy's file) stays a candidate.
+  LightningModule's class name, a digest of its parameters' names, global shapes and dtypes, and (recorded, not
+  compared) a digest of its hyperparameters. A checkpoint whose class or parameters differ from the live module's is
+  another experiment's (:func:`identity_mismatch`): it is named in one message and left alone, unless
+  ``LIGHTNING_FT_RUN_ID`` names the run the checkpoint recorded (the user says it is this run). A checkpoint without
+  an identity (an older release's, another strategy's file) stays a candidate.
 
-World size, mesh and batch size are not part of the identity: a relaunch at another world size is the same run
-(elastic resume, docs/elastic.md).
+World size, mesh, batch size and hyperparameters are not compared: a relaunch at another world size, or with another
+per-device batch or learning rate, is the same run (elastic resume, docs/elastic.md). Two experiments of the same model
+that differ only in hyperparameters are told apart by their checkpoint folder (``ModelCheckpoint(dirpath=...)``).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def _digest(obj: Any) -> str:
 
 
 def module_identity(module: pl.LightningModule | None, *, parameters: bool = True) -> dict[str, Any] | None:
-    """The identity of ``module`` a checkpoint records: ``{"module": class qualname, "hparams": digest,
+    """The identity of ``module`` a checkpoint records: ``{"module": class qualname, "hparams": digest or None,
     "parameters": digest or None}``. The parameter digest covers each parameter's name, global shape (a DTensor's
     full shape) and dtype; ``parameters=False`` (pipeline stages, whose parameters per rank depend on the layout)
     leaves it out. ``None`` without a module."""
@@ -86,7 +87,7 @@ def module_identity(module: pl.LightningModule | None, *, parameters: bool = Tru
     if parameters:
         params = _digest([[name, list(p.shape), str(p.dtype)] for name, p in module.named_parameters()])
     return {
-        "module": f"{cls.__module__}.{cls.__qualname__}",
+        "module": cls.__qualname__,  # not its module: `python train.py` and `python -m pkg.train` are one run
         "hparams": _digest(_plain(dict(hparams))) if hparams else None,
         "parameters": params,
     }
@@ -95,7 +96,8 @@ def module_identity(module: pl.LightningModule | None, *, parameters: bool = Tru
 def identity_mismatch(metadata: dict[str, Any], live: dict[str, Any] | None) -> str | None:
     """Why the checkpoint with ``metadata`` is not this run's (the live module's identity ``live``), or ``None``.
 
-    ``None`` too when the checkpoint records no identity (an older release), when there is no live identity, and when
+    Compared: the class name and the parameter digest (not the hyperparameters: see the module docstring). ``None``
+    too when the checkpoint records no identity (an older release), when there is no live identity, and when
     ``LIGHTNING_FT_RUN_ID`` is set and equals the run id the checkpoint recorded."""
     saved = metadata.get("run_identity")
     if not isinstance(saved, dict) or live is None:
@@ -105,8 +107,8 @@ def identity_mismatch(metadata: dict[str, Any], live: dict[str, Any] | None) -> 
         return None
     if saved.get("module") != live.get("module"):
         return f"it was written by a {saved.get('module')}, this run trains a {live.get('module')}"
+    # The hyperparameters are recorded, not compared: a relaunch of the same run may change a batch size or a learning
+    # rate on purpose (elastic resume, docs/elastic.md).
     if saved.get("parameters") and live.get("parameters") and saved["parameters"] != live["parameters"]:
         return "its parameters differ from this model's (names, shapes or dtypes)"
-    if saved.get("hparams") != live.get("hparams"):
-        return "its hyperparameters (self.hparams) differ from this model's"
     return None

@@ -183,9 +183,34 @@ def test_a_checkpoint_without_an_identity_still_resumes(tmp_path, monkeypatch):
     assert [e["step"] for e in read_events(tmp_path) if e["event"] == "resumed"] == [4]
 
 
-def test_lightning_ft_run_id_naming_the_checkpoints_run_resumes_it_despite_other_hyperparameters(tmp_path, monkeypatch):
-    """The explicit way: ``LIGHTNING_FT_RUN_ID`` equal to the run id the checkpoint recorded makes it this run's."""
-    monkeypatch.setenv("LIGHTNING_FT_RUN_ID", "my-run")
+class RenamedRegressor(WideRegressor):
+    """The same parameters under another class name (a class the user renamed between launches)."""
+
+
+@pytest.mark.parametrize("run_id", [None, "my-run"])
+def test_lightning_ft_run_id_naming_the_checkpoints_run_makes_a_checkpoint_of_another_class_this_runs(
+    tmp_path, monkeypatch, run_id
+):
+    """Without ``LIGHTNING_FT_RUN_ID`` a checkpoint of another class is skipped; with it set to the run id the
+    checkpoint recorded, the user says it is this run: it is resumed."""
+    if run_id is not None:
+        monkeypatch.setenv("LIGHTNING_FT_RUN_ID", run_id)
+    _wide_run(tmp_path, "ft", hidden=16)
+    L.seed_everything(0)
+    callbacks = [ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)]
+    make_trainer(tmp_path, strategy=ElasticFT3D(), callbacks=callbacks, max_steps=6).fit(RenamedRegressor(16))
+    events = read_events(tmp_path)
+    resumed = [e["step"] for e in events if e["event"] == "resumed"]
+    rejected = [e["reason"] for e in events if e["event"] == "checkpoint_rejected"]
+    if run_id is None:
+        assert resumed == [] and len(rejected) == 1 and "written by a WideRegressor" in rejected[0]
+    else:
+        assert resumed == [4] and rejected == []
+
+
+def test_a_relaunch_with_other_hyperparameters_is_the_same_run(tmp_path):
+    """Hyperparameters are recorded, not compared: a relaunch with another learning rate resumes (as a relaunch with
+    another per-device batch does, tests/strategy/test_elastic_resume.py)."""
     L.seed_everything(0)
     callbacks = [ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)]
     make_trainer(tmp_path, strategy=ElasticFT3D(), callbacks=callbacks, max_steps=4).fit(TinyRegressor(lr=0.1))
