@@ -644,13 +644,14 @@ class MemoryCheckpoints(Callback):
             dist.destroy_process_group(group)
 
 
-def memory_run_name(trainer: pl.Trainer, strategy: ElasticFT3D) -> str:
+def memory_run_name(trainer: pl.Trainer | None, strategy: ElasticFT3D) -> str:
     """The name of this run's memory folder: the run id, and a digest of the checkpoint folders (``ModelCheckpoint``
     dirpaths) and the model's identity. Another experiment started from the same working folder (same run id) with
     another checkpoint folder or another model has another memory folder: it never restores, nor removes, this run's
     copies."""
     assert strategy.event_log is not None
-    folders = sorted(str(p) for p in checkpoint_dirpaths(trainer))  # ModelCheckpoint made local ones absolute
+    # ModelCheckpoint made local dirpaths absolute.
+    folders = sorted(str(p) for p in checkpoint_dirpaths(trainer)) if trainer is not None else []
     identity = {k: v for k, v in (strategy.run_identity() or {}).items() if k != "hparams"}  # as auto-resume compares
     key = json.dumps({"dirpaths": folders, "identity": identity}, sort_keys=True)
     return f"{strategy.event_log.run_id}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
