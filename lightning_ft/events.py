@@ -26,6 +26,7 @@ Logs written by lightning-ft 0.1.0 under ``lightning_ft/events`` are still read.
 from __future__ import annotations
 
 import collections
+import errno
 import json
 import logging
 import math
@@ -58,7 +59,7 @@ RUNS_SUBDIR = Path(STATE_DIR) / "runs"
 """``runs/<run_id>/events/rank<N>.jsonl``: the event log of a run started while another run of the same root was live
 (a sweep started from one folder): :func:`claim_root`."""
 ROOT_LOCK_FILE = Path(STATE_DIR) / "run.lock"
-"""Held (``flock``) by the rank 0 process of the run that writes the root's own event log, for that process's life."""
+"""Locked (``fcntl.lockf``) by the rank 0 process of the run that writes the root's own event log, for that process's life."""
 LOGGER_VERSIONS_FILE = Path(STATE_DIR) / "logger_versions.json"
 """``{run_id: {logger folder: version}}``: the version each logger folder got in the first attempt of a run."""
 _UNSET: Any = object()
@@ -135,7 +136,7 @@ _claim_lock = threading.Lock()
 
 def claim_root(root_dir: str | os.PathLike[str]) -> bool:
     """Whether this process's run owns ``root_dir``'s own event log: it holds (or now takes) the root's lock
-    (``lightning-ft/run.lock``, an ``flock`` the kernel releases when the process ends, however it ends). ``False``
+    (``lightning-ft/run.lock``, a POSIX lock the kernel releases when the process ends, however it ends). ``False``
     when another live process holds it: a run started from the same folder while another runs (a sweep), which gets
     its own run id and event log (:func:`concurrent_events_dir`). A later fit in the same process keeps the claim (a
     new Trainer in one process is a restart, as before); a restart after a crash, a torchrun restart and a requeue
@@ -154,13 +155,13 @@ def claim_root(root_dir: str | os.PathLike[str]) -> bool:
         except OSError:
             return True
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            # A POSIX record lock, not flock: it belongs to this process alone, so a forked child (a DataLoader worker
+            # outliving a SIGKILLed trainer for a few seconds) never keeps it from a restart.
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
             os.close(fd)
-            return False
-        except OSError:  # no locks on this filesystem
-            os.close(fd)
-            return True
+            # Held by another process: EAGAIN or EACCES; anything else: no locks on this filesystem.
+            return err.errno not in (errno.EAGAIN, errno.EACCES)
         _CLAIMED[key] = fd
         return True
 
