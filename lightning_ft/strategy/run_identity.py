@@ -26,6 +26,8 @@ import os
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from torch.nn.parameter import is_lazy
+
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
@@ -77,15 +79,18 @@ def _digest(obj: Any) -> str:
 def module_identity(module: pl.LightningModule | None, *, parameters: bool = True) -> dict[str, Any] | None:
     """The identity of ``module`` a checkpoint records: ``{"module": class qualname, "hparams": digest or None,
     "parameters": digest or None}``. The parameter digest covers each parameter's name, global shape (a DTensor's
-    full shape) and dtype; ``parameters=False`` (pipeline stages, whose parameters per rank depend on the layout)
-    leaves it out. ``None`` without a module."""
+    full shape) and dtype; ``parameters=False`` (pipeline stages, whose parameters per rank depend on the layout) or a
+    parameter not yet materialized (a lazy module before its first forward) leaves it out. ``None`` without a
+    module."""
     if module is None:
         return None
     cls = type(module)
     hparams = getattr(module, "hparams", None)
     params = None
-    if parameters:
-        params = _digest([[name, list(p.shape), str(p.dtype)] for name, p in module.named_parameters()])
+    named = list(module.named_parameters()) if parameters else []
+    # A lazy module's parameters have no shape before its first forward: then nothing is compared on them.
+    if parameters and not any(is_lazy(p) for _, p in named):
+        params = _digest([[name, list(p.shape), str(p.dtype)] for name, p in named])
     return {
         "module": cls.__qualname__,  # not its module: `python train.py` and `python -m pkg.train` are one run
         "hparams": _digest(_plain(dict(hparams))) if hparams else None,
