@@ -265,3 +265,22 @@ def test_another_experiment_with_a_new_checkpoint_folder_never_restores_the_firs
     _experiment(tmp_path / "ft", "ckpt-a", "ft", lr=0.1)
     resumed = [e for e in read_events(tmp_path / "ft") if e["event"] == "resumed"]
     assert [(e["step"], e.get("tier")) for e in resumed] == [(4, "local")]
+
+
+def test_the_identity_of_a_lazy_module_leaves_out_the_parameters_until_they_exist():
+    """A LazyLinear has no shape before its first forward: auto-resume must not fail on it, and compares the class."""
+    from lightning_ft.strategy.run_identity import identity_mismatch, module_identity
+
+    class Lazy(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.LazyLinear(3)
+
+    model = Lazy()
+    before = module_identity(model)
+    assert before is not None and before["parameters"] is None
+    model.layer(torch.zeros(2, 4))
+    after = module_identity(model)
+    assert after is not None and after["parameters"] is not None
+    assert identity_mismatch({"run_identity": after}, before) is None
+    assert "written by a Other" in identity_mismatch({"run_identity": {**after, "module": "Other"}}, before)
