@@ -59,7 +59,8 @@ RUNS_SUBDIR = Path(STATE_DIR) / "runs"
 """``runs/<run_id>/events/rank<N>.jsonl``: the event log of a run started while another run of the same root was live
 (a sweep started from one folder): :func:`claim_root`."""
 ROOT_LOCK_FILE = Path(STATE_DIR) / "run.lock"
-"""Locked (``fcntl.lockf``) by the rank 0 process of the run that writes the root's own event log, for that process's life."""
+"""Locked (``fcntl.lockf``) by the rank 0 process of the run that writes the root's own event log, for that
+process's life."""
 LOGGER_VERSIONS_FILE = Path(STATE_DIR) / "logger_versions.json"
 """``{run_id: {logger folder: version}}``: the version each logger folder got in the first attempt of a run."""
 _UNSET: Any = object()

@@ -235,7 +235,10 @@ def test_a_root_is_claimed_by_one_live_process_and_free_again_once_it_is_killed(
 
     from lightning_ft import events as events_module
 
-    code = "import sys, time; from lightning_ft.events import claim_root; print(claim_root(sys.argv[1]), flush=True); time.sleep(60)"
+    code = (
+        "import sys, time; from lightning_ft.events import claim_root;"
+        " print(claim_root(sys.argv[1]), flush=True); time.sleep(60)"
+    )
     owner = subprocess.Popen(
         [sys.executable, "-c", code, str(tmp_path)], env=subprocess_env(), stdout=subprocess.PIPE, text=True
     )
