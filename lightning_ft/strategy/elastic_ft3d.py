@@ -457,9 +457,6 @@ class ElasticFT3D(DDPStrategy):
     def on_train_start(self) -> None:
         super().on_train_start()
         trainer = self.lightning_module.trainer
-        # From here the live model holds this fit's state: a later fit of it (or of this Trainer) in this process
-        # continues from it, as under Lightning, rather than auto-resuming an older checkpoint.
-        mark_trained(trainer, self.lightning_module)
         # A resume at another data-parallel or batch size counted its batches in the old size.
         if self._foreign_batches_into_epoch:
             position_sampler(trainer, self._foreign_batches_into_epoch, data_parallel_size=self.data_parallel_size)
@@ -510,6 +507,11 @@ class ElasticFT3D(DDPStrategy):
         steps.run(self._auto_resume.uninstall, "undoing the auto-resume patch")
         steps.run(self._mode.teardown, f"tearing down the {self._mode.name} mode")
         ended_by = self._exception or (steps.errors[0][1] if steps.errors else None)
+        if trainer is not None and trainer.state.fn == TrainerFn.FITTING and trainer.global_step > 0:
+            # The live model holds this fit's state (trained, or resumed): a later fit of it (or of this Trainer) in
+            # this process continues from it, as under Lightning, rather than auto-resuming an older checkpoint. Not
+            # after a fit that never reached a step (a failed set-up; the Tuner, which restores the initial state).
+            mark_trained(trainer, self.lightning_module)
         if trainer is not None:
             steps.run(lambda: self._elastic_resume.finish(trainer), "recording the resume")
         steps.run(

@@ -4,8 +4,9 @@ the process.
 Auto-resume (:mod:`lightning_ft.strategy.auto_resume`) resumes a checkpoint only when it belongs to this run:
 
 - **Never older than the live state of the process.** Once a LightningModule object or a Trainer has trained in this
-  process (reached ``on_train_start`` of a ``fit``), a later ``fit`` of either does not auto-resume: it continues from
-  the live state, as Lightning does (:func:`mark_trained`, :func:`trained_in_process`). A restart is a new process.
+  process (a ``fit`` of it ended, however, at a global step above 0), a later ``fit`` of either does not auto-resume:
+  it continues from the live state, as Lightning does (:func:`mark_trained`, :func:`trained_in_process`). A restart
+  is a new process.
 - **The same model.** Every checkpoint records :func:`module_identity` (``run_identity`` in its metadata): the
   LightningModule's class name, a digest of its parameters' names, global shapes and dtypes, and (recorded, not
   compared) a digest of its hyperparameters. A checkpoint whose class or parameters differ from the live module's is
@@ -36,7 +37,7 @@ __all__ = ["RUN_ID_ENV", "identity_mismatch", "mark_trained", "module_identity",
 RUN_ID_ENV = "LIGHTNING_FT_RUN_ID"
 
 _TRAINED: weakref.WeakSet[Any] = weakref.WeakSet()
-"""The LightningModules and Trainers that trained in this process (reached ``on_train_start`` of a ``fit``)."""
+"""The LightningModules and Trainers that trained in this process (a ``fit`` ended at a global step above 0)."""
 
 
 def mark_trained(*objects: Any) -> None:

@@ -284,3 +284,30 @@ def test_the_identity_of_a_lazy_module_leaves_out_the_parameters_until_they_exis
     assert after is not None and after["parameters"] is not None
     assert identity_mismatch({"run_identity": after}, before) is None
     assert "written by a Other" in identity_mismatch({"run_identity": {**after, "module": "Other"}}, before)
+
+
+class FailsSetUpOnce(WideRegressor):
+    failed = False
+
+    def setup(self, stage: str) -> None:
+        if not FailsSetUpOnce.failed:
+            FailsSetUpOnce.failed = True
+            raise RuntimeError("set-up failed once")
+
+
+def test_a_fit_that_failed_before_its_first_step_leaves_auto_resume_on_for_the_retry(tmp_path):
+    """Only a fit that ended at a step above 0 makes the model live: a retry after a failed set-up in the same process
+    (nothing trained, nothing restored) resumes the run's checkpoint."""
+    FailsSetUpOnce.failed = True
+    callbacks = [ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)]
+    make_trainer(tmp_path, strategy=ElasticFT3D(), callbacks=callbacks, max_steps=4).fit(FailsSetUpOnce(16))
+    FailsSetUpOnce.failed = False
+    L.seed_everything(0)
+    model = FailsSetUpOnce(16)
+    callbacks = [ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)]
+    trainer = make_trainer(tmp_path, strategy=ElasticFT3D(), callbacks=callbacks, max_steps=6)
+    with pytest.raises(RuntimeError, match="set-up failed once"):
+        trainer.fit(model)
+    trainer.fit(model)
+    assert [e["step"] for e in read_events(tmp_path) if e["event"] == "resumed"] == [4]
+    assert trainer.global_step == 6
