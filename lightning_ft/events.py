@@ -26,6 +26,7 @@ Logs written by lightning-ft 0.1.0 under ``lightning_ft/events`` are still read.
 from __future__ import annotations
 
 import collections
+import errno
 import json
 import logging
 import math
@@ -54,6 +55,12 @@ RUN_FILE = Path(STATE_DIR) / "run.json"
 LEGACY_EVENTS_SUBDIR = Path("lightning_ft") / "events"
 """Where lightning-ft 0.1.0 wrote its logs; read, never written."""
 LEGACY_RUN_FILE = Path("lightning_ft") / "run.json"
+RUNS_SUBDIR = Path(STATE_DIR) / "runs"
+"""``runs/<run_id>/events/rank<N>.jsonl``: the event log of a run started while another run of the same root was live
+(a sweep started from one folder): :func:`claim_root`."""
+ROOT_LOCK_FILE = Path(STATE_DIR) / "run.lock"
+"""Locked (``fcntl.lockf``) by the rank 0 process of the run that writes the root's own event log, for that
+process's life."""
 LOGGER_VERSIONS_FILE = Path(STATE_DIR) / "logger_versions.json"
 """``{run_id: {logger folder: version}}``: the version each logger folder got in the first attempt of a run."""
 _UNSET: Any = object()
@@ -121,9 +128,61 @@ def events_dir(root_dir: str | os.PathLike[str]) -> Path:
     return Path(root_dir) / EVENTS_SUBDIR
 
 
+def concurrent_events_dir(root_dir: str | os.PathLike[str], run_id: str) -> Path:
+    """The events folder of run ``run_id`` when it started while another run of ``root_dir`` was live."""
+    return Path(root_dir) / RUNS_SUBDIR / run_id / "events"
+
+
+def concurrent_runs(root_dir: str | os.PathLike[str]) -> list[Path]:
+    """The folders of the runs that started beside a live run of ``root_dir`` (``lightning-ft/runs/<run_id>``) and
+    wrote an event log, oldest first."""
+    runs = Path(root_dir) / RUNS_SUBDIR
+    found = [p for p in runs.glob("*") if any((p / "events").glob("rank*.jsonl"))] if runs.is_dir() else []
+    return sorted(found, key=lambda p: p.stat().st_mtime)
+
+
+_CLAIMED: dict[str, int] = {}
+"""Root folders whose lock this process holds (path -> open file descriptor), until it exits."""
+_claim_lock = threading.Lock()
+
+
+def claim_root(root_dir: str | os.PathLike[str]) -> bool:
+    """Whether this process's run owns ``root_dir``'s own event log: it holds (or now takes) the root's lock
+    (``lightning-ft/run.lock``, a POSIX lock the kernel releases when the process ends, however it ends). ``False``
+    when another live process holds it: a run started from the same folder while another runs (a sweep), which gets
+    its own run id and event log (:func:`concurrent_events_dir`). A later fit in the same process keeps the claim (a
+    new Trainer in one process is a restart, as before); a restart after a crash, a torchrun restart and a requeue
+    find the lock free. Where the filesystem refuses locks, every run claims the root (the behaviour without it).
+    Call on rank 0."""
+    import fcntl
+
+    key = os.path.abspath(root_dir)
+    with _claim_lock:
+        if key in _CLAIMED:
+            return True
+        lock_file = Path(key) / ROOT_LOCK_FILE
+        try:
+            lock_file.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return True
+        try:
+            # A POSIX record lock, not flock: it belongs to this process alone, so a forked child (a DataLoader worker
+            # outliving a SIGKILLed trainer for a few seconds) never keeps it from a restart.
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            os.close(fd)
+            # Held by another process: EAGAIN or EACCES; anything else: no locks on this filesystem.
+            return err.errno not in (errno.EAGAIN, errno.EACCES)
+        _CLAIMED[key] = fd
+        return True
+
+
 def _event_folders(path: Path) -> list[Path]:
     if path.name == "events":
         return [path]
+    if path.parent.name == RUNS_SUBDIR.name and path.parent.parent.name == STATE_DIR:
+        return [path / "events"]  # a concurrent run's folder, lightning-ft/runs/<run_id>
     return [path / EVENTS_SUBDIR, path / LEGACY_EVENTS_SUBDIR]
 
 
@@ -147,8 +206,9 @@ def _finite(value: Any) -> Any:
 def read_events(root_or_events_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """All events of every rank, in time order.
 
-    Accepts a trainer's ``default_root_dir`` or the ``events`` folder itself; under a root, both the current folder
-    and 0.1.0's ``lightning_ft/events`` are read. A torn last line (a process killed mid-write) is skipped.
+    Accepts a trainer's ``default_root_dir``, a concurrent run's folder (``lightning-ft/runs/<run_id>``) or the
+    ``events`` folder itself; under a root, both the current folder and 0.1.0's ``lightning_ft/events`` are read (not
+    the concurrent runs' folders: :func:`concurrent_runs`). A torn last line (a process killed mid-write) is skipped.
     """
     events: list[dict[str, Any]] = []
     for folder in _event_folders(Path(root_or_events_dir)):
@@ -178,6 +238,7 @@ def _iter_lines(file: Path) -> Iterator[dict[str, Any]]:
 def resolve_run_id(root_dir: str | os.PathLike[str], *, record: bool = True) -> str:
     """The run's id: ``LIGHTNING_FT_RUN_ID``, else the one recorded in ``lightning-ft/run.json`` (or 0.1.0's
     ``lightning_ft/run.json``), else a new one, recorded (with ``record``; :func:`record_run_id` later otherwise).
+    For the run that owns the root (:func:`claim_root`); a concurrent run gets a new id.
 
     Call on one rank (rank 0) and broadcast: the first attempt of a run writes the file.
     """
@@ -262,7 +323,7 @@ def next_attempt(root_dir: str | os.PathLike[str], run_id: str) -> int:
     Call on one rank before any rank writes this attempt's ``attempt_start``, and broadcast the result.
     """
     highest = -1
-    for folder in _event_folders(Path(root_dir)):
+    for folder in [*_event_folders(Path(root_dir)), concurrent_events_dir(root_dir, run_id)]:
         for file in folder.glob("rank*.jsonl"):
             for event in _iter_lines(file):
                 if event.get("event") == "attempt_start" and event.get("run_id") == run_id:
@@ -283,6 +344,8 @@ class EventLog:
         attempt: 0 for the first launch, then counted up (see :func:`next_attempt`).
         on_disk: write to the file from the start; ``False`` keeps the lines in memory until an incident event
             (see :func:`keeps_records`), then writes them and every later line to the file.
+        concurrent: the run started while another run of ``root_dir`` was live (:func:`claim_root`): its lines go to
+            ``<root_dir>/lightning-ft/runs/<run_id>/events/rank<rank>.jsonl`` and it records no ``run.json``.
 
     Example::
 
@@ -291,13 +354,22 @@ class EventLog:
     """
 
     def __init__(
-        self, root_dir: str | os.PathLike[str], *, rank: int, run_id: str, attempt: int, on_disk: bool = True
+        self,
+        root_dir: str | os.PathLike[str],
+        *,
+        rank: int,
+        run_id: str,
+        attempt: int,
+        on_disk: bool = True,
+        concurrent: bool = False,
     ) -> None:
         self.root_dir = Path(root_dir)
         self.rank = rank
         self.run_id = run_id
         self.attempt = attempt
-        self.path = events_dir(root_dir) / f"rank{rank}.jsonl"
+        self.concurrent = concurrent
+        folder = concurrent_events_dir(root_dir, run_id) if concurrent else events_dir(root_dir)
+        self.path = folder / f"rank{rank}.jsonl"
         self._lock = threading.Lock()
         self._step_fn: Any = None
         self._claims: set[str] = set()
@@ -311,11 +383,21 @@ class EventLog:
         """Whether lines go to the file (else they are kept in memory; see :func:`keeps_records`)."""
         return self._lines is None
 
+    @property
+    def records(self) -> Path:
+        """What :func:`read_events` reads for this run's earlier attempts: the root, or a concurrent run's folder."""
+        return self.path.parent.parent if self.concurrent else self.root_dir
+
     def _to_disk(self) -> None:
-        """Write the lines kept in memory so far to the file, with the run id; every later line goes there too."""
+        """Write the lines kept in memory so far to the file, with the run id; every later line goes there too. A run
+        that finds another live run owning the root (:func:`claim_root`) writes to its own folder instead."""
         if self._lines is None:
             return
-        record_run_id(self.root_dir, self.run_id)
+        if not self.concurrent and not claim_root(self.root_dir):
+            self.concurrent = True
+            self.path = concurrent_events_dir(self.root_dir, self.run_id) / self.path.name
+        if not self.concurrent:
+            record_run_id(self.root_dir, self.run_id)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write("".join(self._in_memory()))
@@ -410,13 +492,30 @@ def open_event_log(trainer: pl.Trainer, **attempt_fields: Any) -> EventLog:
             os.fspath(trainer.default_root_dir),
             Path(root) / EVENTS_SUBDIR,
         )
-    ids: tuple[str, int, bool] | None = None
+    ids: tuple[str, int, bool, bool] | None = None
     if trainer.global_rank == 0:
         on_disk = keeps_records(trainer, root)
-        run_id = resolve_run_id(root, record=on_disk)
-        ids = (run_id, next_attempt(root, run_id), on_disk)
-    run_id, attempt, on_disk = trainer.strategy.broadcast(ids, src=0)
-    log = EventLog(root, rank=trainer.global_rank, run_id=run_id, attempt=attempt, on_disk=on_disk)
+        # A run started while another run of this root is live (a sweep from one folder) has a run id and an event
+        # log of its own; a plain run that keeps its log in memory claims the root when it first writes to disk.
+        concurrent = on_disk and not claim_root(root)
+        if concurrent:
+            run_id = os.environ.get("LIGHTNING_FT_RUN_ID") or uuid.uuid4().hex[:12]
+            _log.warning(
+                "lightning-ft: another run of %s is live (it holds %s); this run is %s, with its own event log under %s"
+                " (lightning-ft report %s)",
+                root,
+                Path(root) / ROOT_LOCK_FILE,
+                run_id,
+                concurrent_events_dir(root, run_id),
+                concurrent_events_dir(root, run_id).parent,
+            )
+        else:
+            run_id = resolve_run_id(root, record=on_disk)
+        ids = (run_id, next_attempt(root, run_id), on_disk, concurrent)
+    run_id, attempt, on_disk, concurrent = trainer.strategy.broadcast(ids, src=0)
+    log = EventLog(
+        root, rank=trainer.global_rank, run_id=run_id, attempt=attempt, on_disk=on_disk, concurrent=concurrent
+    )
     log.bind_step(lambda: trainer.global_step if trainer.state.fn == "fit" else None)
     _LOGS[trainer] = log
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")

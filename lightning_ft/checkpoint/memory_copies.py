@@ -6,8 +6,9 @@ and commit marker as a durable checkpoint (:mod:`~lightning_ft.checkpoint.commit
 save call (:mod:`~lightning_ft.checkpoint.staging`: every tensor copied before the call returns). Each rank writes its
 own full state, so that it can be restored alone, without any other rank's copy.
 
-Layout, under ``<memory dir>/lightning-ft/<run_id>/`` and nowhere else (a folder of another run is never read or
-deleted)::
+Layout, under ``<memory dir>/lightning-ft/<run_id>-<key>/`` (the run id and a digest of its checkpoint folders and
+model: ``memory_run_name`` in :mod:`lightning_ft.strategy.memory_checkpoints`) and nowhere else (a folder of another
+run is never read or deleted)::
 
     rank<r>/step=<N>/           rank r's own copy (this node)
     peer-of-rank<r>/step=<N>/   rank r's copy, kept here for its partner on another node

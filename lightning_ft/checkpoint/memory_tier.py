@@ -43,8 +43,10 @@ class MemoryTier:
     fails."""
 
     dirpath: str | os.PathLike[str] = "/dev/shm"
-    """Node-local folder the copies live in, under ``<dirpath>/lightning-ft/<run_id>/``; a memory-backed filesystem
-    (tmpfs) is what makes the tier fast. The environment variable ``LIGHTNING_FT_MEMORY_DIR`` overrides it."""
+    """Node-local folder the copies live in, under ``<dirpath>/lightning-ft/<run_id>-<key>/`` (``<key>``: a digest of
+    the checkpoint folders and the model's identity, so that another experiment never reads this run's copies); a
+    memory-backed filesystem (tmpfs) is what makes the tier fast. The environment variable
+    ``LIGHTNING_FT_MEMORY_DIR`` overrides it."""
 
     peer_copy: bool = True
     """Also keep each rank's copy on the rank with the same local rank on the next node, so that the state of a lost

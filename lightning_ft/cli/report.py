@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from lightning_ft.cli.errors import EXIT_OK, CLIError, require_module, require_path
@@ -92,10 +93,15 @@ def run_report(args: argparse.Namespace) -> int:
     logdir = require_path(args.logdir, "folder")
     if args.png:
         require_module("matplotlib", "--png", extra="plot")
-    from lightning_ft.events import events_dir, read_events
+    from lightning_ft.events import concurrent_runs, events_dir, read_events
     from lightning_ft.monitors.internal import format_report, plot_timeline, summarize
 
     events = read_events(logdir)
+    # Runs started from this folder while another was live keep their logs apart: named, reported on their own.
+    others = concurrent_runs(logdir)
+    listed = "; ".join(f"lightning-ft report {p}" for p in others)
+    if not events and others:
+        raise CLIError(f"no event logs of the run that owns {logdir}; the runs started beside it: {listed}")
     if not events:
         # read_events takes the events folder itself as well as the root above it.
         folder = logdir if logdir.name == "events" else events_dir(logdir)
@@ -113,6 +119,12 @@ def run_report(args: argparse.Namespace) -> int:
         mttf_hours_at=mttf_hours_at,
     )
     print(json.dumps(summary, indent=2, default=str) if args.json else format_report(summary))
+    if others:
+        print(
+            f"note: {len(others)} other run(s) were started from {logdir} while this one was live and keep their own"
+            f" event logs: {listed}",
+            file=sys.stderr if args.json else sys.stdout,
+        )
     if args.png:
         plot_timeline(events, args.png)
         print(f"wrote {args.png}")

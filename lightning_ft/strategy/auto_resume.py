@@ -7,6 +7,10 @@ installs a :class:`~lightning_ft._compat.Patch` there for the run and undoes it 
 lightning-ft folder without its commit marker): the path is classified once there
 (:func:`~lightning_ft.checkpoint.location.locate`), and the load that follows takes that classification
 (:meth:`AutoResume.location_for`).
+
+Auto-resume resumes this run only (:mod:`lightning_ft.strategy.run_identity`): never in a ``fit`` whose model or
+Trainer already trained in this process (it continues from the live state, as Lightning does), and never from a
+checkpoint that records another model's identity (named in one message, left alone).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_ft import _compat
 from lightning_ft.checkpoint import CheckpointError, CheckpointNotFoundError
@@ -33,9 +37,12 @@ from lightning_ft.checkpoint.internal import (
     listed,
     locate,
 )
+from lightning_ft.strategy.run_identity import identity_mismatch, trained_in_process
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
+
+    from lightning_ft.events import EventLog
 
 
 def newest_remote_checkpoint(trainer: pl.Trainer) -> str | None:
@@ -101,6 +108,9 @@ class AutoResume:
         broadcast: the strategy's ``broadcast(obj, src=0)``: rank 0 chooses, every rank resumes from its choice.
         memory_plan: the memory tier's choice (collective), given the durable tier's newest step: the path to resume
             from when the memory tier holds a newer step every rank can restore, else ``None``.
+        identity: the live model's identity (:func:`~lightning_ft.strategy.run_identity.module_identity`), compared
+            with each candidate's; ``None`` compares nothing.
+        event_log: the run's event log (where a checkpoint of another run is recorded as ``checkpoint_rejected``).
     """
 
     def __init__(
@@ -109,10 +119,14 @@ class AutoResume:
         enabled: bool,
         broadcast: Callable[[Any], Any],
         memory_plan: Callable[[int | None], str | None] | None = None,
+        identity: Callable[[], dict[str, Any] | None] | None = None,
+        event_log: Callable[[], EventLog | None] | None = None,
     ) -> None:
         self.enabled = enabled
         self._broadcast = broadcast
         self._memory_plan = memory_plan
+        self._identity = identity
+        self._event_log = event_log
         self._candidates: list[CheckpointLocation] = []
         self._chosen: CheckpointLocation | None = None
         self._patch: _compat.Patch | None = None
@@ -144,23 +158,36 @@ class AutoResume:
 
     def select(self, trainer: pl.Trainer, ckpt_path: Any) -> Any:
         """The checkpoint to resume from: the user's (checked), else the memory tier's agreed step when it is newer
-        than the durable tier's newest, else the newest committed one with the full training state, else ``None``.
-        Collective: every rank calls it; rank 0 first settles the replacements a crash interrupted
-        (:func:`~lightning_ft.checkpoint.recover_interrupted_swaps`) in the checkpoint folders, then lists the
-        candidates for all."""
+        than the durable tier's newest, else the newest committed one of this run with the full training state, else
+        ``None``. Nothing is resumed by itself in a ``fit`` whose model or Trainer already trained in this process
+        (it continues from the live state, as Lightning does), and a checkpoint that records another model's identity
+        is not a candidate (:meth:`_this_runs`). Collective: every rank calls it; rank 0 first settles the
+        replacements a crash interrupted (:func:`~lightning_ft.checkpoint.recover_interrupted_swaps`) in the
+        checkpoint folders, then lists the candidates for all."""
         if ckpt_path is None and not self.enabled:
             return None
         folders = checkpoint_dirpaths(trainer)
         if ckpt_path is not None and not _downloaded(ckpt_path) and Path(ckpt_path).parent not in folders:
             folders.append(Path(ckpt_path).parent)
-        names = None
+        names: list[tuple[str, bool, int | None]] | None = None
+        live = False
         if trainer.global_rank == 0:
             for folder in folders:
                 discovery.recover_interrupted_swaps(folder)
             candidates = _candidates_with_steps(checkpoint_dirpaths(trainer)) if ckpt_path is None else []
-            names = [(str(c.path), c.ours, step) for step, c in candidates]
+            live = ckpt_path is None and trained_in_process(trainer, trainer.lightning_module)
+            if live and candidates:
+                rank_zero_info(
+                    "lightning-ft: this model (or Trainer) already trained in this process, so fit continues from its"
+                    f" live state, as Lightning does; auto-resume leaves {candidates[0][1].path} alone (pass"
+                    " ckpt_path=... to resume a checkpoint)"
+                )
+            names = [] if live else [(str(c.path), c.ours, step) for step, c in self._this_runs(candidates)]
         # Also the barrier after the recovery: no rank looks at the folders before rank 0 has settled them.
-        names = self._broadcast(names)
+        names, live = self._broadcast((names, live))
+        if live:
+            self._candidates, self._chosen = [], None
+            return None
         if ckpt_path is not None:
             self._candidates = []
             self._chosen = self._locate(ckpt_path)
@@ -174,6 +201,49 @@ class AutoResume:
                 return memory_path
         self._chosen = self._candidates[0] if self._candidates else None
         return str(self._chosen.path) if self._chosen is not None else None
+
+    def _this_runs(
+        self, candidates: list[tuple[int | None, CheckpointLocation]]
+    ) -> list[tuple[int | None, CheckpointLocation]]:
+        """The ``candidates`` that belong to this run: lightning-ft checkpoints whose recorded identity matches the
+        live model's (:func:`~lightning_ft.strategy.run_identity.identity_mismatch`), and every checkpoint that
+        records none (an older release's, another strategy's file). The others are left where they are and named in
+        one warning (the newest, why, and the ways out) and one ``checkpoint_rejected`` event. Rank 0 only."""
+        live = self._identity() if self._identity is not None else None
+        if live is None:
+            return candidates
+        kept, others = [], []
+        for step, location in candidates:
+            reason = None
+            if location.ours:
+                try:
+                    reason = identity_mismatch(discovery.read_metadata(location.path), live)
+                except CheckpointError:
+                    reason = None  # the load rejects it with its reason, and falls back from there
+            if reason is None:
+                kept.append((step, location))
+            else:
+                others.append((step, location, reason))
+        if others:
+            step, location, reason = others[0]
+            more = f" (and {len(others) - 1} older one(s) of other runs)" if len(others) > 1 else ""
+            rank_zero_warn(
+                f"lightning-ft: auto-resume skips {location.path} (step {step}){more}: it is not this run's checkpoint,"
+                f" {reason}. It is left as it is. To train this model from scratch elsewhere, give ModelCheckpoint"
+                " another dirpath; to resume that checkpoint on purpose, pass fit(ckpt_path=...); to turn auto-resume"
+                " off, ElasticFT3D(auto_resume=False)."
+                + (" Training starts from scratch." if not kept else f" Resuming {kept[0][1].path} instead.")
+            )
+            log = self._event_log() if self._event_log is not None else None
+            if log is not None:
+                log.write(
+                    "checkpoint_rejected",
+                    step=step,
+                    path=str(location.path),
+                    reason=f"not this run's checkpoint: {reason}",
+                    others=[str(o[1].path) for o in others[1:]],
+                )
+        return kept
 
     def _locate(self, ckpt_path: Any) -> CheckpointLocation:
         """:func:`~lightning_ft.checkpoint.internal.locate` of a ``ckpt_path`` as the user gave it; an ``http(s)://``

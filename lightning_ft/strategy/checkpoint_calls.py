@@ -58,6 +58,7 @@ def save_for_strategy(strategy: ElasticFT3D, checkpoint: dict[str, Any], filepat
         parallelized=strategy._parallelized,
         optimizers=strategy.optimizers,
         event_log=strategy.event_log,
+        identity=strategy.run_identity(),
         **strategy._elastic_resume.metadata(),
     )
     # Everything is copied before this returns: what the user's hooks do next never reaches the checkpoint.

@@ -137,12 +137,15 @@ def run_metadata(
     event_log: EventLog | None,
     lr_scale_state: dict[str, Any] | None = None,
     configured_accumulate_grad_batches: int | None = None,
+    identity: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The metadata of the run that writes ``checkpoint``: what a later resume (on any world) needs to decide.
 
     ``lr_scale`` is the elastic factor the saved optimizer rates carry; ``lr_scale_state`` the ramp it follows
     (:meth:`lightning_ft.elastic.LRScale.state_dict`); ``configured_accumulate_grad_batches`` the Trainer's own
-    setting, before an elastic policy replaced it (``accumulate_grad_batches`` is the one in force)."""
+    setting, before an elastic policy replaced it (``accumulate_grad_batches`` is the one in force); ``identity`` the
+    model's (:func:`~lightning_ft.strategy.run_identity.module_identity`), which auto-resume compares with the live
+    model's to tell this run's checkpoints from another experiment's."""
     return {
         "step": checkpoint.get("global_step"),
         "epoch": checkpoint.get("epoch"),
@@ -159,6 +162,7 @@ def run_metadata(
         "configured_accumulate_grad_batches": configured_accumulate_grad_batches,
         "run_id": event_log.run_id if event_log else None,
         "attempt": event_log.attempt if event_log else None,
+        "run_identity": identity,
     }
 
 

@@ -84,6 +84,7 @@ from lightning_ft.strategy.foreign_import import position_sampler
 from lightning_ft.strategy.parallel_modes import DataParallelMode, has_dtensor_parameters, mode_for
 from lightning_ft.strategy.registry import register_strategy_names
 from lightning_ft.strategy.run import RunPart, StrategyRun, attach_to_trainer
+from lightning_ft.strategy.run_identity import mark_trained, module_identity
 from lightning_ft.strategy.teardown import TeardownSteps, attached_trainer, remove_callback
 from lightning_ft.strategy.torchrun_world import follow_torchrun
 from lightning_ft.strategy.tracker import TrainingTracker
@@ -448,6 +449,12 @@ class ElasticFT3D(DDPStrategy):
     def load_checkpoint(self, checkpoint_path: _compat.PATH, weights_only: bool | None = None) -> dict[str, Any]:
         return load_for_strategy(self, checkpoint_path)
 
+    def run_identity(self) -> dict[str, Any] | None:
+        """The identity of this run's model that checkpoints record and auto-resume compares
+        (:func:`~lightning_ft.strategy.run_identity.module_identity`; without the parameter digest for pipeline
+        stages, whose parameters per rank depend on the layout)."""
+        return module_identity(self.lightning_module, parameters=self._mode.name != "pipeline")
+
     @override
     def on_train_start(self) -> None:
         super().on_train_start()
@@ -507,6 +514,11 @@ class ElasticFT3D(DDPStrategy):
         steps.run(self._auto_resume.uninstall, "undoing the auto-resume patch")
         steps.run(self._mode.teardown, f"tearing down the {self._mode.name} mode")
         ended_by = self._exception or (steps.errors[0][1] if steps.errors else None)
+        if trainer is not None and trainer.state.fn == TrainerFn.FITTING and trainer.global_step > 0:
+            # The live model holds this fit's state (trained, or resumed): a later fit of it (or of this Trainer) in
+            # this process continues from it, as under Lightning, rather than auto-resuming an older checkpoint. Not
+            # after a fit that never reached a step (a failed set-up; the Tuner, which restores the initial state).
+            mark_trained(trainer, self.lightning_module)
         if trainer is not None:
             steps.run(lambda: self._elastic_resume.finish(trainer), "recording the resume")
         steps.run(

@@ -268,7 +268,7 @@ class ElasticResume(Callback):
         log = self._event_log()
         if fields is None or self._loaded is None or trainer.global_rank != 0 or log is None:
             return
-        previous = previous_world(read_events(log.root_dir), run_id=log.run_id, attempt=log.attempt)
+        previous = previous_world(read_events(log.records), run_id=log.run_id, attempt=log.attempt)
         timing = resume_timing(
             previous,
             process_start_time=process_start_time(),

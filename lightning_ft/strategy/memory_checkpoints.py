@@ -33,6 +33,8 @@ copy is written, checked, packed) is :mod:`lightning_ft.checkpoint.memory_copies
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -68,6 +70,7 @@ from lightning_ft.checkpoint.internal import (
     unpack,
     write_copy,
 )
+from lightning_ft.strategy.auto_resume import checkpoint_dirpaths
 from lightning_ft.strategy.checkpoint_io import run_metadata, split_checkpoint
 
 if TYPE_CHECKING:
@@ -253,7 +256,7 @@ class MemoryCheckpoints(Callback):
         strategy = self._strategy
         self._layout = layout = NodeLayout.of(strategy)
         assert strategy.event_log is not None
-        self._run_dir = run_folder(self.tier.resolved_dirpath(), strategy.event_log.run_id)
+        self._run_dir = run_folder(self.tier.resolved_dirpath(), memory_run_name(trainer, strategy))
         if dist.is_available() and dist.is_initialized() and self._group is None:
             self._group = dist.new_group(backend="gloo")
         problem = self._budget_problem(strategy)
@@ -347,6 +350,7 @@ class MemoryCheckpoints(Callback):
             parallelized=strategy._parallelized,
             optimizers=strategy.optimizers,
             event_log=strategy.event_log,
+            identity=strategy.run_identity(),
             **strategy._elastic_resume.metadata(),
         )
         metadata.update(
@@ -638,6 +642,19 @@ class MemoryCheckpoints(Callback):
             # As the durable writer does with its own: a gloo group left to the interpreter's exit can abort the
             # process after training succeeded, and it keeps the rendezvous store's port open in this process.
             dist.destroy_process_group(group)
+
+
+def memory_run_name(trainer: pl.Trainer | None, strategy: ElasticFT3D) -> str:
+    """The name of this run's memory folder: the run id, and a digest of the checkpoint folders (``ModelCheckpoint``
+    dirpaths) and the model's identity. Another experiment started from the same working folder (same run id) with
+    another checkpoint folder or another model has another memory folder: it never restores, nor removes, this run's
+    copies."""
+    assert strategy.event_log is not None
+    # ModelCheckpoint made local dirpaths absolute.
+    folders = sorted(str(p) for p in checkpoint_dirpaths(trainer)) if trainer is not None else []
+    identity = {k: v for k, v in (strategy.run_identity() or {}).items() if k != "hparams"}  # as auto-resume compares
+    key = json.dumps({"dirpaths": folders, "identity": identity}, sort_keys=True)
+    return f"{strategy.event_log.run_id}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
 def _agree_on_step(gathered: list[tuple[list, list]], *, world_size: int) -> MemoryPlan | None:

@@ -69,6 +69,8 @@ class StrategyRun:
                 enabled=strategy.auto_resume,
                 broadcast=strategy.broadcast,
                 memory_plan=memory.plan if memory is not None else None,
+                identity=strategy.run_identity,
+                event_log=lambda: strategy.event_log,
             ),
             data_position=TrainingDataPosition(per_sample_seeds=strategy.data_randomness == "per_sample"),
             elastic_resume=ElasticResume.of(strategy),

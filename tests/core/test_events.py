@@ -246,3 +246,27 @@ def test_an_unknown_event_log_setting_is_refused_naming_the_variable(tmp_path, m
     monkeypatch.setenv("LIGHTNING_FT_EVENT_LOG", "sometimes")
     with pytest.raises(ValueError, match="LIGHTNING_FT_EVENT_LOG='sometimes': must be 'auto'"):
         open_event_log(_trainer(tmp_path, plain=True))
+
+
+def test_a_root_is_claimed_by_one_live_process_and_free_again_once_it_is_killed(tmp_path):
+    """The lock that tells a concurrent run (a sweep from one folder) from a restart: held while the owner lives,
+    free after a SIGKILL (a torchrun restart or a requeue finds it free), kept by a second claim in the same process."""
+    import signal
+
+    from lightning_ft import events as events_module
+
+    code = (
+        "import sys, time; from lightning_ft.events import claim_root;"
+        " print(claim_root(sys.argv[1]), flush=True); time.sleep(60)"
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)], env=subprocess_env(), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert owner.stdout.readline().strip() == "True"
+        assert events_module.claim_root(tmp_path) is False
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+    assert events_module.claim_root(tmp_path) is True
+    assert events_module.claim_root(tmp_path) is True  # this process keeps it

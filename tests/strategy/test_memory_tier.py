@@ -196,7 +196,8 @@ def test_another_run_s_memory_files_are_skipped_and_never_deleted(tmp_path, shm,
     foreign = run_dir / "rank0" / "step=8"
     shutil.copytree(copy, foreign)
     meta = foreign / "lightning_ft_metadata.json"
-    meta.write_text(meta.read_text().replace(run_dir.name, "another-run"))
+    run_id = run_dir.name.rsplit("-", 1)[0]  # the folder is <run id>-<key of the checkpoint folders and model>
+    meta.write_text(meta.read_text().replace(run_id, "another-run"))
     marker = foreign / "lightning_ft.committed"
     import json  # noqa: E401, PLC0415 - the marker's metadata checksum follows the edit
     import zlib

@@ -38,6 +38,7 @@ def _tier(rank: int, world_size: int, root: Path) -> MemoryCheckpoints:
         local_rank=0,
         event_log=_Log(),
         lightning_module=None,
+        run_identity=lambda: None,
         optimizers=[],
         _mode=SimpleNamespace(name="data_parallel"),
         mesh_shape=lambda: {"pipeline_parallel": 1, "data_parallel": world_size, "tensor_parallel": 1},
