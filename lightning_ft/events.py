@@ -14,9 +14,12 @@ until an incident (a crash of the user's code, a hang, a preemption, a failed he
 ...): that writes the attempt's lines so far and everything after.
 
 One rule for the run and the attempt, in one opener, :func:`open_event_log`: rank 0 resolves the ``run_id`` (stable
-across restarts: ``LIGHTNING_FT_RUN_ID``, else ``lightning-ft/run.json`` written by the first attempt) and the
+across restarts: ``LIGHTNING_FT_RUN_ID``, else ``lightning-ft/run.json`` written by the first attempt, else the
+``lightning-ft/runs/<run_id>/run.json`` of the run with the same checkpoint folders: :func:`choose_run`) and the
 ``attempt`` (one more than the highest recorded, so a scheduler requeue that restarts torchrun still counts up), and
-broadcasts both; every rank then writes ``attempt_start``. The strategy opens the log at set-up; under any other
+broadcasts both; every rank then writes ``attempt_start``. Another experiment started later from the same folder (other
+checkpoint folders) or beside a live run is another run, with its own run id and event log under
+``lightning-ft/runs/<run_id>/``. The strategy opens the log at set-up; under any other
 strategy the first monitor to set up opens it. Either way there is one log per trainer, and :func:`get_event_log`
 returns it.
 
@@ -56,11 +59,18 @@ LEGACY_EVENTS_SUBDIR = Path("lightning_ft") / "events"
 """Where lightning-ft 0.1.0 wrote its logs; read, never written."""
 LEGACY_RUN_FILE = Path("lightning_ft") / "run.json"
 RUNS_SUBDIR = Path(STATE_DIR) / "runs"
-"""``runs/<run_id>/events/rank<N>.jsonl``: the event log of a run started while another run of the same root was live
-(a sweep started from one folder): :func:`claim_root`."""
+"""``runs/<run_id>/events/rank<N>.jsonl`` and ``runs/<run_id>/run.json``: the records of every run of the root but
+the one that owns its own event log (:func:`choose_run`): another experiment (other checkpoint folders) started later
+from the same folder, or a run started while another run of the same root was live (a sweep started from one
+folder)."""
 ROOT_LOCK_FILE = Path(STATE_DIR) / "run.lock"
 """Locked (``fcntl.lockf``) by the rank 0 process of the run that writes the root's own event log, for that
-process's life."""
+process's life. A run under :data:`RUNS_SUBDIR` locks ``runs/<run_id>/run.lock`` the same way."""
+RUN_LOCK_NAME = "run.lock"
+RUN_RECORD_NAME = "run.json"
+FOLDERS_KEY = "checkpoint_dirpaths"
+"""The key, in a ``run.json``, of the run's checkpoint folders (:func:`checkpoint_folders`); absent in the records of
+lightning-ft 0.2 and earlier."""
 LOGGER_VERSIONS_FILE = Path(STATE_DIR) / "logger_versions.json"
 """``{run_id: {logger folder: version}}``: the version each logger folder got in the first attempt of a run."""
 _UNSET: Any = object()
@@ -128,14 +138,20 @@ def events_dir(root_dir: str | os.PathLike[str]) -> Path:
     return Path(root_dir) / EVENTS_SUBDIR
 
 
+def run_dir(root_dir: str | os.PathLike[str], run_id: str) -> Path:
+    """The folder of run ``run_id`` under :data:`RUNS_SUBDIR` (a run that does not own the root's own event log)."""
+    return Path(root_dir) / RUNS_SUBDIR / run_id
+
+
 def concurrent_events_dir(root_dir: str | os.PathLike[str], run_id: str) -> Path:
-    """The events folder of run ``run_id`` when it started while another run of ``root_dir`` was live."""
-    return Path(root_dir) / RUNS_SUBDIR / run_id / "events"
+    """The events folder of run ``run_id`` when it does not own the root's own event log (:func:`choose_run`): another
+    experiment of ``root_dir``, or a run started while another run of ``root_dir`` was live."""
+    return run_dir(root_dir, run_id) / "events"
 
 
 def concurrent_runs(root_dir: str | os.PathLike[str]) -> list[Path]:
-    """The folders of the runs that started beside a live run of ``root_dir`` (``lightning-ft/runs/<run_id>``) and
-    wrote an event log, oldest first."""
+    """The folders of the other runs of ``root_dir`` (``lightning-ft/runs/<run_id>``: other experiments started from
+    the same folder, runs started beside a live one) that wrote an event log, oldest first."""
     runs = Path(root_dir) / RUNS_SUBDIR
     found = [p for p in runs.glob("*") if any((p / "events").glob("rank*.jsonl"))] if runs.is_dir() else []
     return sorted(found, key=lambda p: p.stat().st_mtime)
@@ -154,13 +170,41 @@ def claim_root(root_dir: str | os.PathLike[str]) -> bool:
     new Trainer in one process is a restart, as before); a restart after a crash, a torchrun restart and a requeue
     find the lock free. Where the filesystem refuses locks, every run claims the root (the behaviour without it).
     Call on rank 0."""
+    return _claim(Path(os.path.abspath(root_dir)) / ROOT_LOCK_FILE)
+
+
+def claim_run_dir(folder: str | os.PathLike[str]) -> bool:
+    """:func:`claim_root` for the folder of a run under :data:`RUNS_SUBDIR` (its ``run.lock``): ``False`` while
+    another live process writes that run."""
+    return _claim(Path(os.path.abspath(folder)) / RUN_LOCK_NAME)
+
+
+def _held_elsewhere(lock_file: Path) -> bool:
+    """Whether another live process holds ``lock_file`` (:func:`_claim`), without taking it."""
     import fcntl
 
-    key = os.path.abspath(root_dir)
+    if os.fspath(lock_file) in _CLAIMED:
+        return False
+    try:
+        fd = os.open(lock_file, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        return err.errno in (errno.EAGAIN, errno.EACCES)
+    finally:
+        os.close(fd)  # releases the test lock: this process held no other lock on the file
+    return False
+
+
+def _claim(lock_file: Path) -> bool:
+    import fcntl
+
+    key = os.fspath(lock_file)
     with _claim_lock:
         if key in _CLAIMED:
             return True
-        lock_file = Path(key) / ROOT_LOCK_FILE
         try:
             lock_file.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
@@ -256,15 +300,98 @@ def resolve_run_id(root_dir: str | os.PathLike[str], *, record: bool = True) -> 
     return run_id
 
 
-def record_run_id(root_dir: str | os.PathLike[str], run_id: str) -> None:
-    """Write ``lightning-ft/run.json`` naming ``run_id``, unless a run id is recorded there already."""
+def record_run_id(root_dir: str | os.PathLike[str], run_id: str, folders: list[str] | None = None) -> None:
+    """Write ``lightning-ft/run.json`` naming ``run_id`` and its checkpoint ``folders`` (:func:`checkpoint_folders`),
+    unless a run id is recorded there already."""
     run_file = Path(root_dir) / RUN_FILE
     if run_file.exists() or os.environ.get("LIGHTNING_FT_RUN_ID"):
         return
+    _write_record(run_file, run_id, folders)
+
+
+def _write_record(run_file: Path, run_id: str, folders: list[str] | None) -> None:
     run_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = run_file.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"run_id": run_id, "created": time.time()}))
+    tmp.write_text(json.dumps({"run_id": run_id, "created": time.time(), FOLDERS_KEY: list(folders or [])}))
     os.replace(tmp, run_file)
+
+
+def checkpoint_folders(trainer: Any) -> list[str]:
+    """The key that tells one run of a root from another: the folders the trainer's ``ModelCheckpoint`` callbacks were
+    given (``dirpath``; a local one made absolute by ``ModelCheckpoint``), sorted. Read when the event log opens, before
+    the callbacks' ``setup`` (where a ``ModelCheckpoint(dirpath=None)`` takes a folder that changes at every launch):
+    only folders the user named count. Empty without one."""
+    found = {
+        os.fspath(cb.dirpath) for cb in getattr(trainer, "checkpoint_callbacks", ()) if getattr(cb, "dirpath", None)
+    }
+    return sorted(found)
+
+
+def _read_record(run_file: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads(run_file.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and "run_id" in record else None
+
+
+def _same_run(record: dict[str, Any], folders: list[str]) -> bool:
+    """Whether ``record`` (a ``run.json``) is the run with checkpoint ``folders``. Unknown (so yes) when either side
+    names none: a record of lightning-ft 0.2 or earlier, a run without an explicit checkpoint folder."""
+    recorded = record.get(FOLDERS_KEY)
+    if not isinstance(recorded, list) or not recorded or not folders:
+        return True
+    return sorted(str(f) for f in recorded) == folders
+
+
+def choose_run(root_dir: str | os.PathLike[str], folders: list[str], *, record: bool = True) -> tuple[str, bool]:
+    """This launch's run of ``root_dir``: ``(run_id, own_folder)``; ``own_folder`` when its records go under
+    ``lightning-ft/runs/<run_id>/`` (:func:`run_dir`) rather than the root's own event log. Takes the lock of the run
+    it returns (:func:`claim_root`, :func:`claim_run_dir`). Call on rank 0 and broadcast.
+
+    - ``LIGHTNING_FT_RUN_ID`` names the run; its log is the root's unless another live process owns the root.
+    - The run recorded in ``lightning-ft/run.json`` (written by the root's first run) when its checkpoint folders are
+      ``folders`` (or either names none: :func:`_same_run`) and no live process owns it: a restart, a requeue, a
+      relaunch of that run.
+    - Else the run under ``lightning-ft/runs/`` whose ``run.json`` records ``folders``, when no live process writes it:
+      a relaunch of another experiment of this root, or of a run started beside a live one.
+    - Else, when nothing is recorded in the root and no live process owns it, a new run that owns the root (``record``
+      writes ``run.json`` now; otherwise the first write to disk does).
+    - Else a new run of its own folder: another experiment started from this root (other checkpoint folders), or a run
+      started while another run of the root is live (a sweep from one folder).
+    """
+    env = os.environ.get("LIGHTNING_FT_RUN_ID")
+    if env:
+        if claim_root(root_dir):
+            return env, False
+        claim_run_dir(run_dir(root_dir, env))
+        _write_record(run_dir(root_dir, env) / RUN_RECORD_NAME, env, folders)
+        return env, True
+    root = Path(root_dir)
+    recorded = next(filter(None, (_read_record(root / name) for name in (RUN_FILE, LEGACY_RUN_FILE))), None)
+    if recorded is not None and _same_run(recorded, folders) and claim_root(root):
+        return str(recorded["run_id"]), False
+    if folders:
+        for record in _run_records(root):
+            run_id = str(record["run_id"])
+            if sorted(str(f) for f in record.get(FOLDERS_KEY) or []) == folders and claim_run_dir(
+                run_dir(root, run_id)
+            ):
+                return run_id, True
+    run_id = uuid.uuid4().hex[:12]
+    if recorded is None and claim_root(root):
+        if record:
+            record_run_id(root, run_id, folders)
+        return run_id, False
+    claim_run_dir(run_dir(root, run_id))
+    _write_record(run_dir(root, run_id) / RUN_RECORD_NAME, run_id, folders)
+    return run_id, True
+
+
+def _run_records(root: Path) -> list[dict[str, Any]]:
+    """The ``run.json`` of every run under :data:`RUNS_SUBDIR`, newest first."""
+    records = [r for r in map(_read_record, (root / RUNS_SUBDIR).glob(f"*/{RUN_RECORD_NAME}")) if r is not None]
+    return sorted(records, key=lambda r: -float(r.get("created") or 0.0))
 
 
 def keeps_records(trainer: pl.Trainer, root_dir: str | os.PathLike[str]) -> bool:
@@ -288,7 +415,11 @@ def keeps_records(trainer: pl.Trainer, root_dir: str | os.PathLike[str]) -> bool
         return True
     if any(getattr(cb, "uses_event_log", False) for cb in getattr(trainer, "callbacks", ())):
         return True
-    return any((Path(root_dir) / name).exists() for name in (RUN_FILE, LEGACY_RUN_FILE)) or has_event_logs(root_dir)
+    return (
+        any((Path(root_dir) / name).exists() for name in (RUN_FILE, LEGACY_RUN_FILE))
+        or has_event_logs(root_dir)
+        or bool(concurrent_runs(root_dir))
+    )
 
 
 def keep_logger_version(
@@ -344,8 +475,11 @@ class EventLog:
         attempt: 0 for the first launch, then counted up (see :func:`next_attempt`).
         on_disk: write to the file from the start; ``False`` keeps the lines in memory until an incident event
             (see :func:`keeps_records`), then writes them and every later line to the file.
-        concurrent: the run started while another run of ``root_dir`` was live (:func:`claim_root`): its lines go to
-            ``<root_dir>/lightning-ft/runs/<run_id>/events/rank<rank>.jsonl`` and it records no ``run.json``.
+        concurrent: the run does not own the root's own event log (:func:`choose_run`: another experiment of
+            ``root_dir``, or a run started while another run of ``root_dir`` was live): its lines go to
+            ``<root_dir>/lightning-ft/runs/<run_id>/events/rank<rank>.jsonl``.
+        checkpoint_dirpaths: the run's checkpoint folders (:func:`checkpoint_folders`), recorded in its ``run.json``
+            when an in-memory log first writes to disk.
 
     Example::
 
@@ -362,8 +496,10 @@ class EventLog:
         attempt: int,
         on_disk: bool = True,
         concurrent: bool = False,
+        checkpoint_dirpaths: list[str] | None = None,
     ) -> None:
         self.root_dir = Path(root_dir)
+        self.checkpoint_dirpaths = list(checkpoint_dirpaths or [])
         self.rank = rank
         self.run_id = run_id
         self.attempt = attempt
@@ -385,19 +521,29 @@ class EventLog:
 
     @property
     def records(self) -> Path:
-        """What :func:`read_events` reads for this run's earlier attempts: the root, or a concurrent run's folder."""
+        """What :func:`read_events` reads for this run's earlier attempts: the root, or the run's own folder
+        (``lightning-ft/runs/<run_id>``)."""
         return self.path.parent.parent if self.concurrent else self.root_dir
 
     def _to_disk(self) -> None:
         """Write the lines kept in memory so far to the file, with the run id; every later line goes there too. A run
-        that finds another live run owning the root (:func:`claim_root`) writes to its own folder instead."""
+        that finds another live run owning the root (:func:`claim_root`), or another run recorded in the root's
+        ``run.json`` meanwhile, writes to its own folder instead."""
         if self._lines is None:
             return
-        if not self.concurrent and not claim_root(self.root_dir):
-            self.concurrent = True
-            self.path = concurrent_events_dir(self.root_dir, self.run_id) / self.path.name
         if not self.concurrent:
-            record_run_id(self.root_dir, self.run_id)
+            recorded = _read_record(self.root_dir / RUN_FILE)
+            # The record first: a run that is not the root's must not take the root's lock from its relaunch.
+            if (recorded is not None and str(recorded["run_id"]) != self.run_id) or not claim_root(self.root_dir):
+                self.concurrent = True
+                self.path = concurrent_events_dir(self.root_dir, self.run_id) / self.path.name
+        if self.concurrent:
+            folder = run_dir(self.root_dir, self.run_id)
+            claim_run_dir(folder)
+            if not (folder / RUN_RECORD_NAME).exists():
+                _write_record(folder / RUN_RECORD_NAME, self.run_id, self.checkpoint_dirpaths)
+        else:
+            record_run_id(self.root_dir, self.run_id, self.checkpoint_dirpaths)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write("".join(self._in_memory()))
@@ -492,29 +638,30 @@ def open_event_log(trainer: pl.Trainer, **attempt_fields: Any) -> EventLog:
             os.fspath(trainer.default_root_dir),
             Path(root) / EVENTS_SUBDIR,
         )
+    folders = checkpoint_folders(trainer)
     ids: tuple[str, int, bool, bool] | None = None
     if trainer.global_rank == 0:
         on_disk = keeps_records(trainer, root)
-        # A run started while another run of this root is live (a sweep from one folder) has a run id and an event
-        # log of its own; a plain run that keeps its log in memory claims the root when it first writes to disk.
-        concurrent = on_disk and not claim_root(root)
-        if concurrent:
-            run_id = os.environ.get("LIGHTNING_FT_RUN_ID") or uuid.uuid4().hex[:12]
-            _log.warning(
-                "lightning-ft: another run of %s is live (it holds %s); this run is %s, with its own event log under %s"
-                " (lightning-ft report %s)",
-                root,
-                Path(root) / ROOT_LOCK_FILE,
-                run_id,
-                concurrent_events_dir(root, run_id),
-                concurrent_events_dir(root, run_id).parent,
-            )
+        concurrent = False
+        if on_disk:
+            # Another experiment of this root (other checkpoint folders), or a run started while another run of it
+            # is live (a sweep from one folder), has a run id and an event log of its own.
+            run_id, concurrent = choose_run(root, folders)
         else:
-            run_id = resolve_run_id(root, record=on_disk)
+            # Nothing recorded under the root: a new run, which claims the root when it first writes to disk.
+            run_id = resolve_run_id(root, record=False)
+        if concurrent:
+            _say_own_run(root, run_id, folders)
         ids = (run_id, next_attempt(root, run_id), on_disk, concurrent)
     run_id, attempt, on_disk, concurrent = trainer.strategy.broadcast(ids, src=0)
     log = EventLog(
-        root, rank=trainer.global_rank, run_id=run_id, attempt=attempt, on_disk=on_disk, concurrent=concurrent
+        root,
+        rank=trainer.global_rank,
+        run_id=run_id,
+        attempt=attempt,
+        on_disk=on_disk,
+        concurrent=concurrent,
+        checkpoint_dirpaths=folders,
     )
     log.bind_step(lambda: trainer.global_step if trainer.state.fn == "fit" else None)
     _LOGS[trainer] = log
@@ -528,6 +675,35 @@ def open_event_log(trainer: pl.Trainer, **attempt_fields: Any) -> EventLog:
         **attempt_fields,
     )
     return log
+
+
+def _say_own_run(root: str, run_id: str, folders: list[str]) -> None:
+    """Tell the user why this run's records are not the root's own: another live run owns the root (a warning: two
+    runs at once from one folder), or the root's run is another experiment (information)."""
+    where = run_dir(root, run_id)
+    recorded = _read_record(Path(root) / RUN_FILE)
+    if not _held_elsewhere(Path(os.path.abspath(root)) / ROOT_LOCK_FILE) and recorded is not None:
+        _log.info(
+            "lightning-ft: %s records run %s (checkpoint folders %s); this run (checkpoint folders %s) is %s, with its"
+            " own event log under %s (lightning-ft report %s)",
+            Path(root) / RUN_FILE,
+            recorded["run_id"],
+            recorded.get(FOLDERS_KEY),
+            folders,
+            run_id,
+            where / "events",
+            where,
+        )
+        return
+    _log.warning(
+        "lightning-ft: another run of %s is live (it holds %s); this run is %s, with its own event log under %s"
+        " (lightning-ft report %s)",
+        root,
+        Path(root) / ROOT_LOCK_FILE,
+        run_id,
+        where / "events",
+        where,
+    )
 
 
 def get_event_log(trainer: Any, *, open_if_missing: bool = True) -> EventLog | None:

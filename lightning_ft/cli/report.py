@@ -97,11 +97,12 @@ def run_report(args: argparse.Namespace) -> int:
     from lightning_ft.monitors.internal import format_report, plot_timeline, summarize
 
     events = read_events(logdir)
-    # Runs started from this folder while another was live keep their logs apart: named, reported on their own.
+    # The other runs of this folder (other experiments started from it, runs started while another was live) keep
+    # their logs apart: named, reported on their own.
     others = concurrent_runs(logdir)
     listed = "; ".join(f"lightning-ft report {p}" for p in others)
     if not events and others:
-        raise CLIError(f"no event logs of the run that owns {logdir}; the runs started beside it: {listed}")
+        raise CLIError(f"no event logs of the run that owns {logdir}; the other runs of this folder: {listed}")
     if not events:
         # read_events takes the events folder itself as well as the root above it.
         folder = logdir if logdir.name == "events" else events_dir(logdir)
@@ -121,8 +122,8 @@ def run_report(args: argparse.Namespace) -> int:
     print(json.dumps(summary, indent=2, default=str) if args.json else format_report(summary))
     if others:
         print(
-            f"note: {len(others)} other run(s) were started from {logdir} while this one was live and keep their own"
-            f" event logs: {listed}",
+            f"note: {len(others)} other run(s) of {logdir} (other checkpoint folders, or started while another run"
+            f" was live) keep their own event logs: {listed}",
             file=sys.stderr if args.json else sys.stdout,
         )
     if args.png:

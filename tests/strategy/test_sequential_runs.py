@@ -1,0 +1,137 @@
+"""Two experiments started one after the other from one working folder are two runs (issue 30): each has its own run
+id and event log, a relaunch of either continues its own run (its next attempt), and ``lightning-ft report`` names
+both. The key is the run's checkpoint folders (``ModelCheckpoint(dirpath=...)``), recorded in its ``run.json``.
+
+Real Trainer runs in one process, event log on disk; the runs started while another is live (two processes) are in
+tests/core/test_events.py and tests/e2e/test_resume_identity.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+from lightning_ft import ElasticFT3D
+from lightning_ft.cli import main
+from lightning_ft.events import concurrent_runs, get_event_log, read_events
+from tests.strategy.models import TinyRegressor, make_trainer
+
+pytestmark = pytest.mark.usefixtures("event_log_on_disk")
+
+
+class CrashAt(Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            raise RuntimeError(f"crash at step {self.step}")
+
+
+def _launch(root: Path, ckpt: str, *, max_steps: int, crash: int | None = None, **kwargs: Any) -> L.Trainer:
+    """One launch of an experiment (what ``python train.py`` does): a new Trainer, checkpoints every 2 steps in
+    ``root/ckpt``."""
+    L.seed_everything(0)
+    callbacks: list[Callback] = [ModelCheckpoint(dirpath=root / ckpt, every_n_train_steps=2, save_top_k=-1)]
+    if crash is not None:
+        callbacks.append(CrashAt(crash))
+    trainer = make_trainer(root, strategy=ElasticFT3D(), callbacks=callbacks, max_steps=max_steps, **kwargs)
+    if crash is None:
+        trainer.fit(TinyRegressor())
+    else:
+        with pytest.raises(RuntimeError, match="crash at step"):
+            trainer.fit(TinyRegressor())
+    return trainer
+
+
+def _ids(trainer: L.Trainer) -> tuple[str, int]:
+    log = get_event_log(trainer, open_if_missing=False)
+    assert log is not None
+    return log.run_id, log.attempt
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("rank*.jsonl"))}
+
+
+def _starts(events: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    return [(e["run_id"], e["attempt"]) for e in events if e["event"] == "attempt_start"]
+
+
+def test_a_second_experiment_from_the_same_folder_is_another_run_and_each_relaunch_continues_its_own(tmp_path, capsys):
+    """A (``ckpt-a``) crashes at step 3; B (``ckpt-b``) starts from the same folder: its own run id, attempt 0, its
+    own event log under ``lightning-ft/runs/<id>``, A's log untouched. B crashes and is relaunched: attempt 1 of B,
+    resuming B's checkpoint. A is relaunched: attempt 1 of A, resuming A's. The report of the folder names B's run."""
+    a_run, a_attempt = _ids(_launch(tmp_path, "ckpt-a", max_steps=6, crash=3))
+    assert a_attempt == 0
+    a_log = _files(tmp_path / "lightning-ft" / "events")
+    assert json.loads((tmp_path / "lightning-ft" / "run.json").read_text())["checkpoint_dirpaths"] == [
+        str(tmp_path / "ckpt-a")
+    ]
+
+    b_run, b_attempt = _ids(_launch(tmp_path, "ckpt-b", max_steps=6, crash=5))
+    assert b_run != a_run and b_attempt == 0
+    assert _files(tmp_path / "lightning-ft" / "events") == a_log  # nothing of B in A's log
+    (b_folder,) = concurrent_runs(tmp_path)
+    assert b_folder == tmp_path / "lightning-ft" / "runs" / b_run
+    assert json.loads((b_folder / "run.json").read_text())["checkpoint_dirpaths"] == [str(tmp_path / "ckpt-b")]
+    b_events = read_events(b_folder)
+    assert _starts(b_events) == [(b_run, 0)]
+    assert not [e for e in b_events if e["event"] == "resumed"]  # B trained from scratch
+
+    relaunched_b = _launch(tmp_path, "ckpt-b", max_steps=6)
+    assert _ids(relaunched_b) == (b_run, 1) and relaunched_b.global_step == 6
+    assert _files(tmp_path / "lightning-ft" / "events") == a_log
+    b_events = read_events(b_folder)
+    assert _starts(b_events) == [(b_run, 0), (b_run, 1)]
+    (resumed,) = [e for e in b_events if e["event"] == "resumed"]
+    assert resumed["attempt"] == 1 and resumed["step"] == 4 and "ckpt-b" in resumed["path"]
+
+    relaunched_a = _launch(tmp_path, "ckpt-a", max_steps=6)
+    assert _ids(relaunched_a) == (a_run, 1) and relaunched_a.global_step == 6
+    a_events = read_events(tmp_path)
+    assert _starts(a_events) == [(a_run, 0), (a_run, 1)]
+    (resumed,) = [e for e in a_events if e["event"] == "resumed"]
+    assert resumed["attempt"] == 1 and resumed["step"] == 2 and "ckpt-a" in resumed["path"]
+    assert concurrent_runs(tmp_path) == [b_folder]
+
+    capsys.readouterr()
+    assert main(["report", str(tmp_path), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert [a["attempt"] for a in json.loads(captured.out)["attempts"]] == [0, 1]  # A's two attempts, none of B's
+    assert f"lightning-ft report {b_folder}" in captured.err
+    assert main(["report", str(b_folder), "--json"]) == 0
+    b_summary = json.loads(capsys.readouterr().out)
+    assert b_summary["run_id"] == b_run and [a["attempt"] for a in b_summary["attempts"]] == [0, 1]
+
+
+def test_each_experiment_keeps_its_own_tensorboard_version_across_its_relaunches(tmp_path):
+    """The logger-version record is kept per run: A gets ``version_0``, B the next free one, and a relaunch of either
+    writes to its own folder again."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    def version(ckpt: str) -> int:
+        trainer = _launch(tmp_path, ckpt, max_steps=2, logger=TensorBoardLogger(tmp_path / "tb"))
+        return trainer.logger.version
+
+    assert [version("ckpt-a"), version("ckpt-b"), version("ckpt-b"), version("ckpt-a")] == [0, 1, 1, 0]
+    assert sorted(p.name for p in (tmp_path / "tb" / "lightning_logs").iterdir()) == ["version_0", "version_1"]
+
+
+def test_a_run_without_an_explicit_checkpoint_folder_is_the_folder_s_run_as_before(tmp_path):
+    """No ``ModelCheckpoint(dirpath=...)``: nothing tells the experiments apart, so a launch is the folder's run (its
+    next attempt), as in earlier releases. Lightning's default ``ModelCheckpoint`` takes its folder in its ``setup``,
+    after the event log opened: that folder (which changes with the logger's version) is no key."""
+    first = _ids(_launch(tmp_path, "ckpt-a", max_steps=2))
+    for attempt, checkpointing in ((1, True), (2, False)):
+        L.seed_everything(0)
+        trainer = make_trainer(tmp_path, strategy=ElasticFT3D(), max_steps=2, enable_checkpointing=checkpointing)
+        trainer.fit(TinyRegressor())
+        assert _ids(trainer) == (first[0], attempt)
+        assert [cb.dirpath for cb in trainer.checkpoint_callbacks] == ([str(tmp_path / "checkpoints")] * checkpointing)
+    assert concurrent_runs(tmp_path) == []
