@@ -270,3 +270,112 @@ def test_a_root_is_claimed_by_one_live_process_and_free_again_once_it_is_killed(
         owner.wait()
     assert events_module.claim_root(tmp_path) is True
     assert events_module.claim_root(tmp_path) is True  # this process keeps it
+
+
+def _choose_in_a_process(root, folders, *, hold: bool = False) -> subprocess.Popen:
+    """A process that picks its run of ``root`` (:func:`choose_run`, as rank 0 does at set-up), prints it, and holds
+    the run's lock until its stdin closes (``hold``) or exits at once (a crash, a finished run)."""
+    code = (
+        "import json, sys; from lightning_ft.events import choose_run;"
+        " print(json.dumps(choose_run(sys.argv[1], json.loads(sys.argv[2]))), flush=True);"
+        " sys.stdin.read() if sys.argv[3] == '1' else None"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code, str(root), json.dumps(folders), "1" if hold else "0"],
+        env=subprocess_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _chosen(proc: subprocess.Popen) -> tuple[str, bool]:
+    run_id, own_folder = json.loads(proc.stdout.readline())
+    return run_id, own_folder
+
+
+def _choose_once(root, folders) -> tuple[str, bool]:
+    proc = _choose_in_a_process(root, folders)
+    chosen = _chosen(proc)
+    proc.communicate(timeout=60)
+    return chosen
+
+
+def test_a_run_started_beside_a_live_one_finds_its_own_run_again_when_it_restarts(tmp_path, monkeypatch):
+    """The owner (checkpoint folder ``a``) lives; B (folder ``b``) starts beside it and gets a run of its own, then
+    crashes and restarts while the owner still lives: the restart is B's run again. A second live B at once is not
+    B's run (two processes never write one run), and a run of the owner's folders beside the live owner is not the
+    owner's run."""
+    monkeypatch.delenv("LIGHTNING_FT_RUN_ID", raising=False)
+    owner = _choose_in_a_process(tmp_path, ["/a"], hold=True)
+    try:
+        owner_run, owner_own = _chosen(owner)
+        assert not owner_own
+        b_run, b_own = _choose_once(tmp_path, ["/b"])
+        assert b_own and b_run != owner_run
+        assert json.loads((tmp_path / "lightning-ft" / "runs" / b_run / "run.json").read_text())[
+            "checkpoint_dirpaths"
+        ] == ["/b"]
+        assert _choose_once(tmp_path, ["/b"]) == (b_run, True)  # B's restart while the owner lives
+        live_b = _choose_in_a_process(tmp_path, ["/b"], hold=True)
+        try:
+            assert _chosen(live_b) == (b_run, True)
+            other, other_own = _choose_once(tmp_path, ["/b"])
+            assert other_own and other not in (b_run, owner_run)
+        finally:
+            live_b.communicate(input="", timeout=60)
+        beside, beside_own = _choose_once(tmp_path, ["/a"])
+        assert beside_own and beside != owner_run
+    finally:
+        owner.communicate(input="", timeout=60)
+    assert _choose_once(tmp_path, ["/a"]) == (owner_run, False)  # the owner's relaunch
+
+
+def test_a_run_record_of_an_earlier_release_or_a_run_without_checkpoint_folders_keeps_one_run_per_folder(
+    tmp_path, monkeypatch
+):
+    """``run.json`` without ``checkpoint_dirpaths`` (lightning-ft 0.2 and earlier) or a launch without an explicit
+    checkpoint folder: nothing tells experiments apart, and every launch is the folder's run, as before."""
+    from lightning_ft.events import choose_run
+
+    monkeypatch.delenv("LIGHTNING_FT_RUN_ID", raising=False)
+    (tmp_path / "lightning-ft").mkdir()
+    (tmp_path / "lightning-ft" / "run.json").write_text(json.dumps({"run_id": "old", "created": 1.0}))
+    assert choose_run(tmp_path, ["/a"]) == ("old", False)
+    assert choose_run(tmp_path, []) == ("old", False)
+    fresh = tmp_path / "fresh"
+    first, _ = choose_run(fresh, [])
+    assert json.loads((fresh / "lightning-ft" / "run.json").read_text())["checkpoint_dirpaths"] == []
+    assert choose_run(fresh, ["/b"]) == (first, False)
+
+
+def test_lightning_ft_run_id_names_the_run_whatever_its_checkpoint_folders(tmp_path, monkeypatch):
+    from lightning_ft.events import choose_run
+
+    monkeypatch.delenv("LIGHTNING_FT_RUN_ID", raising=False)
+    choose_run(tmp_path, ["/a"])
+    monkeypatch.setenv("LIGHTNING_FT_RUN_ID", "named")
+    assert choose_run(tmp_path, ["/b"]) == ("named", False)  # this process owns the root: the root's log, as before
+
+
+@pytest.mark.parametrize("meanwhile", [False, True])
+def test_a_plain_run_s_first_write_to_disk_records_its_checkpoint_folders(tmp_path, monkeypatch, meanwhile):
+    """An in-memory log records its run (with its checkpoint folders) when an incident writes it to disk; if another
+    run recorded itself as the folder's run meanwhile, this one's lines go to a folder of its own."""
+    monkeypatch.delenv("LIGHTNING_FT_RUN_ID", raising=False)
+    trainer = _trainer(tmp_path, plain=True)
+    trainer.checkpoint_callbacks = [SimpleNamespace(dirpath="/ckpt-b")]
+    log = open_event_log(trainer)
+    assert not log.on_disk
+    if meanwhile:
+        (tmp_path / "lightning-ft").mkdir()
+        (tmp_path / "lightning-ft" / "run.json").write_text(json.dumps({"run_id": "a", "checkpoint_dirpaths": ["/a"]}))
+    log.write("hang", step=6, idle_s=30.0, ranks=[0])
+    record = tmp_path / "lightning-ft" / ("runs/" + log.run_id if meanwhile else "") / "run.json"
+    assert json.loads(record.read_text()) | {"created": 0} == {
+        "run_id": log.run_id,
+        "created": 0,
+        "checkpoint_dirpaths": ["/ckpt-b"],
+    }
+    assert [e["event"] for e in read_events(log.records)] == ["attempt_start", "hang"]
+    assert (log.records == tmp_path) is not meanwhile
