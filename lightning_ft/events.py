@@ -24,6 +24,11 @@ strategy the first monitor to set up opens it. Either way there is one log per t
 returns it.
 
 Logs written by lightning-ft 0.1.0 under ``lightning_ft/events`` are still read.
+
+Why one module: the log's place and its lines are decided by one rule, the run and the attempt
+(:func:`choose_run`, :func:`next_attempt`), and that rule reads and writes only what this module lays out (``run.json``
+files, the locks, the ``events`` folders, their lines); split, each half would have to know the other's layout. It is
+a shared leaf that imports neither torch nor Lightning (``lightning-ft report`` reads logs without them).
 """
 
 from __future__ import annotations
