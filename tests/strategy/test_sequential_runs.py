@@ -15,8 +15,9 @@ from typing import Any
 import lightning as L
 import pytest
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import Logger
 
-from lightning_ft import ElasticFT3D
+from lightning_ft import ElasticFT3D, GoodputMonitor
 from lightning_ft.cli import main
 from lightning_ft.events import concurrent_runs, get_event_log, read_events
 from tests.strategy.models import TinyRegressor, make_trainer
@@ -33,20 +34,70 @@ class CrashAt(Callback):
             raise RuntimeError(f"crash at step {self.step}")
 
 
-def _launch(root: Path, ckpt: str, *, max_steps: int, crash: int | None = None, **kwargs: Any) -> L.Trainer:
+def _launch(
+    root: Path,
+    ckpt: str,
+    *,
+    max_steps: int,
+    crash: int | None = None,
+    extra: tuple[Callback, ...] = (),
+    strategy_override: Any = None,
+    **kwargs: Any,
+) -> L.Trainer:
     """One launch of an experiment (what ``python train.py`` does): a new Trainer, checkpoints every 2 steps in
     ``root/ckpt``."""
     L.seed_everything(0)
     callbacks: list[Callback] = [ModelCheckpoint(dirpath=root / ckpt, every_n_train_steps=2, save_top_k=-1)]
+    callbacks.extend(extra)
     if crash is not None:
         callbacks.append(CrashAt(crash))
-    trainer = make_trainer(root, strategy=ElasticFT3D(), callbacks=callbacks, max_steps=max_steps, **kwargs)
+    strategy = strategy_override if strategy_override is not None else ElasticFT3D()
+    trainer = make_trainer(root, strategy=strategy, callbacks=callbacks, max_steps=max_steps, **kwargs)
     if crash is None:
         trainer.fit(TinyRegressor())
     else:
         with pytest.raises(RuntimeError, match="crash at step"):
             trainer.fit(TinyRegressor())
     return trainer
+
+
+class MetricsKept(Logger):
+    """Keeps what is logged, in memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.metrics: list[tuple[int, dict[str, float]]] = []
+
+    @property
+    def name(self) -> str:
+        return "kept"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.metrics.append((step or 0, dict(metrics)))
+
+
+def _replayed(ckpt: str, root: Path, *, crash: int | None = None) -> list[tuple[int, float]]:
+    """``goodput/replayed_steps`` as ``GoodputMonitor`` logs it in one launch: the steps an earlier attempt of this
+    run trained past the checkpoint this one resumed (read from this run's records)."""
+    logger = MetricsKept()
+    _launch(root, ckpt, max_steps=6, crash=crash, extra=[GoodputMonitor(log_every_n_steps=1)], logger=logger)
+    return [(step, m["goodput/replayed_steps"]) for step, m in logger.metrics if "goodput/replayed_steps" in m]
+
+
+def test_goodput_monitor_counts_the_replayed_steps_of_its_own_run_only(tmp_path):
+    """A crashes at step 3 (checkpoint at 2), B at step 5 (checkpoint at 4). B's relaunch replays step 5, A's step 3:
+    each monitor reads its own run's earlier attempts, not the other experiment's."""
+    assert _replayed("ckpt-a", tmp_path, crash=3) == []
+    assert _replayed("ckpt-b", tmp_path, crash=5) == []
+    assert _replayed("ckpt-b", tmp_path) == [(6, 1.0)]
+    assert _replayed("ckpt-a", tmp_path) == [(4, 1.0)]
 
 
 def _ids(trainer: L.Trainer) -> tuple[str, int]:
@@ -135,3 +186,22 @@ def test_a_run_without_an_explicit_checkpoint_folder_is_the_folder_s_run_as_befo
         assert _ids(trainer) == (first[0], attempt)
         assert [cb.dirpath for cb in trainer.checkpoint_callbacks] == ([str(tmp_path / "checkpoints")] * checkpointing)
     assert concurrent_runs(tmp_path) == []
+
+
+def test_under_ddp_strategy_the_monitor_s_event_log_follows_the_same_runs(tmp_path):
+    """Under ``DDPStrategy`` ``GoodputMonitor`` opens the log (at its ``setup``, before ``ModelCheckpoint``'s): the
+    same key, the same runs."""
+    import torch.distributed as dist
+    from lightning.pytorch.strategies import DDPStrategy
+
+    def launch(ckpt: str) -> tuple[str, int]:
+        trainer = _launch(tmp_path, ckpt, max_steps=2, extra=(GoodputMonitor(),), strategy_override=DDPStrategy())
+        if dist.is_initialized():
+            dist.destroy_process_group()  # DDPStrategy leaves its group of one process up
+        return _ids(trainer)
+
+    (a_run, a0), (b_run, b0), (b_again, b1), (a_again, a1) = [
+        launch(c) for c in ("ckpt-a", "ckpt-b", "ckpt-b", "ckpt-a")
+    ]
+    assert a_run != b_run and (a0, b0) == (0, 0)
+    assert (b_again, b1) == (b_run, 1) and (a_again, a1) == (a_run, 1)
