@@ -175,32 +175,33 @@ def claim_root(root_dir: str | os.PathLike[str]) -> bool:
     new Trainer in one process is a restart, as before); a restart after a crash, a torchrun restart and a requeue
     find the lock free. Where the filesystem refuses locks, every run claims the root (the behaviour without it).
     Call on rank 0."""
-    return _claim(Path(os.path.abspath(root_dir)) / ROOT_LOCK_FILE)
+    return _claim(Path(os.path.realpath(root_dir)) / ROOT_LOCK_FILE)
 
 
 def claim_run_dir(folder: str | os.PathLike[str]) -> bool:
     """:func:`claim_root` for the folder of a run under :data:`RUNS_SUBDIR` (its ``run.lock``): ``False`` while
     another live process writes that run."""
-    return _claim(Path(os.path.abspath(folder)) / RUN_LOCK_NAME)
+    return _claim(Path(os.path.realpath(folder)) / RUN_LOCK_NAME)
 
 
 def _held_elsewhere(lock_file: Path) -> bool:
     """Whether another live process holds ``lock_file`` (:func:`_claim`), without taking it."""
     import fcntl
 
-    if os.fspath(lock_file) in _CLAIMED:
+    with _claim_lock:
+        if os.fspath(lock_file) in _CLAIMED:
+            return False
+        try:
+            fd = os.open(lock_file, os.O_RDWR)
+        except OSError:
+            return False
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            return err.errno in (errno.EAGAIN, errno.EACCES)
+        finally:
+            os.close(fd)  # releases the test lock: this process held no other lock on the file
         return False
-    try:
-        fd = os.open(lock_file, os.O_RDWR)
-    except OSError:
-        return False
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as err:
-        return err.errno in (errno.EAGAIN, errno.EACCES)
-    finally:
-        os.close(fd)  # releases the test lock: this process held no other lock on the file
-    return False
 
 
 def _claim(lock_file: Path) -> bool:
@@ -687,7 +688,7 @@ def _say_own_run(root: str, run_id: str, folders: list[str]) -> None:
     runs at once from one folder), or the root's run is another experiment (information)."""
     where = run_dir(root, run_id)
     recorded = _read_record(Path(root) / RUN_FILE)
-    if not _held_elsewhere(Path(os.path.abspath(root)) / ROOT_LOCK_FILE) and recorded is not None:
+    if not _held_elsewhere(Path(os.path.realpath(root)) / ROOT_LOCK_FILE) and recorded is not None:
         _log.info(
             "lightning-ft: %s records run %s (checkpoint folders %s); this run (checkpoint folders %s) is %s, with its"
             " own event log under %s (lightning-ft report %s)",

@@ -82,16 +82,23 @@ def test_another_experiment_with_a_new_checkpoint_folder_under_torchrun_never_re
     tmp_path,
 ):
     """(C) at 2 processes: experiment A (memory tier every 2 steps) crashes after step 5; experiment B, from the same
-    working folder with a new checkpoint folder and another lr, trains from scratch (bitwise DDPStrategy's B); A's
-    restart then still resumes its own step-4 memory copy."""
+    working folder with a new checkpoint folder and another lr, is another run (its own run id and event log, attempt
+    0) and trains from scratch (bitwise DDPStrategy's B); A's restart is A's attempt 1 and still resumes its own
+    step-4 memory copy."""
     root = tmp_path / "ft"
     env = {"LIGHTNING_FT_MEMORY_DIR": str(tmp_path / "shm")}
     a = ("--ckpt", str(root / "ckpt-a"), "--ckpt-every", "100", "--memory-every", "2", "--lr", "0.1")
     crashed = torchrun(root, *a, "--out", str(root / "out-a"), "--crash-at", "5", env=env)
     assert crashed.returncode != 0 and "crash at step 5" in crashed.stderr
     b = ("--ckpt", str(root / "ckpt-b"), "--ckpt-every", "100", "--memory-every", "2", "--lr", "0.05")
+    a_log = files(root / "lightning-ft" / "events")
     assert_ok(torchrun(root, *b, "--out", str(root / "out-b"), env=env))
-    assert not [e for e in read_events(root) if e["event"] == "resumed"]
+    assert files(root / "lightning-ft" / "events") == a_log  # B is another run: its own event log
+    (b_folder,) = concurrent_runs(root)
+    b_events = read_events(b_folder)
+    assert {(e["run_id"], e["attempt"]) for e in b_events} == {(b_folder.name, 0)}
+    assert b_folder.name not in {e["run_id"] for e in read_events(root)}
+    assert not [e for e in read_events(root) + b_events if e["event"] == "resumed"]
     oracle = tmp_path / "ddp"
     assert_ok(
         torchrun(
@@ -100,8 +107,10 @@ def test_another_experiment_with_a_new_checkpoint_folder_under_torchrun_never_re
     )
     assert_bitwise_equal(weights(root / "out-b"), weights(oracle / "out"))
     assert_ok(torchrun(root, *a, "--out", str(root / "out-a"), env=env))
-    resumed = [e for e in read_events(root) if e["event"] == "resumed"]
+    a_events = read_events(root)
+    resumed = [e for e in a_events if e["event"] == "resumed"]
     assert [(e["step"], e["tier"]) for e in resumed] == [(4, "local")]
+    assert sorted({e["attempt"] for e in a_events}) == [0, 1] and len({e["run_id"] for e in a_events}) == 1
 
 
 def _python(root: Path, *args: str, env: dict[str, str]) -> subprocess.Popen:
@@ -118,7 +127,8 @@ def _python(root: Path, *args: str, env: dict[str, str]) -> subprocess.Popen:
 def test_two_runs_started_at_once_from_one_folder_share_neither_a_memory_copy_nor_an_event_log(tmp_path):
     """A sweep: run 1 holds after step 2 while run 2 (another checkpoint folder, another lr) runs start to end from the
     same working folder. Run 2 gets its own run id and event log (lightning-ft/runs/<id>/events), its memory copies
-    are its own, and neither resumes anything; ``lightning-ft report`` names the second run."""
+    are its own, and neither resumes anything; run 2 relaunched while run 1 still lives is run 2's attempt 1;
+    ``lightning-ft report`` names the second run."""
     root, hold = tmp_path / "sweep", tmp_path / "hold"
     hold.write_text("")
     env = {"LIGHTNING_FT_MEMORY_DIR": str(tmp_path / "shm")}
@@ -148,6 +158,12 @@ def test_two_runs_started_at_once_from_one_folder_share_neither_a_memory_copy_no
         )
         out2, _ = second.communicate(timeout=240)
         assert second.returncode == 0, out2[-5000:]
+        # Run 2 relaunched (a crash restart, a requeue) while run 1 still lives: run 2's next attempt, not a new run.
+        again = _python(
+            root, "--ckpt", str(root / "ckpt-2"), "--out", str(root / "out2"), *common, "--lr", "0.05", env=env
+        )
+        out2_again, _ = again.communicate(timeout=240)
+        assert again.returncode == 0, out2_again[-5000:]
     finally:
         hold.unlink()
     out1, _ = first.communicate(timeout=240)
@@ -158,7 +174,8 @@ def test_two_runs_started_at_once_from_one_folder_share_neither_a_memory_copy_no
     assert {e["run_id"] for e in own} != {e["run_id"] for e in theirs}
     assert len({e["run_id"] for e in own}) == len({e["run_id"] for e in theirs}) == 1
     assert other.name == theirs[0]["run_id"]
-    assert not [e for e in own + theirs if e["event"] == "resumed"]
+    assert sorted({e["attempt"] for e in theirs}) == [0, 1] and {e["attempt"] for e in own} == {0}
+    assert not [e for e in own + theirs if e["event"] == "resumed" and e["attempt"] == 0]
     memory = [Path(e["path"]).parents[1] for e in own + theirs if e["event"] == "checkpoint_committed"]
     assert len(set(memory)) == 2  # one memory folder per run
     assert "another run of" in out2
