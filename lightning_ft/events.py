@@ -172,7 +172,7 @@ def claim_root(root_dir: str | os.PathLike[str]) -> bool:
     (``lightning-ft/run.lock``, a POSIX lock the kernel releases when the process ends, however it ends). ``False``
     when another live process holds it: a run started from the same folder while another runs (a sweep), which gets
     its own run id and event log (:func:`concurrent_events_dir`). A later fit in the same process keeps the claim (a
-    new Trainer in one process is a restart, as before); a restart after a crash, a torchrun restart and a requeue
+    new Trainer in one process with the same checkpoint folders is a restart, as before: :func:`choose_run`); a restart after a crash, a torchrun restart and a requeue
     find the lock free. Where the filesystem refuses locks, every run claims the root (the behaviour without it).
     Call on rank 0."""
     return _claim(Path(os.path.realpath(root_dir)) / ROOT_LOCK_FILE)
@@ -232,7 +232,7 @@ def _event_folders(path: Path) -> list[Path]:
     if path.name == "events":
         return [path]
     if path.parent.name == RUNS_SUBDIR.name and path.parent.parent.name == STATE_DIR:
-        return [path / "events"]  # a concurrent run's folder, lightning-ft/runs/<run_id>
+        return [path / "events"]  # another run.s folder, lightning-ft/runs/<run_id>
     return [path / EVENTS_SUBDIR, path / LEGACY_EVENTS_SUBDIR]
 
 
@@ -256,9 +256,9 @@ def _finite(value: Any) -> Any:
 def read_events(root_or_events_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """All events of every rank, in time order.
 
-    Accepts a trainer's ``default_root_dir``, a concurrent run's folder (``lightning-ft/runs/<run_id>``) or the
+    Accepts a trainer's ``default_root_dir``, another run.s folder (``lightning-ft/runs/<run_id>``) or the
     ``events`` folder itself; under a root, both the current folder and 0.1.0's ``lightning_ft/events`` are read (not
-    the concurrent runs' folders: :func:`concurrent_runs`). A torn last line (a process killed mid-write) is skipped.
+    the other runs. folders: :func:`concurrent_runs`). A torn last line (a process killed mid-write) is skipped.
     """
     events: list[dict[str, Any]] = []
     for folder in _event_folders(Path(root_or_events_dir)):
@@ -288,7 +288,7 @@ def _iter_lines(file: Path) -> Iterator[dict[str, Any]]:
 def resolve_run_id(root_dir: str | os.PathLike[str], *, record: bool = True) -> str:
     """The run's id: ``LIGHTNING_FT_RUN_ID``, else the one recorded in ``lightning-ft/run.json`` (or 0.1.0's
     ``lightning_ft/run.json``), else a new one, recorded (with ``record``; :func:`record_run_id` later otherwise).
-    For the run that owns the root (:func:`claim_root`); a concurrent run gets a new id.
+    The rule of the root's own run, kept for callers that name no checkpoint folders; launches use :func:`choose_run`.
 
     Call on one rank (rank 0) and broadcast: the first attempt of a run writes the file.
     """
