@@ -11,6 +11,7 @@ rank 0 before checkpoints are listed at start, puts the newest committed one bac
 state found after a crash               what recovery does
 ======================================  ==============================================================
 new folder without marker (mid-write)   deletes it (it holds our in-progress record); the old one stays
+placeholder at ``<name>`` (a new file)  deletes it (no save of this process holds it)
 new committed, old still at ``<name>``  moves the old one aside, the new one in, deletes the old one
 old moved aside, ``<name>`` missing     moves the newest committed one (the new one) to ``<name>``
 new at ``<name>``, old still aside      deletes the old one
@@ -33,7 +34,14 @@ from typing import NamedTuple
 
 from lightning_ft.checkpoint.commit import COMMIT_MARKER, uncommit
 from lightning_ft.checkpoint.errors import CheckpointError
-from lightning_ft.checkpoint.in_progress import discard, has_record, in_flight_paths, is_ours, write_record
+from lightning_ft.checkpoint.in_progress import (
+    discard,
+    has_record,
+    in_flight_paths,
+    is_ours,
+    is_placeholder,
+    write_record,
+)
 from lightning_ft.checkpoint.single_file import is_checkpoint_file, read_marker
 from lightning_ft.checkpoint.snapshot_storage import fsync_dir
 
@@ -93,6 +101,13 @@ def prepare(path: Path, *, step: int | None, run_id: str | None) -> Path:
         CheckpointError: ``path`` is a link, a file, or a folder lightning-ft cannot prove it wrote; nothing is
             touched.
     """
+    from lightning_ft.checkpoint.location import is_last_path
+
+    if path.is_symlink() and is_last_path(path):
+        # The `last` link of an earlier lightning-ft (or Lightning's save_last="link"): it holds no data, and `last`
+        # is now a checkpoint of its own, so the link makes way for it (as Lightning's own save replaces it).
+        path.unlink()
+        fsync_dir(path.parent)
     if path.is_symlink():
         raise CheckpointError(f"cannot save to {path}: it is a link; lightning-ft does not write through links")
     if path.exists():
@@ -238,6 +253,13 @@ def recover_interrupted_swaps(dirpath: str | os.PathLike, *, keep: Iterable[str 
         if parsed is not None and not child.is_symlink() and (child.is_dir() or is_checkpoint_file(child)):
             groups.setdefault(parsed.target, []).append((parsed.kind, child))
     settled = []
+    for child in sorted(dirpath.iterdir()):
+        # The placeholder of a save that was killed before its commit replaced it: ours, and no checkpoint.
+        if parse_swap_name(child.name) is None and is_placeholder(child) and child.name not in groups:
+            if Path(os.path.abspath(child)) not in skipped:
+                discard(child)
+                settled.append(child)
+                log.warning("lightning-ft: removed %s, the placeholder of a save that never committed", child)
     for name, members in sorted(groups.items()):
         target = dirpath / name
         if Path(os.path.abspath(target)) in skipped:
