@@ -14,9 +14,9 @@ import torch
 from lightning_ft.checkpoint import AsyncCheckpointer, cleanup_uncommitted, latest_committed, list_committed
 from lightning_ft.checkpoint.in_progress import has_record, is_ours, is_placeholder, write_placeholder
 from lightning_ft.checkpoint.internal import is_committed
-from lightning_ft.checkpoint.swap import recover_interrupted_swaps
 from lightning_ft.checkpoint.single_file import FileStorage, is_checkpoint_file
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
+from lightning_ft.checkpoint.swap import recover_interrupted_swaps
 from tests.checkpoint.support import in_forked_child, kill_this_process
 
 
