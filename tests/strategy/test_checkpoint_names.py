@@ -81,7 +81,16 @@ def test_save_last_link_is_lightnings_own_link_to_the_newest_checkpoint(tmp_path
     assert ddp["paths"]["last.ckpt"]["kind"] == "link"
     for key in ("listing", "paths", "best_model_path", "best_k_models", "last_model_path", "logger_calls"):
         assert ours[key] == ddp[key], key
-    assert _without_sizes(ours["uploads"]) == _without_sizes(ddp["uploads"])
+    # Every checkpoint file is uploaded as under DDPStrategy, in the same order. The one documented difference: a
+    # logger call that waited for a commit runs after Lightning made its `last` link (right after the save call), so
+    # the link is uploaded one call earlier and, at the end, once more (the newest state, complete) than under DDP.
+    uploads = _without_sizes(ours["uploads"])
+    assert [u for u in uploads if u["kind"] == "file"] == [
+        u for u in _without_sizes(ddp["uploads"]) if u["kind"] == "file"
+    ]
+    links = [(u["name"], u["global_step"]) for u in uploads if u["kind"] == "link"]
+    assert set(links) >= {(u["name"], u["global_step"]) for u in ddp["uploads"] if u["kind"] == "link"}
+    assert all(u["weights_only_load"] == "ok" for u in uploads)
 
 
 @pytest.mark.slow
