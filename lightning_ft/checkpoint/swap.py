@@ -101,13 +101,6 @@ def prepare(path: Path, *, step: int | None, run_id: str | None) -> Path:
         CheckpointError: ``path`` is a link, a file, or a folder lightning-ft cannot prove it wrote; nothing is
             touched.
     """
-    from lightning_ft.checkpoint.location import is_last_path
-
-    if path.is_symlink() and is_last_path(path):
-        # The `last` link of an earlier lightning-ft (or Lightning's save_last="link"): it holds no data, and `last`
-        # is now a checkpoint of its own, so the link makes way for it (as Lightning's own save replaces it).
-        path.unlink()
-        fsync_dir(path.parent)
     if path.is_symlink():
         raise CheckpointError(f"cannot save to {path}: it is a link; lightning-ft does not write through links")
     if path.exists():

@@ -313,6 +313,10 @@ class StrategyCheckpoints:
             if target is None:
                 return
             path = Path(target)
+            if self._rank() == 0 and not is_remote(path) and path.is_symlink():
+                # The `last` link of an earlier lightning-ft or of save_last="link": it holds no data, and `last` is
+                # now a checkpoint of its own, so the link makes way for it.
+                path.unlink()
             if same is not None and not is_remote(path) and self._writer is not None:
                 start = time.perf_counter()
                 if self._writer.save_again(path, state, rank_state=rank_state, metadata=metadata):

@@ -16,7 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
-
 from unittest import mock
 
 import pytest
