@@ -56,6 +56,7 @@ from lightning_ft.checkpoint.file_commit import FileSwap, prepare_file, writes_f
 from lightning_ft.checkpoint.in_progress import (
     discard,
     is_placeholder,
+    make_durable,
     mark_in_flight,
     remove_record,
     unmark_in_flight,
@@ -307,9 +308,11 @@ class AsyncCheckpointer:
         the save alike."""
         try:
             if writes_files(self._storage):
-                job.placeholder = write_placeholder(job.path, step=job.metadata["step"], run_id=job.metadata["run_id"])
+                job.placeholder = write_placeholder(
+                    job.path, step=job.metadata["step"], run_id=job.metadata["run_id"], durable=False
+                )
             else:
-                job.folder = self._prepare(job)
+                job.folder = self._prepare(job, durable=False)
         except BaseException as e:  # noqa: BLE001 - raised in the background thread, on every rank
             job.prepare_error = e
 
@@ -430,8 +433,8 @@ class AsyncCheckpointer:
                 _discard_quietly(job.path, "the placeholder of a failed save")
             raise
 
-    def _prepare(self, job: _Job) -> Path:  # seam hooks with _discard_failed and _commit: a subclass writes elsewhere
-        return prepare(job.path, step=job.metadata["step"], run_id=job.metadata["run_id"])
+    def _prepare(self, job: _Job, *, durable: bool = True) -> Path:  # seam hooks with _discard_failed and _commit
+        return prepare(job.path, step=job.metadata["step"], run_id=job.metadata["run_id"], durable=durable)
 
     def _discard_failed(self, job: _Job) -> None:
         _discard_quietly(job.folder, "the folder of a failed save")  # type: ignore[arg-type]
@@ -449,6 +452,8 @@ class AsyncCheckpointer:
                     raise job.prepare_error
                 if job.folder is None:  # an object-store URL: prepared here, off the training thread
                     job.folder = self._prepare(job)
+                else:
+                    make_durable(job.folder)  # prepared in save(): its record durable before any data
                 prepared = (str(job.path), str(job.folder))
             except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
                 error = e
@@ -490,6 +495,8 @@ class AsyncCheckpointer:
             )
         if job.prepare_error is not None:
             raise job.prepare_error
+        if job.placeholder and is_placeholder(job.path):
+            make_durable(job.path)  # off the training thread, before any data
         job.folder = prepare_file(job.path, step=job.metadata["step"], run_id=job.metadata["run_id"])
         entries, records = job.capture.entries_and_records()
         gathered = [(records, job.capture.tensors, job.capture.rank_state_json)]

@@ -44,6 +44,7 @@ __all__ = [
     "in_flight_paths",
     "is_ours",
     "is_placeholder",
+    "make_durable",
     "mark_in_flight",
     "read_record",
     "remove_record",
@@ -73,16 +74,24 @@ def _record(target: Path, step: int | None, run_id: str | None) -> dict[str, Any
     }
 
 
-def write_record(folder: Path, *, target: Path, step: int | None, run_id: str | None) -> None:
-    """Write the in-progress record into ``folder``, durably (file and folder entry). Rank 0, before any data."""
-    atomic_write(folder / IN_PROGRESS_RECORD, json.dumps(_record(target, step, run_id)).encode())
+def write_record(folder: Path, *, target: Path, step: int | None, run_id: str | None, durable: bool = True) -> None:
+    """Write the in-progress record into ``folder``, durably (file and folder entry). Rank 0, before any data.
+
+    ``durable=False`` (a save call that must not wait for the disk) leaves the fsyncs to :func:`make_durable`."""
+    data = json.dumps(_record(target, step, run_id)).encode()
+    if durable:
+        atomic_write(folder / IN_PROGRESS_RECORD, data)
+    else:
+        (folder / IN_PROGRESS_RECORD).write_bytes(data)  # a new folder: nobody reads a record there before this
 
 
-def write_placeholder(path: Path, *, step: int | None, run_id: str | None) -> bool:
-    """Hold the checkpoint file name ``path`` for a save in flight: create a placeholder there, durably, unless
-    something (a file, a folder, a link) is there already. Returns whether it created one. Rank 0, in the save call.
+def write_placeholder(path: Path, *, step: int | None, run_id: str | None, durable: bool = True) -> bool:
+    """Hold the checkpoint file name ``path`` for a save in flight: create a placeholder there unless something (a
+    file, a folder, a link) is there already. Returns whether it created one. Rank 0, in the save call.
 
-    ``O_EXCL``: a file that appears at ``path`` meanwhile is never overwritten."""
+    ``O_EXCL``: a file that appears at ``path`` meanwhile is never overwritten. ``durable=False`` leaves the fsyncs
+    to :func:`make_durable` (the background writer's, before any data): a killed process leaves the placeholder whole
+    (the page cache survives it), and the save call does not wait for the disk."""
     if path.exists() or path.is_symlink():
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,11 +102,27 @@ def write_placeholder(path: Path, *, step: int | None, run_id: str | None) -> bo
         return False
     try:
         os.write(fd, data)
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    if durable:
+        fsync_dir(path.parent)
+    return True
+
+
+def make_durable(path: Path) -> None:
+    """fsync what ``durable=False`` left: a placeholder file ``path`` or the in-progress record of the folder
+    ``path``, and their folder entries."""
+    target = path / IN_PROGRESS_RECORD if path.is_dir() else path
+    fd = os.open(target, os.O_RDONLY)
+    try:
         os.fsync(fd)
     finally:
         os.close(fd)
+    if path.is_dir():
+        fsync_dir(path)
     fsync_dir(path.parent)
-    return True
 
 
 def is_placeholder(path: Path) -> bool:

@@ -91,7 +91,7 @@ def _rename(source: Path, destination: Path) -> None:
     fsync_dir(destination.parent)
 
 
-def prepare(path: Path, *, step: int | None, run_id: str | None) -> Path:
+def prepare(path: Path, *, step: int | None, run_id: str | None, durable: bool = True) -> Path:
     """Create the folder a save to ``path`` writes into, holding its in-progress record; return it. Rank 0 only.
 
     ``path`` itself when nothing is there (or an interrupted save of ours, which is deleted first); a staging folder
@@ -116,16 +116,18 @@ def prepare(path: Path, *, step: int | None, run_id: str | None) -> Path:
             )
     else:
         folder = path
-    return make_staging(folder, target=path, step=step, run_id=run_id)
+    return make_staging(folder, target=path, step=step, run_id=run_id, durable=durable)
 
 
-def make_staging(folder: Path, *, target: Path, step: int | None, run_id: str | None) -> Path:
+def make_staging(folder: Path, *, target: Path, step: int | None, run_id: str | None, durable: bool = True) -> Path:
     """Create ``folder`` holding the in-progress record of a save to ``target``, durable (the record and the folder's
-    entry fsynced) before this returns, so before any data is written; return it."""
+    entry fsynced) before this returns, so before any data is written; return it. ``durable=False``: the caller
+    makes it durable before any data (:func:`~lightning_ft.checkpoint.in_progress.make_durable`)."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     folder.mkdir()
-    write_record(folder, target=target, step=step, run_id=run_id)
-    fsync_dir(folder.parent)
+    write_record(folder, target=target, step=step, run_id=run_id, durable=durable)
+    if durable:
+        fsync_dir(folder.parent)
     return folder
 
 
