@@ -39,7 +39,8 @@ def test_the_quick_start_runs_as_written_on_two_cpu_processes_and_resumes_on_one
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-6000:]
     line = [ln for ln in again.stderr.splitlines() if ln.startswith("lightning-ft: resuming from")]
     assert line == [
-        f"lightning-ft: resuming from {tmp_path / 'checkpoints' / 'epoch=2-step=40.ckpt'} (step 40): world size 2"
+        # `last.ckpt`: a checkpoint of its own, the newest committed one of step 40 (written after the top-k one)
+        f"lightning-ft: resuming from {tmp_path / 'checkpoints' / 'last.ckpt'} (step 40): world size 2"
         " -> 1, gradient accumulation 1 -> 2, LR x1.00 (unchanged)"
     ]
 
