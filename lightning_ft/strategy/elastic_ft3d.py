@@ -17,9 +17,10 @@ hook                    what the collaborators do
 ======================  ================================================================================================
 ``__init__``            arguments checked; fault handler built; a fresh run: auto-resume, data position, elastic resume
 ``setup_environment``   (every rank) torchrun world, ``ParallelConfig``, process group, mesh; event log opened; fault
-                        handler installs signal handlers and watchdog hooks; checkpoint I/O opened; tracker built;
-                        tracker and elastic resume (and the memory tier, when on) put first in ``trainer.callbacks``;
-                        auto-resume patches the checkpoint connector
+                        handler installs signal handlers and watchdog hooks; checkpoint I/O opened and the loggers'
+                        ``after_save_checkpoint`` patched (called once the save it announces is committed); tracker
+                        built; tracker and elastic resume (and the memory tier, when on) put first in
+                        ``trainer.callbacks``; auto-resume patches the checkpoint connector
 ``setup``               (after ``configure_model``) checkpoint folders checked; the parallel mode chosen and set up (DDP
                         wrap, DTensor or pipeline); the memory tier's group and budget check (fit, collective);
                         fault handler's pre-flight health checks (collective)
@@ -35,7 +36,8 @@ hook                    what the collaborators do
 ``save_checkpoint``     elastic resume's metadata; checkpoint I/O captures the state, then writes in the background
 ``remove_checkpoint``   checkpoint I/O's retention (never the save in flight)
 ``on_exception``        the error kept for teardown
-``teardown``            checkpoint I/O closed (waits for the save in flight); memory tier closed (a finished fit removes
+``teardown``            checkpoint I/O closed (waits for the save in flight), loggers' deferred ``after_save_checkpoint``
+                        calls made and their patches undone; memory tier closed (a finished fit removes
                         its copies); auto-resume patch undone; mode torn down;
                         elastic resume writes ``resumed`` if due; ``attempt_end`` recorded; the two callbacks removed
 ======================  ================================================================================================
@@ -337,6 +339,7 @@ class ElasticFT3D(DDPStrategy):
         if self._fault is not None:
             self._fault.install(trainer, self.event_log)  # fit only: signal handlers, watchdog hooks
         self._checkpoint_manager().open(storage=checkpoint_storage(trainer))
+        self._checkpoint_manager().defer_logger_calls(trainer.loggers)
         if self._tracker is None:
             self._tracker = TrainingTracker(
                 event_log=lambda: self.event_log,
@@ -507,6 +510,7 @@ class ElasticFT3D(DDPStrategy):
                 "waiting for the checkpoint in flight",
                 after_peer_loss=checkpoints.last_save_outcome,
             )
+            steps.run(checkpoints.finish_logger_calls, "making the loggers' calls that waited for a commit")
         trainer = attached_trainer(self.lightning_module)
         if self._memory is not None:
             fitted = self._exception is None and trainer is not None and trainer.state.fn == TrainerFn.FITTING

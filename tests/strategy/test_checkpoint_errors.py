@@ -23,6 +23,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_ft import ElasticFT3D
 from lightning_ft import checkpoint as lft_checkpoint
+from lightning_ft.checkpoint.in_progress import discard
 from lightning_ft.checkpoint.internal import COMMIT_MARKER, FORMATS, METADATA_FILE
 from tests.checkpoint.support import flip_a_byte_of, plant_pickled_entry
 from tests.helpers import REPO_ROOT
@@ -90,8 +91,12 @@ def _uncommitted(ckpt: Path) -> Path:
 
 
 def _last_to_uncommitted(ckpt: Path) -> Path:
-    _uncommitted(ckpt)
-    return ckpt / "last.ckpt"
+    # Lightning's save_last="link" link to a save that never finished (a crash mid-write), nothing else committed.
+    target = _uncommitted(ckpt)
+    last = ckpt / "last.ckpt"
+    discard(last)  # the checkpoint of its own that save_last=True wrote
+    os.symlink(target.name, last)
+    return last
 
 
 def _foreign_folder(ckpt: Path) -> Path:

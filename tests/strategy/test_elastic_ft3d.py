@@ -135,7 +135,10 @@ HOOKS = (
     "teardown",
 )
 COLLABORATORS = {
-    "checkpoints": (StrategyCheckpoints, ("open", "save", "load", "remove", "cleanup_leftovers", "close")),
+    "checkpoints": (
+        StrategyCheckpoints,
+        ("open", "defer_logger_calls", "save", "load", "remove", "cleanup_leftovers", "close", "finish_logger_calls"),
+    ),
     "auto_resume": (AutoResume, ("install", "select", "take_fallbacks", "uninstall")),
     "tracker": (TrainingTracker, ("__init__", "resume_with_rng")),
     "data_position": (TrainingDataPosition, ("prepare_for",)),
@@ -150,6 +153,7 @@ COLLABORATORS = {
 RESUMED_FIT = [
     ("setup_environment", "fault.install"),
     ("setup_environment", "checkpoints.open"),
+    ("setup_environment", "checkpoints.defer_logger_calls"),
     ("setup_environment", "tracker.__init__"),
     ("setup_environment", "auto_resume.install"),
     ("setup", "mode.setup"),
@@ -168,6 +172,7 @@ RESUMED_FIT = [
     ("save_checkpoint", "checkpoints.save"),
     ("remove_checkpoint", "checkpoints.remove"),
     ("teardown", "checkpoints.close"),
+    ("teardown", "checkpoints.finish_logger_calls"),
     ("teardown", "auto_resume.uninstall"),
     ("teardown", "mode.teardown"),
     ("teardown", "elastic_resume.finish"),
