@@ -243,6 +243,17 @@ class MemoryCheckpoints(Callback):
 
     # ------------------------------------------------------------------ set-up
 
+    def open_tier(self) -> None:
+        """Every rank, collective (creates the tier's gloo group once): the node layout, the run's folder and the
+        group, which :meth:`plan` and :meth:`load` need. From ``ElasticFT3D`` before the first load of a ``fit`` (which
+        comes before ``setup`` in data parallel), and from :meth:`setup_tier`."""
+        strategy = self._strategy
+        self._layout = NodeLayout.of(strategy)
+        assert strategy.event_log is not None
+        self._run_dir = run_folder(self.tier.resolved_dirpath(), strategy.event_log.run_id)
+        if dist.is_available() and dist.is_initialized() and self._group is None:
+            self._group = dist.new_group(backend="gloo")
+
     def setup_tier(self, trainer: pl.Trainer) -> None:
         """Every rank, collective (creates a gloo group, one exchange of budget problems). Starts the writer thread.
 
@@ -251,11 +262,8 @@ class MemoryCheckpoints(Callback):
                 node's memory (the numbers and the rule in the message); raised on every rank alike.
         """
         strategy = self._strategy
-        self._layout = layout = NodeLayout.of(strategy)
-        assert strategy.event_log is not None
-        self._run_dir = run_folder(self.tier.resolved_dirpath(), strategy.event_log.run_id)
-        if dist.is_available() and dist.is_initialized() and self._group is None:
-            self._group = dist.new_group(backend="gloo")
+        self.open_tier()
+        layout = self.layout
         problem = self._budget_problem(strategy)
         problems = self._all_gather(problem)
         first = next((p for p in problems if p), None)
