@@ -4,10 +4,12 @@ and a partner node, and the choice at resume between it and the durable tier.
 :class:`MemoryCheckpoints` is a callback the strategy puts on the Trainer when the tier is on. Its parts, in the order
 a run meets them:
 
-- ``setup`` (every rank, collective, from ``ElasticFT3D.setup``): the node layout (``LOCAL_WORLD_SIZE`` and the rank
-  numbering of torchrun: node-major), the partner (same local rank on node ``(node + 1) % num_nodes``), a gloo group of
-  the tier's own, and the budget: the bytes a memory save needs per rank and per node against the free space of the
-  folder and ``MemAvailable`` (a ``ValueError`` naming ``MemoryTier(...)`` on every rank when it does not fit).
+- ``open_tier`` (every rank, collective, from ``ElasticFT3D`` before the first load of a fit, which in data parallel
+  comes before ``setup``): the node layout (``LOCAL_WORLD_SIZE`` and the rank numbering of torchrun: node-major), the
+  partner (same local rank on node ``(node + 1) % num_nodes``), a gloo group of the tier's own.
+- ``setup_tier`` (every rank, collective, from ``ElasticFT3D.setup`` once the optimizers exist: after ``plan`` and
+  ``load`` in data parallel): the budget: the bytes a memory save needs per rank and per node against the free space
+  of the folder and ``MemAvailable`` (a ``ValueError`` naming ``MemoryTier(...)`` on every rank when it does not fit).
 - ``plan`` (every rank, collective, from auto-resume's choice): every rank checks the copies in its lane (CRC,
   coverage, step, run id, world layout), one ``all_gather_object`` of the small lists, and every rank computes the same
   newest step that every rank can restore from some holder; used when newer than the durable tier's newest.

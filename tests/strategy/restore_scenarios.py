@@ -20,6 +20,7 @@ Every scenario also carries :class:`ReadsStateAtFitStart` (a callback that reads
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -223,7 +224,7 @@ def _averaged(trainer: L.Trainer) -> dict[str, Any] | None:
     return None
 
 
-def main() -> None:  # torchrun entry: every rank fits; rank 0 writes what it observed
+def main() -> None:  # torchrun entry: every rank fits and writes what it observed (rank 0 to --out)
     parser = argparse.ArgumentParser()
     parser.add_argument("--scenario", choices=SCENARIOS, required=True)
     parser.add_argument("--strategy", choices=("ddp", "elasticft"), required=True)
@@ -231,11 +232,11 @@ def main() -> None:  # torchrun entry: every rank fits; rank 0 writes what it ob
     parser.add_argument("--max-epochs", type=int, required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    trainer, module, reader, log = fit(args.scenario, args.strategy, args.root, args.max_epochs, devices="auto")
+    devices = int(os.environ["LOCAL_WORLD_SIZE"])
+    trainer, module, reader, log = fit(args.scenario, args.strategy, args.root, args.max_epochs, devices=devices)
     seen = observed(trainer, module, reader, log)
-    if trainer.global_rank == 0:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(seen, args.out)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(seen, args.out if trainer.global_rank == 0 else args.out.with_suffix(f".rank{trainer.global_rank}.pt"))
 
 
 if __name__ == "__main__":

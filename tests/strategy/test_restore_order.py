@@ -79,22 +79,30 @@ def test_stochastic_weight_averaging_resumed_keeps_its_average_and_the_modules_s
 
 
 def _torchrun_resumed(root: Path, scenario: str, strategy: str) -> dict[str, Any]:
-    out = root / f"{strategy}.pt"
-    for epochs in (2, 4):
+    """Two fits under torchrun (2 epochs, then resumed to 4); what rank 0 observed after the second (each rank's
+    observations of fit N are in ``root/<strategy>-<N>.pt`` and ``.rank<r>.pt``)."""
+    for fit_number, epochs in enumerate((2, 4), start=1):
         args = ["--scenario", scenario, "--strategy", strategy, "--root", str(root / strategy)]
+        out = root / f"{strategy}-{fit_number}.pt"
         assert_ok(torchrun(*args, "--max-epochs", str(epochs), "--out", str(out), script=SCRIPT, timeout=300))
     return torch.load(out, weights_only=False)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # four torchrun launches of two processes
-def test_backbone_finetuning_resumed_on_two_processes_trains_on_as_under_ddp_strategy(tmp_path):
+def test_backbone_finetuning_resumed_on_two_processes_resumes_with_the_param_groups_of_ddp_strategy(tmp_path):
     ddp = _torchrun_resumed(tmp_path, "finetuning", "ddp")
     ft = _torchrun_resumed(tmp_path, "finetuning", "elasticft")
-    assert len(ddp["param_groups"]) == 2 and ddp["global_step"] == 8  # 2 steps per epoch per process
-    _assert_trains_on_as_ddp(ddp, ft)
+    assert ddp["global_step"] == ft["global_step"] == 8  # 2 steps per epoch per process
+    assert len(ddp["param_groups"]) == 2 and ft["param_groups"] == ddp["param_groups"]
     assert ft["callback_state_at_fit_start"] == ddp["callback_state_at_fit_start"] == 4
     assert ft["hooks"] == ddp["hooks"]
+    # Weights are not compared here: the backbone was frozen when DDP wrapped the module, so DDP never averages its
+    # gradients after the unfreeze and every rank trains a backbone of its own (the oracle's ranks disagree at the
+    # save). DDPStrategy's checkpoint holds rank 0's; lightning-ft writes each replicated tensor once, from any rank,
+    # so the resumed weights differ.
+    rank0, rank1 = (torch.load(tmp_path / f"ddp-1{suffix}.pt", weights_only=False) for suffix in ("", ".rank1"))
+    assert not torch.equal(rank1["weights"]["backbone.0.weight"], rank0["weights"]["backbone.0.weight"])
 
 
 @pytest.mark.slow
