@@ -23,17 +23,18 @@ hook                    what the collaborators do
                         and callback state (``restore_checkpoint_after_setup`` is False in every mode)
 ``_prepare``            (Lightning hands that restore over, after ``configure_model``) checkpoint folders checked; the
                         parallel mode chosen (DDP, DTensor or pipeline); the memory tier's group (fit, collective);
-                        fault handler's pre-flight health checks (collective). Data parallel: the restore runs now,
-                        as under ``DDPStrategy``; DTensor or pipeline: it is kept for the end of ``setup``
+                        fault handler's start: a node in its cooldown refused, the watchdog started (collective).
+                        Data parallel: the restore runs now, as under ``DDPStrategy``; DTensor or pipeline: it is
+                        kept for the end of ``setup``
 (connector)             auto-resume's patch picks the ``ckpt_path`` (the memory tier's agreed step when it is newer)
 ``load_checkpoint``     auto-resume hands over its fallbacks; checkpoint I/O loads; elastic resume told what was loaded;
                         tracker is given the RNG states, set where the resumed run reaches the point they were saved
                         at (before the training iterator, before its first fetch, or at the next batch)
 (Lightning)             the module's ``on_load_checkpoint`` and weights, the datamodule's and the callbacks' state
 ``setup``               the mode set up (DDP wrap; or DTensor materialized or pipeline stage cut); optimizers; the
-                        memory tier's budget check (fit, collective); DTensor or pipeline: the kept restore (the load,
-                        in place into the sharded module and optimizers, then the rows above), still before
-                        ``on_fit_start``
+                        memory tier's budget check (fit, collective); fault handler's pre-flight health checks
+                        (collective); DTensor or pipeline: the kept restore (the load, in place into the sharded
+                        module and optimizers, then the rows above), still before ``on_fit_start``
 (Lightning)             ``on_fit_start`` (callbacks read their restored state; ``BaseFinetuning`` re-adds its param
                         groups); then loops, optimizer state (data parallel) and LR schedulers restored
 ``process_dataloader``  data position swaps in the resumable sampler at the saved position
@@ -370,7 +371,7 @@ class ElasticFT3D(DDPStrategy):
     def _prepare(self, trainer: pl.Trainer) -> bool:
         """What comes before any load of the stage (once per stage, on every rank; collective): the configuration
         checks, the parallel mode chosen from the configured model, the memory tier's group, the fault handler's
-        pre-flight. Lightning hands the restore over (:class:`~lightning_ft.strategy.restore_order.RestoreOrder`)
+        start (a node in its cooldown refused, the watchdog). Lightning hands the restore over (:class:`~lightning_ft.strategy.restore_order.RestoreOrder`)
         after ``configure_model`` and before :meth:`setup`, which prepares if that did not. Returns whether the
         mode restores module and callback state there, before ``setup``, as ``DDPStrategy`` does (data parallel)."""
         assert self.model is not None and self.parallel_config is not None
@@ -388,8 +389,8 @@ class ElasticFT3D(DDPStrategy):
             )
             if self._memory is not None and trainer.state.fn == TrainerFn.FITTING:
                 self._memory.open_tier()  # collective: its gloo group (a resume's plan and load use it)
-            if self._fault is not None:  # collective: watchdog, health checks (all ranks start or none), agreement
-                self._fault.preflight(trainer, check_dir=check_checkpoint_dirpath)
+            if self._fault is not None:  # collective: a node in its cooldown refused; the watchdog guards the load
+                self._fault.start(trainer)
             self._prepared = True
         return self._mode.name == "data_parallel"
 
@@ -399,6 +400,8 @@ class ElasticFT3D(DDPStrategy):
         self._mode.setup(trainer)
         if self._memory is not None and trainer.state.fn == TrainerFn.FITTING:
             self._memory.setup_tier(trainer)  # collective: the budget check on every rank (optimizers exist now)
+        if self._fault is not None:  # collective: health checks (all ranks start or none; they size a checkpoint)
+            self._fault.preflight(trainer, check_dir=check_checkpoint_dirpath)
         self.barrier("ElasticFT3D.setup")
         self._restore_order.after_setup()  # DTensor or pipeline: the restore Lightning handed over, before on_fit_start
 
