@@ -17,8 +17,8 @@ stage's ``ckpt_path``, to the strategy before ``setup``. :class:`RestoreOrder` p
   before the module is wrapped in DDP and before ``configure_optimizers``;
 - at the end of ``ElasticFT3D.setup`` with DTensor or pipeline parameters, whose state is loaded in place into the
   sharded module and optimizers that exist only then: still before ``on_fit_start``, so every callback reads its
-  restored state there as under ``DDPStrategy``. The optimizer state is loaded in place with the module's, at the end
-  of ``setup``, before ``on_fit_start`` re-adds a ``BaseFinetuning``'s groups (docs/strategy.md, "Restore order").
+  restored state there as under ``DDPStrategy``. The optimizer state is loaded in place with the module's there, also
+  before ``on_fit_start`` (docs/strategy.md, "Restore order").
 
 The second part stays Lightning's in every mode.
 """
