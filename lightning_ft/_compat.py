@@ -44,6 +44,7 @@ __all__ = [
     "mark_checkpoint_saved_at",
     "call_resume_start",
     "ckpt_path_parser_patch",
+    "restore_modules_and_callbacks_patch",
     "checkpoint_connector",
     "collect_rng_states",
     "compute_local_shape_and_global_offset",
@@ -209,6 +210,30 @@ def ckpt_path_parser_patch(trainer: Any, wrapper: Callable[..., Any], *, name: s
         return wrapper(original, state_fn, ckpt_path, model_provided, model_connected)
 
     return Patch(connector, "_parse_ckpt_path", parse, name=name)
+
+
+def restore_modules_and_callbacks_patch(trainer: Any, wrapper: Callable[..., None], *, name: str) -> Patch:
+    """A :class:`Patch` (not installed) of the trainer's ``_checkpoint_connector._restore_modules_and_callbacks``.
+
+    ``Trainer._run`` calls it with the stage's ``ckpt_path`` after ``configure_model`` and before ``Strategy.setup``
+    when the strategy's ``restore_checkpoint_after_setup`` is False, else after ``on_fit_start``; it runs
+    ``resume_start`` (the load), ``restore_model``, ``restore_datamodule`` and ``restore_callbacks`` (Lightning 2.5.0,
+    2.6.6; 2.6 added ``weights_only``). The replacement calls ``wrapper(restore, checkpoint_path, weights_only)``,
+    where ``restore(checkpoint_path, weights_only)`` calls the original with the arguments this Lightning accepts."""
+    connector = trainer._checkpoint_connector
+    original = connector._restore_modules_and_callbacks
+    takes_weights_only = _accepts(original, "weights_only")
+
+    def restore(checkpoint_path: Any = None, weights_only: Any = None) -> None:
+        if takes_weights_only:
+            original(checkpoint_path, weights_only=weights_only)
+        else:
+            original(checkpoint_path)
+
+    def patched(checkpoint_path: Any = None, weights_only: Any = None) -> None:
+        wrapper(restore, checkpoint_path, weights_only)
+
+    return Patch(connector, "_restore_modules_and_callbacks", patched, name=name)
 
 
 def hook_launcher(strategy: Any, before_launch: Callable[[Any], Any]) -> None:
