@@ -43,6 +43,7 @@ __all__ = [
     "torchsnapshot_take_hooks",
     "mark_checkpoint_saved_at",
     "call_resume_start",
+    "torch_default_safe_globals",
     "ckpt_path_parser_patch",
     "checkpoint_connector",
     "collect_rng_states",
@@ -465,3 +466,15 @@ def dcp_metadata_globals() -> dict[tuple[str, str], Any]:
     for cls in (pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath, pathlib.PureWindowsPath):
         found[("pathlib", cls.__name__)] = cls
     return found
+
+
+# -- torch's restricted unpickler ------------------------------------------------------------------------------------
+
+
+def torch_default_safe_globals() -> frozenset[str]:
+    """The globals ``torch.load(weights_only=True)`` allows without ``add_safe_globals`` (``collections.OrderedDict``,
+    ``collections.Counter``, ``builtins.set``, ...), by dotted name. torch 2.13.0, 2.14.1
+    (``torch._weights_only_unpickler._get_allowed_globals``)."""
+    from torch import _weights_only_unpickler
+
+    return frozenset(_weights_only_unpickler._get_allowed_globals())

@@ -102,7 +102,9 @@ def run_export(args: argparse.Namespace) -> int:
 
 def parse_safe_globals(value: str) -> list[Any]:
     """The classes (or functions) ``--safe-globals`` names: comma-separated ``module:qualified.Name``, each module
-    imported. An empty value names none.
+    imported, as ``torch.serialization.safe_globals`` takes them (``(obj, "module.Name")`` for an object torch cannot
+    name by itself, such as ``builtins:Ellipsis``). An empty value names none; the value an export refusal prints is
+    read back as printed.
 
     Raises:
         CLIError: an entry is not ``MODULE:NAME``, its module cannot be imported or has no such name (exit code 2).
@@ -120,5 +122,9 @@ def parse_safe_globals(value: str) -> list[Any]:
                 obj = getattr(obj, part)
         except (ImportError, AttributeError) as error:
             raise CLIError(f"--safe-globals={value}: cannot find {entry!r} ({error})") from None
-        found.append(obj)
+        dotted = f"{module_name}.{name}"
+        own = f"{getattr(obj, '__module__', None)}.{getattr(obj, '__qualname__', None)}"
+        # torch names a global by its object's own module and name; one without them (builtins:Ellipsis) or known
+        # under another name (an alias) is allowed under the name the checkpoint uses, as the pair torch accepts.
+        found.append(obj if own == dotted else (obj, dotted))
     return found

@@ -444,7 +444,7 @@ class ElasticFT3D(DDPStrategy):
 
     @override
     def load_checkpoint(self, checkpoint_path: _compat.PATH, weights_only: bool | None = None) -> dict[str, Any]:
-        return load_for_strategy(self, checkpoint_path)
+        return load_for_strategy(self, checkpoint_path, weights_only=weights_only)
 
     @override
     def on_train_start(self) -> None:
