@@ -182,13 +182,12 @@ def _module_and_name(name: str) -> tuple[str, str]:
 
 
 def _needs_pair(name: str) -> bool:
-    """Whether ``add_safe_globals`` needs ``(obj, name)`` for the global ``name``: an object whose own module and
-    qualified name do not give ``name`` (``Ellipsis``, an alias), which torch cannot name by itself."""
+    """Whether ``add_safe_globals`` needs ``(obj, name)`` for the global ``name``: an object without its own module
+    and qualified name (``Ellipsis``), which torch cannot name by itself."""
     obj = _imported(name)
     if obj is None:
-        return name.startswith("builtins.") and not isinstance(getattr(__import__("builtins"), name[9:], None), type)
-    own = f"{getattr(obj, '__module__', None)}.{getattr(obj, '__qualname__', None)}"
-    return own != name
+        return False
+    return not (hasattr(obj, "__module__") and hasattr(obj, "__qualname__"))
 
 
 def allow_code(names: list[str] | tuple[str, ...]) -> str:

@@ -396,7 +396,7 @@ def load_file(
         tensor = entries.get(key)
         if not isinstance(tensor, torch.Tensor):
             raise CorruptCheckpointError(f"checkpoint {path}: lightning-ft's record lacks its tensor {key!r}")
-        typed[key] = tensor
+        typed[key] = tensor.clone()  # a view into a shared storage: torch.set_rng_state reads from its start
 
     def tensor_of(key: str, _: str) -> torch.Tensor:
         if key not in typed:

@@ -122,9 +122,8 @@ def parse_safe_globals(value: str) -> list[Any]:
                 obj = getattr(obj, part)
         except (ImportError, AttributeError) as error:
             raise CLIError(f"--safe-globals={value}: cannot find {entry!r} ({error})") from None
-        dotted = f"{module_name}.{name}"
-        own = f"{getattr(obj, '__module__', None)}.{getattr(obj, '__qualname__', None)}"
-        # torch names a global by its object's own module and name; one without them (builtins:Ellipsis) or known
-        # under another name (an alias) is allowed under the name the checkpoint uses, as the pair torch accepts.
-        found.append(obj if own == dotted else (obj, dotted))
+        # torch names a global by its object's own module and name (an alias such as torch.nn:Linear is the class);
+        # one without them (builtins:Ellipsis) is allowed under the name given, as the pair torch accepts.
+        named = hasattr(obj, "__module__") and hasattr(obj, "__qualname__")
+        found.append(obj if named else (obj, f"{module_name}.{name}"))
     return found
