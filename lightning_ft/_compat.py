@@ -13,6 +13,7 @@ torchsnapshot-nightly 2024.7.26 (the last build).
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import random
@@ -51,6 +52,7 @@ __all__ = [
     "dcp_metadata_globals",
     "destroy_dist_connection",
     "hook_launcher",
+    "stage_weights_only",
     "init_optim_state",
     "local_shard_of_full",
     "materialize_distributed_module",
@@ -240,8 +242,12 @@ def _hooked_launcher_class() -> type:
             self.before_launch = before_launch
 
         def launch(self, function: Callable, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
-            with self.before_launch(trainer):
-                return super().launch(function, *args, trainer=trainer, **kwargs)
+            token = _stage_weights_only.set(_weights_only_argument(function, args, kwargs))
+            try:
+                with self.before_launch(trainer):
+                    return super().launch(function, *args, trainer=trainer, **kwargs)
+            finally:
+                _stage_weights_only.reset(token)
 
     # Picklable as a module-level class (a Trainer is pickled and deep-copied whole): pickle finds it by this name,
     # through the module's __getattr__ below in a process that has not built it yet.
@@ -255,6 +261,30 @@ def __getattr__(name: str) -> Any:
     if name == "_HookedLauncher":
         return _hooked_launcher_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_stage_weights_only: contextvars.ContextVar[bool | None] = contextvars.ContextVar("stage_weights_only", default=None)
+
+
+def _weights_only_argument(function: Callable, args: tuple, kwargs: dict[str, Any]) -> bool | None:
+    # The launched function is Trainer._fit_impl/_validate_impl/_test_impl/_predict_impl, whose last argument is
+    # weights_only in Lightning 2.6.6 (2.5.0 has none).
+    try:
+        bound = inspect.signature(function).bind_partial(*args, **kwargs)
+    except (TypeError, ValueError):
+        return None
+    value = bound.arguments.get("weights_only")
+    return value if isinstance(value, bool) else None
+
+
+def stage_weights_only() -> bool | None:
+    """The ``weights_only`` given to the running ``fit``/``validate``/``test``/``predict`` (``None``: not given).
+
+    Lightning 2.6.6's ``Trainer._run`` drops it for a strategy with ``restore_checkpoint_after_setup`` (as
+    ``ModelParallelStrategy`` and ``ElasticFT3D`` have): it calls ``_restore_modules_and_callbacks(ckpt_path)``, so
+    ``Strategy.load_checkpoint`` gets ``weights_only=None``; ``DDPStrategy``'s path passes it. The hooked launcher
+    (:func:`hook_launcher`) reads it from the launched stage's arguments."""
+    return _stage_weights_only.get()
 
 
 def signal_connector(trainer: Any) -> Any:

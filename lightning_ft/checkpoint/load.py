@@ -37,7 +37,7 @@ from lightning_ft.checkpoint.errors import (
     UncommittedCheckpointError,
 )
 from lightning_ft.checkpoint.location import CheckpointLocation
-from lightning_ft.checkpoint.safe_load import resolve_weights_only, weights_only_scope
+from lightning_ft.checkpoint.safe_load import resolve_weights_only, say_unrestricted, weights_only_scope
 from lightning_ft.checkpoint.shard_reader import ShardReader
 from lightning_ft.checkpoint.single_file import file_version, is_checkpoint_file, load_file
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
@@ -230,6 +230,8 @@ def load_checkpoint(
         if document is None:
             loaded = _load_file(path, state, resolve_weights_only(weights_only))
         else:
+            if not resolve_weights_only(weights_only):
+                say_unrestricted(f"loading {path}")
             with weights_only_scope(weights_only):
                 loaded = _load_document(path, document, storage, remote, verify_checksums, state, rank, rank_states)
     except CheckpointError as e:

@@ -52,6 +52,7 @@ __all__ = [
     "resolve_weights_only",
     "safe_globals_for",
     "safe_globals_option",
+    "say_unrestricted",
     "unrestricted",
     "unrestricted_load",
     "weights_only_scope",
@@ -256,7 +257,7 @@ _unrestricted: contextvars.ContextVar[bool] = contextvars.ContextVar("lightning_
 def weights_only_scope(weights_only: bool | None) -> Iterator[None]:
     """Within it, objects stored pickled in a lightning-ft checkpoint (:func:`load_pickled`) load as
     ``torch.load(weights_only=False)`` would load them when ``weights_only`` resolves to ``False``
-    (:func:`resolve_weights_only`); said once per process."""
+    (:func:`resolve_weights_only`); the caller says it (:func:`say_unrestricted`)."""
     token = _unrestricted.set(not resolve_weights_only(weights_only))
     try:
         yield
@@ -269,12 +270,14 @@ def unrestricted() -> bool:
     return _unrestricted.get()
 
 
-_said_unrestricted: list[bool] = []
+_said_unrestricted: set[str] = set()
 
 
-def _say_unrestricted(what: str) -> None:
-    if not _said_unrestricted:
-        _said_unrestricted.append(True)
+def say_unrestricted(what: str) -> None:
+    """Say, once per ``what`` (a load of one checkpoint) in this process, that it is loaded with
+    ``weights_only=False``."""
+    if what not in _said_unrestricted:
+        _said_unrestricted.add(what)
         warnings.warn(
             f"lightning-ft: {what} with weights_only=False, as Lightning does when asked to: objects stored in the"
             " checkpoint are unpickled without restriction (this runs code the file names; only for checkpoints you"
@@ -309,7 +312,7 @@ def unrestricted_load(path: str | os.PathLike, *, mmap: bool = False) -> Any:
         CheckpointError: an intact file that cannot be deserialized (a class missing in this process, say).
     """
     path = Path(path)
-    _say_unrestricted(f"loading {path}")
+    say_unrestricted(f"loading {path}")
     try:
         return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
     except Exception as e:  # noqa: BLE001 - whatever the file's objects raise while they are built
@@ -453,8 +456,7 @@ def load_pickled(data: bytes, where: str) -> Any:
         UnsafeCheckpointError: the payload needs a global that is not allowed (in this process), naming ``where``.
         CorruptCheckpointError: the payload is not a readable ``torch.save`` buffer.
     """
-    if _unrestricted.get():
-        _say_unrestricted("loading the objects a checkpoint stores")
+    if _unrestricted.get():  # said by the load of the checkpoint (weights_only_scope's caller)
         try:
             return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
         except Exception as e:  # noqa: BLE001 - whatever the object raises while it is built

@@ -444,6 +444,8 @@ class ElasticFT3D(DDPStrategy):
 
     @override
     def load_checkpoint(self, checkpoint_path: _compat.PATH, weights_only: bool | None = None) -> dict[str, Any]:
+        if weights_only is None:  # Lightning drops fit(..., weights_only=...) on this path; DDPStrategy's keeps it
+            weights_only = _compat.stage_weights_only()
         return load_for_strategy(self, checkpoint_path, weights_only=weights_only)
 
     @override
