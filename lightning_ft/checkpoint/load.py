@@ -154,17 +154,36 @@ def _load_document(
     )
 
 
+def _into_templates(obj: Any, templates: dict[str, torch.Tensor], path: str = "") -> Any:
+    """``obj`` with each tensor that has a template of its shape (by the same paths as :func:`_template_tensors`)
+    copied into that template and replaced by it, as a folder's load fills templates in place."""
+    if isinstance(obj, torch.Tensor):
+        target = templates.get(path)
+        if target is None or isinstance(target, DTensor) or target.shape != obj.shape:
+            return obj
+        with torch.no_grad():
+            target.copy_(obj)
+        return target
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            obj[k] = _into_templates(v, templates, f"{path}/{k}" if path else str(k))
+        return obj
+    if isinstance(obj, list):
+        for i, v in enumerate(obj):
+            obj[i] = _into_templates(v, templates, f"{path}/{i}" if path else str(i))
+        return obj
+    if isinstance(obj, tuple):
+        items = [_into_templates(v, templates, f"{path}/{i}" if path else str(i)) for i, v in enumerate(obj)]
+        return obj if all(a is b for a, b in zip(items, obj, strict=True)) else tuple.__new__(type(obj), items)
+    return obj
+
+
 def _load_file(path: Path, state: Any, weights_only: bool) -> LoadedCheckpoint:
     """A version-2 checkpoint file: Lightning's dict as Lightning loads it; the template's tensors filled in place."""
     checkpoint, rank_state, metadata, _ = load_file(path, weights_only=weights_only)
     templates = _template_tensors(state) if state is not None else {}
     if templates:
-        loaded = _template_tensors(checkpoint)
-        for key, target in templates.items():
-            value = loaded.get(key)
-            if isinstance(value, torch.Tensor) and not isinstance(target, DTensor) and value.shape == target.shape:
-                with torch.no_grad():
-                    target.copy_(value)
+        checkpoint = _into_templates(checkpoint, templates)
     return LoadedCheckpoint(path=path, state=checkpoint, rank_state=rank_state, saved_rank=0, metadata=metadata)
 
 

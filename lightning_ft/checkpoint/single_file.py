@@ -192,11 +192,14 @@ def what_is_there(path: str | os.PathLike) -> str:
     try:
         with zipfile.ZipFile(path) as archive:
             info = _pickle_record(archive)
+        if damaged_records(path):  # a directory read, but records cut short or changed
+            raise zipfile.BadZipFile("records fail their CRC32")
     except (zipfile.BadZipFile, OSError, ValueError):
         raw = path.read_bytes()
         ours = MARKER_PREFIX.encode() in raw
         return (
-            f"{path} is a truncated or damaged zip archive ({size} bytes, its zip directory is missing or unreadable)"
+            f"{path} is a truncated or damaged zip archive ({size} bytes: its zip directory or records are missing or"
+            " fail their CRC32)"
             + (
                 ": a damaged copy of a lightning-ft checkpoint file (its marker is inside); copy it again"
                 if ours
