@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from lightning_ft.checkpoint.errors import CheckpointError, CorruptCheckpointError, UnsafeCheckpointError
+from lightning_ft.checkpoint.file_checks import damaged_records
 
 __all__ = [
     "allow_code",
@@ -289,8 +290,6 @@ def say_unrestricted(what: str) -> None:
 def _unreadable(path: Path, e: BaseException) -> CheckpointError:
     """The error for a ``torch.save`` file whose load failed otherwise than on a global: corrupt only where its bytes
     fail the zip's CRC32; an intact file that cannot be deserialized is named as such."""
-    from lightning_ft.checkpoint.single_file import damaged_records
-
     damaged = damaged_records(path)
     if damaged:
         return CorruptCheckpointError(

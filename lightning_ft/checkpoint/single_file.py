@@ -1,34 +1,32 @@
-"""A lightning-ft checkpoint as one file, for a world of one process: the file Lightning itself writes, plus our record.
+"""A lightning-ft checkpoint as one file, for a world of one process: the file Lightning itself writes, and the only
+copy of the state.
 
 ``ElasticFT3D(checkpoint_format="file")`` writes, at the path Lightning asks for, the ``torch.save`` zip file of
 Lightning's checkpoint dict, so ``torch.load(path)``, Lightning's ``pl_load``, ``LightningModule.load_from_checkpoint``
-and ``os.path.isfile`` work on it. One top-level key is added, :data:`RECORD_KEY` (``"lightning_ft"``), holding only
-strings and tensors:
+and ``os.path.isfile`` work on it, and lightning-ft restores what they read (:func:`load_file`). One top-level key is
+added, :data:`RECORD_KEY` (``"lightning_ft"``), that holds no second copy of anything in Lightning's dict:
 
-- ``"marker"``: a JSON string starting with :data:`MARKER_PREFIX`: format version, step, ``full_state``, run id, time
-  and the crc32 of the document string. It plays the commit marker's part: a file holding it at a checkpoint path is
-  committed (it is only ever put there by a rename, after it was durable), and it is lightning-ft's proof that it wrote
-  the file. :func:`read_marker` finds it without executing the pickle: it reads the zip's ``data.pkl`` record with
-  :mod:`zipfile` and walks its opcodes with :func:`pickletools.genops`, looking only at string constants.
-- ``"document"``: a JSON string, the same metadata document a checkpoint folder keeps in ``lightning_ft_metadata.json``
-  (run metadata, the non-tensor state as JSON, every rank's ``rank_state``: RNG states, callback states; the tensor
-  index with a crc32 per entry), so a file loads through the very path a folder loads through.
-- ``"entries"``: the staged tensors by entry name; they share their storage with the tensors of Lightning's dict, so
-  ``torch.save`` writes every tensor's bytes once.
+- ``"marker"``: a JSON string starting with :data:`MARKER_PREFIX` (format version, step, ``full_state``, run id, time,
+  the document's crc32): the commit marker (only a rename after the file was durable puts it at a checkpoint path) and
+  lightning-ft's proof that it wrote the file, found by :func:`read_marker` without executing the pickle (the opcodes
+  of the zip's ``data.pkl`` record, walked with :func:`pickletools.genops`).
+- ``"document"``: a JSON string: the run metadata, lightning-ft's per-process state that Lightning does not keep (RNG
+  states), the resumable samplers' positions (left out of Lightning's loop state, which other strategies must read),
+  and the checksums of the Lightning content (:func:`~lightning_ft.checkpoint.file_checks.content_checksums`).
+- ``"entries"``: the tensors of that per-process state.
 
-``torch.load`` checks no checksum, so a load checks three: the zip's own CRC32 of ``data.pkl`` (the pickled non-tensor
-state Lightning's readers see), the document's crc32 in the marker, and every entry's crc32 in the index.
-:class:`FileStorage` is the storage seam for the format: it writes the file into a save's staging folder (the commit,
-a rename onto the checkpoint path, is :mod:`~lightning_ft.checkpoint.file_commit`'s) and reads entries back through
-``torch.load(weights_only=True)`` with the allowed globals only (:func:`~lightning_ft.checkpoint.safe_load.load_torch_file`).
+A load compares the content with the checksums: equal, the file is as saved; different, its zip records are read
+against their CRC32s: a damaged file is refused (:class:`CorruptCheckpointError`), an intact one was edited and loads
+as Lightning loads it, said once. Version-1 files (the record kept the whole state a second time as JSON, with
+``"entries"`` indexed like a folder's shards) are still read through :class:`FileReader`. :class:`FileStorage` is the
+storage seam for the format: it writes the file into a save's staging folder (the commit, a rename onto the checkpoint
+path, is :mod:`~lightning_ft.checkpoint.file_commit`'s).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import pickle
 import pickletools
 import time
 import warnings
@@ -38,18 +36,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from lightning_ft.checkpoint import json_codec
-from lightning_ft.checkpoint.checksum import crc32
 from lightning_ft.checkpoint.errors import (
     CheckpointError,
     CorruptCheckpointError,
     FormatVersionError,
     UncommittedCheckpointError,
 )
+from lightning_ft.checkpoint.file_checks import content_checksums, damaged_records, pickle_record, stored_bytes
 
 __all__ = [
     "MARKER_PREFIX",
@@ -76,33 +73,6 @@ MARKER_PREFIX = '{"lightning_ft_file": '
 _DOCUMENT_PREFIX = '{"lightning_ft_document": '
 STAGED_NAME = "checkpoint.ckpt"
 """The file's name inside the staging folder it is written in before the rename onto the checkpoint path."""
-
-
-def _pickle_record(archive: zipfile.ZipFile) -> zipfile.ZipInfo | None:
-    for info in archive.infolist():
-        parts = info.filename.split("/")
-        if len(parts) == 2 and parts[1] == "data.pkl":
-            return info
-    return None
-
-
-def _stored_bytes(path: Path, info: zipfile.ZipInfo) -> bytes:
-    """A stored (uncompressed) zip record's bytes as they are on disk, without zipfile's CRC check (done by callers
-    that need it, so that a damaged file of ours is still recognized as ours)."""
-    if info.compress_type != zipfile.ZIP_STORED:
-        raise zipfile.BadZipFile(f"{info.filename} is compressed; torch.save stores records uncompressed")
-    with open(path, "rb") as f:
-        f.seek(info.header_offset)
-        header = f.read(30)
-        if len(header) != 30 or header[:4] != b"PK\x03\x04":
-            raise zipfile.BadZipFile(f"bad local header of {info.filename}")
-        name_len = int.from_bytes(header[26:28], "little")
-        extra_len = int.from_bytes(header[28:30], "little")
-        f.seek(info.header_offset + 30 + name_len + extra_len)
-        data = f.read(info.compress_size)
-    if len(data) != info.compress_size:
-        raise zipfile.BadZipFile(f"{info.filename} is truncated")
-    return data
 
 
 def _strings(data: bytes, prefixes: tuple[str, ...]) -> dict[str, str]:
@@ -148,10 +118,10 @@ def _scan(path: Path, prefixes: tuple[str, ...]) -> tuple[zipfile.ZipInfo, bytes
         if path.is_symlink() or not path.is_file():
             return None
         with zipfile.ZipFile(path) as archive:
-            info = _pickle_record(archive)
+            info = pickle_record(archive)
         if info is None:
             return None
-        data = _stored_bytes(path, info)
+        data = stored_bytes(path, info)
     except (OSError, zipfile.BadZipFile, ValueError):
         return None
     return info, data, _strings(data, prefixes)
@@ -191,7 +161,7 @@ def what_is_there(path: str | os.PathLike) -> str:
         )
     try:
         with zipfile.ZipFile(path) as archive:
-            info = _pickle_record(archive)
+            info = pickle_record(archive)
         if damaged_records(path):  # a directory read, but records cut short or changed
             raise zipfile.BadZipFile("records fail their CRC32")
     except (zipfile.BadZipFile, OSError, ValueError):
@@ -284,23 +254,6 @@ def read_file_document(path: str | os.PathLike) -> dict[str, Any]:
         "tensors": {},
         "checksums": document.get("checksums", {}),
     }
-
-
-def damaged_records(path: str | os.PathLike) -> list[str]:
-    """The records of the zip file ``path`` whose bytes fail the CRC32 the zip's directory records for them (``[]``:
-    intact), or one phrase when its directory cannot be read. Reads the whole file; executes nothing."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            bad: list[str] = []
-            for info in archive.infolist():
-                try:
-                    if zlib.crc32(_stored_bytes(Path(path), info)) != info.CRC:
-                        bad.append(info.filename)
-                except (zipfile.BadZipFile, OSError):
-                    bad.append(info.filename)
-            return bad
-    except (OSError, zipfile.BadZipFile, ValueError) as e:
-        return [f"its zip directory ({e})"]
 
 
 def file_problems(path: str | os.PathLike) -> list[str]:
@@ -470,60 +423,6 @@ def with_sampler_states(loops: Any, positions: list[tuple[int, Any]]) -> Any:
     for index, state in sorted(positions, key=lambda p: p[0]):
         states.insert(min(index, len(states)), state)
     return {**loops, "fit_loop": {**fit_loop, "state_dict": {**state_dict, "combined_loader": states}}}
-
-
-def _tensor_crc(tensor: torch.Tensor) -> int:
-    data = tensor.detach()
-    if data.device.type != "cpu":
-        data = data.cpu()
-    return crc32(data.contiguous().reshape(-1).view(torch.uint8).numpy())
-
-
-def content_checksums(obj: Any, known: Mapping[int, int] | None = None) -> dict[str, Any]:
-    """The checksums of a checkpoint dict's content, as lightning-ft records them at a save and compares them at a
-    load: ``{"tensors": {path: [dtype, shape, crc32]}, "objects": crc32}``, the CRC32 of each tensor's bytes by its
-    slash-joined path, and one CRC32 over everything else (keys, values, types; sets in a fixed order). ``known``:
-    CRC32s already computed, by ``id`` of the tensor (the staged copies' index). Objects of other classes count by
-    their class and pickle (a class that cannot be pickled by its class alone)."""
-    known = known or {}
-    tensors: dict[str, Any] = {}
-    parts: list[bytes] = []
-
-    def walk(value: Any, path: str) -> None:
-        if isinstance(value, torch.Tensor):
-            if value.layout != torch.strided:
-                value = value.to_dense()
-            crc = known.get(id(value))
-            tensors[path] = [str(value.dtype).removeprefix("torch."), list(value.shape), crc or _tensor_crc(value)]
-            parts.append(b"T")
-            return
-        kind = type(value)
-        parts.append(f"{kind.__module__}.{kind.__qualname__}:".encode())
-        if isinstance(value, dict):
-            for key, item in value.items():
-                parts.append(repr(key).encode() + b"=")
-                walk(item, f"{path}/{key}" if path else str(key))
-            parts.append(b"}")
-        elif isinstance(value, (list, tuple)):
-            for i, item in enumerate(value):
-                walk(item, f"{path}/{i}" if path else str(i))
-            parts.append(b"]")
-        elif isinstance(value, (set, frozenset)):
-            parts.extend(sorted(repr(item).encode() for item in value))
-        elif value is None or isinstance(value, (bool, int, float, complex, str, bytes, torch.dtype, torch.device)):
-            parts.append(repr(value).encode())
-        elif isinstance(value, np.ndarray) and value.dtype != object:
-            parts.append(value.dtype.str.encode() + repr(value.shape).encode() + np.ascontiguousarray(value).tobytes())
-        elif isinstance(value, argparse.Namespace):
-            walk(vars(value), path)
-        else:
-            try:
-                parts.append(zlib.crc32(pickle.dumps(value, protocol=4)).to_bytes(4, "little"))
-            except Exception:  # noqa: BLE001 - an object that cannot be pickled by the standard pickler counts by type
-                pass
-
-    walk(obj, "")
-    return {"tensors": tensors, "objects": zlib.crc32(b"\x00".join(parts))}
 
 
 def _tensor_keys(encoded: Any, out: set[str]) -> set[str]:
