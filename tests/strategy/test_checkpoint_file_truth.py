@@ -214,3 +214,27 @@ def test_counter_namedtuple_ordered_dict_and_frozenset_come_back_as_themselves_a
         ours = _types_after_resume(tmp_path / "ours", "lightning-ft", checkpoint_format)
     assert ddp["counter"] == (Counter, 3) and ddp["point"][0] is Point and ddp["tags_type"] is frozenset
     assert ours == ddp
+
+
+def test_auto_resume_with_weights_only_false_resumes_an_object_that_is_not_allowed(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _train(tmp_path, "lightning-ft", model=WithOpaqueHparam(Opaque(3.0)))
+        # The restart after a crash runs the same script: fit(model, weights_only=False), no ckpt_path.
+        ckpt = ModelCheckpoint(dirpath=tmp_path / "checkpoints", every_n_train_steps=2, save_top_k=-1)
+        trainer = make_trainer(tmp_path, strategy=ElasticFT3D(), callbacks=[ckpt], max_steps=3)
+        resumed = WithOpaqueHparam(Opaque(1.0))
+        trainer.fit(resumed, weights_only=False)
+    assert trainer.global_step == 3 and type(resumed.encoder) is Opaque and resumed.encoder.scale == 3.0
+
+
+def test_a_lightning_file_of_ddp_is_imported_with_weights_only_false_as_ddp_resumes_it(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, path = _train(tmp_path / "ddp", "ddp", model=WithOpaqueHparam(Opaque(3.0)))
+        with pytest.raises(UnsafeCheckpointError, match="Opaque"):
+            make_trainer(tmp_path / "refused", max_steps=3).fit(WithOpaqueHparam(Opaque(1.0)), ckpt_path=str(path))
+        resumed = WithOpaqueHparam(Opaque(1.0))
+        trainer = make_trainer(tmp_path / "ours", max_steps=3)
+        trainer.fit(resumed, ckpt_path=str(path), weights_only=False)
+    assert trainer.global_step == 3 and type(resumed.encoder) is Opaque and resumed.encoder.scale == 3.0
