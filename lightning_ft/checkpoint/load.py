@@ -256,6 +256,7 @@ def load_checkpoint(
     except CheckpointError as e:
         named = str(e) if str(path) in str(e) else f"checkpoint {path}: {e}"  # a stored object's refusal names its key
         error = type(e)(f"{named}{newest_alternative(path)}")
+        error.__dict__.update(e.__dict__)  # what the refusal carries for its callers (the globals to allow)
         error.__cause__ = e.__cause__
     except Exception as e:  # noqa: BLE001 - still agree with the other ranks before raising
         error = e

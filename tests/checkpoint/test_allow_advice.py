@@ -105,9 +105,10 @@ def test_allowing_ellipsis_as_the_docs_of_a_class_say_is_refused_with_the_pair_a
     assert "no committed checkpoint exists" not in message and "no other committed checkpoint exists" in message
 
 
-def test_export_accepts_the_safe_globals_value_it_prints(tmp_path, capsys):
+@pytest.mark.parametrize("fmt", ["file", "torchsnapshot"])
+def test_export_accepts_the_safe_globals_value_it_prints(tmp_path, capsys, fmt):
     path = tmp_path / "epoch=0-step=2.ckpt"
-    _save(path, "torchsnapshot")
+    _save(path, fmt)
     out = tmp_path / "plain.ckpt"
     assert main(["export", "--no-progress", str(path), str(out)]) == 1
     err = capsys.readouterr().err
