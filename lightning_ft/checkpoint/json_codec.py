@@ -15,7 +15,8 @@ read, else as a dict of their fields or their value, with a warning), ``pathlib.
 Every other object is stored with ``torch.save`` (:func:`~lightning_ft.checkpoint.safe_load.pickled_bytes`: a save
 never fails for its class; a warning names the key when its class is not allowed yet) and comes back as itself through
 torch's restricted unpickler, which admits only allowed globals (``torch.serialization.add_safe_globals``); a load that
-would need any other global is refused, naming the key. Loading never unpickles anything else.
+would need any other global is refused, naming the key. Loading unpickles nothing else, unless the load was asked
+for with ``weights_only=False`` (:func:`~lightning_ft.checkpoint.safe_load.weights_only_scope`), as Lightning's is.
 
 A sparse tensor (COO, CSR, CSC, BSR, BSC) is stored as its dense parts (indices and values, each handed to
 ``on_tensor``) plus its layout and size, and comes back as a sparse tensor of the same layout, checked for the sparse

@@ -357,8 +357,8 @@ def load_torch_file(path: str | os.PathLike, *, mmap: bool = False, weights_only
         allowed, blocked = safe_globals_for(path)
     except ValueError as e:  # not a zip file: a legacy or foreign pickle, which weights_only loading refuses anyway
         raise UnsafeCheckpointError(
-            f"{path} is not a torch.save zip file: lightning-ft loads checkpoint files only with"
-            f" torch.load(weights_only=True), never through unrestricted unpickling ({e})"
+            f"{path} is not a torch.save zip file: a plain pickle, which torch.load(weights_only=True) does not read"
+            f" (Lightning's default, and lightning-ft's); pass weights_only=False only if you trust the file ({e})"
         ) from e
     except Exception as e:  # noqa: BLE001 - a zip file torch's reader cannot open: damaged or truncated
         raise _unreadable(path, e) from e
