@@ -13,6 +13,7 @@ torchsnapshot-nightly 2024.7.26 (the last build).
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import random
@@ -43,6 +44,7 @@ __all__ = [
     "torchsnapshot_take_hooks",
     "mark_checkpoint_saved_at",
     "call_resume_start",
+    "torch_default_safe_globals",
     "ckpt_path_parser_patch",
     "restore_modules_and_callbacks_patch",
     "checkpoint_connector",
@@ -51,6 +53,7 @@ __all__ = [
     "dcp_metadata_globals",
     "destroy_dist_connection",
     "hook_launcher",
+    "stage_weights_only",
     "init_optim_state",
     "local_shard_of_full",
     "materialize_distributed_module",
@@ -264,8 +267,12 @@ def _hooked_launcher_class() -> type:
             self.before_launch = before_launch
 
         def launch(self, function: Callable, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
-            with self.before_launch(trainer):
-                return super().launch(function, *args, trainer=trainer, **kwargs)
+            token = _stage_weights_only.set(_weights_only_argument(function, args, kwargs))
+            try:
+                with self.before_launch(trainer):
+                    return super().launch(function, *args, trainer=trainer, **kwargs)
+            finally:
+                _stage_weights_only.reset(token)
 
     # Picklable as a module-level class (a Trainer is pickled and deep-copied whole): pickle finds it by this name,
     # through the module's __getattr__ below in a process that has not built it yet.
@@ -279,6 +286,30 @@ def __getattr__(name: str) -> Any:
     if name == "_HookedLauncher":
         return _hooked_launcher_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_stage_weights_only: contextvars.ContextVar[bool | None] = contextvars.ContextVar("stage_weights_only", default=None)
+
+
+def _weights_only_argument(function: Callable, args: tuple, kwargs: dict[str, Any]) -> bool | None:
+    # The launched function is Trainer._fit_impl/_validate_impl/_test_impl/_predict_impl, whose last argument is
+    # weights_only in Lightning 2.6.6 (2.5.0 has none).
+    try:
+        bound = inspect.signature(function).bind_partial(*args, **kwargs)
+    except (TypeError, ValueError):
+        return None
+    value = bound.arguments.get("weights_only")
+    return value if isinstance(value, bool) else None
+
+
+def stage_weights_only() -> bool | None:
+    """The ``weights_only`` given to the running ``fit``/``validate``/``test``/``predict`` (``None``: not given).
+
+    Lightning 2.6.6's ``Trainer._run`` drops it for a strategy with ``restore_checkpoint_after_setup`` (as
+    ``ModelParallelStrategy`` and ``ElasticFT3D`` have): it calls ``_restore_modules_and_callbacks(ckpt_path)``, so
+    ``Strategy.load_checkpoint`` gets ``weights_only=None``; ``DDPStrategy``'s path passes it. The hooked launcher
+    (:func:`hook_launcher`) reads it from the launched stage's arguments."""
+    return _stage_weights_only.get()
 
 
 def signal_connector(trainer: Any) -> Any:
@@ -490,3 +521,15 @@ def dcp_metadata_globals() -> dict[tuple[str, str], Any]:
     for cls in (pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath, pathlib.PureWindowsPath):
         found[("pathlib", cls.__name__)] = cls
     return found
+
+
+# -- torch's restricted unpickler ------------------------------------------------------------------------------------
+
+
+def torch_default_safe_globals() -> frozenset[str]:
+    """The globals ``torch.load(weights_only=True)`` allows without ``add_safe_globals`` (``collections.OrderedDict``,
+    ``collections.Counter``, ``builtins.set``, ...), by dotted name. torch 2.13.0, 2.14.1
+    (``torch._weights_only_unpickler._get_allowed_globals``)."""
+    from torch import _weights_only_unpickler
+
+    return frozenset(_weights_only_unpickler._get_allowed_globals())

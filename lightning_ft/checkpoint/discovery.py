@@ -155,7 +155,9 @@ def newest_alternative(path: str | os.PathLike) -> str:
     path = Path(path)
     alternative = latest_committed(path.parent, exclude=[path])
     if alternative is None:
-        return f"; no committed checkpoint exists in {path.parent}"
+        # Said only when true: the refused checkpoint may itself be committed (intact, but not loadable here).
+        other = " other" if is_committed(path) else ""
+        return f"; no{other} committed checkpoint exists in {path.parent}"
     return f"; the newest committed checkpoint in {path.parent} is {alternative.path} (step {alternative.step})"
 
 
@@ -172,6 +174,10 @@ def verify(path: str | os.PathLike) -> list[str]:
         document = read_document(path, require_commit=False)
     except CheckpointError as e:
         return [str(e)]
+    if document.get("file_format", 1) >= 2:  # Lightning's own file: its zip's CRC32s check every byte
+        from lightning_ft.checkpoint.single_file import file_problems
+
+        return file_problems(path)
     if not is_committed(path):
         problems.append(f"checkpoint {path} has no commit marker {COMMIT_MARKER}")
     problems += [f"checkpoint {path}: {problem}" for problem in coverage_problems(document)]

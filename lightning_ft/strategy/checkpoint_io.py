@@ -453,12 +453,13 @@ class StrategyCheckpoints:
         fallbacks: list[CheckpointLocation],
         template: dict[str, Any] | None,
         rank_states: Callable[[dict[str, Any]], Any] | None = None,
+        weights_only: bool | None = None,
     ) -> Any:
         """Load the committed lightning-ft checkpoint at ``location`` on every rank, or the first of ``fallbacks``
         (lightning-ft checkpoints too) that loads when it is refused.
 
-        ``rank_states`` names other saved ranks whose rank state this rank needs (see
-        :func:`~lightning_ft.checkpoint.load_checkpoint`).
+        ``rank_states`` names other saved ranks whose rank state this rank needs, and ``weights_only`` is
+        Lightning's argument (see :func:`~lightning_ft.checkpoint.load_checkpoint`).
 
         Collective. Returns the :class:`~lightning_ft.checkpoint.LoadedCheckpoint`. ``load_checkpoint`` makes every
         rank raise when any rank fails; the failing rank's own error (a read error, say) becomes a
@@ -472,7 +473,7 @@ class StrategyCheckpoints:
             path = location.path
             try:
                 try:
-                    return load_checkpoint(location, template, rank_states=rank_states)
+                    return load_checkpoint(location, template, rank_states=rank_states, weights_only=weights_only)
                 except CheckpointError:
                     raise
                 except Exception as err:

@@ -484,7 +484,9 @@ class ElasticFT3D(DDPStrategy):
 
     @override
     def load_checkpoint(self, checkpoint_path: _compat.PATH, weights_only: bool | None = None) -> dict[str, Any]:
-        return load_for_strategy(self, checkpoint_path)
+        if weights_only is None:  # Lightning drops fit(..., weights_only=...) on this path; DDPStrategy's keeps it
+            weights_only = _compat.stage_weights_only()
+        return load_for_strategy(self, checkpoint_path, weights_only=weights_only)
 
     def run_identity(self) -> dict[str, Any] | None:
         """The identity of this run's model that checkpoints record and auto-resume compares

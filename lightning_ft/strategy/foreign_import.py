@@ -125,6 +125,7 @@ def import_foreign_checkpoint(
     optimizers: Sequence[torch.optim.Optimizer],
     parallelized: bool,
     pipelined: bool,
+    weights_only: bool | None = None,
 ) -> ForeignImport:
     """Read the foreign checkpoint at ``location`` (a :func:`~lightning_ft.checkpoint.location.locate` result, or a
     path to locate) and, for a parallelized model, load model and optimizer state in place.
@@ -169,7 +170,7 @@ def import_foreign_checkpoint(
         checkpoint["optimizer_states"] = [opt.state_dict() for opt in optimizers]
         kind = "ModelParallelStrategy distributed checkpoint"
     else:
-        checkpoint = load_torch_file(path)
+        checkpoint = load_torch_file(path, weights_only=weights_only)
         if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
             raise CheckpointError(f"ckpt_path={str(path)!r} is not a Lightning checkpoint (no 'state_dict' key)")
         kind = "Lightning .ckpt file"
@@ -254,7 +255,7 @@ def report_import(
 
 
 def import_for_strategy(
-    strategy: ElasticFT3D, location: CheckpointLocation, *, fitting: bool
+    strategy: ElasticFT3D, location: CheckpointLocation, *, fitting: bool, weights_only: bool | None = None
 ) -> tuple[dict[str, Any], int]:
     """``ElasticFT3D.load_checkpoint`` for a checkpoint of another strategy: the checkpoint dict Lightning restores
     the rest from, and the batches per process to skip in the current epoch (:func:`position_sampler`)."""
@@ -269,6 +270,7 @@ def import_for_strategy(
         optimizers=strategy.optimizers if now else [],
         parallelized=strategy._parallelized,
         pipelined=strategy._mode.name == "pipeline",
+        weights_only=weights_only,
     )
     if fitting and not now and location.kind == "dcp_folder":
         strategy._mode.foreign_optimizer_states = path
