@@ -142,7 +142,8 @@ def concurrent_runs(root_dir: str | os.PathLike[str]) -> list[Path]:
 
 
 _CLAIMED: dict[str, int] = {}
-"""Root folders whose lock this process holds (path -> open file descriptor), until it exits."""
+"""Root folders whose lock this process holds (path -> open file descriptor), until its attempt ends
+(:func:`release_root`) or it exits."""
 _claim_lock = threading.Lock()
 
 
@@ -176,6 +177,17 @@ def claim_root(root_dir: str | os.PathLike[str]) -> bool:
             return err.errno not in (errno.EAGAIN, errno.EACCES)
         _CLAIMED[key] = fd
         return True
+
+
+def release_root(root_dir: str | os.PathLike[str]) -> None:
+    """Give up this process's claim on ``root_dir`` (:func:`claim_root`), if it holds one: at the end of an attempt
+    (``attempt_end``), so that a run launched from the same folder once this one has ended (a torchrun relaunch while
+    the notebook or script that ran the first ``fit`` is still alive) owns the root, as a restart does. A later ``fit``
+    in this process claims it again."""
+    with _claim_lock:
+        fd = _CLAIMED.pop(os.path.abspath(root_dir), None)
+    if fd is not None:
+        os.close(fd)  # closing the descriptor releases the POSIX lock
 
 
 def _event_folders(path: Path) -> list[Path]:

@@ -38,7 +38,7 @@ from typing_extensions import override
 
 from lightning_ft import _compat
 from lightning_ft.checkpoint.internal import discovery
-from lightning_ft.events import STATE_DIR, EventLog, state_root
+from lightning_ft.events import STATE_DIR, EventLog, release_root, state_root
 from lightning_ft.fault import eviction, health, slurm
 from lightning_ft.fault.agreement import StopAgreement, StopDecision
 from lightning_ft.fault.collective_waits import collective_patches
@@ -451,3 +451,5 @@ def end_attempt(
         handler.uninstall(trainer, failed=exception is not None)
     if trainer is not None and event_log is not None and trainer.state.fn == TrainerFn.FITTING:
         event_log.write("attempt_end", **attempt_end_fields(exception), **fields)
+        if not event_log.concurrent:
+            release_root(event_log.root_dir)  # the run is no longer live: a relaunch from this folder owns it
