@@ -6,6 +6,10 @@ for a module whose parameters are not DTensors after ``configure_model()``. This
 and the checks of the constructor's arguments; each hook delegates to the part that owns the concern (one module each
 in this package, listed in docs/architecture.md).
 
+Why one module: Lightning calls the strategy's hooks on one object, and the lifecycle table below is the one place a
+reader sees the whole order of a run; splitting the hooks across modules would split that order. What a hook does
+beyond delegating lives in the collaborators.
+
 Lifecycle: the hooks that drive a collaborator, in the order Lightning calls them in ``fit``, and what each
 collaborator does there (tests/strategy/test_elastic_ft3d.py holds the order). The collaborators of one run
 (checkpoint I/O, auto-resume, restore order, tracker, data position, elastic resume, event log) live on one

@@ -44,41 +44,21 @@ CASES = [
     pytest.param("trainer_test_best", 1),
     pytest.param("logger_upload_view", 1),
     pytest.param("logger_upload_view", 2, marks=[TWO, differs(FOLDER + ": a logger uploads nothing")]),
-    pytest.param(
-        "surgery_on_a_copy",
-        1,
-        marks=differs(
-            "issue 29: fit(ckpt_path=edited copy) restores the original weights from lightning-ft's second copy"
-        ),
-    ),
-    pytest.param("surgery_in_place", 1, marks=differs("issue 29: an in-place edit is ignored")),
+    pytest.param("surgery_on_a_copy", 1),
+    pytest.param("surgery_in_place", 1),
     pytest.param("slim_last_then_resume", 1),
-    pytest.param(
-        "resume_with_weights_only_false",
-        1,
-        marks=differs("issue 29: fit(weights_only=False) is not honoured: UnsafeCheckpointError"),
-    ),
-    pytest.param(
-        "restored_types", 1, marks=differs("issue 29: Counter, OrderedDict, namedtuple come back as dict, dict, tuple")
-    ),
-    pytest.param(
-        "restored_types",
-        2,
-        marks=[TWO, differs(FOLDER + "; Counter, OrderedDict, namedtuple come back as dict, dict, tuple")],
-    ),
+    pytest.param("resume_with_weights_only_false", 1),
+    pytest.param("restored_types", 1),
+    pytest.param("restored_types", 2, marks=[TWO, differs(FOLDER)]),
     pytest.param("second_fit_same_trainer", 1),
     pytest.param("new_trainer_on_trained_model", 1),
     pytest.param("other_experiment_same_root", 1),
     pytest.param("other_experiment_same_root", 2, marks=[TWO, differs(FOLDER)]),
     pytest.param("wider_layer_same_folder", 1),
     pytest.param("wider_layer_same_folder", 2, marks=[TWO, differs(FOLDER)]),
-    pytest.param("restore_order", 1, marks=differs("issue 30: callbacks are restored after on_fit_start")),
-    pytest.param("restore_order", 2, marks=[TWO, differs("issue 30: callbacks are restored after on_fit_start")]),
-    pytest.param(
-        "backbone_finetuning_resume",
-        1,
-        marks=differs("issue 30: restore after on_fit_start: BackboneFinetuning's param group breaks the resume"),
-    ),
+    pytest.param("restore_order", 1),
+    pytest.param("restore_order", 2, marks=TWO),
+    pytest.param("backbone_finetuning_resume", 1),
 ]
 
 
