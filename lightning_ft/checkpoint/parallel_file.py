@@ -18,16 +18,21 @@ bytes it writes.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import functools
 import hashlib
 import io
+import mmap
 import os
 import struct
 import sys
+import time
 import zipfile
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -49,7 +54,11 @@ _FLAG_DESCRIPTOR = 0x0008
 _VERSION_RECORD = "3\n"
 """What torch 2.13's writer stores in ``version`` for a ``torch.save`` file (``kMinProducedFileFormatVersion``)."""
 CUT_ALIGNMENT_BYTES = 4096
-"""Where a storage split between ranks may be cut: a multiple of this many bytes into the storage."""
+"""Where a storage split between ranks may be cut: at a file offset that is a multiple of this (a page), so no page of
+the file is written by two ranks except where a storage ends."""
+_DIRECT_MIN_BYTES = 1 << 20
+_BOUNCE_BYTES = 4 << 20
+_MAX_WRITE = 1 << 30
 
 
 # -- CRC32 of a concatenation ------------------------------------------------------------------------------------------
@@ -238,7 +247,7 @@ def plan_layout(
 
 def _split(records: list[RecordLayout], storage_records: list[int], world_size: int) -> tuple[Piece, ...]:
     # The storages' bytes, one after the other, cut into world_size ranges of about equal size; a cut inside a storage
-    # is moved down to a multiple of CUT_ALIGNMENT_BYTES into it, so each rank's writes start on a page of the storage.
+    # is moved down to a page boundary of the file (CUT_ALIGNMENT_BYTES), where the next rank's writes start.
     total = sum(records[i].size for i in storage_records)
     cuts = []
     for rank in range(1, world_size):
@@ -247,8 +256,9 @@ def _split(records: list[RecordLayout], storage_records: list[int], world_size: 
         for i in storage_records:
             size = records[i].size
             if seen + size > target:
-                into = (target - seen) // CUT_ALIGNMENT_BYTES * CUT_ALIGNMENT_BYTES
-                cuts.append(seen + into)
+                start = records[i].data_offset
+                into = (start + target - seen) // CUT_ALIGNMENT_BYTES * CUT_ALIGNMENT_BYTES - start
+                cuts.append(seen + max(into, 0))
                 break
             seen += size
         else:
@@ -422,6 +432,38 @@ def _central_directory(layout: FileLayout, crcs: list[int]) -> bytes:
     return bytes(out)
 
 
+def _open_direct(path: str | os.PathLike[str]) -> int | None:
+    if not hasattr(os, "O_DIRECT"):
+        return None
+    try:
+        return os.open(os.fspath(path), os.O_WRONLY | os.O_DIRECT)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return None  # the file system has no O_DIRECT (tmpfs on older kernels, some network file systems)
+        raise
+
+
+def _allocate(fd: int, size: int) -> None:
+    # Reserve the file's blocks before the ranks write (measured: writes into a fresh file then take about half the
+    # time). Linux's fallocate(2) itself: glibc's posix_fallocate writes a byte per block where the file system cannot
+    # allocate (NFS), which would make rank 0 write the whole file. Where it fails, the file stays sparse: no harm.
+    libc = _libc()
+    if libc is not None and size:
+        libc.fallocate(fd, 0, ctypes.c_int64(0), ctypes.c_int64(size))
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        return libc
+    except (OSError, AttributeError):  # pragma: no cover - a libc without fallocate
+        return None
+
+
 def _pwrite_all(fd: int, view: memoryview, offset: int) -> int:
     done = 0
     while done < view.nbytes:
@@ -434,18 +476,85 @@ def _storage_bytes(storage: torch.UntypedStorage) -> memoryview:
     return memoryview(flat.numpy()).cast("B")
 
 
-def write_pieces(fd: int, plan: FilePlan, rank: int) -> tuple[dict[int, list[tuple[int, int, int]]], int]:
-    """``pwrite`` this rank's pieces of the storages at their planned offsets. Returns ``{record index: [(start,
-    length, crc), ...]}`` and the number of bytes written."""
+def write_pieces(
+    fd: int, plan: FilePlan, rank: int, *, direct_fd: int | None = None
+) -> tuple[dict[int, list[tuple[int, int, int]]], int]:
+    """``pwrite`` this rank's pieces of the storages at their planned offsets; the whole pages inside a piece of at
+    least 1 MiB through ``direct_fd`` (the file opened with ``O_DIRECT``) where given, the rest through ``fd``. Returns
+    ``{record index: [(start, length, crc), ...]}`` and the number of bytes written."""
     layout = plan.layout
     crcs: dict[int, list[tuple[int, int, int]]] = {}
     written = 0
-    for piece in layout.pieces_of(rank):
-        record = layout.records[piece.record]
-        view = _storage_bytes(plan.storages[record.name])[piece.start : piece.start + piece.length]
-        written += _pwrite_all(fd, view, record.data_offset + piece.start)
-        crcs.setdefault(piece.record, []).append((piece.start, piece.length, crc32(view)))
+    direct = _Direct(direct_fd) if direct_fd is not None else None
+    try:
+        for piece in layout.pieces_of(rank):
+            record = layout.records[piece.record]
+            view = _storage_bytes(plan.storages[record.name])[piece.start : piece.start + piece.length]
+            written += _write_piece(fd, direct, view, record.data_offset + piece.start)
+            crcs.setdefault(piece.record, []).append((piece.start, piece.length, crc32(view)))
+    finally:
+        if direct is not None:
+            direct.close()
     return crcs, written
+
+
+class _Direct:
+    """Writes whole pages without the page cache: a new file's pages cost more to allocate in the cache than to copy
+    (see :mod:`~lightning_ft.checkpoint.direct_write`). A storage's bytes are rarely page-aligned in memory at the
+    file's page boundaries, so they go through a reused page-aligned bounce buffer."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.failed = False
+        self._bounce: mmap.mmap | None = None
+
+    def write(self, view: memoryview, offset: int) -> bool:
+        """Write ``view`` (whole pages) at ``offset`` (a page boundary); ``False`` where the file system refuses
+        ``O_DIRECT`` (nothing to undo: the caller writes the same bytes buffered)."""
+        if self.failed:
+            return False
+        try:
+            if _address(view) % CUT_ALIGNMENT_BYTES == 0:
+                for lo in range(0, view.nbytes, _MAX_WRITE):
+                    _pwrite_all(self.fd, view[lo : lo + _MAX_WRITE], offset + lo)
+                return True
+            if self._bounce is None:
+                self._bounce = mmap.mmap(-1, _BOUNCE_BYTES)  # anonymous mappings are page-aligned
+            staged = memoryview(self._bounce)
+            try:
+                for lo in range(0, view.nbytes, _BOUNCE_BYTES):
+                    chunk = view[lo : lo + _BOUNCE_BYTES]
+                    staged[: chunk.nbytes] = chunk
+                    _pwrite_all(self.fd, staged[: chunk.nbytes], offset + lo)
+            finally:
+                staged.release()
+            return True
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            self.failed = True
+            return False
+
+    def close(self) -> None:
+        if self._bounce is not None:
+            self._bounce.close()
+
+
+def _address(view: memoryview) -> int:
+    return np.frombuffer(view, dtype=np.uint8).ctypes.data if view.nbytes else 0
+
+
+def _write_piece(fd: int, direct: _Direct | None, view: memoryview, offset: int) -> int:
+    end = offset + view.nbytes
+    lo = -(-offset // CUT_ALIGNMENT_BYTES) * CUT_ALIGNMENT_BYTES
+    hi = end // CUT_ALIGNMENT_BYTES * CUT_ALIGNMENT_BYTES
+    if direct is None or hi - lo < _DIRECT_MIN_BYTES:
+        return _pwrite_all(fd, view, offset)
+    written = _pwrite_all(fd, view[: lo - offset], offset) + _pwrite_all(fd, view[hi - offset :], hi)
+    inner = view[lo - offset : hi - offset]
+    if not direct.write(inner, lo):
+        _pwrite_all(fd, inner, lo)
+    return written + inner.nbytes
 
 
 def combine_pieces(layout: FileLayout, pieces: list[tuple[int, int, int]], record: int) -> int:
@@ -477,9 +586,15 @@ class SaveResult:
     """Bytes this rank passed to ``pwrite`` (its pieces; rank 0 adds the pickle, headers and directory)."""
     storage_bytes: int
     """Of ``bytes_written``, the storages' bytes."""
+    phases_s: dict[str, float]
+    """Seconds this rank spent in each phase: ``plan`` (pickle, layout, the structure check), ``write`` (``pwrite`` and
+    CRC of its pieces), ``fsync``, ``gather`` (the CRCs to rank 0), ``finish`` (rank 0: headers and directory, their
+    fsync; other ranks: waiting for it)."""
 
 
-def save(obj: Any, path: str | os.PathLike[str], *, group: dist.ProcessGroup | None = None) -> SaveResult:
+def save(
+    obj: Any, path: str | os.PathLike[str], *, group: dist.ProcessGroup | None = None, direct_io: bool = True
+) -> SaveResult:
     """Write ``obj`` to ``path`` as ``torch.save(obj, path)`` would, each rank of ``group`` writing about 1/N of the
     storages' bytes.
 
@@ -488,7 +603,8 @@ def save(obj: Any, path: str | os.PathLike[str], *, group: dist.ProcessGroup | N
     equal on every rank (data-parallel replicas: each rank writes its share from its own copy). It blocks until the
     file is complete on every rank: its pieces written and fsync'ed, rank 0's pickle, headers and central directory
     written and fsync'ed. The caller may mutate the tensors once it returns. ``path``'s folder must be visible to every
-    rank (a shared file system). The file's directory entry is not fsync'ed: the caller publishes it (rename, then
+    rank (a shared file system). ``direct_io``: the whole pages of large pieces bypass the page cache (``O_DIRECT``)
+    where the file system allows it; the file is the same either way. The file's directory entry is not fsync'ed: the caller publishes it (rename, then
     fsync the folder). On a failure on any rank every rank raises, and the file is incomplete.
 
     Raises:
@@ -498,6 +614,7 @@ def save(obj: Any, path: str | os.PathLike[str], *, group: dist.ProcessGroup | N
     distributed = dist.is_available() and dist.is_initialized()
     rank = dist.get_rank(group) if distributed else 0
     world_size = dist.get_world_size(group) if distributed else 1
+    clock = _Phases()
     local = plan_file(obj, path, world_size=world_size)
     data_pkl = local.payloads["data.pkl"]
     plan = local
@@ -515,26 +632,35 @@ def save(obj: Any, path: str | os.PathLike[str], *, group: dist.ProcessGroup | N
             )
         if reference[1] != len(data_pkl):
             plan = plan_file(obj, path, world_size=world_size, data_pkl_size=reference[1])
+    clock.mark("plan")
     error = None
     pieces: dict[int, list[tuple[int, int, int]]] = {}
     written = 0
     try:
-        # No rank truncates: every byte below the planned size is written by some rank (headers, padding and the
-        # directory by rank 0), so a stale file at the path is overwritten whole, and ranks need not wait for rank 0.
+        # Nobody empties the file first: every byte below the planned size is written by some rank (headers, padding
+        # and the directory by rank 0), so a stale file at the path is overwritten whole once rank 0 has cut it to
+        # size, and no rank waits for another before writing.
         fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT, 0o644)
+        direct_fd = _open_direct(path) if direct_io else None
         try:
             if rank == 0:
                 os.ftruncate(fd, plan.layout.size)
-            pieces, written = write_pieces(fd, plan, rank)
+                _allocate(fd, plan.layout.size)
+            pieces, written = write_pieces(fd, plan, rank, direct_fd=direct_fd)
+            clock.mark("write")
             os.fsync(fd)
+            clock.mark("fsync")
         finally:
             os.close(fd)
+            if direct_fd is not None:
+                os.close(direct_fd)
     except OSError as exc:
         error = f"rank {rank}: {exc!r}"
     gathered: list[Any] = [(pieces, error)]
     if distributed:
         gathered = [None] * world_size
         dist.all_gather_object(gathered, (pieces, error), group=group)
+    clock.mark("gather")
     errors = [e for _, e in gathered if e]
     if errors:
         raise RuntimeError(f"save(path={os.fspath(path)!r}) failed: {'; '.join(errors)}")
@@ -561,7 +687,19 @@ def save(obj: Any, path: str | os.PathLike[str], *, group: dist.ProcessGroup | N
         final_error = status[0]
     if final_error:
         raise RuntimeError(f"save(path={os.fspath(path)!r}) failed: {final_error}")
-    return SaveResult(plan.layout.size, written, storage_bytes)
+    clock.mark("finish")
+    return SaveResult(plan.layout.size, written, storage_bytes, clock.phases)
+
+
+class _Phases:
+    def __init__(self) -> None:
+        self.phases: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self._last
+        self._last = now
 
 
 def _structure_digest(plan: FilePlan) -> str:
