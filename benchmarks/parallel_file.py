@@ -6,7 +6,9 @@ to every rank done) and the bytes each rank passed to write/pwrite (``wchar`` of
 
 - ``parallel_file``: every rank writes ~1/N of the tensor bytes into the one file, rank 0 the pickle and directory;
 - ``torch.save``: rank 0 writes the whole file (what ``DDPStrategy`` does), then fsyncs it;
-- ``folder``: lightning-ft's torchsnapshot folder (``SnapshotStorage``), each rank writing its 1/N of the same bytes.
+- ``folder``: lightning-ft's torchsnapshot folder (``SnapshotStorage``), each rank writing its 1/N of the same bytes;
+- ``folder+crc32``: the same plus the CRC32 of those bytes, which lightning-ft's writer computes for a folder too (the
+  file's write includes its CRCs).
 
 Run: ``python benchmarks/parallel_file.py [--mb-per-rank 100 1000] [--dir /tmp/x]``.
 """
@@ -29,6 +31,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from lightning_ft.checkpoint import parallel_file
+from lightning_ft.checkpoint.checksum import crc32
 from lightning_ft.checkpoint.internal import SnapshotStorage
 
 WORLD_SIZE = 2
@@ -85,8 +88,19 @@ def _worker(rank: int, port: int, mb_per_rank: int, root: str, out: str) -> None
     def folder(path: Path) -> None:
         storage.write(path / "model.ckpt", share, group=None)
 
+    def folder_crc(path: Path) -> None:
+        # What lightning-ft's writer does besides: a CRC32 of every tensor (the file's CRCs are part of its write).
+        for tensor in share.values():
+            crc32(memoryview(tensor.numpy()))
+        storage.write(path / "model.ckpt", share, group=None)
+
     results: dict[str, list[tuple[float, int]]] = {}
-    for name, fn in (("parallel_file", parallel), ("torch.save", rank0_save), ("folder", folder)):
+    for name, fn in (
+        ("parallel_file", parallel),
+        ("torch.save", rank0_save),
+        ("folder", folder),
+        ("folder+crc32", folder_crc),
+    ):
         for r in range(REPEATS):
             path = Path(root) / f"{name}-{r}"
             if rank == 0:

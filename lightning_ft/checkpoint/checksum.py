@@ -24,6 +24,7 @@ IMPLEMENTATION = "zlib-ng" if _crc32 is not zlib.crc32 else "zlib"
 """Which library computes :func:`crc32` in this process."""
 
 
-def crc32(data: Any) -> int:
-    """The CRC32 of ``data`` (bytes or any contiguous buffer: a NumPy array, a ``memoryview``), as ``zlib.crc32``."""
-    return _crc32(data)
+def crc32(data: Any, value: int = 0) -> int:
+    """The CRC32 of ``data`` (bytes or any contiguous buffer: a NumPy array, a ``memoryview``), as ``zlib.crc32``;
+    ``value``: the CRC32 of the bytes before ``data``, to continue it (a running CRC)."""
+    return _crc32(data, value)

@@ -13,7 +13,8 @@ and ``zipfile`` checks every record's CRC.
 
 Not wired into the strategy yet: it is the building block for "the file is the checkpoint at any process count"
 (issue 29). It serves state every rank holds in full (data-parallel replicas); each rank reads its own copy of the
-bytes it writes.
+bytes it writes. Storages on an accelerator are copied to the CPU by torch's pickling on every rank (all of them, not
+only the rank's share): the integration stages them first.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ import struct
 import sys
 import time
 import zipfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from queue import Empty, SimpleQueue
 from typing import Any
 
 import numpy as np
@@ -51,8 +54,6 @@ _ZIP64_LOCATOR = struct.Struct("<4sIQI")
 _END = struct.Struct("<4sHHHHIIH")
 _FLAG_UTF8 = 0x0800
 _FLAG_DESCRIPTOR = 0x0008
-_VERSION_RECORD = "3\n"
-"""What torch 2.13's writer stores in ``version`` for a ``torch.save`` file (``kMinProducedFileFormatVersion``)."""
 CUT_ALIGNMENT_BYTES = 4096
 """Where a storage split between ranks may be cut: at a file offset that is a multiple of this (a page), so no page of
 the file is written by two ranks except where a storage ends."""
@@ -313,7 +314,7 @@ def plan_file(
     if "byteorder" not in payloads:  # pragma: no cover - torch always writes it from Python
         payloads["byteorder"] = sys.byteorder.encode("ascii")
         names.append(("byteorder", len(payloads["byteorder"])))
-    payloads["version"] = _VERSION_RECORD.encode("ascii")
+    payloads["version"] = _torch_writer_reference(0)[0]
     names.append(("version", len(payloads["version"])))
     names.append((".data/serialization_id", 40))
     if data_pkl_size is not None:
@@ -326,14 +327,16 @@ def plan_file(
 
 
 @functools.cache
-def _record_name_hash(storage_count: int) -> str:
-    # The first half of torch's serialization_id hashes the record names in the order of a C++ unordered_set (libstdc++'s
-    # std::hash, bucket order): torch's own writer computes it, for a file with the same names and empty records.
+def _torch_writer_reference(storage_count: int) -> tuple[bytes, str]:
+    # What torch's C++ writer adds on its own, asked of it for a file with the same record names and empty storages:
+    # the ``version`` record (its format version, "3\n" in torch 2.13) and the first half of ``serialization_id``, a
+    # hash of the record names taken in the order of a C++ unordered_set (libstdc++'s std::hash and bucket order).
     buffer = io.BytesIO()
     torch.save([torch.empty(0) for _ in range(storage_count)], buffer)
     buffer.seek(0)
     with zipfile.ZipFile(buffer) as archive:
-        return archive.read("archive/.data/serialization_id").decode("ascii")[:20]
+        version = archive.read("archive/version")
+        return version, archive.read("archive/.data/serialization_id").decode("ascii")[:20]
 
 
 def _hash_combine(seed: int, value: int) -> int:
@@ -349,7 +352,7 @@ def _serialization_id(layout: FileLayout, crcs: list[int]) -> bytes:
         if record.size:
             combined = _hash_combine(combined, crc)
     storage_count = sum(1 for r in layout.records if r.name.startswith("data/"))
-    return f"{_record_name_hash(storage_count)}{combined:020d}".encode("ascii")
+    return f"{_torch_writer_reference(storage_count)[1]}{combined:020d}".encode("ascii")
 
 
 def finish_file(fd: int, plan: FilePlan, storage_crcs: dict[int, int], *, data_pkl: bytes | None = None) -> int:
@@ -490,54 +493,74 @@ def write_pieces(
         for piece in layout.pieces_of(rank):
             record = layout.records[piece.record]
             view = _storage_bytes(plan.storages[record.name])[piece.start : piece.start + piece.length]
-            written += _write_piece(fd, direct, view, record.data_offset + piece.start)
-            crcs.setdefault(piece.record, []).append((piece.start, piece.length, crc32(view)))
+            crc = _write_piece(fd, direct, view, record.data_offset + piece.start)
+            written += view.nbytes
+            crcs.setdefault(piece.record, []).append((piece.start, piece.length, crc))
     finally:
         if direct is not None:
             direct.close()
     return crcs, written
 
 
+_bounce_buffers: SimpleQueue[mmap.mmap] = SimpleQueue()  # reused: a fresh mapping costs its first touch again
+
+
 class _Direct:
     """Writes whole pages without the page cache: a new file's pages cost more to allocate in the cache than to copy
     (see :mod:`~lightning_ft.checkpoint.direct_write`). A storage's bytes are rarely page-aligned in memory at the
-    file's page boundaries, so they go through a reused page-aligned bounce buffer."""
+    file's page boundaries, so they go through two page-aligned bounce buffers: while one is written (a thread: the
+    write releases the GIL) the next chunk is copied into the other and its CRC taken there, in cache."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.failed = False
-        self._bounce: mmap.mmap | None = None
+        self._buffers: list[mmap.mmap] = []
+        self._pool: ThreadPoolExecutor | None = None
 
-    def write(self, view: memoryview, offset: int) -> bool:
-        """Write ``view`` (whole pages) at ``offset`` (a page boundary); ``False`` where the file system refuses
-        ``O_DIRECT`` (nothing to undo: the caller writes the same bytes buffered)."""
+    def write(self, view: memoryview, offset: int, crc: int) -> int | None:
+        """Write ``view`` (whole pages) at ``offset`` (a page boundary); the CRC ``crc`` continued over ``view``, or
+        ``None`` where the file system refuses ``O_DIRECT`` (the caller then writes the same bytes buffered)."""
         if self.failed:
-            return False
+            return None
         try:
             if _address(view) % CUT_ALIGNMENT_BYTES == 0:
                 for lo in range(0, view.nbytes, _MAX_WRITE):
                     _pwrite_all(self.fd, view[lo : lo + _MAX_WRITE], offset + lo)
-                return True
-            if self._bounce is None:
-                self._bounce = mmap.mmap(-1, _BOUNCE_BYTES)  # anonymous mappings are page-aligned
-            staged = memoryview(self._bounce)
+                return crc32(view, crc)
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="lightning-ft-pwrite")
+                while len(self._buffers) < 2:
+                    try:
+                        self._buffers.append(_bounce_buffers.get_nowait())
+                    except Empty:
+                        self._buffers.append(mmap.mmap(-1, _BOUNCE_BYTES))  # anonymous mappings are page-aligned
+            pending: Future[int] | None = None
             try:
-                for lo in range(0, view.nbytes, _BOUNCE_BYTES):
+                for k, lo in enumerate(range(0, view.nbytes, _BOUNCE_BYTES)):
                     chunk = view[lo : lo + _BOUNCE_BYTES]
-                    staged[: chunk.nbytes] = chunk
-                    _pwrite_all(self.fd, staged[: chunk.nbytes], offset + lo)
+                    staged = memoryview(self._buffers[k % 2])[: chunk.nbytes]
+                    staged[:] = chunk  # the write two chunks back, from this buffer, has returned
+                    crc = crc32(staged, crc)
+                    if pending is not None:
+                        pending.result()
+                    pending = self._pool.submit(_pwrite_all, self.fd, staged, offset + lo)
+                    del staged
             finally:
-                staged.release()
-            return True
+                if pending is not None:
+                    pending.result()
+            return crc
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise
             self.failed = True
-            return False
+            return None
 
     def close(self) -> None:
-        if self._bounce is not None:
-            self._bounce.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        for buffer in self._buffers:
+            _bounce_buffers.put(buffer)
+        self._buffers = []
 
 
 def _address(view: memoryview) -> int:
@@ -545,16 +568,22 @@ def _address(view: memoryview) -> int:
 
 
 def _write_piece(fd: int, direct: _Direct | None, view: memoryview, offset: int) -> int:
+    """Write ``view`` at ``offset``; its CRC32."""
     end = offset + view.nbytes
     lo = -(-offset // CUT_ALIGNMENT_BYTES) * CUT_ALIGNMENT_BYTES
     hi = end // CUT_ALIGNMENT_BYTES * CUT_ALIGNMENT_BYTES
     if direct is None or hi - lo < _DIRECT_MIN_BYTES:
-        return _pwrite_all(fd, view, offset)
-    written = _pwrite_all(fd, view[: lo - offset], offset) + _pwrite_all(fd, view[hi - offset :], hi)
-    inner = view[lo - offset : hi - offset]
-    if not direct.write(inner, lo):
+        _pwrite_all(fd, view, offset)
+        return crc32(view)
+    head, inner, tail = view[: lo - offset], view[lo - offset : hi - offset], view[hi - offset :]
+    _pwrite_all(fd, head, offset)
+    crc = crc32(head)
+    inner_crc = direct.write(inner, lo, crc)
+    if inner_crc is None:
         _pwrite_all(fd, inner, lo)
-    return written + inner.nbytes
+        inner_crc = crc32(inner, crc)
+    _pwrite_all(fd, tail, hi)
+    return crc32(tail, inner_crc)
 
 
 def combine_pieces(layout: FileLayout, pieces: list[tuple[int, int, int]], record: int) -> int:
