@@ -293,6 +293,13 @@ def _distributed_save(rank: int, world_size: int, folder: str) -> None:
     wchar = _wchar() - before
     with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
         json.dump({"written": result.bytes_written, "storage": result.storage_bytes, "wchar": wchar}, f)
+    # A group passed in: ranks 1 and 2 of 3 write a file between them; group rank 0 (global rank 1) finishes it.
+    if world_size == 3:
+        pair = dist.new_group([1, 2], backend="gloo")
+        if rank in (1, 2):
+            paired = pf.save(obj, os.path.join(folder, "pair.ckpt"), group=pair)
+            with open(os.path.join(folder, f"pair{rank}.json"), "w") as f:
+                json.dump({"written": paired.bytes_written, "storage": paired.storage_bytes}, f)
     # A rank whose object has other storage sizes is refused on every rank, before a byte is written.
     if rank == world_size - 1:
         obj["state_dict"]["big"] = torch.zeros(10)
@@ -322,3 +329,9 @@ def test_every_rank_writes_its_share_and_the_file_equals_torch_save(tmp_path: Pa
         assert report["written"] <= report["wchar"] <= report["written"] + 64 * 1024, (rank, report)
     assert sum(r["written"] for r in reports) == len(expected)
     assert not (tmp_path / "refused.ckpt").exists()
+    if world_size == 3:
+        torch.save(obj, tmp_path / "ref" / "pair.ckpt")
+        assert (tmp_path / "pair.ckpt").read_bytes() == (tmp_path / "ref" / "pair.ckpt").read_bytes()
+        pair = [json.loads((tmp_path / f"pair{r}.json").read_text()) for r in (1, 2)]
+        assert all(abs(p["storage"] - tensor_bytes / 2) <= pf.CUT_ALIGNMENT_BYTES + 1 for p in pair)
+        assert pair[0]["written"] > pair[0]["storage"] and pair[1]["written"] == pair[1]["storage"]
