@@ -11,6 +11,10 @@ file ``torch.save(obj, path)`` writes, byte for byte (the ``.data/serialization_
 ``torch.load(path, weights_only=True)`` (``mmap=True`` too) reads it in a process that never imported lightning-ft,
 and ``zipfile`` checks every record's CRC.
 
+Why one module: the offsets :func:`plan_file` computes are the ones every rank writes at and rank 0 describes in the
+headers and the directory; torch's format (miniz's fields, torch's padding, the serialization id) is one concept, and
+split between modules each half would restate the other's rules.
+
 Not wired into the strategy yet: it is the building block for "the file is the checkpoint at any process count"
 (issue 29). It serves state every rank holds in full (data-parallel replicas); each rank reads its own copy of the
 bytes it writes. Storages on an accelerator are copied to the CPU by torch's pickling on every rank (all of them, not
@@ -40,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_ft._compat import torch_save_records
-from lightning_ft.checkpoint.checksum import crc32
+from lightning_ft.checkpoint.checksum import crc32, crc32_combine
 
 __all__: list[str] = []  # internal: reached through lightning_ft.checkpoint.parallel_file only
 
@@ -60,52 +64,6 @@ the file is written by two ranks except where a storage ends."""
 _DIRECT_MIN_BYTES = 1 << 20
 _BOUNCE_BYTES = 4 << 20
 _MAX_WRITE = 1 << 30
-
-
-# -- CRC32 of a concatenation ------------------------------------------------------------------------------------------
-
-_CRC_POLY = 0xEDB88320
-
-
-def _gf2_times(matrix: list[int], vector: int) -> int:
-    total = 0
-    row = 0
-    while vector:
-        if vector & 1:
-            total ^= matrix[row]
-        vector >>= 1
-        row += 1
-    return total
-
-
-def _gf2_square(matrix: list[int]) -> list[int]:
-    return [_gf2_times(matrix, matrix[n]) for n in range(32)]
-
-
-@functools.cache
-def _zeros_operator(power: int) -> list[int]:
-    """The GF(2) matrix that advances a CRC32 register over ``2**power`` zero bytes."""
-    if power == 0:
-        one_bit = [_CRC_POLY] + [1 << n for n in range(31)]
-        two_bits = _gf2_square(one_bit)
-        four_bits = _gf2_square(two_bits)
-        return _gf2_square(four_bits)
-    return _gf2_square(_zeros_operator(power - 1))
-
-
-def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
-    """The CRC32 of ``A + B`` from ``crc1 = crc32(A)``, ``crc2 = crc32(B)`` and ``len2 = len(B)`` (zlib's
-    ``crc32_combine``, which Python's ``zlib`` does not expose), by the GF(2) matrix method: ``crc1`` advanced over
-    ``len2`` zero bytes, xor ``crc2``. The operators for each power of two are computed once per process."""
-    if len2 < 0:
-        raise ValueError(f"crc32_combine(len2={len2}): a length is >= 0")
-    power = 0
-    while len2:
-        if len2 & 1:
-            crc1 = _gf2_times(_zeros_operator(power), crc1)
-        len2 >>= 1
-        power += 1
-    return crc1 ^ crc2
 
 
 # -- The layout --------------------------------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 import zipfile
@@ -20,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_ft.checkpoint import parallel_file as pf
+from lightning_ft.checkpoint.checksum import crc32_combine
 from tests.helpers import run_distributed
 
 
@@ -85,21 +85,6 @@ def test_file_equals_torch_save_byte_for_byte(tmp_path: Path, kind: str, file_na
     assert (tmp_path / "ours" / file_name).read_bytes() == expected
     assert result.file_bytes == len(expected)
     assert result.bytes_written == len(expected)  # one process writes every byte exactly once
-
-
-def test_crc32_combine_equals_crc_of_the_concatenation() -> None:
-    rng = random.Random(0)
-    for _ in range(200):
-        a = rng.randbytes(rng.choice([0, 1, 3, 64, 1000, 4097]))
-        b = rng.randbytes(rng.choice([0, 1, 7, 64, 999, 70000]))
-        assert pf.crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
-    pieces = [b"", b"abc", b"", rng.randbytes(12345), b"", b"x"]
-    crc = 0
-    for piece in pieces:
-        crc = pf.crc32_combine(crc, zlib.crc32(piece), len(piece))
-    assert crc == zlib.crc32(b"".join(pieces))
-    with pytest.raises(ValueError, match="len2=-1"):
-        pf.crc32_combine(0, 0, -1)
 
 
 def test_storages_are_split_between_ranks_in_aligned_shares() -> None:
@@ -219,13 +204,13 @@ def _zeros_crc(n: int) -> int:
     total = 0
     while n:
         if n & length:
-            total = pf.crc32_combine(total, crc, length)
+            total = crc32_combine(total, crc, length)
             n &= ~length
         elif n < length:
-            total = pf.crc32_combine(total, zlib.crc32(bytes(n)), n)
+            total = crc32_combine(total, zlib.crc32(bytes(n)), n)
             n = 0
         else:
-            crc, length = pf.crc32_combine(crc, crc, length), 2 * length
+            crc, length = crc32_combine(crc, crc, length), 2 * length
     return total
 
 
