@@ -6,6 +6,7 @@ that never imported lightning-ft, and keep torch's own integrity (every record's
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -285,6 +286,17 @@ def _distributed_save(rank: int, world_size: int, folder: str) -> None:
             paired = pf.save(obj, os.path.join(folder, "pair.ckpt"), group=pair)
             with open(os.path.join(folder, f"pair{rank}.json"), "w") as f:
                 json.dump({"written": paired.bytes_written, "storage": paired.storage_bytes}, f)
+    # A rank whose disk fails (ENOSPC on its first write) fails the save on every rank, which names it; nobody hangs.
+    if rank == world_size - 1:
+
+        def full_disk(fd: int, view: memoryview, offset: int) -> int:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        pf._pwrite_all, real = full_disk, pf._pwrite_all
+    with pytest.raises(RuntimeError, match=rf"rank {world_size - 1}: OSError\(28"):
+        pf.save(obj, os.path.join(folder, "failed.ckpt"))
+    if rank == world_size - 1:
+        pf._pwrite_all = real
     # A rank whose object has other storage sizes is refused on every rank, before a byte is written.
     if rank == world_size - 1:
         obj["state_dict"]["big"] = torch.zeros(10)
