@@ -621,6 +621,7 @@ def save(
             plan = plan_file(obj, path, world_size=world_size, data_pkl_size=reference[1])
     clock.mark("plan")
     error = None
+    cause: BaseException | None = None
     pieces: dict[int, list[tuple[int, int, int]]] = {}
     written = 0
     try:
@@ -641,8 +642,9 @@ def save(
             os.close(fd)
             if direct_fd is not None:
                 os.close(direct_fd)
-    except OSError as exc:
+    except Exception as exc:  # noqa: BLE001 - every rank must reach the exchange below, or the others hang in it
         error = f"rank {rank}: {exc!r}"
+        cause = exc
     gathered: list[Any] = [(pieces, error)]
     if distributed:
         gathered = [None] * world_size
@@ -650,7 +652,7 @@ def save(
     clock.mark("gather")
     errors = [e for _, e in gathered if e]
     if errors:
-        raise RuntimeError(f"save(path={os.fspath(path)!r}) failed: {'; '.join(errors)}")
+        raise RuntimeError(f"save(path={os.fspath(path)!r}) failed: {'; '.join(errors)}") from cause
     storage_bytes = written
     final_error = None
     if rank == 0:
@@ -666,14 +668,15 @@ def save(
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        except (OSError, AssertionError) as exc:
+        except Exception as exc:  # noqa: BLE001 - the other ranks wait for this outcome
             final_error = f"rank 0 writing the headers and directory: {exc!r}"
+            cause = exc
     if distributed:
         status = [final_error]
         dist.broadcast_object_list(status, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
         final_error = status[0]
     if final_error:
-        raise RuntimeError(f"save(path={os.fspath(path)!r}) failed: {final_error}")
+        raise RuntimeError(f"save(path={os.fspath(path)!r}) failed: {final_error}") from cause
     clock.mark("finish")
     return SaveResult(plan.layout.size, written, storage_bytes, clock.phases)
 
