@@ -42,6 +42,7 @@ __all__ = [
     "StridedShard",
     "GatheredBuffer",
     "torchsnapshot_take_hooks",
+    "torch_save_records",
     "mark_checkpoint_saved_at",
     "call_resume_start",
     "torch_default_safe_globals",
@@ -528,8 +529,38 @@ def dcp_metadata_globals() -> dict[tuple[str, str], Any]:
 
 def torch_default_safe_globals() -> frozenset[str]:
     """The globals ``torch.load(weights_only=True)`` allows without ``add_safe_globals`` (``collections.OrderedDict``,
-    ``collections.Counter``, ``builtins.set``, ...), by dotted name. torch 2.13.0, 2.14.1
+    ``collections.Counter``, ``builtins.set``, ...), by dotted name. torch 2.13.0, 2.14.1, 2.15.0
     (``torch._weights_only_unpickler._get_allowed_globals``)."""
     from torch import _weights_only_unpickler
 
     return frozenset(_weights_only_unpickler._get_allowed_globals())
+
+
+# -- torch.save's records ----------------------------------------------------------------------------------------------
+
+
+def torch_save_records(obj: Any) -> list[tuple[str, Any]]:
+    """The records ``torch.save(obj, f)`` hands its zip writer, in the order it hands them: ``(name, payload)``.
+
+    The payload is ``bytes`` or ``str`` for the small records (``data.pkl``, ``.format_version``,
+    ``.storage_alignment``, ``byteorder``) and a CPU ``torch.UntypedStorage`` for each ``data/<key>`` (the caller's own
+    storage where it is on the CPU; torch copies others to the CPU first). The pickle is torch's own: its
+    ``_save`` (``torch.serialization._save(obj, zip_file, pickle_module, pickle_protocol, _disable_byteorder_record)``,
+    checked against torch 2.13.0) run with a writer that records instead of writing. The records the C++ writer adds
+    at the end (``version``, ``.data/serialization_id``) are not among them.
+    """
+    import pickle
+
+    import torch.serialization as ts
+
+    records: list[tuple[str, Any]] = []
+
+    class _Recorder:
+        def write_record(self, name: str, data: Any, size: int) -> None:
+            records.append((name, data))
+
+        def write_record_metadata(self, name: str, size: int) -> None:  # pragma: no cover - skip_data() only
+            raise RuntimeError("torch_save_records under torch.serialization.skip_data() is not supported")
+
+    ts._save(obj, _Recorder(), pickle, ts.DEFAULT_PROTOCOL, False)
+    return records
