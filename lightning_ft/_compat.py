@@ -13,6 +13,7 @@ torchsnapshot-nightly 2024.7.26 (the last build).
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import random
@@ -41,15 +42,19 @@ __all__ = [
     "StridedShard",
     "GatheredBuffer",
     "torchsnapshot_take_hooks",
+    "torch_save_records",
     "mark_checkpoint_saved_at",
     "call_resume_start",
+    "torch_default_safe_globals",
     "ckpt_path_parser_patch",
+    "restore_modules_and_callbacks_patch",
     "checkpoint_connector",
     "collect_rng_states",
     "compute_local_shape_and_global_offset",
     "dcp_metadata_globals",
     "destroy_dist_connection",
     "hook_launcher",
+    "stage_weights_only",
     "init_optim_state",
     "local_shard_of_full",
     "materialize_distributed_module",
@@ -211,6 +216,30 @@ def ckpt_path_parser_patch(trainer: Any, wrapper: Callable[..., Any], *, name: s
     return Patch(connector, "_parse_ckpt_path", parse, name=name)
 
 
+def restore_modules_and_callbacks_patch(trainer: Any, wrapper: Callable[..., None], *, name: str) -> Patch:
+    """A :class:`Patch` (not installed) of the trainer's ``_checkpoint_connector._restore_modules_and_callbacks``.
+
+    ``Trainer._run`` calls it with the stage's ``ckpt_path`` after ``configure_model`` and before ``Strategy.setup``
+    when the strategy's ``restore_checkpoint_after_setup`` is False, else after ``on_fit_start``; it runs
+    ``resume_start`` (the load), ``restore_model``, ``restore_datamodule`` and ``restore_callbacks`` (Lightning 2.5.0,
+    2.6.6; 2.6 added ``weights_only``). The replacement calls ``wrapper(restore, checkpoint_path, weights_only)``,
+    where ``restore(checkpoint_path, weights_only)`` calls the original with the arguments this Lightning accepts."""
+    connector = trainer._checkpoint_connector
+    original = connector._restore_modules_and_callbacks
+    takes_weights_only = _accepts(original, "weights_only")
+
+    def restore(checkpoint_path: Any = None, weights_only: Any = None) -> None:
+        if takes_weights_only:
+            original(checkpoint_path, weights_only=weights_only)
+        else:
+            original(checkpoint_path)
+
+    def patched(checkpoint_path: Any = None, weights_only: Any = None) -> None:
+        wrapper(restore, checkpoint_path, weights_only)
+
+    return Patch(connector, "_restore_modules_and_callbacks", patched, name=name)
+
+
 def hook_launcher(strategy: Any, before_launch: Callable[[Any], Any]) -> None:
     """Make ``strategy``'s launcher enter ``before_launch(trainer)`` around ``fit``/``validate``/``test``/``predict``.
 
@@ -239,8 +268,12 @@ def _hooked_launcher_class() -> type:
             self.before_launch = before_launch
 
         def launch(self, function: Callable, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
-            with self.before_launch(trainer):
-                return super().launch(function, *args, trainer=trainer, **kwargs)
+            token = _stage_weights_only.set(_weights_only_argument(function, args, kwargs))
+            try:
+                with self.before_launch(trainer):
+                    return super().launch(function, *args, trainer=trainer, **kwargs)
+            finally:
+                _stage_weights_only.reset(token)
 
     # Picklable as a module-level class (a Trainer is pickled and deep-copied whole): pickle finds it by this name,
     # through the module's __getattr__ below in a process that has not built it yet.
@@ -254,6 +287,30 @@ def __getattr__(name: str) -> Any:
     if name == "_HookedLauncher":
         return _hooked_launcher_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_stage_weights_only: contextvars.ContextVar[bool | None] = contextvars.ContextVar("stage_weights_only", default=None)
+
+
+def _weights_only_argument(function: Callable, args: tuple, kwargs: dict[str, Any]) -> bool | None:
+    # The launched function is Trainer._fit_impl/_validate_impl/_test_impl/_predict_impl, whose last argument is
+    # weights_only in Lightning 2.6.6 (2.5.0 has none).
+    try:
+        bound = inspect.signature(function).bind_partial(*args, **kwargs)
+    except (TypeError, ValueError):
+        return None
+    value = bound.arguments.get("weights_only")
+    return value if isinstance(value, bool) else None
+
+
+def stage_weights_only() -> bool | None:
+    """The ``weights_only`` given to the running ``fit``/``validate``/``test``/``predict`` (``None``: not given).
+
+    Lightning 2.6.6's ``Trainer._run`` drops it for a strategy with ``restore_checkpoint_after_setup`` (as
+    ``ModelParallelStrategy`` and ``ElasticFT3D`` have): it calls ``_restore_modules_and_callbacks(ckpt_path)``, so
+    ``Strategy.load_checkpoint`` gets ``weights_only=None``; ``DDPStrategy``'s path passes it. The hooked launcher
+    (:func:`hook_launcher`) reads it from the launched stage's arguments."""
+    return _stage_weights_only.get()
 
 
 def signal_connector(trainer: Any) -> Any:
@@ -465,3 +522,45 @@ def dcp_metadata_globals() -> dict[tuple[str, str], Any]:
     for cls in (pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath, pathlib.PureWindowsPath):
         found[("pathlib", cls.__name__)] = cls
     return found
+
+
+# -- torch's restricted unpickler ------------------------------------------------------------------------------------
+
+
+def torch_default_safe_globals() -> frozenset[str]:
+    """The globals ``torch.load(weights_only=True)`` allows without ``add_safe_globals`` (``collections.OrderedDict``,
+    ``collections.Counter``, ``builtins.set``, ...), by dotted name. torch 2.13.0, 2.14.1, 2.15.0
+    (``torch._weights_only_unpickler._get_allowed_globals``)."""
+    from torch import _weights_only_unpickler
+
+    return frozenset(_weights_only_unpickler._get_allowed_globals())
+
+
+# -- torch.save's records ----------------------------------------------------------------------------------------------
+
+
+def torch_save_records(obj: Any) -> list[tuple[str, Any]]:
+    """The records ``torch.save(obj, f)`` hands its zip writer, in the order it hands them: ``(name, payload)``.
+
+    The payload is ``bytes`` or ``str`` for the small records (``data.pkl``, ``.format_version``,
+    ``.storage_alignment``, ``byteorder``) and a CPU ``torch.UntypedStorage`` for each ``data/<key>`` (the caller's own
+    storage where it is on the CPU; torch copies others to the CPU first). The pickle is torch's own: its
+    ``_save`` (``torch.serialization._save(obj, zip_file, pickle_module, pickle_protocol, _disable_byteorder_record)``,
+    checked against torch 2.13.0) run with a writer that records instead of writing. The records the C++ writer adds
+    at the end (``version``, ``.data/serialization_id``) are not among them.
+    """
+    import pickle
+
+    import torch.serialization as ts
+
+    records: list[tuple[str, Any]] = []
+
+    class _Recorder:
+        def write_record(self, name: str, data: Any, size: int) -> None:
+            records.append((name, data))
+
+        def write_record_metadata(self, name: str, size: int) -> None:  # pragma: no cover - skip_data() only
+            raise RuntimeError("torch_save_records under torch.serialization.skip_data() is not supported")
+
+    ts._save(obj, _Recorder(), pickle, ts.DEFAULT_PROTOCOL, False)
+    return records

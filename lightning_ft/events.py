@@ -163,7 +163,8 @@ def concurrent_runs(root_dir: str | os.PathLike[str]) -> list[Path]:
 
 
 _CLAIMED: dict[str, int] = {}
-"""Root folders whose lock this process holds (path -> open file descriptor), until it exits."""
+"""Root folders whose lock this process holds (path -> open file descriptor), until its attempt ends
+(:func:`release_root`) or it exits."""
 _claim_lock = threading.Lock()
 
 
@@ -226,6 +227,26 @@ def _claim(lock_file: Path) -> bool:
             return err.errno not in (errno.EAGAIN, errno.EACCES)
         _CLAIMED[key] = fd
         return True
+
+
+def release_root(root_dir: str | os.PathLike[str]) -> None:
+    """Give up this process's claim on ``root_dir`` (:func:`claim_root`), if it holds one: at the end of an attempt
+    (``attempt_end``), so that a run launched from the same folder once this one has ended (a torchrun relaunch while
+    the notebook or script that ran the first ``fit`` is still alive) owns the root, as a restart does. A later ``fit``
+    in this process claims it again."""
+    _release(Path(os.path.realpath(root_dir)) / ROOT_LOCK_FILE)
+
+
+def release_run_dir(folder: str | os.PathLike[str]) -> None:
+    """:func:`release_root` for the folder of a run under :data:`RUNS_SUBDIR` (:func:`claim_run_dir`)."""
+    _release(Path(os.path.realpath(folder)) / RUN_LOCK_NAME)
+
+
+def _release(lock_file: Path) -> None:
+    with _claim_lock:
+        fd = _CLAIMED.pop(os.fspath(lock_file), None)
+    if fd is not None:
+        os.close(fd)  # closing the descriptor releases the POSIX lock
 
 
 def _event_folders(path: Path) -> list[Path]:
@@ -519,6 +540,14 @@ class EventLog:
         self._lines: collections.deque[str] | None = None if on_disk else collections.deque(maxlen=_MEMORY_LINES)
         if on_disk:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def release_claim(self) -> None:
+        """Give up this process's claim on the run (:func:`release_root`, :func:`release_run_dir`): at the end of
+        the attempt, so that a relaunch from this folder while this process lives continues the run."""
+        if self.concurrent:
+            release_run_dir(run_dir(self.root_dir, self.run_id))
+        else:
+            release_root(self.root_dir)
 
     @property
     def on_disk(self) -> bool:

@@ -10,7 +10,11 @@ then runs the save in three collective steps, each ended by
 
 1. rank 0 creates the folder the save writes into and, before any data, its in-progress record
    (:func:`~lightning_ft.checkpoint.swap.prepare`): the checkpoint path itself, or a staging folder beside it when the
-   path holds a committed checkpoint, which is never touched before its replacement is committed;
+   path holds a committed checkpoint, which is never touched before its replacement is committed. For a local path
+   this runs in ``save()`` itself (a checkpoint file's name is held by a placeholder,
+   :func:`~lightning_ft.checkpoint.in_progress.write_placeholder`), so that from the save call on the name exists, as
+   it does under Lightning's synchronous save: ``ModelCheckpoint``'s version counter and every listing of the folder
+   see it taken;
 2. every rank writes its shards through torchsnapshot on a process group of its own and fsyncs them;
 3. rank 0 commits: it checks that the shards cover every tensor of the index
    (:mod:`~lightning_ft.checkpoint.coverage`), writes the metadata file, then the commit marker, removes the
@@ -19,13 +23,16 @@ then runs the save in three collective steps, each ended by
    removed, the checkpoint it replaced is put back, and the save fails like any other. A save reported as failed is
    never committed.
 
-A failed save's folder is deleted by rank 0 (it holds our in-progress record). At most one save is in flight. A failure
+A failed save's folder (or placeholder) is deleted by rank 0 (it holds our in-progress record). At most one capture
+is in flight: :meth:`AsyncCheckpointer.save_again` writes that capture a second time, to another path (Lightning's
+``save_last=True``: ``last`` is a checkpoint of its own, written as Lightning writes it, without a second capture). A failure
 in the background is kept and raised once, at the next ``save()``, ``wait()`` or ``close()``; ``save()`` raises it
 before starting anything, so a later save never runs while it is pending.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -46,7 +53,15 @@ from lightning_ft.checkpoint.agreement import agree, is_distributed
 from lightning_ft.checkpoint.commit import build_document, owned_records, write_marker, write_metadata
 from lightning_ft.checkpoint.errors import CheckpointError, CheckpointWriteError
 from lightning_ft.checkpoint.file_commit import FileSwap, prepare_file, writes_files
-from lightning_ft.checkpoint.in_progress import discard, mark_in_flight, remove_record, unmark_in_flight
+from lightning_ft.checkpoint.in_progress import (
+    discard,
+    is_placeholder,
+    make_durable,
+    mark_in_flight,
+    remove_record,
+    unmark_in_flight,
+    write_placeholder,
+)
 from lightning_ft.checkpoint.ownership import regions_to_write
 from lightning_ft.checkpoint.single_file import STAGED_NAME, read_marker
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
@@ -92,6 +107,10 @@ class _Job:
     """The folder the data goes to: ``path``, or a staging folder beside it."""
     committed: bool = False
     """Whether the marker exists and the save was not undone."""
+    prepare_error: BaseException | None = None
+    """Rank 0: why the preparation in ``save()`` failed (raised in the background, so every rank fails the save)."""
+    placeholder: bool = False
+    """Rank 0: whether ``save()`` put a placeholder at ``path`` (a checkpoint file's name held while it is written)."""
 
 
 class AsyncCheckpointer:
@@ -149,6 +168,7 @@ class AsyncCheckpointer:
         self._world_size = dist.get_world_size(group) if is_distributed() else 1
         self._queue: SimpleQueue[_Job | None] = SimpleQueue()
         self._current: _Job | None = None
+        self._jobs: list[_Job] = []  # queued or being written, oldest first
         self._pending_error: BaseException | None = None
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
@@ -162,8 +182,15 @@ class AsyncCheckpointer:
     @property
     def in_flight(self) -> Path | None:
         """Path of the save being written in the background, or ``None``."""
-        job = self._current
-        return job.path if job is not None and not job.future.done() else None
+        for job in list(self._jobs):
+            if not job.future.done():
+                return job.path
+        return None
+
+    @property
+    def busy(self) -> bool:
+        """Whether a save is queued or being written (a non-blocking look)."""
+        return any(not job.future.done() for job in list(self._jobs))
 
     def save(
         self,
@@ -219,11 +246,75 @@ class AsyncCheckpointer:
             future=Future(),
             registered=Path(path),
         )
-        mark_in_flight(job.path)
         # The staged copies stay in the Stager's buffers until the next capture: what matches_last_save compares.
         self._previous = (job.path, capture) if self._reuse_buffers else None
+        self._enqueue(job)
+
+    def save_again(
+        self,
+        path: str | Path,
+        state: dict[str, Any],
+        *,
+        rank_state: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> bool:
+        """Write what the previous :meth:`save` captured once more, to ``path``, with ``rank_state``'s own non-tensor
+        values and ``metadata``; without a capture and without waiting for the save in flight.
+
+        Collective, like :meth:`save`. The caller must have proven (:meth:`matches_last_save`, agreed on every rank)
+        that ``state`` and ``rank_state`` hold, bitwise, the tensors and the shared non-tensor state the previous save
+        captured; only the rank state's non-tensor values (a callback's state, say) may differ. The second checkpoint
+        is written after the first, from the same staged copies, and committed on its own. Returns ``False`` (and does
+        nothing) when no capture is kept (``reuse_buffers=False``, no previous save): the caller saves instead. A
+        pending background error is raised by the next :meth:`save`/:meth:`wait`, not here.
+        """
+        if self._closed:
+            raise RuntimeError("AsyncCheckpointer.save_again() called after close()")
+        previous = self._previous
+        if previous is None:
+            return False
+        started = time.perf_counter()
+        user_metadata = dict(metadata or {})
+        encoded = encode_state(state, rank_state, rank=self._rank)
+        full_state, run_id = user_metadata.get("full_state"), user_metadata.get("run_id")
+        job = _Job(
+            path=Path(path),
+            capture=dataclasses.replace(previous[1], rank_state_json=encoded.rank_state_json),
+            metadata={
+                "user": json_codec.encode(user_metadata, path="metadata"),
+                "step": user_metadata.get("step"),
+                "full_state": full_state if isinstance(full_state, bool) else None,
+                "run_id": run_id if isinstance(run_id, str) else None,
+            },
+            started=started,
+            stall_s=time.perf_counter() - started,
+            future=Future(),
+            registered=Path(path),
+        )
+        self._enqueue(job)
+        return True
+
+    def _enqueue(self, job: _Job) -> None:
+        mark_in_flight(job.path)
+        if self._rank == 0 and not is_remote(job.path):
+            self._prepare_early(job)
+        self._jobs = [j for j in self._jobs if not j.future.done()] + [job]
         self._current = job
         self._queue.put(job)
+
+    def _prepare_early(self, job: _Job) -> None:
+        """Rank 0, in the save call: the name exists from now on (a checkpoint file's placeholder, or the folder the
+        save writes into with its in-progress record). A failure is kept for the background, where every rank fails
+        the save alike."""
+        try:
+            if writes_files(self._storage):
+                job.placeholder = write_placeholder(
+                    job.path, step=job.metadata["step"], run_id=job.metadata["run_id"], durable=False
+                )
+            else:
+                job.folder = self._prepare(job, durable=False)
+        except BaseException as e:  # noqa: BLE001 - raised in the background thread, on every rank
+            job.prepare_error = e
 
     def matches_last_save(
         self,
@@ -270,14 +361,14 @@ class AsyncCheckpointer:
         return path
 
     def wait(self) -> None:
-        """Block until the in-flight save (if any) is committed; raise a pending background error, once."""
-        job = self._current
-        if job is not None:
+        """Block until the saves in flight (if any) are committed; raise a pending background error, once."""
+        for job in list(self._jobs):
             try:
                 job.future.result()
             except BaseException:  # noqa: BLE001 - recorded in _pending_error by the thread
                 pass
-            self._current = None
+        self._jobs = []
+        self._current = None
         self._raise_pending()
 
     def close(self) -> None:
@@ -285,10 +376,10 @@ class AsyncCheckpointer:
         if not self._closed:
             self._closed = True
             try:
-                job = self._current
-                if job is not None:
+                for job in list(self._jobs):
                     job.future.exception()
-                    self._current = None
+                self._jobs = []
+                self._current = None
             finally:
                 self._queue.put(None)
                 self._thread.join()
@@ -338,10 +429,12 @@ class AsyncCheckpointer:
             if self._rank == 0 and job.folder is not None and not job.committed:
                 # Every rank is past the exchange that reported the failure, so nobody writes into it any more.
                 self._discard_failed(job)
+            if self._rank == 0 and job.placeholder and not job.committed and is_placeholder(job.path):
+                _discard_quietly(job.path, "the placeholder of a failed save")
             raise
 
-    def _prepare(self, job: _Job) -> Path:  # seam hooks with _discard_failed and _commit: a subclass writes elsewhere
-        return prepare(job.path, step=job.metadata["step"], run_id=job.metadata["run_id"])
+    def _prepare(self, job: _Job, *, durable: bool = True) -> Path:  # seam hooks with _discard_failed and _commit
+        return prepare(job.path, step=job.metadata["step"], run_id=job.metadata["run_id"], durable=durable)
 
     def _discard_failed(self, job: _Job) -> None:
         _discard_quietly(job.folder, "the folder of a failed save")  # type: ignore[arg-type]
@@ -355,7 +448,12 @@ class AsyncCheckpointer:
         prepared = None
         if self._rank == 0:
             try:
-                job.folder = self._prepare(job)
+                if job.prepare_error is not None:
+                    raise job.prepare_error
+                if job.folder is None:  # an object-store URL: prepared here, off the training thread
+                    job.folder = self._prepare(job)
+                else:
+                    make_durable(job.folder)  # prepared in save(): its record durable before any data
                 prepared = (str(job.path), str(job.folder))
             except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
                 error = e
@@ -395,6 +493,10 @@ class AsyncCheckpointer:
                 f"cannot save {job.path} as one file: {self._world_size} processes write this checkpoint (the"
                 " single-file format is for a world of one process)"
             )
+        if job.prepare_error is not None:
+            raise job.prepare_error
+        if job.placeholder and is_placeholder(job.path):
+            make_durable(job.path)  # off the training thread, before any data
         job.folder = prepare_file(job.path, step=job.metadata["step"], run_id=job.metadata["run_id"])
         entries, records = job.capture.entries_and_records()
         gathered = [(records, job.capture.tensors, job.capture.rank_state_json)]
@@ -406,6 +508,8 @@ class AsyncCheckpointer:
             # commits nothing and does not fail; what stands at the path is left as it is.
             log.warning("lightning-ft: the save of %s wrote no checkpoint file; nothing is committed", job.path)
             _discard_quietly(job.folder, "the staging folder of a save that wrote nothing")
+            if job.placeholder and is_placeholder(job.path):
+                _discard_quietly(job.path, "the placeholder of a save that wrote nothing")
             return
         swap = FileSwap(job.folder, job.path)
         try:

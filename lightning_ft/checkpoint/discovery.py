@@ -1,13 +1,14 @@
 """Finding, checking and tidying checkpoints in a folder.
 
-Auto-resume and retention use these: :func:`list_committed` and :func:`latest_committed` see only directories with a
-commit marker (never the ``last`` link, a half-written save, or the staging and replaced folders of a replacement in
+Auto-resume and retention use these: :func:`list_committed` and :func:`latest_committed` see only committed
+checkpoints (never a link, a placeholder, a half-written save, or the staging and replaced folders of a replacement in
 progress), :func:`verify` reads every shard through the :class:`~lightning_ft.checkpoint.shard_reader.ShardReader`,
 checks it against the checksums recorded at save and checks that the shards cover every tensor,
 :func:`cleanup_uncommitted` settles interrupted replacements and removes the saves of ours that never finished (and
-nothing else), and :func:`repoint_last` moves the ``last`` link atomically so it always resolves to a committed
-checkpoint. :func:`newest_alternative` names the newest committed checkpoint next to a refused one, for the loader's
-error messages. Nothing here is collective.
+nothing else), and :func:`repoint_last` moves a ``last`` link atomically so it always resolves to a committed
+checkpoint (lightning-ft's own ``last`` is a checkpoint of its own; the function serves code that keeps a link).
+:func:`newest_alternative` names the newest committed checkpoint next to a refused one, for the loader's error
+messages. Nothing here is collective.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ __all__ = [
     "list_committed",
     "read_metadata",
     "recover_interrupted_swaps",
-    "relink_last_file",
     "repoint_last",
     "verify",
 ]
@@ -155,7 +155,9 @@ def newest_alternative(path: str | os.PathLike) -> str:
     path = Path(path)
     alternative = latest_committed(path.parent, exclude=[path])
     if alternative is None:
-        return f"; no committed checkpoint exists in {path.parent}"
+        # Said only when true: the refused checkpoint may itself be committed (intact, but not loadable here).
+        other = " other" if is_committed(path) else ""
+        return f"; no{other} committed checkpoint exists in {path.parent}"
     return f"; the newest committed checkpoint in {path.parent} is {alternative.path} (step {alternative.step})"
 
 
@@ -172,6 +174,10 @@ def verify(path: str | os.PathLike) -> list[str]:
         document = read_document(path, require_commit=False)
     except CheckpointError as e:
         return [str(e)]
+    if document.get("file_format", 1) >= 2:  # Lightning's own file: its zip's CRC32s check every byte
+        from lightning_ft.checkpoint.single_file import file_problems
+
+        return file_problems(path)
     if not is_committed(path):
         problems.append(f"checkpoint {path} has no commit marker {COMMIT_MARKER}")
     problems += [f"checkpoint {path}: {problem}" for problem in coverage_problems(document)]
@@ -259,26 +265,6 @@ def repoint_last(dirpath: str | os.PathLike, target: str | os.PathLike, name: st
     relative = os.path.relpath(os.path.abspath(target), os.path.abspath(dirpath))
     tmp = dirpath / f".{name}.tmp-{uuid.uuid4().hex}"
     os.symlink(relative, tmp, target_is_directory=True)
-    os.replace(tmp, link)
-    fsync_dir(dirpath)
-    return link
-
-
-def relink_last_file(dirpath: str | os.PathLike, target: str | os.PathLike, name: str = "last") -> Path:
-    """Atomically make ``dirpath/name`` a hard link to the checkpoint file ``target`` (a second name for the same
-    file: no copy, and ``os.path.isfile`` is true); returns its path. A reader sees the old ``last`` or the new one.
-
-    Raises:
-        FileExistsError: ``dirpath/name`` is a file or folder lightning-ft did not write; it is left as it is.
-    """
-    dirpath, target = Path(dirpath), Path(target)
-    link = dirpath / name
-    if link.exists() and not link.is_symlink() and not (link.is_file() and is_checkpoint_file(link)):
-        raise FileExistsError(f"{link} exists and is not a checkpoint file of lightning-ft; it is left as it is")
-    if not target.is_absolute() and not target.exists():
-        target = dirpath / target
-    tmp = dirpath / f".{name}.tmp-{uuid.uuid4().hex}"
-    os.link(target, tmp)
     os.replace(tmp, link)
     fsync_dir(dirpath)
     return link

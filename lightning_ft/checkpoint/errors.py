@@ -31,7 +31,8 @@ class CorruptCheckpointError(CheckpointError):
 
 
 class UnsafeCheckpointError(CheckpointError):
-    """The checkpoint holds a pickled payload; lightning-ft never unpickles, so it refuses to load it."""
+    """The checkpoint needs globals that are not allowed (``weights_only=True``, the default): the message prints the
+    code that allows them; ``weights_only=False`` loads it as Lightning would."""
 
 
 class CheckpointWriteError(CheckpointError):

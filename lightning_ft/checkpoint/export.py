@@ -41,9 +41,9 @@ from lightning_ft.checkpoint.errors import (
     UnsafeCheckpointError,
 )
 from lightning_ft.checkpoint.load import load_checkpoint
-from lightning_ft.checkpoint.safe_load import safe_globals_for
+from lightning_ft.checkpoint.safe_load import allow_code, globals_to_allow, safe_globals_for, safe_globals_option
 from lightning_ft.checkpoint.shard_reader import ShardReader
-from lightning_ft.checkpoint.single_file import is_checkpoint_file, without_sampler_states
+from lightning_ft.checkpoint.single_file import file_version, is_checkpoint_file, what_is_there, without_sampler_states
 from lightning_ft.checkpoint.storage.registry import storage_for_path
 from lightning_ft.checkpoint.torch_file import TensorSlot, can_stream, save_streaming
 
@@ -181,9 +181,8 @@ def _pickled(encoded: Any, path: str = "") -> list[tuple[str, bytes]]:
 def _every_refusal(document: dict[str, Any], path: Path, first: UnsafeCheckpointError) -> UnsafeCheckpointError:
     """One refusal that names every object of the checkpoint stored pickled whose globals are not allowed in this
     process, and the ``--safe-globals`` value that allows them all, instead of the first object alone (a library's
-    hyperparameters hold several such objects: the user learnt one more per run). Returns ``first`` unchanged where no
-    object names a global before it is loaded (a class met only while an object is built, such as numpy's
-    ``ObjectDType`` in a scikit-learn scaler)."""
+    hyperparameters hold several such objects: the user learnt one more per run). The globals are the list the
+    save-time warning and the refusal at load name (:func:`~lightning_ft.checkpoint.safe_load.globals_to_allow`)."""
     encoded = [document["state"], *document["rank_states"], document["metadata"]]
     needs: dict[str, list[str]] = {}
     for key, data in (p for value in encoded for p in _pickled(value)):
@@ -192,17 +191,25 @@ def _every_refusal(document: dict[str, Any], path: Path, first: UnsafeCheckpoint
         except Exception:  # noqa: BLE001 - not a torch.save payload: the decode reports it where it meets it
             continue
         if blocked:
-            needs.setdefault(key, blocked)
-    names = sorted({name for blocked in needs.values() for name in blocked})
+            needs.setdefault(key, globals_to_allow(data, blocked))
+    first_names = getattr(first, "globals_to_allow", None) or []
+    return _export_refusal(
+        path, sorted({n for names in needs.values() for n in names} | set(first_names)), list(needs), first
+    )
+
+
+def _export_refusal(
+    path: Path, names: list[str] | None, keys: list[str], first: UnsafeCheckpointError
+) -> UnsafeCheckpointError:
+    """The export's refusal: the globals to allow, as ``--safe-globals`` (which reads them back) and as Python."""
     if not names:
         return first
-    value = ",".join(":".join(name.rpartition(".")[::2]) for name in names)
+    stored = f" stores {len(keys)} object(s) pickled ({', '.join(keys)}) that" if keys else ""
     return UnsafeCheckpointError(
-        f"checkpoint {path} stores {len(needs)} object(s) pickled ({', '.join(needs)}) that need {', '.join(names)},"
-        " which are not allowed globals in this process, so lightning-ft does not unpickle them. If you trust these"
-        f" classes, allow them for the export: `lightning-ft export --safe-globals {value} ...` (in Python: the same"
-        " classes in `torch.serialization.safe_globals([...])` around the call). A class needed only while such an"
-        " object is built is named once these are allowed"
+        f"checkpoint {path}{stored} need(s) {', '.join(names)}, which are not allowed globals in this process, so"
+        " lightning-ft does not unpickle them. If you trust these classes, allow them for the export:"
+        f" `lightning-ft export --safe-globals {safe_globals_option(names)} ...` (in Python: `{allow_code(names)}`"
+        " before the call)"
     )
 
 
@@ -225,11 +232,25 @@ def export_checkpoint(
             it stores objects whose classes are not allowed in this process, naming every such object and class and
             the ``--safe-globals`` value of ``lightning-ft export`` that allows them.
     """
-    import lightning
 
     path = Path(path)
     if not path.is_dir() and not is_checkpoint_file(path):
-        raise UncommittedCheckpointError(f"checkpoint {path} does not exist")
+        raise UncommittedCheckpointError(what_is_there(path))
+    if path.is_file() and file_version(path) != 1:
+        # Lightning's own file: its dict, as Lightning loads it (edits included), is what is exported.
+        try:
+            loaded = load_checkpoint(path, collective=False)
+        except UnsafeCheckpointError as error:
+            raise _export_refusal(path, getattr(error, "globals_to_allow", None), [], error) from error
+        state, rank_states, metadata = loaded.state, [loaded.rank_state], loaded.metadata
+        reader = None
+    else:
+        state, rank_states, metadata, reader = _read_folder(path)
+    return _export(state, rank_states, metadata, path, Path(out), full=full, reader=reader, progress=progress)
+
+
+def _read_folder(path: Path) -> tuple[Any, list[Any], dict[str, Any], ShardReader]:
+    """A folder's (or a version-1 file's) state with :class:`TensorSlot` placeholders, read from its document."""
     document = read_document(path)
     reader = ShardReader(path, document, storage_for_path(path), verify_checksums=True)
     records = document["tensors"]
@@ -249,6 +270,22 @@ def export_checkpoint(
         metadata = json_codec.decode(document["metadata"])
     except UnsafeCheckpointError as error:
         raise _every_refusal(document, path, error) from error
+    return state, rank_states, metadata, reader
+
+
+def _export(
+    state: Any,
+    rank_states: list[Any],
+    metadata: dict[str, Any],
+    path: Path,
+    out: Path,
+    *,
+    full: bool,
+    reader: ShardReader | None,
+    progress: bool,
+) -> Path:
+    import lightning
+
     state = state if isinstance(state, dict) else {}
     model = _model_state(state, rank_states, path)
     exported: dict[str, Any] = _module_keys(state)
@@ -265,7 +302,7 @@ def export_checkpoint(
         exported["callbacks"] = {k: v for k, v in callbacks.items() if not str(k).startswith(_OWN_CALLBACKS)}
     exported.update(
         {
-            "state_dict": {str(k): v for k, v in model.items() if isinstance(v, TensorSlot)},
+            "state_dict": {str(k): v for k, v in model.items() if isinstance(v, (TensorSlot, torch.Tensor))},
             "hyper_parameters": state.get("hyper_parameters", metadata.get("hyper_parameters", {})),
             "pytorch-lightning_version": str(state.get("pytorch-lightning_version", lightning.__version__)),
             "epoch": state.get("epoch", metadata.get("epoch", 0)),
@@ -275,13 +312,14 @@ def export_checkpoint(
     if "hparams_name" in state:
         exported["hparams_name"] = state["hparams_name"]
     exported = _plain(exported)
-    return _write(exported, Path(out), reader, progress=progress)
+    return _write(exported, out, reader, progress=progress)
 
 
-def _write(exported: dict[str, Any], out: Path, reader: ShardReader, *, progress: bool) -> Path:
+def _write(exported: dict[str, Any], out: Path, reader: ShardReader | None, *, progress: bool) -> Path:
     from tqdm.auto import tqdm
 
     def produce(slot: TensorSlot) -> torch.Tensor:
+        assert reader is not None  # slots come only from a folder's document
         return reader.assemble(slot.key, [0] * len(slot.shape), list(slot.shape))
 
     # The whole file in memory at once where streaming cannot write it: torch 2.4, or objects that hold tensors,
@@ -318,20 +356,21 @@ def _materialize(obj: Any, produce: Any) -> Any:
     return obj
 
 
-def exported_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+def exported_checkpoint(path: str | os.PathLike, *, weights_only: bool | None = None) -> dict[str, Any]:
     """Committed checkpoint ``path`` as one plain Lightning checkpoint dict, in memory.
 
     It holds ``state_dict`` (full model tensors, assembled from their shards, on CPU), ``hyper_parameters``,
     ``pytorch-lightning_version``, ``epoch`` and ``global_step`` (and ``hparams_name`` when saved), and every other
     top-level key but the training state (optimizer, schedulers, loops, callbacks), the module's own that its
-    ``on_load_checkpoint`` reads included: what ``LightningModule.load_from_checkpoint`` reads. Not collective: one process reads every shard it needs.
+    ``on_load_checkpoint`` reads included: what ``LightningModule.load_from_checkpoint`` reads. ``weights_only``: as
+    :func:`load_checkpoint`. Not collective: one process reads every shard it needs.
 
     Raises:
         CheckpointError: as :func:`load_checkpoint`, or the checkpoint holds no model state (no ``state_dict`` key).
     """
     import lightning
 
-    loaded = load_checkpoint(path, collective=False)
+    loaded = load_checkpoint(path, collective=False, weights_only=weights_only)
     state = loaded.state if isinstance(loaded.state, dict) else {}
     model = next((state[k] for k in _MODEL_KEYS if isinstance(state.get(k), dict)), None)
     metadata = loaded.metadata

@@ -30,7 +30,7 @@ from typing import Any
 
 from lightning_ft.checkpoint.commit import COMMIT_MARKER
 from lightning_ft.checkpoint.errors import CheckpointError
-from lightning_ft.checkpoint.in_progress import discard, is_ours
+from lightning_ft.checkpoint.in_progress import discard, is_ours, is_placeholder
 from lightning_ft.checkpoint.single_file import STAGED_NAME
 from lightning_ft.checkpoint.snapshot_storage import fsync_dir
 from lightning_ft.checkpoint.swap import make_staging, swap_path
@@ -95,8 +95,8 @@ class FileSwap:
         """Rename the new file onto ``target``, durably; a committed checkpoint there is kept aside until
         :meth:`finish`."""
         new = self.staged / STAGED_NAME
-        if self.target.is_symlink():
-            pass  # a link holds no data: the rename below replaces the link itself
+        if self.target.is_symlink() or is_placeholder(self.target):
+            pass  # a link or the placeholder holds no data: the rename below replaces it
         elif self.target.is_dir():
             os.rename(self.target, self.old)  # a committed folder of ours (prepare_file refused anything else)
             self._old_kept = True

@@ -7,6 +7,11 @@ A checkpoint folder is lightning-ft's when it holds one of two files of ours:
   data, naming the run, the step, the host and the process, and removes it once the marker is durable. A folder holding
   the record and no marker is a save that never finished (a crash, a kill, a full disk).
 
+A checkpoint file's path is held from the save call on by a placeholder (:func:`write_placeholder`): a small file that
+starts with :data:`PLACEHOLDER_MAGIC` and holds the same record, so that Lightning's ``ModelCheckpoint`` sees its
+name taken (its version counter) while the file is written beside it; the commit replaces it atomically. A
+placeholder is never a checkpoint (it is no zip), and one that no save in flight holds is a leftover of ours.
+
 Nothing else is ours: a folder without either file (user files, a ``.git``, another tool's checkpoint, lightning-ft's
 own event log) is never deleted, whatever its name. :func:`discard` deletes a folder of ours so that it never looks
 committed while half deleted: it writes the record first, then removes the marker, then the files.
@@ -33,27 +38,33 @@ from lightning_ft.checkpoint.snapshot_storage import fsync_dir
 
 __all__ = [
     "IN_PROGRESS_RECORD",
+    "PLACEHOLDER_MAGIC",
     "discard",
     "has_record",
     "in_flight_paths",
     "is_ours",
+    "is_placeholder",
+    "make_durable",
     "mark_in_flight",
     "read_record",
     "remove_record",
     "unmark_in_flight",
+    "write_placeholder",
     "write_record",
 ]
 
 IN_PROGRESS_RECORD = "lightning_ft.in_progress"
 """File name of the in-progress record inside a checkpoint folder being written."""
 
+PLACEHOLDER_MAGIC = b"lightning-ft placeholder\n"
+"""How a placeholder file begins (then the in-progress record as JSON)."""
+
 _lock = threading.Lock()
 _in_flight: Counter[Path] = Counter()
 
 
-def write_record(folder: Path, *, target: Path, step: int | None, run_id: str | None) -> None:
-    """Write the in-progress record into ``folder``, durably (file and folder entry). Rank 0, before any data."""
-    record = {
+def _record(target: Path, step: int | None, run_id: str | None) -> dict[str, Any]:
+    return {
         "target": target.name,
         "step": step,
         "run_id": run_id,
@@ -61,7 +72,68 @@ def write_record(folder: Path, *, target: Path, step: int | None, run_id: str | 
         "host": socket.gethostname(),
         "pid": os.getpid(),
     }
-    atomic_write(folder / IN_PROGRESS_RECORD, json.dumps(record).encode())
+
+
+def write_record(folder: Path, *, target: Path, step: int | None, run_id: str | None, durable: bool = True) -> None:
+    """Write the in-progress record into ``folder``, durably (file and folder entry). Rank 0, before any data.
+
+    ``durable=False`` (a save call that must not wait for the disk) leaves the fsyncs to :func:`make_durable`."""
+    data = json.dumps(_record(target, step, run_id)).encode()
+    if durable:
+        atomic_write(folder / IN_PROGRESS_RECORD, data)
+    else:
+        (folder / IN_PROGRESS_RECORD).write_bytes(data)  # a new folder: nobody reads a record there before this
+
+
+def write_placeholder(path: Path, *, step: int | None, run_id: str | None, durable: bool = True) -> bool:
+    """Hold the checkpoint file name ``path`` for a save in flight: create a placeholder there unless something (a
+    file, a folder, a link) is there already. Returns whether it created one. Rank 0, in the save call.
+
+    ``O_EXCL``: a file that appears at ``path`` meanwhile is never overwritten. ``durable=False`` leaves the fsyncs
+    to :func:`make_durable` (the background writer's, before any data): a killed process leaves the placeholder whole
+    (the page cache survives it), and the save call does not wait for the disk."""
+    if path.exists() or path.is_symlink():
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = PLACEHOLDER_MAGIC + json.dumps(_record(path, step, run_id)).encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, data)
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    if durable:
+        fsync_dir(path.parent)
+    return True
+
+
+def make_durable(path: Path) -> None:
+    """fsync what ``durable=False`` left: a placeholder file ``path`` or the in-progress record of the folder
+    ``path``, and their folder entries."""
+    target = path / IN_PROGRESS_RECORD if path.is_dir() else path
+    fd = os.open(target, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if path.is_dir():
+        fsync_dir(path)
+    fsync_dir(path.parent)
+
+
+def is_placeholder(path: Path) -> bool:
+    """Whether ``path`` is a placeholder file of ours (see :func:`write_placeholder`), not a link."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(PLACEHOLDER_MAGIC)) == PLACEHOLDER_MAGIC
+    except OSError:
+        return False
 
 
 def read_record(folder: Path) -> dict[str, Any] | None:
@@ -89,12 +161,12 @@ def remove_record(folder: Path) -> None:
 
 
 def is_ours(path: Path) -> bool:
-    """Whether ``path`` is a folder (not a link) holding our commit marker or our in-progress record, or a checkpoint
-    file lightning-ft wrote (:func:`~lightning_ft.checkpoint.single_file.is_checkpoint_file`)."""
+    """Whether ``path`` is a folder (not a link) holding our commit marker or our in-progress record, a checkpoint
+    file lightning-ft wrote (:func:`~lightning_ft.checkpoint.single_file.is_checkpoint_file`) or a placeholder."""
     if path.is_symlink():
         return False
     if path.is_file():
-        return is_checkpoint_file(path)
+        return is_placeholder(path) or is_checkpoint_file(path)
     if not path.is_dir():
         return False
     return (path / COMMIT_MARKER).is_file() or has_record(path)
@@ -102,7 +174,7 @@ def is_ours(path: Path) -> bool:
 
 def discard(folder: Path) -> None:
     """Delete ``folder``, a folder of ours, so that no moment of it looks committed: record, no marker, no files; or
-    a checkpoint file of ours.
+    a checkpoint file or placeholder of ours.
 
     Does nothing if ``folder`` does not exist. A crash in the middle leaves a folder holding the record, which the next
     cleanup removes.

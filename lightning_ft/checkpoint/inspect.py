@@ -51,6 +51,21 @@ def describe(path: str | os.PathLike) -> dict[str, Any]:
         return desc
     metadata = json_codec.decode(document["metadata"])
     tensors = document["tensors"]
+    if document.get("file_format", 1) >= 2:  # Lightning's own file: its tensors are those its record checksums
+        checked = document.get("checksums", {}).get("tensors", {})
+        desc.update(
+            format_version=document["format_version"],
+            file_format=document["file_format"],
+            step=metadata.get("step"),
+            full_state=metadata.get("full_state"),
+            epoch=metadata.get("epoch"),
+            world_size=metadata.get("world_size"),
+            mesh=metadata.get("mesh"),
+            size_bytes=Path(path).stat().st_size,
+            tensors=len(checked),
+            shards=len(checked),
+        )
+        return desc
     desc.update(
         format_version=document["format_version"],
         step=metadata.get("step"),
@@ -71,6 +86,7 @@ def format_description(desc: dict[str, Any]) -> str:
     lines = [f"checkpoint      {desc['path']}", f"committed       {'yes' if desc['committed'] else 'NO'}"]
     labels = [
         ("format_version", "format version"),
+        ("file_format", "file format"),
         ("step", "step"),
         ("full_state", "full state"),
         ("epoch", "epoch"),

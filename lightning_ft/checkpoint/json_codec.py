@@ -4,7 +4,9 @@ A checkpoint's nested state (Lightning's checkpoint dict, optimizer state, RNG s
 tensors go to torchsnapshot as flat entries, everything else goes through this codec into the checkpoint's metadata JSON,
 with each tensor replaced by a reference ``{"__lft__": "tensor", "key": ...}``.
 
-Supported beyond plain JSON: dicts with non-string keys (optimizer state uses ``int`` keys), tuples, sets, ``float``
+Supported beyond plain JSON: dicts with non-string keys (optimizer state uses ``int`` keys), tuples, sets and
+frozensets, dict and tuple subclasses (``OrderedDict``, ``Counter``, namedtuples: restored as themselves where
+``torch.load(weights_only=True)`` would restore them, see :func:`_as_type`), ``float``
 nan/inf, ``bytes``, numpy arrays and scalars (bit-exact, so ``np.random.get_state()`` round-trips), ``argparse.Namespace``,
 dataclass instances and enums (restored as themselves when their class is already imported where the checkpoint is
 read, else as a dict of their fields or their value, with a warning), ``pathlib.Path``, ``torch.dtype``,
@@ -13,7 +15,8 @@ read, else as a dict of their fields or their value, with a warning), ``pathlib.
 Every other object is stored with ``torch.save`` (:func:`~lightning_ft.checkpoint.safe_load.pickled_bytes`: a save
 never fails for its class; a warning names the key when its class is not allowed yet) and comes back as itself through
 torch's restricted unpickler, which admits only allowed globals (``torch.serialization.add_safe_globals``); a load that
-would need any other global is refused, naming the key. Loading never unpickles anything else.
+would need any other global is refused, naming the key. Loading unpickles nothing else, unless the load was asked
+for with ``weights_only=False`` (:func:`~lightning_ft.checkpoint.safe_load.weights_only_scope`), as Lightning's is.
 
 A sparse tensor (COO, CSR, CSC, BSR, BSC) is stored as its dense parts (indices and values, each handed to
 ``on_tensor``) plus its layout and size, and comes back as a sparse tensor of the same layout, checked for the sparse
@@ -38,7 +41,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_ft.checkpoint.safe_load import load_pickled, pickled_bytes
+from lightning_ft import _compat
+from lightning_ft.checkpoint.safe_load import (
+    allow_code,
+    default_safe_globals,
+    load_pickled,
+    pickled_bytes,
+    unrestricted,
+)
 
 TAG = "__lft__"
 """The key that marks an encoded non-JSON value; a user dict holding this key is encoded in the tagged item form."""
@@ -96,19 +106,25 @@ def encode(obj: Any, on_tensor: EncodeTensor | None = None, path: str = "") -> A
             return _encode_sparse(obj, on_tensor, path)
         return {TAG: "tensor", "key": on_tensor(obj, path)}
     if isinstance(obj, dict):
-        if all(isinstance(k, str) for k in obj) and TAG not in obj:
+        subclass = type(obj) is not dict
+        if all(isinstance(k, str) for k in obj) and TAG not in obj and not subclass:
             return {k: encode(v, on_tensor, _path_join(path, k)) for k, v in obj.items()}
         items = [[encode(k, None, path), encode(v, on_tensor, _path_join(path, k))] for k, v in obj.items()]
-        return {TAG: "dict", "items": items}
+        return {TAG: "dict", "items": items, **({"type": _qualname(obj)} if subclass else {})}
     if isinstance(obj, list):
         return [encode(v, on_tensor, _path_join(path, i)) for i, v in enumerate(obj)]
     if isinstance(obj, torch.Size):
         return {TAG: "tuple", "items": [int(v) for v in obj]}
     if isinstance(obj, tuple):
-        return {TAG: "tuple", "items": [encode(v, on_tensor, _path_join(path, i)) for i, v in enumerate(obj)]}
+        items = [encode(v, on_tensor, _path_join(path, i)) for i, v in enumerate(obj)]
+        return {TAG: "tuple", "items": items, **({"type": _qualname(obj)} if type(obj) is not tuple else {})}
     if isinstance(obj, (set, frozenset)):
         items = [encode(v, None, path) for v in obj]
-        return {TAG: "set", "items": sorted(items, key=repr)}
+        return {
+            TAG: "set",
+            "items": sorted(items, key=repr),
+            **({"frozen": True} if isinstance(obj, frozenset) else {}),
+        }
     if isinstance(obj, bytes):
         return {TAG: "bytes", "data": _b64(obj)}
     if isinstance(obj, np.ndarray) and obj.dtype != object:
@@ -224,6 +240,50 @@ def _decode_dataclass(type_name: str, fields: dict[str, Any], path: str) -> Any:
     return instance
 
 
+def _allowed(cls: type, type_name: str) -> bool:
+    """Whether ``torch.load(weights_only=True)`` would give ``cls`` back in this process (torch's own list, the
+    globals the user allowed, lightning-ft's defaults), or the load is not restricted."""
+    if _own_pickles.get() or unrestricted():
+        return True
+    if type_name in _compat.torch_default_safe_globals():
+        return True
+    for entry in [*torch.serialization.get_safe_globals(), *default_safe_globals()]:
+        if entry is cls or (isinstance(entry, tuple) and entry[0] is cls and entry[1] == type_name):
+            return True
+    return False
+
+
+_warned_types: set[str] = set()
+
+
+def _as_type(type_name: str | None, value: Any, base: type, path: str) -> Any:
+    """``value`` (a dict or tuple) as the subclass ``type_name`` it was saved as (``OrderedDict``, ``Counter``, a
+    namedtuple, ``AttributeDict``), built as unpickling builds it (``__new__``, then the items; no ``__init__``), where
+    ``torch.load(weights_only=True)`` would give that class back: already imported and allowed (torch's own list, or
+    ``torch.serialization.add_safe_globals``), or with ``weights_only=False``. Otherwise the plain ``base`` value,
+    with a warning (once per class) that prints how to allow it."""
+    if type_name is None:
+        return value
+    cls = _imported_class(type_name)
+    if cls is not None and issubclass(cls, base) and _allowed(cls, type_name):
+        if base is tuple:
+            return tuple.__new__(cls, value)
+        instance = cls.__new__(cls)
+        for key, item in value.items():
+            instance[key] = item
+        return instance
+    if type_name not in _warned_types:
+        _warned_types.add(type_name)
+        why = "is not imported" if cls is None else "is not an allowed global"
+        warnings.warn(
+            f"lightning-ft checkpoint: {path or 'value'} is a {type_name}, which {why} where the checkpoint is read;"
+            f" restored as a plain {base.__name__} (torch.load(weights_only=True) refuses it too). To get it back as"
+            f" itself, import it and allow it before loading: `{allow_code([type_name])}`",
+            stacklevel=3,
+        )
+    return value
+
+
 _own_pickles: contextvars.ContextVar[bool] = contextvars.ContextVar("lightning_ft_own_pickles", default=False)
 
 
@@ -255,11 +315,13 @@ def decode(obj: Any, on_tensor: DecodeTensor | None = None, path: str = "") -> A
         for k, v in obj["items"]:
             key = decode(k, None, path)
             out[key] = decode(v, on_tensor, _path_join(path, key))
-        return out
+        return _as_type(obj.get("type"), out, dict, path)
     if tag == "tuple":
-        return tuple(decode(v, on_tensor, _path_join(path, i)) for i, v in enumerate(obj["items"]))
+        items = tuple(decode(v, on_tensor, _path_join(path, i)) for i, v in enumerate(obj["items"]))
+        return _as_type(obj.get("type"), items, tuple, path)
     if tag == "set":
-        return {decode(v, None, path) for v in obj["items"]}
+        values = {decode(v, None, path) for v in obj["items"]}
+        return frozenset(values) if obj.get("frozen") else values
     if tag == "float":
         return float(obj["value"])
     if tag == "bytes":

@@ -37,8 +37,9 @@ from lightning_ft.checkpoint.errors import (
     UncommittedCheckpointError,
 )
 from lightning_ft.checkpoint.location import CheckpointLocation
+from lightning_ft.checkpoint.safe_load import resolve_weights_only, say_unrestricted, weights_only_scope
 from lightning_ft.checkpoint.shard_reader import ShardReader
-from lightning_ft.checkpoint.single_file import is_checkpoint_file
+from lightning_ft.checkpoint.single_file import file_version, is_checkpoint_file, load_file
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 from lightning_ft.checkpoint.storage.object_store import ObjectStore, is_remote
 from lightning_ft.checkpoint.storage.registry import storage_for_path
@@ -110,6 +111,82 @@ def _fill(reader: ShardReader, key: str, path: str, target: torch.Tensor | None)
     return target
 
 
+def _load_document(
+    path: Path,
+    document: dict[str, Any],
+    storage: SnapshotStorage | None,
+    remote: bool,
+    verify_checksums: bool,
+    state: Any,
+    rank: int,
+    rank_states: Callable[[dict[str, Any]], Iterable[int]] | None,
+) -> LoadedCheckpoint:
+    """A checkpoint folder (or a version-1 file): its document decoded, its tensors read from the shards."""
+    problems = coverage_problems(document)
+    if problems:
+        raise CorruptCheckpointError(f"checkpoint {path} cannot be loaded: {'; '.join(problems)}")
+    reader = ShardReader(
+        path,
+        document,
+        storage or (ObjectStore() if remote else storage_for_path(path)),
+        verify_checksums=verify_checksums,
+    )
+    templates = _template_tensors(state) if state is not None else {}
+    state_out = json_codec.decode(
+        document["state"], lambda key, p: _fill(reader, key, p, templates.get(p) if p in templates else None)
+    )
+    metadata = json_codec.decode(document["metadata"])
+    rank_states_doc = document["rank_states"]
+    saved_rank = rank % len(rank_states_doc)
+    rank_state = json_codec.decode(rank_states_doc[saved_rank], lambda key, p: _fill(reader, key, p, None))
+    others = {}
+    for other in rank_states(metadata) if rank_states is not None else ():
+        if not 0 <= other < len(rank_states_doc):
+            raise CheckpointError(f"checkpoint {path}: no rank {other} among its {len(rank_states_doc)} ranks")
+        others[other] = json_codec.decode(rank_states_doc[other], lambda key, p: _fill(reader, key, p, None))
+    return LoadedCheckpoint(
+        path=path,
+        state=state_out,
+        rank_state=rank_state,
+        saved_rank=saved_rank,
+        metadata=metadata,
+        saved_rank_states=others,
+    )
+
+
+def _into_templates(obj: Any, templates: dict[str, torch.Tensor], path: str = "") -> Any:
+    """``obj`` with each tensor that has a template of its shape (by the same paths as :func:`_template_tensors`)
+    copied into that template and replaced by it, as a folder's load fills templates in place."""
+    if isinstance(obj, torch.Tensor):
+        target = templates.get(path)
+        if target is None or isinstance(target, DTensor) or target.shape != obj.shape:
+            return obj
+        with torch.no_grad():
+            target.copy_(obj)
+        return target
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            obj[k] = _into_templates(v, templates, f"{path}/{k}" if path else str(k))
+        return obj
+    if isinstance(obj, list):
+        for i, v in enumerate(obj):
+            obj[i] = _into_templates(v, templates, f"{path}/{i}" if path else str(i))
+        return obj
+    if isinstance(obj, tuple):
+        items = [_into_templates(v, templates, f"{path}/{i}" if path else str(i)) for i, v in enumerate(obj)]
+        return obj if all(a is b for a, b in zip(items, obj, strict=True)) else tuple.__new__(type(obj), items)
+    return obj
+
+
+def _load_file(path: Path, state: Any, weights_only: bool) -> LoadedCheckpoint:
+    """A version-2 checkpoint file: Lightning's dict as Lightning loads it; the template's tensors filled in place."""
+    checkpoint, rank_state, metadata, _ = load_file(path, weights_only=weights_only)
+    templates = _template_tensors(state) if state is not None else {}
+    if templates:
+        checkpoint = _into_templates(checkpoint, templates)
+    return LoadedCheckpoint(path=path, state=checkpoint, rank_state=rank_state, saved_rank=0, metadata=metadata)
+
+
 def load_checkpoint(
     path: str | os.PathLike | CheckpointLocation,
     state: Any = None,
@@ -119,6 +196,7 @@ def load_checkpoint(
     storage: SnapshotStorage | None = None,
     collective: bool = True,
     rank_states: Callable[[dict[str, Any]], Iterable[int]] | None = None,
+    weights_only: bool | None = None,
 ) -> LoadedCheckpoint:
     """Load committed checkpoint ``path``, filling the tensors of the template ``state`` in place.
 
@@ -132,6 +210,12 @@ def load_checkpoint(
     the same way. ``path`` may also be a :class:`~lightning_ft.checkpoint.location.CheckpointLocation` of a
     lightning-ft checkpoint (what :func:`~lightning_ft.checkpoint.location.locate` found): its ``path`` is read, and
     what the location already says (local or remote, a folder that exists) is not looked up again.
+    ``weights_only`` follows Lightning's ``fit/validate/test/predict(..., weights_only=...)``
+    (:func:`~lightning_ft.checkpoint.safe_load.resolve_weights_only`: ``None`` is ``True`` on torch >= 2.6): with
+    ``False`` the objects a checkpoint stores load as ``torch.load(weights_only=False)`` loads them (said once).
+
+    A checkpoint file (one process) is Lightning's own file: it loads as Lightning loads it, edits included
+    (:func:`~lightning_ft.checkpoint.single_file.load_file`); lightning-ft's record adds the per-process state.
 
     Raises:
         CheckpointNotFoundError: nothing exists at ``path`` (an ``UncommittedCheckpointError`` and a
@@ -154,47 +238,25 @@ def load_checkpoint(
             raise UncommittedCheckpointError(f"checkpoint {path} is not a lightning-ft checkpoint ({location.kind})")
         if remote:
             document = ObjectStore().read_document(path)
-        elif location is not None:
-            document = read_document(path)  # located: a committed folder of ours
         elif not path.exists():
             raise CheckpointNotFoundError(f"checkpoint {path} does not exist")
         elif not path.is_dir() and not is_checkpoint_file(path):
             raise UncommittedCheckpointError(f"checkpoint {path} is a file, not a lightning-ft checkpoint")
+        elif not path.is_dir() and file_version(path) != 1:
+            document = None  # Lightning's own file: Lightning's dict is the state
         else:
             document = read_document(path)
-        problems = coverage_problems(document)
-        if problems:
-            raise CorruptCheckpointError(f"checkpoint {path} cannot be loaded: {'; '.join(problems)}")
-        reader = ShardReader(
-            path,
-            document,
-            storage or (ObjectStore() if remote else storage_for_path(path)),
-            verify_checksums=verify_checksums,
-        )
-        templates = _template_tensors(state) if state is not None else {}
-        state_out = json_codec.decode(
-            document["state"], lambda key, p: _fill(reader, key, p, templates.get(p) if p in templates else None)
-        )
-        metadata = json_codec.decode(document["metadata"])
-        rank_states_doc = document["rank_states"]
-        saved_rank = rank % len(rank_states_doc)
-        rank_state = json_codec.decode(rank_states_doc[saved_rank], lambda key, p: _fill(reader, key, p, None))
-        others = {}
-        for other in rank_states(metadata) if rank_states is not None else ():
-            if not 0 <= other < len(rank_states_doc):
-                raise CheckpointError(f"checkpoint {path}: no rank {other} among its {len(rank_states_doc)} ranks")
-            others[other] = json_codec.decode(rank_states_doc[other], lambda key, p: _fill(reader, key, p, None))
-        loaded = LoadedCheckpoint(
-            path=path,
-            state=state_out,
-            rank_state=rank_state,
-            saved_rank=saved_rank,
-            metadata=metadata,
-            saved_rank_states=others,
-        )
+        if document is None:
+            loaded = _load_file(path, state, resolve_weights_only(weights_only))
+        else:
+            if not resolve_weights_only(weights_only):
+                say_unrestricted(f"loading {path}")
+            with weights_only_scope(weights_only):
+                loaded = _load_document(path, document, storage, remote, verify_checksums, state, rank, rank_states)
     except CheckpointError as e:
         named = str(e) if str(path) in str(e) else f"checkpoint {path}: {e}"  # a stored object's refusal names its key
         error = type(e)(f"{named}{newest_alternative(path)}")
+        error.__dict__.update(e.__dict__)  # what the refusal carries for its callers (the globals to allow)
         error.__cause__ = e.__cause__
     except Exception as e:  # noqa: BLE001 - still agree with the other ranks before raising
         error = e

@@ -1,10 +1,10 @@
 """A lightning-ft checkpoint into a ``LightningModule`` for inference, in one line.
 
-lightning-ft checkpoints are folders (``epoch=0-step=100.ckpt/``), so Lightning's own
-``MyModule.load_from_checkpoint("checkpoints/last.ckpt")`` cannot read them (``IsADirectoryError``).
-:func:`load_from_checkpoint` assembles the full model tensors from their shards in this one process and hands them to
-Lightning's own loader, so hyper-parameters, ``on_load_checkpoint`` and ``strict`` behave exactly as they do for a
-Lightning ``.ckpt`` file. ``lightning-ft export`` writes the same content to a file for use without lightning-ft.
+A lightning-ft checkpoint of 2+ processes is a folder (``epoch=0-step=100.ckpt/``), which Lightning's own
+``MyModule.load_from_checkpoint("checkpoints/last.ckpt")`` cannot read (``IsADirectoryError``); one of one process is
+Lightning's own file, read as Lightning reads it (edits included). :func:`load_from_checkpoint` assembles the full model
+tensors from their shards in this one process and hands them to Lightning's own loader, so hyper-parameters,
+``on_load_checkpoint`` and ``strict`` behave exactly as they do for a Lightning ``.ckpt`` file. ``lightning-ft export`` writes the same content to a file for use without lightning-ft.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ def load_from_checkpoint(
     *,
     map_location: Any = None,
     strict: bool = True,
+    weights_only: bool | None = None,
     **hparams_overrides: Any,
 ) -> M:
     """Load committed checkpoint ``path`` into a ``LightningModule`` and return it in eval mode.
@@ -46,6 +47,8 @@ def load_from_checkpoint(
         map_location: where the weights go, as for Lightning's ``load_from_checkpoint`` (class only); they are read
             to CPU.
         strict: whether the checkpoint's keys must match the module's ``state_dict()`` keys exactly.
+        weights_only: as Lightning's ``load_from_checkpoint(..., weights_only=...)``: ``None`` is torch's default
+            (``True``); ``False`` loads the objects the checkpoint stores as ``torch.load(weights_only=False)`` does.
         hparams_overrides: hyper-parameters that replace the saved ones (class only).
 
     Not collective: one process reads every shard it needs, with or without torch.distributed (any single rank
@@ -81,7 +84,7 @@ def load_from_checkpoint(
             f" map_location apply when building the module; pass the class {type(model).__name__} instead"
         )
     path = _follow_last(Path(path))
-    checkpoint = exported_checkpoint(path)
+    checkpoint = exported_checkpoint(path, weights_only=weights_only)
     if is_class:
         # Lightning's own loader reads a file-like object: hyper-parameters (LightningCLI's included), strict and
         # on_load_checkpoint behave as for any Lightning checkpoint.
@@ -89,7 +92,11 @@ def load_from_checkpoint(
         torch.save(checkpoint, buffer)
         del checkpoint
         buffer.seek(0)
-        loaded = model.load_from_checkpoint(buffer, map_location=map_location, strict=strict, **hparams_overrides)
+        # Lightning >= 2.6 takes weights_only (2.5 does not: there torch.load's default applies).
+        extra = {"weights_only": weights_only} if weights_only is not None else {}
+        loaded = model.load_from_checkpoint(
+            buffer, map_location=map_location, strict=strict, **extra, **hparams_overrides
+        )
     else:
         loaded = model
         loaded.on_load_checkpoint(checkpoint)

@@ -14,6 +14,7 @@ from typing import Any
 from lightning_ft.checkpoint import json_codec
 from lightning_ft.checkpoint.commit import read_document
 from lightning_ft.checkpoint.shard_reader import ShardReader
+from lightning_ft.checkpoint.single_file import file_version, load_file
 from lightning_ft.checkpoint.storage.object_store import ObjectStore, is_remote
 from lightning_ft.checkpoint.storage.registry import storage_for_path
 
@@ -29,6 +30,9 @@ def read_rank_state(path: str | os.PathLike, rank: int = 0) -> Any:
         CheckpointError: as :func:`~lightning_ft.checkpoint.load_checkpoint`.
     """
     path = Path(path)
+    if not is_remote(path) and path.is_file() and file_version(path) not in (None, 1):
+        # Lightning's own file: the callbacks are Lightning's (as Lightning loads them), the rest is the record's.
+        return load_file(path)[1]
     document = ObjectStore().read_document(path) if is_remote(path) else read_document(path)
     reader = ShardReader(path, document, storage_for_path(path), verify_checksums=True)
     rank_states = document["rank_states"]

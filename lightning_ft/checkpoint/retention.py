@@ -1,54 +1,40 @@
-"""Retention and the ``last`` link, safe against a save still in flight.
+"""Retention, and where a ``last`` save goes, safe against a save still in flight.
 
-Lightning's ``ModelCheckpoint`` deletes the checkpoint that fell out of its top-k right after asking for the new one,
-and asks for ``last*.ckpt`` as a second save of the same state. With asynchronous saves both are races (Lightning
-#14035): a crash before the new checkpoint commits would leave nothing to resume from, and a link to the new one would
-point at a write in progress. :class:`Retention` defers both to the moment a checkpoint commits. It runs on rank 0
+Lightning's ``ModelCheckpoint`` deletes the checkpoint that fell out of its top-k right after asking for the new one.
+With asynchronous saves that is a race (Lightning #14035): a crash before the new checkpoint commits would leave
+nothing to resume from. :class:`Retention` defers such a deletion to the moment a checkpoint commits. It runs on rank 0
 only; the strategy calls it from the training thread and from the checkpoint writer thread.
 
-``last`` holds the newest state Lightning asked to save as last. When the caller has proven that a checkpoint committed
-or being written in the same folder holds exactly that state (the save just before, of the same step, with the same
-bytes), ``last`` becomes an atomically repointed link to it (no second copy). Otherwise the state is written to a
-folder of lightning-ft's own beside the link, ``<link name>.step=<N>.lft``, and the link follows it when it commits; the
-superseded one is removed after that.
+``last`` is what Lightning makes of it: with ``save_last=True`` a checkpoint of its own at the path Lightning asks for
+(a write to one path never changes another; the strategy writes it from the capture of the save just before when the
+state is the same, :meth:`~lightning_ft.checkpoint.AsyncCheckpointer.save_again`), with ``save_last="link"`` the link
+Lightning itself makes. On an object store, which has no links, a ``last`` save of a state already committed or being
+written in that folder writes nothing (``last`` is the newest marker found by listing).
 
 Only what lightning-ft can prove it wrote is deleted (:func:`~lightning_ft.checkpoint.in_progress.is_ours`): a file or
 folder Lightning asks to remove that holds neither our commit marker nor our in-progress record (a ``.ckpt`` file of an
-earlier run under another strategy, say) is left alone, with a warning; a link is removed (it holds no data). After a
-commit, the links are repointed first and checkpoints deleted last, and a failed deletion is a warning, never an error:
-a failure of the commit callback undoes the commit, which must never follow a deletion.
+earlier run under another strategy, say) is left alone, with a warning; a link is removed (it holds no data). A failed
+deletion is a warning, never an error: a failure of the commit callback undoes the commit, which must never follow a
+deletion.
 """
 
 from __future__ import annotations
 
 import logging
-import re
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from lightning_ft.checkpoint import discovery
-from lightning_ft.checkpoint.in_progress import discard, is_ours
+from lightning_ft.checkpoint.in_progress import discard, in_flight_paths, is_ours
 from lightning_ft.checkpoint.storage.object_store import ObjectStore, as_url, is_remote
 
 log = logging.getLogger(__name__)
 
-_OWNED_LAST = re.compile(r"^(?P<link>.+)\.step=(?P<step>-?\d+|none)\.lft$")
-
-
-def last_data_path(link: Path, step: int | None) -> Path:
-    """Where the state of a ``last`` save at ``step`` is written when no checkpoint of that step exists."""
-    return link.with_name(f"{link.name}.step={step if step is not None else 'none'}.lft")
-
-
-def is_last_data(path: Path) -> bool:
-    """Whether ``path`` is a folder lightning-ft created to hold a ``last`` state (see :func:`last_data_path`)."""
-    return bool(_OWNED_LAST.match(path.name))
-
 
 class Retention:
-    """Deletes checkpoints and repoints ``last`` links, never touching the newest committed, the in-flight one or a
-    checkpoint a ``last`` link points at.
+    """Deletes checkpoints, never touching the newest committed, the in-flight one or a checkpoint a link points at.
 
     Args:
         in_flight: returns the path of the checkpoint being written, or None.
@@ -67,13 +53,8 @@ class Retention:
         self._in_flight = in_flight
         self._in_flight_step = in_flight_step
         self._lock = threading.Lock()
-        self._pending_links: dict[Path, Path] = {}  # link -> the checkpoint it points at once that one commits
         self._pending_removals: list[Path] = []
         self._warned: set[Path] = set()
-        self.single_file = False
-        """Whether checkpoints are single files (``checkpoint_format="file"``): ``last`` is then a file of its own, a
-        hard link to the committed file of the same step (no second copy, and ``os.path.isfile`` holds), or the state
-        written at the ``last`` path itself."""
 
     def _warn_once(self, path: Path, message: str) -> None:
         if path in self._warned:
@@ -84,36 +65,23 @@ class Retention:
         rank_zero_warn(message)
 
     def plan_last(self, link: Path, step: int | None, *, same_state: Path | None = None) -> Path | None:
-        """Decide how the ``last`` save at ``step`` to ``link`` is kept.
+        """Decide where the ``last`` save at ``step`` to ``link`` is written: ``link`` itself (a checkpoint of its own),
+        or ``None`` when nothing is to be written.
 
-        ``same_state``: a checkpoint the caller has proven to hold exactly the state of this save (``None``: none).
-        Returns None when no write is needed: ``same_state`` is in the link's folder and committed (the link is
-        repointed now) or being written (the link follows its commit). Otherwise returns the folder the caller must
-        write the state to; the link follows it when it commits.
+        ``None`` for a local path that holds a file or folder lightning-ft cannot prove it wrote (a warning says so,
+        once; it is left as it is), and on an object store when ``same_state``, a checkpoint the caller has proven to
+        hold exactly this state, is committed or being written in the same folder.
         """
         if is_remote(link):
             return self._plan_remote_last(link, step, same_state)
-        # Single files: `last` is a hard link to the committed file of the same state, or that state written at the
-        # `last` path itself (a rename onto the previous `last`, which is ours, or a link). Folders: `last` is a link;
-        # a checkpoint file of ours there is the `last` of a run that had one process until now, replaced by a link.
-        if link.exists() and not link.is_symlink() and not (is_ours(link) if self.single_file else _our_file(link)):
-            self._warn_not_a_link(link)
+        if link.exists() and not link.is_symlink() and not is_ours(link):
+            self._warn_once(
+                link,
+                f"{link} exists and is not a checkpoint lightning-ft wrote (a file or folder another run wrote); it is"
+                " left as it is, and this run keeps no `last` checkpoint there.",
+            )
             return None
-        if same_state is not None and same_state.parent == link.parent:
-            in_flight = self._in_flight()
-            if in_flight is not None and in_flight == same_state and self._in_flight_step() == step:
-                self._follow(link, in_flight)
-                return None
-            if (same_state.is_file() or not self.single_file) and discovery.is_committed(same_state):
-                self._follow(link, None)
-                self._repoint(link, same_state)
-                return None
-        if self.single_file:
-            self._follow(link, None)
-            return link
-        target = last_data_path(link, step)
-        self._follow(link, target)
-        return target
+        return link
 
     def _plan_remote_last(self, link: Path, step: int | None, same_state: Path | None) -> Path | None:
         # Object stores have no links: `last` is the newest marker found by listing. The same state committed or being
@@ -126,56 +94,12 @@ class Retention:
                 return None
         return link
 
-    def _follow(self, link: Path, target: Path | None) -> None:
-        """Make ``link`` wait for ``target`` (None: for nothing); a state of ours it waited for is superseded."""
-        with self._lock:
-            superseded = self._pending_links.pop(link, None)
-            if target is not None:
-                self._pending_links[link] = target
-        if superseded is not None and superseded != target and is_last_data(superseded):
-            self.remove(superseded)  # still being written: removed after a later commit
-
-    def _warn_not_a_link(self, link: Path) -> None:
-        self._warn_once(
-            link,
-            f"{link} exists and is not a lightning-ft link (a file or folder another run wrote); it is left as it is,"
-            " and this run keeps no `last` link there.",
-        )
-
     def on_commit(self, committed: Path) -> None:
-        """Call after ``committed``'s marker is durable: repoint the links waiting for it, then run the removals that
-        waited for a commit. Raises only if a link cannot be repointed, and then before deleting anything."""
-        with self._lock:
-            links = [link for link, target in self._pending_links.items() if target == committed]
-            for link in links:
-                del self._pending_links[link]
-        superseded = [previous for link in links if (previous := self._repoint(link, committed, remove=False))]
+        """Call after ``committed``'s marker is durable: run the removals that waited for a commit. Never raises."""
         with self._lock:
             pending, self._pending_removals = self._pending_removals, []
-        for path in (*superseded, *pending):
+        for path in pending:
             self.remove(path)
-
-    def _repoint(self, link: Path, target: Path, *, remove: bool = True) -> Path | None:
-        """Point ``link`` at ``target``; the superseded ``last`` state of ours it pointed at is removed (``remove``)
-        or returned."""
-        if link.exists() and not link.is_symlink() and not _our_file(link):
-            self._warn_not_a_link(link)  # appeared since the save was planned: never replaced
-            return None
-        previous = link.resolve() if link.is_symlink() else None
-        if target.is_file():
-            discovery.relink_last_file(link.parent, target, name=link.name)
-        else:
-            discovery.repoint_last(link.parent, target, name=link.name)
-        if previous is not None and previous != target.resolve() and is_last_data(previous):
-            if not remove:
-                return previous
-            self.remove(previous)  # a superseded state of our own
-        return None
-
-    def _linked(self) -> set[Path]:
-        with self._lock:
-            pending = set(self._pending_links.values())
-        return {p.resolve() for p in pending}
 
     def remove(self, path: Path) -> None:
         """Delete ``path`` now, or after the next commit if it is in flight, the newest committed checkpoint of its
@@ -188,7 +112,9 @@ class Retention:
             path.unlink()
             return
         in_flight = self._in_flight()
-        if in_flight is not None and path.resolve() == in_flight.resolve():
+        if (in_flight is not None and path.resolve() == in_flight.resolve()) or Path(
+            os.path.abspath(path)
+        ) in in_flight_paths():
             with self._lock:
                 self._pending_removals.append(path)
             return
@@ -203,7 +129,6 @@ class Retention:
             return
         latest = discovery.latest_committed(path.parent)
         protected = {p.resolve() for p in (in_flight, latest.path if latest else None) if p is not None}
-        protected |= self._linked()
         protected |= {c.resolve() for c in path.parent.iterdir() if c.is_symlink()} if path.parent.is_dir() else set()
         if path.resolve() in protected:
             with self._lock:
@@ -230,8 +155,3 @@ class Retention:
             store.remove(path)
         except (OSError, ValueError) as e:
             log.warning("lightning-ft: could not delete checkpoint %s (%s); it is left as it is", as_url(path), e)
-
-
-def _our_file(path: Path) -> bool:
-    """Whether ``path`` is a checkpoint file lightning-ft wrote (a ``last`` kept as a file of its own)."""
-    return path.is_file() and not path.is_symlink() and is_ours(path)

@@ -22,6 +22,7 @@ the allowed globals; a payload that needs any other global (a tampered one calli
 from __future__ import annotations
 
 import argparse
+import contextvars
 import dataclasses
 import enum
 import importlib
@@ -39,9 +40,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_ft.checkpoint.errors import CorruptCheckpointError, UnsafeCheckpointError
+from lightning_ft.checkpoint.errors import CheckpointError, CorruptCheckpointError, UnsafeCheckpointError
+from lightning_ft.checkpoint.file_checks import damaged_records
 
-__all__ = ["default_safe_globals", "load_pickled", "load_torch_file", "pickled_bytes", "safe_globals_for"]
+__all__ = [
+    "allow_code",
+    "default_safe_globals",
+    "globals_to_allow",
+    "load_pickled",
+    "load_torch_file",
+    "pickled_bytes",
+    "resolve_weights_only",
+    "safe_globals_for",
+    "safe_globals_option",
+    "say_unrestricted",
+    "unrestricted",
+    "unrestricted_load",
+    "weights_only_scope",
+]
 
 # What torch's restricted unpickler says when it meets a global it does not allow: a GLOBAL opcode, or a class it was
 # asked to build (numpy's dtype classes, for one) that only shows while loading.
@@ -122,6 +138,28 @@ def safe_globals_for(path: str | os.PathLike | io.BytesIO) -> tuple[list[Any], l
     return allowed, blocked
 
 
+def globals_to_allow(source: str | os.PathLike | io.BytesIO | bytes, blocked: list[str]) -> list[str]:
+    """The one list of globals every message names for a ``torch.save`` file or payload whose load is ``blocked``
+    (the save-time warning, the refusal at load, ``lightning-ft export``): every global the pickle names beyond
+    torch's and lightning-ft's defaults, the already-imported dataclasses and enums included (allowed here
+    automatically, but not in a process that has not imported their module), plus ``blocked`` (a class met only while
+    loading). ``[]`` when nothing is blocked."""
+    if not blocked:
+        return []
+    if isinstance(source, bytes):
+        source = io.BytesIO(source)
+    if isinstance(source, io.BytesIO):
+        source.seek(0)
+    try:
+        with torch.serialization.safe_globals(_new(default_safe_globals())):
+            named = torch.serialization.get_unsafe_globals_in_checkpoint(
+                source if isinstance(source, io.BytesIO) else str(source)
+            )
+    except Exception:  # noqa: BLE001 - what blocks the load is named all the same
+        named = []
+    return sorted(set(named) | {b for b in blocked if "." in b and " " not in b}) or list(blocked)
+
+
 def _new(globals_: list[Any]) -> list[Any]:
     # torch's context removes what it added on exit: leave alone what the user added process-wide already.
     present = torch.serialization.get_safe_globals()
@@ -134,19 +172,175 @@ def _allowing(globals_: list[Any]) -> Iterator[None]:
         yield
 
 
-def _refusal(path: Path, blocked: list[str], cause: str = "") -> UnsafeCheckpointError:
-    names = ", ".join(blocked)
-    return UnsafeCheckpointError(
-        f"{path}: the file holds {names}, which lightning-ft does not load by default (it loads checkpoint files with"
-        " torch.load(weights_only=True) and never unpickles arbitrary objects; argparse.Namespace, pathlib paths,"
-        " numpy values, AttributeDict, and the enums and dataclasses of modules already imported are allowed). If you"
-        f" trust the file, import the class and wrap the call: `with torch.serialization.safe_globals([{blocked[0]}]):"
-        " trainer.fit(...)`" + (f" ({cause})" if cause else "")
+def _module_and_name(name: str) -> tuple[str, str]:
+    """``(module, qualname)`` of the dotted global ``name``: the longest prefix that is an imported module (never
+    imports), else the part before the last dot."""
+    module_name, _, qualname = name.rpartition(".")
+    probe, rest = module_name, qualname
+    while probe and probe not in sys.modules:
+        probe, _, head = probe.rpartition(".")
+        rest = f"{head}.{rest}"
+    return (probe, rest) if probe else (module_name, qualname)
+
+
+def _needs_pair(name: str) -> bool:
+    """Whether ``add_safe_globals`` needs ``(obj, name)`` for the global ``name``: an object without its own module
+    and qualified name (``Ellipsis``), which torch cannot name by itself."""
+    obj = _imported(name)
+    if obj is None:
+        return False
+    return not (hasattr(obj, "__module__") and hasattr(obj, "__qualname__"))
+
+
+def allow_code(names: list[str] | tuple[str, ...]) -> str:
+    """The Python that allows the globals ``names`` (dotted, as torch names them), as printed in every warning and
+    refusal: the imports, then one ``torch.serialization.add_safe_globals([...])`` with the pair form
+    ``(obj, "module.Name")`` where torch needs it (``builtins.Ellipsis``). Paste it before ``fit`` in every process."""
+    modules = sorted({_module_and_name(n)[0] for n in names} | {"torch"})
+    items = []
+    for name in names:
+        module, qualname = _module_and_name(name)
+        ref = f"{module}.{qualname}"
+        items.append(f"({ref}, {name!r})" if _needs_pair(name) else ref)
+    return f"import {', '.join(modules)}; torch.serialization.add_safe_globals([{', '.join(items)}])"
+
+
+def safe_globals_option(names: list[str] | tuple[str, ...]) -> str:
+    """The ``lightning-ft export --safe-globals`` value that allows the globals ``names`` (``module:Name,...``),
+    which :func:`~lightning_ft.cli.checkpoint.parse_safe_globals` reads back."""
+    return ",".join(":".join(_module_and_name(name)) for name in names)
+
+
+def invalid_safe_globals() -> list[Any]:
+    """Entries of torch's process-wide allowed globals that torch cannot name (``add_safe_globals([Ellipsis])``):
+    with one of them every ``weights_only`` load fails inside torch with an ``AttributeError``."""
+    bad = []
+    for entry in torch.serialization.get_safe_globals():
+        if isinstance(entry, tuple):
+            continue
+        if not (hasattr(entry, "__module__") and hasattr(entry, "__qualname__")):
+            bad.append(entry)
+    return bad
+
+
+_SINGLETON_NAMES = {id(Ellipsis): "builtins.Ellipsis", id(NotImplemented): "builtins.NotImplemented"}
+
+
+def _check_safe_globals(where: str) -> None:
+    """Refuse, with the code that works, a process-wide allowed global torch cannot name."""
+    bad = invalid_safe_globals()
+    if not bad:
+        return
+    pairs = ", ".join(f"({b!r}, {_SINGLETON_NAMES.get(id(b), 'module.Name')!r})" for b in bad)
+    raise UnsafeCheckpointError(
+        f"{where}: torch.serialization.add_safe_globals was given {', '.join(map(repr, bad))}, which has no"
+        " __module__/__qualname__, so torch cannot name it and refuses every restricted load (the checkpoint itself"
+        f" is intact). Allow it as a pair instead: `torch.serialization.add_safe_globals([{pairs}])`"
     )
 
 
-def load_torch_file(path: str | os.PathLike, *, mmap: bool = False) -> Any:
-    """``torch.load(path, map_location="cpu", weights_only=True)`` allowing what Lightning checkpoints commonly hold.
+def resolve_weights_only(weights_only: bool | None) -> bool:
+    """``weights_only`` as ``torch.load`` resolves it (and so Lightning's ``fit/validate/test/predict(...,
+    weights_only=...)``, which hands it to ``torch.load``): ``None`` is ``True`` (torch >= 2.6) unless
+    ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` is set; ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` makes it ``True`` always."""
+    true_values = ("1", "y", "yes", "true")
+    if os.getenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0").lower() in true_values:
+        return True
+    if weights_only is None:
+        return os.getenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "0").lower() not in true_values
+    return bool(weights_only)
+
+
+_unrestricted: contextvars.ContextVar[bool] = contextvars.ContextVar("lightning_ft_unrestricted", default=False)
+
+
+@contextmanager
+def weights_only_scope(weights_only: bool | None) -> Iterator[None]:
+    """Within it, objects stored pickled in a lightning-ft checkpoint (:func:`load_pickled`) load as
+    ``torch.load(weights_only=False)`` would load them when ``weights_only`` resolves to ``False``
+    (:func:`resolve_weights_only`); the caller says it (:func:`say_unrestricted`)."""
+    token = _unrestricted.set(not resolve_weights_only(weights_only))
+    try:
+        yield
+    finally:
+        _unrestricted.reset(token)
+
+
+def unrestricted() -> bool:
+    """Whether a :func:`weights_only_scope` with ``weights_only=False`` is in force."""
+    return _unrestricted.get()
+
+
+_said_unrestricted: set[str] = set()
+
+
+def say_unrestricted(what: str) -> None:
+    """Say, once per ``what`` (a load of one checkpoint) in this process, that it is loaded with
+    ``weights_only=False``."""
+    if what not in _said_unrestricted:
+        _said_unrestricted.add(what)
+        warnings.warn(
+            f"lightning-ft: {what} with weights_only=False, as Lightning does when asked to: objects stored in the"
+            " checkpoint are unpickled without restriction (this runs code the file names; only for checkpoints you"
+            " trust)",
+            stacklevel=4,
+        )
+
+
+def _unreadable(path: Path, e: BaseException) -> CheckpointError:
+    """The error for a ``torch.save`` file whose load failed otherwise than on a global: corrupt only where its bytes
+    fail the zip's CRC32; an intact file that cannot be deserialized is named as such."""
+    damaged = damaged_records(path)
+    if damaged:
+        return CorruptCheckpointError(
+            f"{path} is not a readable torch.save file: {', '.join(damaged)} fail(s) the zip's CRC32"
+            f" ({type(e).__name__}: {e})"
+        )
+    return CheckpointError(
+        f"{path}: the file is intact (every record matches its zip CRC32) but cannot be deserialized in this process"
+        f" ({type(e).__name__}: {e})"
+    )
+
+
+def unrestricted_load(path: str | os.PathLike, *, mmap: bool = False) -> Any:
+    """``torch.load(path, map_location="cpu", weights_only=False)``: what Lightning does with ``weights_only=False``;
+    said once per process.
+
+    Raises:
+        CorruptCheckpointError: the file's bytes fail the zip's CRC32 (truncated, damaged).
+        CheckpointError: an intact file that cannot be deserialized (a class missing in this process, say).
+    """
+    path = Path(path)
+    say_unrestricted(f"loading {path}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+    except Exception as e:  # noqa: BLE001 - whatever the file's objects raise while they are built
+        raise _unreadable(path, e) from e
+
+
+def _refusal(path: Path, blocked: list[str], cause: str = "") -> UnsafeCheckpointError:
+    names = ", ".join(blocked)
+    return _naming(
+        blocked,
+        UnsafeCheckpointError(
+            f"{path}: the file holds {names}, which lightning-ft does not load by default (it loads checkpoint files with"
+            " torch.load(weights_only=True), as Lightning does by default on torch >= 2.6; argparse.Namespace, pathlib"
+            " paths, numpy values, AttributeDict, and the enums and dataclasses of modules already imported are allowed)."
+            f" If you trust the file, allow them before fit in every process: `{allow_code(blocked)}`, or pass"
+            " weights_only=False to fit/validate/test/predict as with Lightning" + (f" ({cause})" if cause else "")
+        ),
+    )
+
+
+def _naming(names: list[str], error: UnsafeCheckpointError) -> UnsafeCheckpointError:
+    error.globals_to_allow = list(names)  # type: ignore[attr-defined] - read by lightning-ft export's refusal
+    return error
+
+
+def load_torch_file(path: str | os.PathLike, *, mmap: bool = False, weights_only: bool | None = True) -> Any:
+    """``torch.load(path, map_location="cpu", weights_only=True)`` allowing what Lightning checkpoints commonly hold;
+    with ``weights_only`` resolving to ``False`` (:func:`resolve_weights_only`: Lightning's ``weights_only=False``),
+    :func:`unrestricted_load`, as Lightning loads it.
 
     With ``mmap=True`` tensors stay in the file until touched (cheap for reading ``global_step``).
 
@@ -156,31 +350,36 @@ def load_torch_file(path: str | os.PathLike, *, mmap: bool = False) -> Any:
         CorruptCheckpointError: a ``torch.save`` file that cannot be read (truncated, damaged).
     """
     path = Path(path)
+    if not resolve_weights_only(weights_only):
+        return unrestricted_load(path, mmap=mmap)
+    _check_safe_globals(str(path))
     try:
         allowed, blocked = safe_globals_for(path)
     except ValueError as e:  # not a zip file: a legacy or foreign pickle, which weights_only loading refuses anyway
         raise UnsafeCheckpointError(
-            f"{path} is not a torch.save zip file: lightning-ft loads checkpoint files only with"
-            f" torch.load(weights_only=True), never through unrestricted unpickling ({e})"
+            f"{path} is not a torch.save zip file: a plain pickle, which torch.load(weights_only=True) does not read"
+            f" (Lightning's default, and lightning-ft's); pass weights_only=False only if you trust the file ({e})"
         ) from e
     except Exception as e:  # noqa: BLE001 - a zip file torch's reader cannot open: damaged or truncated
-        raise CorruptCheckpointError(f"{path} is not a readable torch.save file ({type(e).__name__}: {e})") from e
+        raise _unreadable(path, e) from e
     if blocked:
-        raise _refusal(path, blocked)
+        raise _refusal(path, globals_to_allow(path, blocked))
     try:
         with _allowing(allowed):
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # noqa: BLE001 - a global pushed dynamically is only found while loading
         found = _blocked_in(e)
         if found is None:
-            raise CorruptCheckpointError(f"{path} is not a readable torch.save file ({type(e).__name__}: {e})") from e
-        raise _refusal(path, [found]) from e
+            raise _unreadable(path, e) from e
+        raise _refusal(path, globals_to_allow(path, [found])) from e
 
 
-_ALLOW_HINT = (
-    "If you trust the class, allow it in every process that saves or loads, before fit:"
-    " `torch.serialization.add_safe_globals([{name}])` (docs/checkpointing.md#your-own-classes-in-a-checkpoint)"
-)
+def _allow_hint(blocked: list[str]) -> str:
+    return (
+        "If you trust these classes, allow them in every process that saves or loads, before fit:"
+        f" `{allow_code(blocked)}` (docs/checkpointing.md#your-own-classes-in-a-checkpoint), or pass"
+        " weights_only=False to fit/validate/test/predict as with Lightning"
+    )
 
 
 _warned: set[tuple[str, tuple[str, ...]]] = set()
@@ -195,12 +394,15 @@ def _load_blockers(data: bytes) -> list[str]:
     except Exception as e:  # noqa: BLE001 - torch's scanner reads only the opcodes its restricted unpickler knows
         return [f"a pickle torch's restricted unpickler cannot read ({type(e).__name__}: {e})"]
     if blocked:
-        return blocked
+        return globals_to_allow(data, blocked)
     try:
         with _allowing(allowed):
             torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - whatever stops the load is what the warning must name
-        return [_blocked_in(e) or f"a pickle torch's restricted unpickler cannot read ({type(e).__name__}: {e})"]
+        found = _blocked_in(e)
+        if found is None:
+            return [f"a pickle torch's restricted unpickler cannot read ({type(e).__name__}: {e})"]
+        return globals_to_allow(data, [found])
     return []
 
 
@@ -238,7 +440,7 @@ def pickled_bytes(obj: Any, where: str) -> bytes:
             f"lightning-ft checkpoint: {where} is a {name}, which has no plain encoding: it is stored pickled, and"
             f" loading it back needs {', '.join(blocked)}, which lightning-ft does not unpickle unless allowed, so a"
             " resume from this checkpoint is refused until then. "
-            + _ALLOW_HINT.format(name=", ".join(blocked))
+            + _allow_hint(blocked)
             + "; or keep it out of the checkpoint (for hyperparameters: save_hyperparameters(ignore=[...]))",
             stacklevel=3,
         )
@@ -253,6 +455,12 @@ def load_pickled(data: bytes, where: str) -> Any:
         UnsafeCheckpointError: the payload needs a global that is not allowed (in this process), naming ``where``.
         CorruptCheckpointError: the payload is not a readable ``torch.save`` buffer.
     """
+    if _unrestricted.get():  # said by the load of the checkpoint (weights_only_scope's caller)
+        try:
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+        except Exception as e:  # noqa: BLE001 - whatever the object raises while it is built
+            raise CheckpointError(f"{where}: the stored object cannot be built ({type(e).__name__}: {e})") from e
+    _check_safe_globals(where)
     try:
         allowed, blocked = safe_globals_for(io.BytesIO(data))
     except Exception as e:  # noqa: BLE001 - not a torch.save buffer at all
@@ -264,11 +472,14 @@ def load_pickled(data: bytes, where: str) -> Any:
         except Exception as e:  # noqa: BLE001 - a global pushed dynamically is only found while loading
             found = _blocked_in(e)
             if found is None:
-                raise CorruptCheckpointError(
-                    f"{where}: the stored object cannot be read ({type(e).__name__}: {e})"
-                ) from e
+                # Its bytes were checked (the document's crc32): intact, but not buildable here.
+                raise CheckpointError(f"{where}: the stored object cannot be built ({type(e).__name__}: {e})") from e
             blocked = [found]
-    raise UnsafeCheckpointError(
-        f"{where}: the checkpoint stores an object that needs {', '.join(blocked)}, which is not an allowed global in"
-        " this process, so lightning-ft does not unpickle it. " + _ALLOW_HINT.format(name=", ".join(blocked))
+    names = globals_to_allow(data, blocked)
+    raise _naming(
+        names,
+        UnsafeCheckpointError(
+            f"{where}: the checkpoint stores an object that needs {', '.join(names)}, which are not all allowed"
+            " globals in this process, so lightning-ft does not unpickle it. " + _allow_hint(names)
+        ),
     )

@@ -1,26 +1,26 @@
-"""A lightning-ft checkpoint as one file, for a world of one process: the file Lightning itself writes, plus our record.
+"""A lightning-ft checkpoint as one file, for a world of one process: the file Lightning itself writes, and the only
+copy of the state.
 
 ``ElasticFT3D(checkpoint_format="file")`` writes, at the path Lightning asks for, the ``torch.save`` zip file of
 Lightning's checkpoint dict, so ``torch.load(path)``, Lightning's ``pl_load``, ``LightningModule.load_from_checkpoint``
-and ``os.path.isfile`` work on it. One top-level key is added, :data:`RECORD_KEY` (``"lightning_ft"``), holding only
-strings and tensors:
+and ``os.path.isfile`` work on it, and lightning-ft restores what they read (:func:`load_file`). One top-level key is
+added, :data:`RECORD_KEY` (``"lightning_ft"``), that holds no second copy of anything in Lightning's dict:
 
-- ``"marker"``: a JSON string starting with :data:`MARKER_PREFIX`: format version, step, ``full_state``, run id, time
-  and the crc32 of the document string. It plays the commit marker's part: a file holding it at a checkpoint path is
-  committed (it is only ever put there by a rename, after it was durable), and it is lightning-ft's proof that it wrote
-  the file. :func:`read_marker` finds it without executing the pickle: it reads the zip's ``data.pkl`` record with
-  :mod:`zipfile` and walks its opcodes with :func:`pickletools.genops`, looking only at string constants.
-- ``"document"``: a JSON string, the same metadata document a checkpoint folder keeps in ``lightning_ft_metadata.json``
-  (run metadata, the non-tensor state as JSON, every rank's ``rank_state``: RNG states, callback states; the tensor
-  index with a crc32 per entry), so a file loads through the very path a folder loads through.
-- ``"entries"``: the staged tensors by entry name; they share their storage with the tensors of Lightning's dict, so
-  ``torch.save`` writes every tensor's bytes once.
+- ``"marker"``: a JSON string starting with :data:`MARKER_PREFIX` (format version, step, ``full_state``, run id, time,
+  the document's crc32): the commit marker (only a rename after the file was durable puts it at a checkpoint path) and
+  lightning-ft's proof that it wrote the file, found by :func:`read_marker` without executing the pickle (the opcodes
+  of the zip's ``data.pkl`` record, walked with :func:`pickletools.genops`).
+- ``"document"``: a JSON string: the run metadata, lightning-ft's per-process state that Lightning does not keep (RNG
+  states), the resumable samplers' positions (left out of Lightning's loop state, which other strategies must read),
+  and the checksums of the Lightning content (:func:`~lightning_ft.checkpoint.file_checks.content_checksums`).
+- ``"entries"``: the tensors of that per-process state.
 
-``torch.load`` checks no checksum, so a load checks three: the zip's own CRC32 of ``data.pkl`` (the pickled non-tensor
-state Lightning's readers see), the document's crc32 in the marker, and every entry's crc32 in the index.
-:class:`FileStorage` is the storage seam for the format: it writes the file into a save's staging folder (the commit,
-a rename onto the checkpoint path, is :mod:`~lightning_ft.checkpoint.file_commit`'s) and reads entries back through
-``torch.load(weights_only=True)`` with the allowed globals only (:func:`~lightning_ft.checkpoint.safe_load.load_torch_file`).
+A load compares the content with the checksums: equal, the file is as saved; different, its zip records are read
+against their CRC32s: a damaged file is refused (:class:`CorruptCheckpointError`), an intact one was edited and loads
+as Lightning loads it, said once. Version-1 files (the record kept the whole state a second time as JSON, with
+``"entries"`` indexed like a folder's shards) are still read through :class:`FileReader`. :class:`FileStorage` is the
+storage seam for the format: it writes the file into a save's staging folder (the commit, a rename onto the checkpoint
+path, is :mod:`~lightning_ft.checkpoint.file_commit`'s).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import json
 import os
 import pickletools
 import time
+import warnings
 import zipfile
 import zlib
 from collections.abc import Mapping
@@ -45,6 +46,7 @@ from lightning_ft.checkpoint.errors import (
     FormatVersionError,
     UncommittedCheckpointError,
 )
+from lightning_ft.checkpoint.file_checks import content_checksums, damaged_records, pickle_record, stored_bytes
 
 __all__ = [
     "MARKER_PREFIX",
@@ -55,11 +57,15 @@ __all__ = [
     "is_checkpoint_file",
     "read_file_document",
     "read_marker",
+    "what_is_there",
     "without_sampler_states",
 ]
 
-FORMAT_VERSION = 1
-"""The single-file format this release writes and reads (the folder's metadata document inside has its own)."""
+FORMAT_VERSION = 2
+"""The single-file format this release writes (the folder's metadata document has its own version). Version 1 kept a
+second copy of the state in the record; this release still reads it."""
+READ_VERSIONS = (1, 2)
+"""The single-file format versions this release reads."""
 RECORD_KEY = "lightning_ft"
 """The top-level key of Lightning's checkpoint dict that holds lightning-ft's record."""
 MARKER_PREFIX = '{"lightning_ft_file": '
@@ -67,33 +73,6 @@ MARKER_PREFIX = '{"lightning_ft_file": '
 _DOCUMENT_PREFIX = '{"lightning_ft_document": '
 STAGED_NAME = "checkpoint.ckpt"
 """The file's name inside the staging folder it is written in before the rename onto the checkpoint path."""
-
-
-def _pickle_record(archive: zipfile.ZipFile) -> zipfile.ZipInfo | None:
-    for info in archive.infolist():
-        parts = info.filename.split("/")
-        if len(parts) == 2 and parts[1] == "data.pkl":
-            return info
-    return None
-
-
-def _stored_bytes(path: Path, info: zipfile.ZipInfo) -> bytes:
-    """A stored (uncompressed) zip record's bytes as they are on disk, without zipfile's CRC check (done by callers
-    that need it, so that a damaged file of ours is still recognized as ours)."""
-    if info.compress_type != zipfile.ZIP_STORED:
-        raise zipfile.BadZipFile(f"{info.filename} is compressed; torch.save stores records uncompressed")
-    with open(path, "rb") as f:
-        f.seek(info.header_offset)
-        header = f.read(30)
-        if len(header) != 30 or header[:4] != b"PK\x03\x04":
-            raise zipfile.BadZipFile(f"bad local header of {info.filename}")
-        name_len = int.from_bytes(header[26:28], "little")
-        extra_len = int.from_bytes(header[28:30], "little")
-        f.seek(info.header_offset + 30 + name_len + extra_len)
-        data = f.read(info.compress_size)
-    if len(data) != info.compress_size:
-        raise zipfile.BadZipFile(f"{info.filename} is truncated")
-    return data
 
 
 def _strings(data: bytes, prefixes: tuple[str, ...]) -> dict[str, str]:
@@ -139,10 +118,10 @@ def _scan(path: Path, prefixes: tuple[str, ...]) -> tuple[zipfile.ZipInfo, bytes
         if path.is_symlink() or not path.is_file():
             return None
         with zipfile.ZipFile(path) as archive:
-            info = _pickle_record(archive)
+            info = pickle_record(archive)
         if info is None:
             return None
-        data = _stored_bytes(path, info)
+        data = stored_bytes(path, info)
     except (OSError, zipfile.BadZipFile, ValueError):
         return None
     return info, data, _strings(data, prefixes)
@@ -161,14 +140,94 @@ def read_marker(path: str | os.PathLike) -> dict[str, Any] | None:
     return marker if isinstance(marker, dict) else {}
 
 
+def what_is_there(path: str | os.PathLike) -> str:
+    """One sentence naming what is at ``path`` when it is not a lightning-ft checkpoint (for ``lightning-ft export``
+    and ``inspect``): nothing, a folder, a file that is not a zip archive, a truncated one (a copy of a lightning-ft
+    checkpoint or not), a zip that is not a ``torch.save`` file, or a plain ``torch.save`` file. Executes nothing."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return f"checkpoint {path} does not exist"
+    if path.is_symlink() and not path.exists():
+        return f"{path} is a link to {os.readlink(path)}, which does not exist"
+    if path.is_dir():
+        return f"{path} is a folder without a commit marker: not a committed lightning-ft checkpoint"
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head != b"PK\x03\x04":
+        return (
+            f"{path} is a file of {size} bytes that is not a checkpoint: not a zip archive, so not a file torch.save"
+            " writes (nor a lightning-ft checkpoint)"
+        )
+    try:
+        with zipfile.ZipFile(path) as archive:
+            info = pickle_record(archive)
+        if damaged_records(path):  # a directory read, but records cut short or changed
+            raise zipfile.BadZipFile("records fail their CRC32")
+    except (zipfile.BadZipFile, OSError, ValueError):
+        raw = path.read_bytes()
+        ours = MARKER_PREFIX.encode() in raw
+        return (
+            f"{path} is a truncated or damaged zip archive ({size} bytes: its zip directory or records are missing or"
+            " fail their CRC32)"
+            + (
+                ": a damaged copy of a lightning-ft checkpoint file (its marker is inside); copy it again"
+                if ours
+                else ": not a readable torch.save file"
+            )
+        )
+    if info is None:
+        return f"{path} is a zip archive without a pickled record: not a file torch.save writes"
+    return (
+        f"{path} is a plain torch.save file ({size} bytes) without lightning-ft's record: not a lightning-ft"
+        " checkpoint (a Lightning .ckpt of another strategy, say: read it with torch.load, or resume from it with"
+        " fit(ckpt_path=...), which imports it)"
+    )
+
+
 def is_checkpoint_file(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a checkpoint file lightning-ft wrote (a regular file holding our marker; see
     :func:`read_marker`). Such a file at a checkpoint path is committed."""
     return read_marker(path) is not None
 
 
+def _parse_document(path: Path, marker_text: str, text: str | None) -> tuple[int, dict[str, Any]]:
+    try:
+        marker = json.loads(marker_text)
+    except ValueError as e:
+        raise CorruptCheckpointError(f"checkpoint {path}: its marker is not valid JSON") from e
+    version = marker.get("lightning_ft_file") if isinstance(marker, dict) else None
+    if version not in READ_VERSIONS:
+        raise FormatVersionError(
+            f"checkpoint {path} has file format version {version!r}; this lightning-ft reads versions"
+            f" {', '.join(map(str, READ_VERSIONS))}"
+        )
+    if text is None:
+        raise CorruptCheckpointError(f"checkpoint {path}: its metadata document is missing")
+    if zlib.crc32(text.encode()) != marker.get("document_crc32"):
+        raise CorruptCheckpointError(f"checkpoint {path}: its metadata document does not match the marker's checksum")
+    try:
+        document = json.loads(text)
+    except ValueError as e:
+        raise CorruptCheckpointError(f"checkpoint {path}: its metadata document is not valid JSON ({e})") from e
+    document.pop("lightning_ft_document", None)
+    return version, document
+
+
+def file_version(path: str | os.PathLike) -> int | None:
+    """The file format version of the lightning-ft checkpoint file ``path`` (``None``: not one). Executes nothing."""
+    marker = read_marker(path)
+    version = marker.get("lightning_ft_file") if marker is not None else None
+    return version if isinstance(version, int) else (None if marker is None else -1)
+
+
 def read_file_document(path: str | os.PathLike) -> dict[str, Any]:
     """Read and check the metadata document of the checkpoint file ``path`` (executes nothing).
+
+    A version-1 file holds the whole folder document (state, index, every rank's state). A version-2 file holds
+    lightning-ft's own part only; it is returned in the folder document's shape, with ``state`` ``None`` and
+    ``rank_states`` and ``tensors`` empty (Lightning's dict is the state: :func:`load_file` reads it), and
+    ``file_format`` 2.
 
     Raises:
         UncommittedCheckpointError: ``path`` is not a lightning-ft checkpoint file.
@@ -179,30 +238,135 @@ def read_file_document(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     scanned = _scan(path, (MARKER_PREFIX, _DOCUMENT_PREFIX))
     if scanned is None or MARKER_PREFIX not in scanned[2]:
-        raise UncommittedCheckpointError(f"checkpoint {path} is not a lightning-ft checkpoint file")
+        raise UncommittedCheckpointError(what_is_there(path))
     info, data, found = scanned
     if zlib.crc32(data) != info.CRC:
         raise CorruptCheckpointError(f"checkpoint {path}: its pickled state ({info.filename}) fails the zip's CRC32")
-    try:
-        marker = json.loads(found[MARKER_PREFIX])
-    except ValueError as e:
-        raise CorruptCheckpointError(f"checkpoint {path}: its marker is not valid JSON") from e
-    version = marker.get("lightning_ft_file")
-    if version != FORMAT_VERSION:
-        raise FormatVersionError(
-            f"checkpoint {path} has file format version {version!r}; this lightning-ft reads version {FORMAT_VERSION}"
+    version, document = _parse_document(path, found[MARKER_PREFIX], found.get(_DOCUMENT_PREFIX))
+    if version == 1:
+        return document
+    return {
+        "format_version": document.get("format_version"),
+        "file_format": version,
+        "metadata": document.get("metadata", {}),
+        "state": None,
+        "rank_states": [],
+        "tensors": {},
+        "checksums": document.get("checksums", {}),
+    }
+
+
+def file_problems(path: str | os.PathLike) -> list[str]:
+    """What :func:`~lightning_ft.checkpoint.verify` reports for a version-2 checkpoint file: the records whose bytes
+    fail the zip's CRC32 (``[]``: intact). An edit is not a problem: the file loads as Lightning loads it."""
+    damaged = damaged_records(path)
+    if not damaged:
+        return []
+    try:  # the load names the tensors whose bytes changed
+        load_file(path)
+    except CorruptCheckpointError as e:
+        return [str(e)]
+    except CheckpointError:
+        pass
+    return [f"checkpoint {path}: {', '.join(damaged)} fail(s) the zip's CRC32 (damaged)"]
+
+
+_said: set[tuple[str, str]] = set()
+
+
+def _say_once(kind: str, path: Path, message: str) -> None:
+    if (kind, str(path)) not in _said:
+        _said.add((kind, str(path)))
+        warnings.warn(message, stacklevel=4)
+
+
+def _torch_load(path: Path, weights_only: bool) -> Any:
+    """Lightning's own load of the file (``torch.load``, memory-mapped) under Lightning's ``weights_only`` rule; a
+    file that cannot be read is corrupt only where its bytes fail the zip's CRC32."""
+    from lightning_ft.checkpoint.safe_load import load_torch_file, unrestricted_load
+
+    if not weights_only:
+        return unrestricted_load(path, mmap=True)
+    return load_torch_file(path, mmap=True)
+
+
+def load_file(
+    path: str | os.PathLike, *, weights_only: bool = True
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], bool]:
+    """Load the version-2 checkpoint file ``path`` as Lightning loads it: ``(checkpoint, rank_state, metadata,
+    edited)``. ``checkpoint`` is Lightning's dict as ``torch.load`` returns it (the user's edits included; the
+    resumable samplers' positions from the record put back into its loop state; no :data:`RECORD_KEY`);
+    ``rank_state`` lightning-ft's per-process state of the save (RNG states) with the ``callbacks`` of Lightning's
+    dict; ``edited``: the content no longer matches the checksums recorded at the save (said once, as a warning).
+    Not collective.
+
+    Raises:
+        CorruptCheckpointError: the file's bytes fail the zip's CRC32 (a damaged file), naming the tensors that
+            changed.
+        UnsafeCheckpointError: with ``weights_only`` (Lightning's default on torch >= 2.6) the file needs globals that
+            are not allowed; the message prints the code that allows them.
+        CheckpointError: an intact file that cannot be deserialized (the cause is named).
+    """
+    path = Path(path)
+    loaded = _torch_load(path, weights_only)
+    if not isinstance(loaded, dict):
+        raise CheckpointError(f"checkpoint {path} holds a {type(loaded).__name__}, not Lightning's checkpoint dict")
+    record = loaded.pop(RECORD_KEY, None)
+    document: dict[str, Any] | None = None
+    entries: dict[str, Any] = {}
+    if isinstance(record, dict) and isinstance(record.get("marker"), str):
+        try:
+            _, document = _parse_document(path, record["marker"], record.get("document"))
+        except CheckpointError:
+            document = None
+        entries = record.get("entries") if isinstance(record.get("entries"), dict) else {}
+    actual = content_checksums({**loaded, RECORD_KEY: {"entries": entries}})
+    edited = document is None or actual != document.get("checksums")
+    if edited:
+        damaged = damaged_records(path)
+        if damaged:
+            expected = (document or {}).get("checksums", {}).get("tensors", {})
+            changed = sorted(k for k, v in actual["tensors"].items() if k in expected and expected[k] != v)
+            named = f" (checksum mismatch: {', '.join(changed)})" if changed else ""
+            raise CorruptCheckpointError(
+                f"checkpoint {path}: {', '.join(damaged)} fail(s) the zip's CRC32: the file is damaged{named}"
+            )
+        _say_once(
+            "edited",
+            path,
+            f"lightning-ft: checkpoint {path} was changed after lightning-ft wrote it (its content no longer matches"
+            " the checksums recorded at the save): it is loaded as Lightning loads it, edits included."
+            + (
+                " lightning-ft's own per-process state of that save (RNG states, the samplers' positions) still"
+                " applies, so a resume continues from the edited state; it is not the exact continuation of the saved"
+                " run"
+                if document is not None
+                else " Its lightning-ft record is gone or unreadable: RNG states and the samplers' positions are not"
+                " restored, so a resume is not exact"
+            ),
         )
-    text = found.get(_DOCUMENT_PREFIX)
-    if text is None:
-        raise CorruptCheckpointError(f"checkpoint {path}: its metadata document is missing")
-    if zlib.crc32(text.encode()) != marker.get("document_crc32"):
-        raise CorruptCheckpointError(f"checkpoint {path}: its metadata document does not match the marker's checksum")
-    try:
-        document = json.loads(text)
-    except ValueError as e:
-        raise CorruptCheckpointError(f"checkpoint {path}: its metadata document is not valid JSON ({e})") from e
-    document.pop("lightning_ft_document", None)
-    return document
+    if document is None:
+        return loaded, {"callbacks": loaded.pop("callbacks", {})}, {}, True
+    typed: dict[str, torch.Tensor] = {}
+    for key in document.get("tensors", {}):
+        tensor = entries.get(key)
+        if not isinstance(tensor, torch.Tensor):
+            raise CorruptCheckpointError(f"checkpoint {path}: lightning-ft's record lacks its tensor {key!r}")
+        typed[key] = tensor.clone()  # a view into a shared storage: torch.set_rng_state reads from its start
+
+    def tensor_of(key: str, _: str) -> torch.Tensor:
+        if key not in typed:
+            raise CorruptCheckpointError(f"checkpoint {path}: lightning-ft's record lacks its tensor {key!r}")
+        return typed[key]
+
+    own = json_codec.decode(document.get("rank_state"), tensor_of)
+    rank_state = dict(own) if isinstance(own, dict) else {}
+    rank_state["callbacks"] = loaded.pop("callbacks", {})
+    if "loops" in loaded:
+        positions = [(int(i), json_codec.decode(s)) for i, s in document.get("samplers", [])]
+        loaded["loops"] = with_sampler_states(loaded["loops"], positions)
+    metadata = json_codec.decode(document.get("metadata", {}))
+    return loaded, rank_state, metadata if isinstance(metadata, dict) else {}, edited
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -237,16 +401,55 @@ def without_sampler_states(loops: Any) -> Any:
     return {**loops, "fit_loop": {**fit_loop, "state_dict": state_dict}}
 
 
+def sampler_positions(loops: Any) -> list[tuple[int, Any]]:
+    """``(index, state)`` of each resumable sampler's position among the training loaders' states of Lightning's loop
+    state ``loops`` (what :func:`without_sampler_states` leaves out), for lightning-ft's record."""
+    fit_loop = loops.get("fit_loop") if isinstance(loops, dict) else None
+    state_dict = fit_loop.get("state_dict") if isinstance(fit_loop, dict) else None
+    states = state_dict.get("combined_loader") if isinstance(state_dict, dict) else None
+    if not isinstance(states, list):
+        return []
+    return [(i, s) for i, s in enumerate(states) if isinstance(s, dict) and set(s) == SAMPLER_STATE_KEYS]
+
+
+def with_sampler_states(loops: Any, positions: list[tuple[int, Any]]) -> Any:
+    """Lightning's loop state ``loops`` with the samplers' ``positions`` (:func:`sampler_positions`) put back where
+    they were; ``loops`` unchanged where it has no fit loop state (a checkpoint edited down to its weights)."""
+    fit_loop = loops.get("fit_loop") if isinstance(loops, dict) else None
+    state_dict = fit_loop.get("state_dict") if isinstance(fit_loop, dict) else None
+    if not positions or not isinstance(state_dict, dict):
+        return loops
+    states = list(state_dict.get("combined_loader") or [])
+    for index, state in sorted(positions, key=lambda p: p[0]):
+        states.insert(min(index, len(states)), state)
+    return {**loops, "fit_loop": {**fit_loop, "state_dict": {**state_dict, "combined_loader": states}}}
+
+
+def _tensor_keys(encoded: Any, out: set[str]) -> set[str]:
+    if isinstance(encoded, list):
+        for value in encoded:
+            _tensor_keys(value, out)
+    elif isinstance(encoded, dict):
+        if encoded.get(json_codec.TAG) == "tensor":
+            out.add(encoded["key"])
+        else:
+            for value in encoded.values():
+                _tensor_keys(value, out)
+    return out
+
+
 def checkpoint_dict(document: dict[str, Any], entries: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     """Lightning's checkpoint dict, as the file holds it, built from a save's document and its staged entries (flat
     ``uint8`` views of the staging buffers, by entry name): the tensors of the dict are views of the staged copies,
     never the caller's tensors, and the ``rank_state``'s ``callbacks`` go back to the top level, where Lightning keeps
-    them. Adds :data:`RECORD_KEY`.
+    them. Adds :data:`RECORD_KEY`: lightning-ft's record, which holds no second copy of anything in Lightning's dict
+    (see the module docstring).
 
     Raises:
         CheckpointError: a tensor is stored in more than one shard (a world of more than one process).
     """
     typed: dict[str, torch.Tensor] = {}
+    known: dict[int, int] = {}
     for key, record in document["tensors"].items():
         dtype, shape = _dtype(record["dtype"]), record["global_shape"]
         shards = record["shards"]
@@ -254,6 +457,8 @@ def checkpoint_dict(document: dict[str, Any], entries: Mapping[str, torch.Tensor
             raise CheckpointError(f"tensor {key!r} is stored in shards; a checkpoint file holds whole tensors only")
         if shards:
             typed[key] = entries[shards[0]["entry"]].view(dtype).reshape(shape)
+            if isinstance(shards[0].get("crc32"), int):
+                known[id(typed[key])] = shards[0]["crc32"]
         else:
             typed[key] = torch.empty(shape, dtype=dtype)
 
@@ -262,17 +467,28 @@ def checkpoint_dict(document: dict[str, Any], entries: Mapping[str, torch.Tensor
 
     # The pickled objects in the state are the bytes this process pickled at the save call, not bytes from storage.
     checkpoint = json_codec.decode_own(document["state"], tensor)
-    if "loops" in checkpoint:  # for Lightning's own readers; lightning-ft resumes from the document
+    samplers: list[tuple[int, Any]] = []
+    if "loops" in checkpoint:  # Lightning's readers refuse the samplers' states; the record keeps them
+        samplers = sampler_positions(checkpoint["loops"])
         checkpoint["loops"] = without_sampler_states(checkpoint["loops"])
     rank_states = document["rank_states"]
-    rank_state = json_codec.decode_own(rank_states[0], tensor) if rank_states else None
-    if isinstance(rank_state, dict) and "callbacks" in rank_state:
-        checkpoint["callbacks"] = rank_state["callbacks"]
-    shard_entries = {
-        shard["entry"]: typed[key] for key, record in document["tensors"].items() for shard in record["shards"]
-    }
+    own = rank_states[0] if rank_states else None
+    if isinstance(own, dict) and "callbacks" in own:
+        checkpoint["callbacks"] = json_codec.decode_own(own["callbacks"], tensor)  # where Lightning keeps them
+        own = {k: v for k, v in own.items() if k != "callbacks"}
+    record_entries = {key: typed[key] for key in sorted(_tensor_keys(own, set()))}
+    checksums = content_checksums({**checkpoint, RECORD_KEY: {"entries": record_entries}}, known)
     metadata = document["metadata"]
-    text = json.dumps({"lightning_ft_document": FORMAT_VERSION, **document}, allow_nan=False)
+    body = {
+        "lightning_ft_document": FORMAT_VERSION,
+        "format_version": document.get("format_version"),
+        "metadata": metadata,
+        "rank_state": own,
+        "tensors": {key: document["tensors"][key] for key in record_entries},
+        "samplers": [[i, json_codec.encode(s)] for i, s in samplers],
+        "checksums": checksums,
+    }
+    text = json.dumps(body, allow_nan=False)
     marker = {
         "lightning_ft_file": FORMAT_VERSION,
         "step": metadata.get("step"),
@@ -285,7 +501,7 @@ def checkpoint_dict(document: dict[str, Any], entries: Mapping[str, torch.Tensor
     checkpoint[RECORD_KEY] = {
         "marker": json.dumps(marker),  # starts with MARKER_PREFIX: the first key is "lightning_ft_file"
         "document": text,
-        "entries": shard_entries,
+        "entries": record_entries,
     }
     return checkpoint
 

@@ -11,6 +11,7 @@ rank 0 before checkpoints are listed at start, puts the newest committed one bac
 state found after a crash               what recovery does
 ======================================  ==============================================================
 new folder without marker (mid-write)   deletes it (it holds our in-progress record); the old one stays
+placeholder at ``<name>`` (a new file)  deletes it (no save of this process holds it)
 new committed, old still at ``<name>``  moves the old one aside, the new one in, deletes the old one
 old moved aside, ``<name>`` missing     moves the newest committed one (the new one) to ``<name>``
 new at ``<name>``, old still aside      deletes the old one
@@ -33,7 +34,14 @@ from typing import NamedTuple
 
 from lightning_ft.checkpoint.commit import COMMIT_MARKER, uncommit
 from lightning_ft.checkpoint.errors import CheckpointError
-from lightning_ft.checkpoint.in_progress import discard, has_record, in_flight_paths, is_ours, write_record
+from lightning_ft.checkpoint.in_progress import (
+    discard,
+    has_record,
+    in_flight_paths,
+    is_ours,
+    is_placeholder,
+    write_record,
+)
 from lightning_ft.checkpoint.single_file import is_checkpoint_file, read_marker
 from lightning_ft.checkpoint.snapshot_storage import fsync_dir
 
@@ -83,7 +91,7 @@ def _rename(source: Path, destination: Path) -> None:
     fsync_dir(destination.parent)
 
 
-def prepare(path: Path, *, step: int | None, run_id: str | None) -> Path:
+def prepare(path: Path, *, step: int | None, run_id: str | None, durable: bool = True) -> Path:
     """Create the folder a save to ``path`` writes into, holding its in-progress record; return it. Rank 0 only.
 
     ``path`` itself when nothing is there (or an interrupted save of ours, which is deleted first); a staging folder
@@ -108,16 +116,18 @@ def prepare(path: Path, *, step: int | None, run_id: str | None) -> Path:
             )
     else:
         folder = path
-    return make_staging(folder, target=path, step=step, run_id=run_id)
+    return make_staging(folder, target=path, step=step, run_id=run_id, durable=durable)
 
 
-def make_staging(folder: Path, *, target: Path, step: int | None, run_id: str | None) -> Path:
+def make_staging(folder: Path, *, target: Path, step: int | None, run_id: str | None, durable: bool = True) -> Path:
     """Create ``folder`` holding the in-progress record of a save to ``target``, durable (the record and the folder's
-    entry fsynced) before this returns, so before any data is written; return it."""
+    entry fsynced) before this returns, so before any data is written; return it. ``durable=False``: the caller
+    makes it durable before any data (:func:`~lightning_ft.checkpoint.in_progress.make_durable`)."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     folder.mkdir()
-    write_record(folder, target=target, step=step, run_id=run_id)
-    fsync_dir(folder.parent)
+    write_record(folder, target=target, step=step, run_id=run_id, durable=durable)
+    if durable:
+        fsync_dir(folder.parent)
     return folder
 
 
@@ -238,6 +248,13 @@ def recover_interrupted_swaps(dirpath: str | os.PathLike, *, keep: Iterable[str 
         if parsed is not None and not child.is_symlink() and (child.is_dir() or is_checkpoint_file(child)):
             groups.setdefault(parsed.target, []).append((parsed.kind, child))
     settled = []
+    for child in sorted(dirpath.iterdir()):
+        # The placeholder of a save that was killed before its commit replaced it: ours, and no checkpoint.
+        if parse_swap_name(child.name) is None and is_placeholder(child) and child.name not in groups:
+            if Path(os.path.abspath(child)) not in skipped:
+                discard(child)
+                settled.append(child)
+                log.warning("lightning-ft: removed %s, the placeholder of a save that never committed", child)
     for name, members in sorted(groups.items()):
         target = dirpath / name
         if Path(os.path.abspath(target)) in skipped:

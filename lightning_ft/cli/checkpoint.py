@@ -139,7 +139,9 @@ def run_export(args: argparse.Namespace) -> int:
 
 def parse_safe_globals(value: str) -> list[Any]:
     """The classes (or functions) ``--safe-globals`` names: comma-separated ``module:qualified.Name``, each module
-    imported. An empty value names none.
+    imported, as ``torch.serialization.safe_globals`` takes them (``(obj, "module.Name")`` for an object torch cannot
+    name by itself, such as ``builtins:Ellipsis``). An empty value names none; the value an export refusal prints is
+    read back as printed.
 
     Raises:
         CLIError: an entry is not ``MODULE:NAME``, its module cannot be imported or has no such name (exit code 2).
@@ -157,5 +159,8 @@ def parse_safe_globals(value: str) -> list[Any]:
                 obj = getattr(obj, part)
         except (ImportError, AttributeError) as error:
             raise CLIError(f"--safe-globals={value}: cannot find {entry!r} ({error})") from None
-        found.append(obj)
+        # torch names a global by its object's own module and name (an alias such as torch.nn:Linear is the class);
+        # one without them (builtins:Ellipsis) is allowed under the name given, as the pair torch accepts.
+        named = hasattr(obj, "__module__") and hasattr(obj, "__qualname__")
+        found.append(obj if named else (obj, f"{module_name}.{name}"))
     return found

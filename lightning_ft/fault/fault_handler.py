@@ -76,6 +76,7 @@ class FaultHandler(Callback):
         self.agreement: StopAgreement | None = None
         self._event_log: EventLog | None = None
         self._active = False
+        self._started = False  # start() ran in this fit
         self._last_step: int | None = None
         self._store: Any = None
         self._collective_patches: list[_compat.Patch] = []
@@ -101,6 +102,7 @@ class FaultHandler(Callback):
         if trainer.state.fn != TrainerFn.FITTING or self._active:
             return
         self._active = True
+        self._started = False
         self._event_log = event_log
         self.progress = Progress()
         self._last_step = None
@@ -125,20 +127,34 @@ class FaultHandler(Callback):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["policy"], nvml=state["nvml"])  # type: ignore[misc]
 
-    def preflight(self, trainer: pl.Trainer, *, check_dir: Callable[[str], None]) -> None:
-        """In the strategy's ``setup``, on every rank: start the watchdog, run the health checks, open the agreement.
+    def start(self, trainer: pl.Trainer) -> None:
+        """Before the first load of a ``fit`` (which in data parallel comes before the strategy's ``setup``), on every
+        rank: refuse a node in its cooldown, check that eviction can work, start the watchdog (which then guards the
+        load). Once per fit; :meth:`preflight` runs it if nothing did.
 
-        Collective. Raises ``ValueError`` or :class:`~lightning_ft.fault.health.HealthCheckError` on every rank when
-        a check failed on any rank, and :class:`~lightning_ft.stop.NodeStop` on every rank when a node's health
-        record is in its cooldown (:func:`~lightning_ft.fault.eviction.refuse_if_unhealthy`), before anything else.
+        Collective. Raises :class:`~lightning_ft.stop.NodeStop` on every rank when a node's health record is in its
+        cooldown (:func:`~lightning_ft.fault.eviction.refuse_if_unhealthy`), before anything else.
         """
-        if not self._active:
+        if not self._active or self._started:
             return
+        self._started = True
         if self.policy.refuse_unhealthy_nodes:
             eviction.refuse_if_unhealthy(trainer)
         if self.policy.health_check_action == "evict" and self.policy.health_check_every_n_steps is not None:
             eviction.check_can_evict("FaultPolicy(health_check_action='evict')")
         self._start_watchdog(trainer)
+
+    def preflight(self, trainer: pl.Trainer, *, check_dir: Callable[[str], None]) -> None:
+        """In the strategy's ``setup``, once the optimizers exist (the checkpoint size estimate counts their state), on
+        every rank: :meth:`start` if nothing did, run the health checks, open the agreement.
+
+        Collective. Raises ``ValueError`` or :class:`~lightning_ft.fault.health.HealthCheckError` on every rank when
+        a check failed on any rank, and what :meth:`start` raises.
+        """
+        if not self._active:
+            return
+        if not self._started:
+            self.start(trainer)
         if self.policy.health_checks:
             self._health_checks(trainer, check_dir)
         timeout = timedelta(seconds=self.policy.first_step_timeout_s + self.policy.grace_s)
@@ -435,3 +451,4 @@ def end_attempt(
         handler.uninstall(trainer, failed=exception is not None)
     if trainer is not None and event_log is not None and trainer.state.fn == TrainerFn.FITTING:
         event_log.write("attempt_end", **attempt_end_fields(exception), **fields)
+        event_log.release_claim()  # the run is no longer live: a relaunch from this folder continues it

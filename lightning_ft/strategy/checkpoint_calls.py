@@ -66,10 +66,14 @@ def save_for_strategy(strategy: ElasticFT3D, checkpoint: dict[str, Any], filepat
     strategy._checkpoint_manager().save(path, state, rank_state, metadata, volatile_callbacks=volatile)
 
 
-def load_for_strategy(strategy: ElasticFT3D, checkpoint_path: Any) -> dict[str, Any]:
-    """The checkpoint dict Lightning restores from, for ``checkpoint_path`` (every rank calls it; collective)."""
+def load_for_strategy(
+    strategy: ElasticFT3D, checkpoint_path: Any, *, weights_only: bool | None = None
+) -> dict[str, Any]:
+    """The checkpoint dict Lightning restores from, for ``checkpoint_path`` (every rank calls it; collective).
+    ``weights_only``: Lightning's argument of ``fit/validate/test/predict`` (and of auto-resume's ``fit``), resolved as
+    Lightning's ``torch.load`` resolves it (:func:`~lightning_ft.checkpoint.internal.resolve_weights_only`)."""
     if strategy.parallel_config is None:
-        return _load_outside_stage(strategy, checkpoint_path)
+        return _load_outside_stage(strategy, checkpoint_path, weights_only=weights_only)
     # The path was classified once, by auto-resume's choice (fit) or here (validate/test/predict reach here without
     # it); a missing path is a FileNotFoundError.
     trainer = strategy.lightning_module.trainer
@@ -98,13 +102,16 @@ def load_for_strategy(strategy: ElasticFT3D, checkpoint_path: Any) -> dict[str, 
         fallbacks = [c for c in strategy._auto_resume.take_fallbacks(location) if c.ours]
     if loaded is None:
         if not location.ours:
-            checkpoint, strategy._foreign_batches_into_epoch = import_for_strategy(strategy, location, fitting=fitting)
+            checkpoint, strategy._foreign_batches_into_epoch = import_for_strategy(
+                strategy, location, fitting=fitting, weights_only=weights_only
+            )
             return checkpoint
         loaded = strategy._checkpoint_manager().load(
             location,
             fallbacks=fallbacks,
             template=mode.load_template(),
             rank_states=mode.saved_rank_states,
+            weights_only=weights_only,
         )
         tier = {"tier": "durable", "restored_from": {"local": 0, "peer": 0, "durable": strategy.world_size}}
     checkpoint = _lightning_dict(loaded, world_size=strategy.world_size)
@@ -127,7 +134,7 @@ def load_for_strategy(strategy: ElasticFT3D, checkpoint_path: Any) -> dict[str, 
     return checkpoint
 
 
-def _load_outside_stage(strategy: ElasticFT3D, checkpoint_path: Any) -> dict[str, Any]:
+def _load_outside_stage(strategy: ElasticFT3D, checkpoint_path: Any, *, weights_only: bool | None) -> dict[str, Any]:
     """A load outside a running stage (Lightning's checkpoint connector called before any ``fit``/``validate``/...):
     in a world of this one process only (:meth:`ElasticFT3D.outside_stage_config`), Lightning's checkpoint dict as
     saved, checked as any load of a lightning-ft checkpoint is (commit, checksums, no unpickling), without the
@@ -135,13 +142,15 @@ def _load_outside_stage(strategy: ElasticFT3D, checkpoint_path: Any) -> dict[str
     strategy.outside_stage_config("load a checkpoint")
     location = strategy._auto_resume.location_for(os.fspath(checkpoint_path))
     if location.kind == "lightning_file":
-        return load_torch_file(location.path)  # as an import in a stage reads it: weights_only plus Lightning's types
+        # As an import in a stage reads it: weights_only plus Lightning's types, or unrestricted as Lightning's load
+        return load_torch_file(location.path, weights_only=weights_only)
     if not location.ours:
         raise CheckpointError(
             f"ckpt_path={str(checkpoint_path)!r} is a distributed checkpoint of another strategy: it is imported into"
             " the model of a running stage; pass it to fit/validate/test/predict(ckpt_path=...)"
         )
-    return _lightning_dict(strategy._checkpoint_manager().load(location, fallbacks=[], template=None), world_size=1)
+    loaded = strategy._checkpoint_manager().load(location, fallbacks=[], template=None, weights_only=weights_only)
+    return _lightning_dict(loaded, world_size=1)
 
 
 def _lightning_dict(loaded: Any, *, world_size: int) -> dict[str, Any]:

@@ -38,8 +38,8 @@ from lightning_ft.checkpoint.internal import (
     protocol_of,
     resolve_format,
     storage_named,
-    writes_files,
 )
+from lightning_ft.strategy.logger_calls import DeferredLoggerCalls
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -209,8 +209,28 @@ class StrategyCheckpoints:
         self._unaccounted_stall_s = 0.0
         self._last_save: tuple[Path, int | None] | None = None
         self.retention = Retention(in_flight=self._in_flight, in_flight_step=self._in_flight_step)
-        self.retention.single_file = False  # decided at set-up (use_format), once the world is known
         self._routed: RoutedStorage | None = None
+        self._logger_calls = DeferredLoggerCalls(busy=self._busy)
+
+    def _busy(self) -> bool:
+        return self._writer is not None and self._writer.busy
+
+    def defer_logger_calls(self, loggers: list[Any]) -> None:
+        """Make ``loggers``' ``after_save_checkpoint`` wait for the commit of the save it announces
+        (:mod:`~lightning_ft.strategy.logger_calls`); undone by :meth:`finish_logger_calls`."""
+        self._logger_calls.install(loggers)
+
+    def replay_logger_calls(self) -> None:
+        """Make the loggers' calls that waited for a commit, if nothing is in flight now (training thread)."""
+        self._logger_calls.replay()
+
+    def finish_logger_calls(self) -> None:
+        """Teardown, after :meth:`close`: the calls still kept are made, the loggers' methods put back."""
+        try:
+            self._logger_calls.replay()
+        finally:
+            self._logger_calls.drop()
+            self._logger_calls.uninstall()
 
     def _in_flight(self) -> Path | None:
         return self._writer.in_flight if self._writer is not None else None
@@ -240,7 +260,6 @@ class StrategyCheckpoints:
             world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
             name = resolve_format(name, world_size=world_size, plain=True)
         storage = storage_named(name)
-        self.retention.single_file = writes_files(storage)
         routed = RoutedStorage(storage)
         self._routed = routed
         if wrapper is None:
@@ -257,7 +276,6 @@ class StrategyCheckpoints:
         world and the state are known; :func:`~lightning_ft.checkpoint.internal.resolve_format`)."""
         self._format = checkpoint_format
         storage = storage_named(checkpoint_format)
-        self.retention.single_file = writes_files(storage)
         if self._routed is not None:
             self._routed.local = storage
 
@@ -298,15 +316,18 @@ class StrategyCheckpoints:
         """Collective: capture now, write and commit in the background (committed before returning outside fit).
 
         Every tensor is copied before this returns, so the checkpoint is the state at this call whatever the caller
-        does next.
+        does next. From this call on, the path exists (a placeholder or the save's folder; the commit replaces it), so
+        Lightning's version counter and every listing of the folder see the name taken, as under its own saves.
 
-        A save Lightning routes to ``last*.ckpt`` becomes a link to the previous save when that one is of the same
-        step, in the same folder, committed or in flight, and every rank finds this state bitwise equal to what it
-        captured (Lightning's ``ModelCheckpoint`` saves the top-k checkpoint, then ``last``, from one hook); otherwise
-        the state is written beside the link and the link follows its commit. ``volatile_callbacks``: the state keys
-        of the checkpoint callbacks, left out of that comparison (each records the path it is saving to, so their
-        state differs between the two saves by design, as with Lightning's own ``save_last="link"``).
+        A save Lightning routes to ``last*.ckpt`` is a checkpoint of its own at that path, as Lightning writes it.
+        When the previous save is of the same step and every rank finds this state bitwise equal to what it captured
+        (Lightning's ``ModelCheckpoint`` saves the top-k checkpoint, then ``last``, from one hook), it is written from
+        that capture, after it, without a second copy of the state and without waiting for the save in flight.
+        ``volatile_callbacks``: the state keys of the checkpoint callbacks, left out of that comparison (each records
+        the path it is saving to, so their state differs between the two saves by design); the ``last`` file holds
+        their state as of its own call.
         """
+        self.replay_logger_calls()
         if is_last_path(path):
             step = metadata.get("step")
             same = self._same_as_previous(path, state, rank_state, step, volatile_callbacks)
@@ -315,12 +336,26 @@ class StrategyCheckpoints:
             if target is None:
                 return
             path = Path(target)
+            if self._rank() == 0 and not is_remote(path) and path.is_symlink():
+                # The `last` link of an earlier lightning-ft or of save_last="link": it holds no data, and `last` is
+                # now a checkpoint of its own, so the link makes way for it.
+                path.unlink()
+            if same is not None and not is_remote(path) and self._writer is not None:
+                start = time.perf_counter()
+                if self._writer.save_again(path, state, rank_state=rank_state, metadata=metadata):
+                    with self._lock:
+                        self._unaccounted_stall_s += time.perf_counter() - start
+                    return
         self._last_save = (path, metadata.get("step"))
         if self._rank() == 0 and not is_remote(path):
             # As Lightning's TorchCheckpointIO does before it returns: a `save_last="link"` makes its link right after
             # this call, while the write (which would create the folder) is still in the background.
             path.parent.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
+        if self._writer is not None and self._logger_calls.pending:
+            # This save waits for the one in flight anyway: the logger calls that waited for it are made first.
+            self._writer.wait()
+            self._logger_calls.replay()
         if self._writer is None:
             # No background writer outside fit: nothing would ever wait for it, so save and commit now.
             one_shot = ObjectStoreCheckpointer(on_commit=self._on_commit, storage=self._storage(None))
@@ -418,12 +453,13 @@ class StrategyCheckpoints:
         fallbacks: list[CheckpointLocation],
         template: dict[str, Any] | None,
         rank_states: Callable[[dict[str, Any]], Any] | None = None,
+        weights_only: bool | None = None,
     ) -> Any:
         """Load the committed lightning-ft checkpoint at ``location`` on every rank, or the first of ``fallbacks``
         (lightning-ft checkpoints too) that loads when it is refused.
 
-        ``rank_states`` names other saved ranks whose rank state this rank needs (see
-        :func:`~lightning_ft.checkpoint.load_checkpoint`).
+        ``rank_states`` names other saved ranks whose rank state this rank needs, and ``weights_only`` is
+        Lightning's argument (see :func:`~lightning_ft.checkpoint.load_checkpoint`).
 
         Collective. Returns the :class:`~lightning_ft.checkpoint.LoadedCheckpoint`. ``load_checkpoint`` makes every
         rank raise when any rank fails; the failing rank's own error (a read error, say) becomes a
@@ -437,7 +473,7 @@ class StrategyCheckpoints:
             path = location.path
             try:
                 try:
-                    return load_checkpoint(location, template, rank_states=rank_states)
+                    return load_checkpoint(location, template, rank_states=rank_states, weights_only=weights_only)
                 except CheckpointError:
                     raise
                 except Exception as err:

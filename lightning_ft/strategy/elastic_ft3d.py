@@ -6,27 +6,43 @@ for a module whose parameters are not DTensors after ``configure_model()``. This
 and the checks of the constructor's arguments; each hook delegates to the part that owns the concern (one module each
 in this package, listed in docs/architecture.md).
 
+Why one module: Lightning calls the strategy's hooks on one object, and the lifecycle table below is the one place a
+reader sees the whole order of a run; splitting the hooks across modules would split that order. What a hook does
+beyond delegating lives in the collaborators.
+
 Lifecycle: the hooks that drive a collaborator, in the order Lightning calls them in ``fit``, and what each
 collaborator does there (tests/strategy/test_elastic_ft3d.py holds the order). The collaborators of one run
-(checkpoint I/O, auto-resume, tracker, data position, elastic resume, event log) live on one
+(checkpoint I/O, auto-resume, restore order, tracker, data position, elastic resume, event log) live on one
 :class:`~lightning_ft.strategy.run.StrategyRun`, which a pickled strategy drops; the fault handler (from ``fault=``)
-and the parallel mode (chosen in ``setup``) live on the strategy.
+and the parallel mode (chosen in ``_prepare``) live on the strategy.
 
 ======================  ================================================================================================
 hook                    what the collaborators do
 ======================  ================================================================================================
 ``__init__``            arguments checked; fault handler built; a fresh run: auto-resume, data position, elastic resume
 ``setup_environment``   (every rank) torchrun world, ``ParallelConfig``, process group, mesh; event log opened; fault
-                        handler installs signal handlers and watchdog hooks; checkpoint I/O opened; tracker built;
-                        tracker and elastic resume (and the memory tier, when on) put first in ``trainer.callbacks``;
-                        auto-resume patches the checkpoint connector
-``setup``               (after ``configure_model``) checkpoint folders checked; the parallel mode chosen and set up (DDP
-                        wrap, DTensor or pipeline); the memory tier's group and budget check (fit, collective);
-                        fault handler's pre-flight health checks (collective)
+                        handler installs signal handlers and watchdog hooks; checkpoint I/O opened and the loggers'
+                        ``after_save_checkpoint`` patched (called once the save it announces is committed); tracker
+                        built; tracker and elastic resume (and the memory tier, when on) put first in
+                        ``trainer.callbacks``; auto-resume patches the checkpoint connector; the restore order patches
+                        its restore of module and callback state (``restore_checkpoint_after_setup`` is False in every
+                        mode)
+``_prepare``            (Lightning hands that restore over, after ``configure_model``) checkpoint folders checked; the
+                        parallel mode chosen (DDP, DTensor or pipeline); the memory tier's group and folder (fit,
+                        collective); fault handler's start: a node in its cooldown refused, the watchdog started
+                        (collective). Data parallel: the restore runs now, as under ``DDPStrategy``; DTensor or
+                        pipeline: it is kept for the end of ``setup``
 (connector)             auto-resume's patch picks the ``ckpt_path`` (the memory tier's agreed step when it is newer)
 ``load_checkpoint``     auto-resume hands over its fallbacks; checkpoint I/O loads; elastic resume told what was loaded;
                         tracker is given the RNG states, set where the resumed run reaches the point they were saved
                         at (before the training iterator, before its first fetch, or at the next batch)
+(Lightning)             the module's ``on_load_checkpoint`` and weights, the datamodule's and the callbacks' state
+``setup``               the mode set up (DDP wrap; or DTensor materialized or pipeline stage cut); optimizers; the
+                        memory tier's budget check (fit, collective); fault handler's pre-flight health checks
+                        (collective); DTensor or pipeline: the kept restore (the load, in place into the sharded
+                        module and optimizers, then the rows above), still before ``on_fit_start``
+(Lightning)             ``on_fit_start`` (callbacks read their restored state; ``BaseFinetuning`` re-adds its param
+                        groups); then loops, optimizer state (data parallel) and LR schedulers restored
 ``process_dataloader``  data position swaps in the resumable sampler at the saved position
 ``on_train_start``      (after the callbacks': elastic resume decides accumulation and LR scale) a foreign
                         checkpoint's sampler positioned, batch progress aligned; rank 0's checkpoint I/O cleans up
@@ -35,8 +51,9 @@ hook                    what the collaborators do
 ``save_checkpoint``     elastic resume's metadata; checkpoint I/O captures the state, then writes in the background
 ``remove_checkpoint``   checkpoint I/O's retention (never the save in flight)
 ``on_exception``        the error kept for teardown
-``teardown``            checkpoint I/O closed (waits for the save in flight); memory tier closed (a finished fit removes
-                        its copies); auto-resume patch undone; mode torn down;
+``teardown``            checkpoint I/O closed (waits for the save in flight), loggers' deferred ``after_save_checkpoint``
+                        calls made and their patches undone; memory tier closed (a finished fit removes its copies);
+                        auto-resume and restore-order patches undone; mode torn down;
                         elastic resume writes ``resumed`` if due; ``attempt_end`` recorded; the two callbacks removed
 ======================  ================================================================================================
 
@@ -145,6 +162,7 @@ class ElasticFT3D(DDPStrategy):
     _data_position = RunPart("data_position")
     _elastic_resume = RunPart("elastic_resume")
     _memory = RunPart("memory")
+    _restore_order = RunPart("restore_order")
 
     def __init__(
         self,
@@ -198,6 +216,7 @@ class ElasticFT3D(DDPStrategy):
         self._foreign_batches_into_epoch = 0
         self._fault = FaultHandler(fault) if fault is not None else None
         self._exception: BaseException | None = None
+        self._prepared = False  # this stage's checks, mode and pre-flight done (_prepare)
         self._run = StrategyRun.for_strategy(self)
 
     @classmethod
@@ -283,8 +302,11 @@ class ElasticFT3D(DDPStrategy):
     @property
     @override
     def restore_checkpoint_after_setup(self) -> bool:
-        # Optimizers must exist (and DTensor-sharded) before their state can be loaded in place.
-        return True
+        # False in every mode, as DDPStrategy's: Lightning hands the restore of module and callback state (and the
+        # stage's ckpt_path) over before setup; the run's RestoreOrder runs it there in data parallel and at the end
+        # of setup for DTensor or pipeline state (loaded in place into tensors that exist only then). Either way it
+        # comes before on_fit_start, where callbacks read their restored state (BaseFinetuning re-adds its groups).
+        return False
 
     @property
     @override
@@ -337,6 +359,7 @@ class ElasticFT3D(DDPStrategy):
         if self._fault is not None:
             self._fault.install(trainer, self.event_log)  # fit only: signal handlers, watchdog hooks
         self._checkpoint_manager().open(storage=checkpoint_storage(trainer))
+        self._checkpoint_manager().defer_logger_calls(trainer.loggers)
         if self._tracker is None:
             self._tracker = TrainingTracker(
                 event_log=lambda: self.event_log,
@@ -351,29 +374,47 @@ class ElasticFT3D(DDPStrategy):
             trainer, callbacks=callbacks, run_id=self.event_log.run_id, keep_versions=self.event_log.on_disk
         )
         self._auto_resume.install(trainer)
+        self._prepared = False
+        self._restore_order.install(trainer, restores_before_setup=lambda: self._prepare(trainer))
 
     # ------------------------------------------------------------------ model set-up and steps
 
+    def _prepare(self, trainer: pl.Trainer) -> bool:
+        """What comes before any load of the stage (once per stage, on every rank; collective): the configuration
+        checks, the parallel mode chosen from the configured model, the memory tier's group, the fault handler's
+        start (a node in its cooldown refused, the watchdog). Lightning hands the restore over (:class:`~lightning_ft.strategy.restore_order.RestoreOrder`)
+        after ``configure_model`` and before :meth:`setup`, which prepares if that did not. Returns whether the
+        mode restores module and callback state there, before ``setup``, as ``DDPStrategy`` does (data parallel)."""
+        assert self.model is not None and self.parallel_config is not None
+        if not self._prepared:
+            if self._fault is None or not self._fault.runs_health_checks:
+                for cb in trainer.checkpoint_callbacks:
+                    if getattr(cb, "dirpath", None):
+                        check_checkpoint_dirpath(cb.dirpath)
+            check_accumulation_scheduler(trainer, self.elastic)
+            self._parallelized = has_dtensor_parameters(self.model)
+            self._mode = mode_for(self, self.model)
+            plain = self._mode.name == "data_parallel"
+            self._checkpoint_manager().use_format(
+                resolve_format(self.checkpoint_format, world_size=self.world_size, plain=plain)
+            )
+            if self._memory is not None and trainer.state.fn == TrainerFn.FITTING:
+                self._memory.open_tier(trainer)  # collective: its gloo group (a resume's plan and load use it)
+            if self._fault is not None:  # collective: a node in its cooldown refused; the watchdog guards the load
+                self._fault.start(trainer)
+            self._prepared = True
+        return self._mode.name == "data_parallel"
+
     @override
     def setup(self, trainer: pl.Trainer) -> None:
-        assert self.model is not None and self.parallel_config is not None
-        if self._fault is None or not self._fault.runs_health_checks:
-            for cb in trainer.checkpoint_callbacks:
-                if getattr(cb, "dirpath", None):
-                    check_checkpoint_dirpath(cb.dirpath)
-        check_accumulation_scheduler(trainer, self.elastic)
-        self._parallelized = has_dtensor_parameters(self.model)
-        self._mode = mode_for(self, self.model)
+        self._prepare(trainer)
         self._mode.setup(trainer)
-        fmt = resolve_format(
-            self.checkpoint_format, world_size=self.world_size, plain=self._mode.name == "data_parallel"
-        )
-        self._checkpoint_manager().use_format(fmt)
         if self._memory is not None and trainer.state.fn == TrainerFn.FITTING:
-            self._memory.setup_tier(trainer)  # collective: its gloo group, the budget check on every rank
-        if self._fault is not None:  # collective: watchdog, health checks (all ranks start or none), agreement group
+            self._memory.setup_tier(trainer)  # collective: the budget check on every rank (optimizers exist now)
+        if self._fault is not None:  # collective: health checks (all ranks start or none; they size a checkpoint)
             self._fault.preflight(trainer, check_dir=check_checkpoint_dirpath)
         self.barrier("ElasticFT3D.setup")
+        self._restore_order.after_setup()  # DTensor or pipeline: the restore Lightning handed over, before on_fit_start
 
     @override
     def optimizer_step(self, optimizer: Optimizer, closure: Any, model: Any = None, **kwargs: Any) -> Any:
@@ -447,7 +488,9 @@ class ElasticFT3D(DDPStrategy):
 
     @override
     def load_checkpoint(self, checkpoint_path: _compat.PATH, weights_only: bool | None = None) -> dict[str, Any]:
-        return load_for_strategy(self, checkpoint_path)
+        if weights_only is None:  # Lightning drops fit(..., weights_only=...) on this path; DDPStrategy's keeps it
+            weights_only = _compat.stage_weights_only()
+        return load_for_strategy(self, checkpoint_path, weights_only=weights_only)
 
     def run_identity(self) -> dict[str, Any] | None:
         """The identity of this run's model that checkpoints record and auto-resume compares
@@ -507,11 +550,14 @@ class ElasticFT3D(DDPStrategy):
                 "waiting for the checkpoint in flight",
                 after_peer_loss=checkpoints.last_save_outcome,
             )
+            steps.run(checkpoints.finish_logger_calls, "making the loggers' calls that waited for a commit")
         trainer = attached_trainer(self.lightning_module)
         if self._memory is not None:
             fitted = self._exception is None and trainer is not None and trainer.state.fn == TrainerFn.FITTING
             steps.run(lambda: self._memory.close(finished=fitted), "closing the memory tier")
         steps.run(self._auto_resume.uninstall, "undoing the auto-resume patch")
+        steps.run(self._restore_order.uninstall, "undoing the restore-order patch")
+        self._prepared = False
         steps.run(self._mode.teardown, f"tearing down the {self._mode.name} mode")
         ended_by = self._exception or (steps.errors[0][1] if steps.errors else None)
         if trainer is not None and trainer.state.fn == TrainerFn.FITTING and trainer.global_step > 0:

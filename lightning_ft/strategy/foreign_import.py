@@ -125,6 +125,7 @@ def import_foreign_checkpoint(
     optimizers: Sequence[torch.optim.Optimizer],
     parallelized: bool,
     pipelined: bool,
+    weights_only: bool | None = None,
 ) -> ForeignImport:
     """Read the foreign checkpoint at ``location`` (a :func:`~lightning_ft.checkpoint.location.locate` result, or a
     path to locate) and, for a parallelized model, load model and optimizer state in place.
@@ -169,7 +170,7 @@ def import_foreign_checkpoint(
         checkpoint["optimizer_states"] = [opt.state_dict() for opt in optimizers]
         kind = "ModelParallelStrategy distributed checkpoint"
     else:
-        checkpoint = load_torch_file(path)
+        checkpoint = load_torch_file(path, weights_only=weights_only)
         if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
             raise CheckpointError(f"ckpt_path={str(path)!r} is not a Lightning checkpoint (no 'state_dict' key)")
         kind = "Lightning .ckpt file"
@@ -188,6 +189,25 @@ def import_foreign_checkpoint(
                 rekeyed = _rekey_optimizer_state(saved, get_optimizer_state_dict(model, opt), i)
                 set_optimizer_state_dict(model, opt, rekeyed)
     return ForeignImport(checkpoint=checkpoint, kind=kind, batches_into_epoch=_batches_into_epoch(checkpoint))
+
+
+def load_dcp_optimizer_states(path: Path, model: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+    """Load the optimizer states of the ``ModelParallelStrategy`` folder at ``path`` in place into ``optimizers`` of
+    ``model`` (the strategy's, possibly DDP-wrapped). Every rank calls it; each rank reads what it needs.
+
+    Raises:
+        CheckpointError: the folder does not hold the states of these optimizers.
+    """
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    optimizers = [_compat.unwrap_optimizer(opt) for opt in optimizers]
+    state: dict[str, Any] = {}
+    for i, opt in enumerate(optimizers):
+        _compat.init_optim_state(opt)
+        state[f"optimizer_{i}"] = get_optimizer_state_dict(model, opt)
+    load_dcp(path, state)
+    for i, opt in enumerate(optimizers):
+        set_optimizer_state_dict(model, opt, state[f"optimizer_{i}"])
 
 
 def not_carried_over(imported: ForeignImport, *, fitting: bool) -> list[str]:
@@ -235,20 +255,25 @@ def report_import(
 
 
 def import_for_strategy(
-    strategy: ElasticFT3D, location: CheckpointLocation, *, fitting: bool
+    strategy: ElasticFT3D, location: CheckpointLocation, *, fitting: bool, weights_only: bool | None = None
 ) -> tuple[dict[str, Any], int]:
     """``ElasticFT3D.load_checkpoint`` for a checkpoint of another strategy: the checkpoint dict Lightning restores
     the rest from, and the batches per process to skip in the current epoch (:func:`position_sampler`)."""
-    from lightning_ft.strategy.parallel_modes import PipelineMode
-
     path = location.path
+    # A model that is not parallelized is restored before the strategy's setup, as under DDPStrategy: its optimizers
+    # do not exist yet. A ModelParallelStrategy folder's optimizer state is then read in place when Lightning restores
+    # the optimizers (DataParallelMode.load_optimizer_state_dict); a Lightning file's is in the dict returned.
+    now = fitting and strategy._parallelized
     imported = import_foreign_checkpoint(
         location,
         model=strategy.model,
-        optimizers=strategy.optimizers if fitting else [],
+        optimizers=strategy.optimizers if now else [],
         parallelized=strategy._parallelized,
-        pipelined=isinstance(strategy._mode, PipelineMode),
+        pipelined=strategy._mode.name == "pipeline",
+        weights_only=weights_only,
     )
+    if fitting and not now and location.kind == "dcp_folder":
+        strategy._mode.foreign_optimizer_states = path
     log = strategy.event_log if strategy.global_rank == 0 else None
     trainer = strategy.lightning_module.trainer
     return imported.checkpoint, report_import(imported, path, fitting=fitting, event_log=log, trainer=trainer)

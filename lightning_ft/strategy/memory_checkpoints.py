@@ -4,10 +4,12 @@ and a partner node, and the choice at resume between it and the durable tier.
 :class:`MemoryCheckpoints` is a callback the strategy puts on the Trainer when the tier is on. Its parts, in the order
 a run meets them:
 
-- ``setup`` (every rank, collective, from ``ElasticFT3D.setup``): the node layout (``LOCAL_WORLD_SIZE`` and the rank
-  numbering of torchrun: node-major), the partner (same local rank on node ``(node + 1) % num_nodes``), a gloo group of
-  the tier's own, and the budget: the bytes a memory save needs per rank and per node against the free space of the
-  folder and ``MemAvailable`` (a ``ValueError`` naming ``MemoryTier(...)`` on every rank when it does not fit).
+- ``open_tier`` (every rank, collective, from ``ElasticFT3D`` before the first load of a fit, which in data parallel
+  comes before ``setup``): the node layout (``LOCAL_WORLD_SIZE`` and the rank numbering of torchrun: node-major), the
+  partner (same local rank on node ``(node + 1) % num_nodes``), a gloo group of the tier's own.
+- ``setup_tier`` (every rank, collective, from ``ElasticFT3D.setup`` once the optimizers exist: after ``plan`` and
+  ``load`` in data parallel): the budget: the bytes a memory save needs per rank and per node against the free space
+  of the folder and ``MemAvailable`` (a ``ValueError`` naming ``MemoryTier(...)`` on every rank when it does not fit).
 - ``plan`` (every rank, collective, from auto-resume's choice): every rank checks the copies in its lane (CRC,
   coverage, step, run id, world layout), one ``all_gather_object`` of the small lists, and every rank computes the same
   newest step that every rank can restore from some holder; used when newer than the durable tier's newest.
@@ -246,6 +248,18 @@ class MemoryCheckpoints(Callback):
 
     # ------------------------------------------------------------------ set-up
 
+    def open_tier(self, trainer: pl.Trainer | None) -> None:
+        """Every rank, collective (creates the tier's gloo group once): the node layout, the run's folder (named by
+        :func:`memory_run_name`: needs the configured model) and the group, which :meth:`plan` and :meth:`load` need.
+        From ``ElasticFT3D`` before the first load of a ``fit`` (which comes before ``setup`` in data parallel), and
+        from :meth:`setup_tier`."""
+        strategy = self._strategy
+        self._layout = NodeLayout.of(strategy)
+        assert strategy.event_log is not None
+        self._run_dir = run_folder(self.tier.resolved_dirpath(), memory_run_name(trainer, strategy))
+        if dist.is_available() and dist.is_initialized() and self._group is None:
+            self._group = dist.new_group(backend="gloo")
+
     def setup_tier(self, trainer: pl.Trainer) -> None:
         """Every rank, collective (creates a gloo group, one exchange of budget problems). Starts the writer thread.
 
@@ -254,11 +268,8 @@ class MemoryCheckpoints(Callback):
                 node's memory (the numbers and the rule in the message); raised on every rank alike.
         """
         strategy = self._strategy
-        self._layout = layout = NodeLayout.of(strategy)
-        assert strategy.event_log is not None
-        self._run_dir = run_folder(self.tier.resolved_dirpath(), memory_run_name(trainer, strategy))
-        if dist.is_available() and dist.is_initialized() and self._group is None:
-            self._group = dist.new_group(backend="gloo")
+        self.open_tier(trainer)
+        layout = self.layout
         problem = self._budget_problem(strategy)
         problems = self._all_gather(problem)
         first = next((p for p in problems if p), None)

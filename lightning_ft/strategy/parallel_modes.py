@@ -25,6 +25,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning_ft import _compat
 from lightning_ft.checkpoint import CheckpointError
 from lightning_ft.parallel import PipelineRunner
+from lightning_ft.strategy.foreign_import import load_dcp_optimizer_states
 from lightning_ft.strategy.pipeline_reshard import assemble_stage, check_pipeline_resume, stage_sources, writes_stage
 
 if TYPE_CHECKING:
@@ -91,6 +92,9 @@ class DataParallelMode:
 
     def __init__(self, strategy: ElasticFT3D) -> None:
         self.strategy = strategy
+        self.foreign_optimizer_states: Any = None
+        """A ``ModelParallelStrategy`` folder imported before set-up, whose optimizer state is read when Lightning
+        restores the optimizers (they do not exist before)."""
 
     def setup(self, trainer: pl.Trainer) -> None:
         DDPStrategy.setup(self.strategy, trainer)  # wraps the module in DistributedDataParallel
@@ -105,6 +109,10 @@ class DataParallelMode:
         DDPStrategy.load_model_state_dict(self.strategy, checkpoint, strict=strict)
 
     def load_optimizer_state_dict(self, checkpoint: Any) -> None:
+        path, self.foreign_optimizer_states = self.foreign_optimizer_states, None
+        if path is not None:
+            load_dcp_optimizer_states(path, self.strategy.model, self.strategy.optimizers)
+            return
         DDPStrategy.load_optimizer_state_dict(self.strategy, checkpoint)
 
     def load_template(self) -> dict[str, Any] | None:

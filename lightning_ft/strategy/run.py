@@ -14,7 +14,7 @@ The lifecycle (which Lightning hook calls which collaborator, in order) is the t
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -27,6 +27,7 @@ from lightning_ft.strategy.auto_resume import AutoResume
 from lightning_ft.strategy.checkpoint_io import check_checkpoint_callback
 from lightning_ft.strategy.elastic_resume import ElasticResume
 from lightning_ft.strategy.memory_checkpoints import MemoryCheckpoints
+from lightning_ft.strategy.restore_order import RestoreOrder
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -58,6 +59,9 @@ class StrategyRun:
     """This attempt's event log: opened in the first ``setup_environment`` of the process."""
     memory: MemoryCheckpoints | None = None
     """The memory tier (a callback), when ``memory_tier`` is given: set up in ``setup``, closed at ``teardown``."""
+    restore_order: RestoreOrder = field(default_factory=RestoreOrder)
+    """When Lightning's restore of module and callback state runs: patches the checkpoint connector from
+    ``setup_environment`` to ``teardown``."""
 
     @classmethod
     def for_strategy(cls, strategy: ElasticFT3D) -> StrategyRun:

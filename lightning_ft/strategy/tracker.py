@@ -52,7 +52,8 @@ class TrainingTracker(Callback):
     Args:
         event_log: returns the event log (``None`` before it is open).
         checkpoints: the strategy's checkpoint I/O: its ``take_unaccounted_stall_s()`` returns, and resets, the seconds
-            saves blocked the loop since the previous call.
+            saves blocked the loop since the previous call; its ``replay_logger_calls()`` makes the loggers' calls that
+            waited for a commit (at each training batch's start).
         data_position: the strategy's training data position: advanced once per training batch on every rank, before
             any checkpoint callback; it tells this tracker where a resume's RNG states are due, and is told at
             ``on_train_start`` whether the fit resumes.
@@ -69,6 +70,7 @@ class TrainingTracker(Callback):
     ) -> None:
         self._event_log = event_log
         self._take_stall_s = checkpoints.take_unaccounted_stall_s
+        self._replay_logger_calls = checkpoints.replay_logger_calls
         self._data_position = data_position
         data_position.resume_rng = self
         self._attempt_start_time = attempt_start_time
@@ -158,6 +160,7 @@ class TrainingTracker(Callback):
     ) -> None:
         self._set_pending_rng()  # not set yet only where no loader fetches in the main process from a resumable sampler
         # A checkpoint save between two batches blocks the loop too; it is accounted as a stall, not data wait.
+        self._replay_logger_calls()  # before the batch's clock starts: an upload is no productive time
         self._timer.batch_start(stall_s=self._take_stall_s())
 
     @override

@@ -3,6 +3,7 @@ destination tensors, still checked."""
 
 from __future__ import annotations
 
+import random
 import zlib
 
 import numpy as np
@@ -60,3 +61,18 @@ def test_a_flipped_byte_read_straight_into_the_destination_fails_the_load(tmp_pa
     flip_a_byte_of(path, weight)
     with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
         load_checkpoint(path, {"w": torch.zeros(64, 64)}, collective=False)
+
+
+def test_crc32_combine_equals_crc_of_the_concatenation() -> None:
+    rng = random.Random(0)
+    for _ in range(200):
+        a = rng.randbytes(rng.choice([0, 1, 3, 64, 1000, 4097]))
+        b = rng.randbytes(rng.choice([0, 1, 7, 64, 999, 70000]))
+        assert checksum.crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+    pieces = [b"", b"abc", b"", rng.randbytes(12345), b"", b"x"]
+    crc = 0
+    for piece in pieces:
+        crc = checksum.crc32_combine(crc, zlib.crc32(piece), len(piece))
+    assert crc == zlib.crc32(b"".join(pieces))
+    with pytest.raises(ValueError, match="len2=-1"):
+        checksum.crc32_combine(0, 0, -1)

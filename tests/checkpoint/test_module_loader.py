@@ -3,6 +3,8 @@ line and one process."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -10,6 +12,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_ft import ElasticFT3D, load_from_checkpoint
 from lightning_ft.checkpoint import CheckpointNotFoundError, UncommittedCheckpointError
+from lightning_ft.checkpoint.in_progress import discard
 from lightning_ft.checkpoint.internal import COMMIT_MARKER
 from tests.helpers import run_distributed
 from tests.strategy.conftest import _release_lightning_process_group  # noqa: F401 - autouse in this module too
@@ -75,10 +78,13 @@ def test_a_sharded_dtensor_checkpoint_loads_into_the_plain_module(tmp_path):
 
 
 def test_an_uncommitted_last_link_and_a_missing_path_are_refused(tmp_path):
-    folder = _train(tmp_path, TinyRegressor(), checkpoint_format="torchsnapshot")  # `last` a link to a folder
+    folder = _train(tmp_path, TinyRegressor(), checkpoint_format="torchsnapshot")
     with pytest.raises(CheckpointNotFoundError, match="does not exist") as raised:
         load_from_checkpoint(TinyRegressor, folder / "epoch=0-step=9.ckpt")
     assert isinstance(raised.value, FileNotFoundError)
+    # Lightning's save_last="link" link to a checkpoint whose commit marker is gone.
+    discard(folder / "last.ckpt")
+    os.symlink("epoch=0-step=4.ckpt", folder / "last.ckpt")
     (folder / "last.ckpt").resolve().joinpath(COMMIT_MARKER).unlink()
     with pytest.raises(UncommittedCheckpointError, match=r"last\.ckpt points at .*step=4\.ckpt.*not committed"):
         load_from_checkpoint(TinyRegressor, folder / "last.ckpt")

@@ -9,7 +9,7 @@ import pytest
 
 from lightning_ft.checkpoint import repoint_last
 from lightning_ft.checkpoint.internal import Retention, is_committed
-from tests.checkpoint.support import folders_only, save
+from tests.checkpoint.support import save
 
 pytestmark = pytest.mark.usefixtures("checkpoint_format")  # each test runs against every format
 
@@ -55,58 +55,24 @@ def test_removing_a_checkpoint_that_is_still_being_written_waits_for_its_commit(
     assert in_flight.exists()
 
 
-def test_the_last_link_waits_for_the_save_of_its_step_and_never_points_at_a_save_in_flight(tmp_path):
-    folders_only()
-    first, second = save(tmp_path / "step=1", 1), tmp_path / "step=2"
+def test_a_last_save_is_written_at_the_path_lightning_asks_for_even_when_a_checkpoint_holds_its_state(tmp_path):
+    # With save_last=True Lightning writes `last` as a file of its own: a later write to one path never reaches the
+    # other (no link, no hard link), so the plan is always the path itself.
+    first = save(tmp_path / "step=1", 1)
     writing = InFlight()
-    retention = Retention(in_flight=writing, in_flight_step=lambda: 2 if writing.path == second else None)
+    retention = Retention(in_flight=writing, in_flight_step=lambda: 2)
     link = tmp_path / "last.ckpt"
-
-    assert retention.plan_last(link, 1, same_state=first) is None  # a committed checkpoint of that state: linked now
-    assert os.readlink(link) == "step=1"
-
-    writing.path = second  # step 2 is being written: the link stays on the committed one until it commits
-    assert retention.plan_last(link, 2, same_state=second) is None
-    assert os.readlink(link) == "step=1"
-
-    save(second, 2)
-    writing.path = None
-    retention.on_commit(second)
-    assert os.readlink(link) == "step=2" and is_committed(link)
-    assert is_committed(first)
+    assert retention.plan_last(link, 1, same_state=first) == link
+    writing.path = tmp_path / "step=2"
+    assert retention.plan_last(link, 2, same_state=writing.path) == link
+    assert not link.exists() and not link.is_symlink()  # nothing is linked: the caller writes there
 
 
-def test_a_last_save_with_no_checkpoint_of_its_step_is_written_beside_the_link_and_replaces_the_previous(tmp_path):
-    folders_only()
-    save(tmp_path / "step=1", 1)
-    retention = Retention(in_flight=InFlight())
-    link = tmp_path / "last.ckpt"
-    first = retention.plan_last(link, 3)
-    assert first == tmp_path / "last.ckpt.step=3.lft" and not link.exists()  # the caller writes there
-    save(first, 3)
-    retention.on_commit(first)
-    assert os.readlink(link) == first.name
-    second = retention.plan_last(link, 5)
-    save(second, 5)
-    retention.on_commit(second)
-    retention.on_commit(second)  # a later commit runs the removal deferred while `first` was the newest
-    assert os.readlink(link) == second.name and not first.exists()
-
-
-def test_a_committed_checkpoint_of_the_same_step_not_proven_to_hold_the_same_state_gets_no_link(tmp_path):
-    # Two saves of one step can hold two states (a callback wrote the weights between them): `last` is written.
-    save(tmp_path / "step=4", 4)
-    retention = Retention(in_flight=InFlight())
-    link = tmp_path / "last.ckpt"
-    assert retention.plan_last(link, 4) == tmp_path / "last.ckpt.step=4.lft"
-    assert not link.exists()
-
-
-def test_a_last_file_that_is_not_our_link_is_left_alone(tmp_path):
+def test_a_last_file_that_lightning_ft_did_not_write_is_left_alone(tmp_path):
     foreign = tmp_path / "last.ckpt"
     foreign.write_bytes(b"a Lightning file of another run")
     retention = Retention(in_flight=InFlight())
-    with pytest.warns(UserWarning, match="not a lightning-ft link"):
+    with pytest.warns(UserWarning, match="not a checkpoint lightning-ft wrote"):
         assert retention.plan_last(foreign, 4) is None
     assert foreign.read_bytes() == b"a Lightning file of another run"
 
@@ -115,7 +81,7 @@ def test_removing_a_link_deletes_the_link_and_leaves_its_target(tmp_path):
     target = save(tmp_path / "step=1", 1)
     retention = Retention(in_flight=InFlight())
     link = tmp_path / "last.ckpt"
-    retention.plan_last(link, 1, same_state=target)
+    os.symlink(target.name, link)  # Lightning's save_last="link"
     retention.remove(link)
     assert not link.exists() and not link.is_symlink()
     assert is_committed(target)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -309,3 +310,26 @@ def test_writing_a_checkpoint_file_holds_no_second_copy_of_the_state_in_memory(t
     assert is_checkpoint_file(path)
     assert torch.equal(torch.load(path, weights_only=True)["state_dict"]["big"], state["state_dict"]["big"])
     assert peaks and peaks[0] < 4 * 1024 * 1024, f"the write allocated {peaks[0]} bytes for a 16 MiB state"
+
+
+def test_a_version_1_file_written_by_the_previous_release_still_loads(tmp_path):
+    # Written by lightning-ft at ad41c81 (file format 1: the record kept a second copy of the state as JSON).
+    path = tmp_path / "epoch=0-step=3.ckpt"
+    path.write_bytes((Path(__file__).parent / "data" / "format-1-step=3.ckpt").read_bytes())
+    assert read_marker(path)["lightning_ft_file"] == 1
+    loaded = load_checkpoint(path)
+    assert torch.equal(loaded.state["state_dict"]["w"], torch.arange(6.0).reshape(2, 3))
+    assert loaded.state["hyper_parameters"] == {"lr": 0.25} and loaded.metadata["step"] == 3
+    assert loaded.rank_state["callbacks"] == {"Cb": {"seen": 3}}
+    assert torch.equal(loaded.rank_state["rng"]["torch"], torch.arange(8, dtype=torch.uint8))
+    assert verify(path) == []
+
+
+def test_the_record_holds_no_second_copy_of_lightnings_content(tmp_path):
+    path = save_file(tmp_path / "c.ckpt", 4)
+    record = torch.load(path, weights_only=True)[RECORD_KEY]
+    assert read_marker(path)["lightning_ft_file"] == 2
+    # Only the per-process state Lightning does not keep: the RNG states, not the model, optimizer or callbacks.
+    assert set(record["entries"]) == {"rank_state/0/rng/torch"}
+    document = record["document"]
+    assert "hello-marker-neighbour" not in document and '"callbacks"' not in document

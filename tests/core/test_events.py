@@ -379,3 +379,21 @@ def test_a_plain_run_s_first_write_to_disk_records_its_checkpoint_folders(tmp_pa
     }
     assert [e["event"] for e in read_events(log.records)] == ["attempt_start", "hang"]
     assert (log.records == tmp_path) is not meanwhile
+
+
+def test_a_root_is_free_for_a_relaunch_once_the_attempt_of_a_live_process_ended(tmp_path):
+    """A notebook (or a script) that ran `fit` stays alive; a torchrun relaunch from the same folder afterwards is a
+    restart of the run, not a concurrent run: the claim ends with the attempt (`attempt_end`), not with the process."""
+    from lightning_ft import events as events_module
+
+    code = "import sys; from lightning_ft.events import claim_root; print(claim_root(sys.argv[1]))"
+
+    def other_process_claims() -> str:
+        done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=subprocess_env(), capture_output=True)
+        return done.stdout.decode().strip()
+
+    assert events_module.claim_root(tmp_path) is True
+    assert other_process_claims() == "False"  # while the attempt is live: another run is concurrent
+    events_module.release_root(tmp_path)
+    assert other_process_claims() == "True"
+    events_module.release_root(tmp_path)  # nothing held: no error

@@ -26,21 +26,14 @@ TWO = pytest.mark.slow  # a two-process launch: torchrun, gloo
 FOLDER = "issue 29: at 2+ processes the checkpoint is a folder, not the file Lightning writes"
 
 CASES = [
-    pytest.param(
-        "version_counter",
-        1,
-        marks=differs(
-            "issue 29: the in-flight save is not at its name, Lightning's "
-            "version counter reuses model.ckpt; half the saves are lost"
-        ),
-    ),
+    pytest.param("version_counter", 1),
     pytest.param("version_counter", 2, marks=[TWO, differs(FOLDER)]),
     pytest.param("top_k_two", 1),
     pytest.param("every_n_train_steps", 1),
-    pytest.param("save_last", 1, marks=differs("issue 29: last.ckpt is a hard link to the step checkpoint")),
+    pytest.param("save_last", 1),
     pytest.param("save_last", 2, marks=[TWO, differs(FOLDER + "; last.ckpt a symbolic link")]),
     pytest.param("save_last_link", 1),
-    pytest.param("two_checkpoint_callbacks", 1, marks=differs("issue 29: last.ckpt is a hard link")),
+    pytest.param("two_checkpoint_callbacks", 1),
     pytest.param("manual_save_and_load", 1),
     pytest.param("load_best_after_fit", 1),
     pytest.param(
@@ -49,53 +42,23 @@ CASES = [
         marks=[TWO, differs(FOLDER + ": load_from_checkpoint(best_model_path) raises IsADirectoryError")],
     ),
     pytest.param("trainer_test_best", 1),
-    pytest.param(
-        "logger_upload_view",
-        1,
-        marks=differs(
-            "issue 29: after_save_checkpoint finds the new checkpoint not yet at its path: each upload lags one save"
-        ),
-    ),
+    pytest.param("logger_upload_view", 1),
     pytest.param("logger_upload_view", 2, marks=[TWO, differs(FOLDER + ": a logger uploads nothing")]),
-    pytest.param(
-        "surgery_on_a_copy",
-        1,
-        marks=differs(
-            "issue 29: fit(ckpt_path=edited copy) restores the original weights from lightning-ft's second copy"
-        ),
-    ),
-    pytest.param("surgery_in_place", 1, marks=differs("issue 29: an in-place edit is ignored")),
-    pytest.param(
-        "slim_last_then_resume",
-        1,
-        marks=differs("issue 29: slimming last.ckpt strips the hard-linked step checkpoint; the resume fails"),
-    ),
-    pytest.param(
-        "resume_with_weights_only_false",
-        1,
-        marks=differs("issue 29: fit(weights_only=False) is not honoured: UnsafeCheckpointError"),
-    ),
-    pytest.param(
-        "restored_types", 1, marks=differs("issue 29: Counter, OrderedDict, namedtuple come back as dict, dict, tuple")
-    ),
-    pytest.param(
-        "restored_types",
-        2,
-        marks=[TWO, differs(FOLDER + "; Counter, OrderedDict, namedtuple come back as dict, dict, tuple")],
-    ),
+    pytest.param("surgery_on_a_copy", 1),
+    pytest.param("surgery_in_place", 1),
+    pytest.param("slim_last_then_resume", 1),
+    pytest.param("resume_with_weights_only_false", 1),
+    pytest.param("restored_types", 1),
+    pytest.param("restored_types", 2, marks=[TWO, differs(FOLDER)]),
     pytest.param("second_fit_same_trainer", 1),
     pytest.param("new_trainer_on_trained_model", 1),
     pytest.param("other_experiment_same_root", 1),
     pytest.param("other_experiment_same_root", 2, marks=[TWO, differs(FOLDER)]),
     pytest.param("wider_layer_same_folder", 1),
     pytest.param("wider_layer_same_folder", 2, marks=[TWO, differs(FOLDER)]),
-    pytest.param("restore_order", 1, marks=differs("issue 30: callbacks are restored after on_fit_start")),
-    pytest.param("restore_order", 2, marks=[TWO, differs("issue 30: callbacks are restored after on_fit_start")]),
-    pytest.param(
-        "backbone_finetuning_resume",
-        1,
-        marks=differs("issue 30: restore after on_fit_start: BackboneFinetuning's param group breaks the resume"),
-    ),
+    pytest.param("restore_order", 1),
+    pytest.param("restore_order", 2, marks=TWO),
+    pytest.param("backbone_finetuning_resume", 1),
 ]
 
 

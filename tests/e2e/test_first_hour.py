@@ -31,14 +31,16 @@ def test_the_quick_start_runs_as_written_on_two_cpu_processes_and_resumes_on_one
     first = _torchrun_as_in_the_readme(2, tmp_path)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-6000:]
     assert "torchrun started 2 process(es) per node on 1 node(s)" in first.stderr
-    assert (tmp_path / "checkpoints" / "last.ckpt").is_symlink()
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert last.is_dir() and not last.is_symlink()  # a checkpoint of its own, as Lightning's `last` is
     assert (tmp_path / "checkpoints" / "epoch=2-step=40.ckpt").is_dir()
 
     again = _torchrun_as_in_the_readme(1, tmp_path)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-6000:]
     line = [ln for ln in again.stderr.splitlines() if ln.startswith("lightning-ft: resuming from")]
     assert line == [
-        f"lightning-ft: resuming from {tmp_path / 'checkpoints' / 'epoch=2-step=40.ckpt'} (step 40): world size 2"
+        # `last.ckpt`: a checkpoint of its own, the newest committed one of step 40 (written after the top-k one)
+        f"lightning-ft: resuming from {tmp_path / 'checkpoints' / 'last.ckpt'} (step 40): world size 2"
         " -> 1, gradient accumulation 1 -> 2, LR x1.00 (unchanged)"
     ]
 

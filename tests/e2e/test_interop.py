@@ -42,6 +42,17 @@ def test_a_model_parallel_strategy_folder_continues_under_elasticft3d_on_fewer_r
     assert "imported the ModelParallelStrategy distributed checkpoint" in proc.stderr
 
 
+def test_a_model_parallel_strategy_folder_of_a_plain_module_continues_with_its_optimizer_state(tmp_path):
+    # The module is not parallelized: it is restored before the strategy's setup, as under DDPStrategy, before its
+    # optimizers exist; their state is read from the folder when Lightning restores the optimizers.
+    saved, _ = _run(tmp_path, "modelparallel", "mp", nproc=1, fsdp=False)
+    folder = tmp_path / "modelparallel" / "epoch=0-step=4.ckpt"
+    assert (folder / ".metadata").is_file()
+    restored, proc = _run(tmp_path, "elasticft", "ft", nproc=1, ckpt_path=folder, fsdp=False)
+    _assert_same_training_state(saved, restored)
+    assert "imported the ModelParallelStrategy distributed checkpoint" in proc.stderr
+
+
 @pytest.mark.extended
 def test_a_ddp_strategy_file_loads_into_fsdp_sharded_parameters_on_two_ranks(tmp_path):
     saved, _ = _run(tmp_path, "ddp", "ddp", nproc=1, fsdp=False)

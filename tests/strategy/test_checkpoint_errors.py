@@ -23,6 +23,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_ft import ElasticFT3D
 from lightning_ft import checkpoint as lft_checkpoint
+from lightning_ft.checkpoint.in_progress import discard
 from lightning_ft.checkpoint.internal import COMMIT_MARKER, FORMATS, METADATA_FILE
 from tests.checkpoint.support import flip_a_byte_of, plant_pickled_entry
 from tests.helpers import REPO_ROOT
@@ -90,8 +91,12 @@ def _uncommitted(ckpt: Path) -> Path:
 
 
 def _last_to_uncommitted(ckpt: Path) -> Path:
-    _uncommitted(ckpt)
-    return ckpt / "last.ckpt"
+    # Lightning's save_last="link" link to a save that never finished (a crash mid-write), nothing else committed.
+    target = _uncommitted(ckpt)
+    last = ckpt / "last.ckpt"
+    discard(last)  # the checkpoint of its own that save_last=True wrote
+    os.symlink(target.name, last)
+    return last
 
 
 def _foreign_folder(ckpt: Path) -> Path:
@@ -161,6 +166,37 @@ def _unreadable_file(ckpt: Path) -> Path:
     return path
 
 
+def _bare_ellipsis_allowed(ckpt: Path) -> Path:
+    path = ckpt / "plain.ckpt"
+    torch.save({"state_dict": TinyRegressor().state_dict()}, path)
+    torch.serialization.add_safe_globals([Ellipsis])  # what printing `builtins.Ellipsis` led users to do
+    return path
+
+
+class Fragile:
+    """An allowed class whose reconstruction fails in this process (it needs what is not here)."""
+
+    def __setstate__(self, state) -> None:
+        raise RuntimeError("Fragile needs a device this process does not have")
+
+
+def _intact_but_not_deserializable(ckpt: Path) -> Path:
+    path = ckpt / "fragile.ckpt"
+    fragile = Fragile()
+    fragile.value = 1
+    torch.save({"state_dict": TinyRegressor().state_dict(), "fragile": fragile}, path)
+    torch.serialization.add_safe_globals([Fragile])
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _restore_safe_globals():
+    before = list(torch.serialization.get_safe_globals())
+    yield
+    torch.serialization.clear_safe_globals()
+    torch.serialization.add_safe_globals(before)
+
+
 def _file_for_dtensor_model(ckpt: Path) -> Path:
     path = ckpt / "plain.ckpt"
     torch.save({"state_dict": TinyRegressor(dim=4).state_dict()}, path)  # the model takes 8 inputs
@@ -182,6 +218,8 @@ CASES = {
     "a Lightning `.ckpt` file that needs more than `torch.load(weights_only=True)`": _unsafe_file,
     "a Lightning `.ckpt` file that is not a readable `torch.save` file": _unreadable_file,
     "a Lightning `.ckpt` file whose tensors do not fit a parallelized (DTensor) model": _file_for_dtensor_model,
+    "`torch.serialization.add_safe_globals` given an object torch cannot name (`Ellipsis`)": _bare_ellipsis_allowed,
+    "an intact `.ckpt` file that cannot be deserialized in this process": _intact_but_not_deserializable,
 }
 
 

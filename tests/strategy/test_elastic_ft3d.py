@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 
 from lightning_ft import ElasticFT3D, ElasticPolicy, FaultPolicy
 from lightning_ft.elastic.dataloader import TrainingDataPosition
@@ -19,6 +20,7 @@ from lightning_ft.strategy.auto_resume import AutoResume
 from lightning_ft.strategy.checkpoint_io import StrategyCheckpoints
 from lightning_ft.strategy.elastic_resume import ElasticResume
 from lightning_ft.strategy.parallel_modes import DataParallelMode
+from lightning_ft.strategy.restore_order import RestoreOrder
 from lightning_ft.strategy.tracker import TrainingTracker
 from tests.strategy.models import TinyRegressor, make_trainer
 
@@ -124,6 +126,7 @@ def test_gradient_accumulation_scheduler_with_keep_global_is_refused_before_trai
 
 HOOKS = (
     "setup_environment",
+    "_prepare",
     "setup",
     "load_checkpoint",
     "process_dataloader",
@@ -135,30 +138,45 @@ HOOKS = (
     "teardown",
 )
 COLLABORATORS = {
-    "checkpoints": (StrategyCheckpoints, ("open", "save", "load", "remove", "cleanup_leftovers", "close")),
+    "checkpoints": (
+        StrategyCheckpoints,
+        ("open", "defer_logger_calls", "save", "load", "remove", "cleanup_leftovers", "close", "finish_logger_calls"),
+    ),
     "auto_resume": (AutoResume, ("install", "select", "take_fallbacks", "uninstall")),
     "tracker": (TrainingTracker, ("__init__", "resume_with_rng")),
     "data_position": (TrainingDataPosition, ("prepare_for",)),
-    "fault": (FaultHandler, ("install", "preflight")),
+    "fault": (FaultHandler, ("install", "start", "preflight")),
     "elastic_resume": (ElasticResume, ("checkpoint_loaded", "on_train_start", "optimizer_step", "metadata", "finish")),
     "mode": (DataParallelMode, ("setup", "optimizer_step", "teardown")),
+    "restore_order": (RestoreOrder, ("install", "after_setup", "uninstall")),
+    # Lightning's own restore, to hold where it comes among the strategy's calls.
+    "lightning": (_CheckpointConnector, ("restore_model", "restore_callbacks", "restore_training_state")),
 }
 
 # The table of lightning_ft/strategy/elastic_ft3d.py, as (the strategy hook running, the collaborator's call), each
-# at its first occurrence in a resumed fit. "(Lightning)" is a call Lightning makes outside the strategy's hooks:
-# the patched checkpoint connector, or a callback hook of the strategy's own callbacks.
+# at its first occurrence in a resumed fit (data parallel). "(Lightning)" is a call Lightning makes outside the
+# strategy's hooks: the patched checkpoint connector, its restore steps, or a callback hook of the strategy's own
+# callbacks. Lightning's order, as under DDPStrategy: module and callback state restored before the strategy's setup
+# (and so before on_fit_start), the training state (loops, optimizers, schedulers) after it.
 RESUMED_FIT = [
     ("setup_environment", "fault.install"),
     ("setup_environment", "checkpoints.open"),
+    ("setup_environment", "checkpoints.defer_logger_calls"),
     ("setup_environment", "tracker.__init__"),
     ("setup_environment", "auto_resume.install"),
-    ("setup", "mode.setup"),
-    ("setup", "fault.preflight"),
+    ("setup_environment", "restore_order.install"),
+    ("_prepare", "fault.start"),
     ("(Lightning)", "auto_resume.select"),
     ("load_checkpoint", "auto_resume.take_fallbacks"),
     ("load_checkpoint", "checkpoints.load"),
     ("load_checkpoint", "elastic_resume.checkpoint_loaded"),
     ("load_checkpoint", "tracker.resume_with_rng"),
+    ("(Lightning)", "lightning.restore_model"),
+    ("(Lightning)", "lightning.restore_callbacks"),
+    ("setup", "mode.setup"),
+    ("setup", "fault.preflight"),
+    ("setup", "restore_order.after_setup"),
+    ("(Lightning)", "lightning.restore_training_state"),
     ("process_dataloader", "data_position.prepare_for"),
     ("(Lightning)", "elastic_resume.on_train_start"),
     ("on_train_start", "checkpoints.cleanup_leftovers"),
@@ -168,7 +186,9 @@ RESUMED_FIT = [
     ("save_checkpoint", "checkpoints.save"),
     ("remove_checkpoint", "checkpoints.remove"),
     ("teardown", "checkpoints.close"),
+    ("teardown", "checkpoints.finish_logger_calls"),
     ("teardown", "auto_resume.uninstall"),
+    ("teardown", "restore_order.uninstall"),
     ("teardown", "mode.teardown"),
     ("teardown", "elastic_resume.finish"),
 ]
@@ -222,7 +242,7 @@ def test_a_resumed_fit_drives_the_collaborators_in_the_order_of_the_lifecycle_ta
     make_trainer(tmp_path, callbacks=[checkpoints()], max_steps=2, limit_val_batches=0).fit(TinyRegressor())
     calls = _record_lifecycle(monkeypatch)
     make_trainer(tmp_path, callbacks=[checkpoints()], max_steps=4, limit_val_batches=0).fit(TinyRegressor())
-    assert _first_occurrences(calls) == RESUMED_FIT
+    assert _first_occurrences(calls) == RESUMED_FIT, _first_occurrences(calls)
 
 
 def test_a_copied_strategy_gets_a_fresh_run_and_keeps_its_configuration(tmp_path):

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 import lightning_ft
 from lightning_ft import ElasticFT3D, ElasticPolicy
 from lightning_ft.checkpoint import async_checkpointer, list_committed
+from lightning_ft.checkpoint.internal import is_committed, read_metadata
 from lightning_ft.checkpoint.single_file import is_checkpoint_file
 from lightning_ft.events import read_events
 from tests.e2e._torchrun import assert_ok, torchrun
@@ -101,7 +102,8 @@ def test_lightnings_own_readers_load_a_checkpoint_file_and_last_is_a_file_of_the
     ckpt = tmp_path / "ckpt"
     step6, last = ckpt / "epoch=0-step=6.ckpt", ckpt / "last.ckpt"
     assert os.path.isfile(step6) and os.path.isfile(last) and not last.is_symlink()
-    assert os.path.samefile(step6, last)  # a second name of the same file: no second copy
+    assert not os.path.samefile(step6, last)  # a file of its own, as Lightning writes it: an edit of one never reaches
+    assert torch.load(last, weights_only=True)["global_step"] == 6  # the other
     plain = torch.load(step6, weights_only=True)
     assert plain["global_step"] == 6 and "optimizer_states" in plain and "loops" in plain
     assert set(pl_load(last)["state_dict"]) == set(model.state_dict())
@@ -113,7 +115,7 @@ def test_lightnings_own_readers_load_a_checkpoint_file_and_last_is_a_file_of_the
     trainer, _ = _fit(tmp_path, 9, ckpt_path="last")
     assert trainer.global_step == 9
     assert [e["step"] for e in read_events(tmp_path) if e["event"] == "resumed"] == [6]
-    assert os.path.samefile(ckpt / "epoch=1-step=9.ckpt", last) and is_checkpoint_file(last)
+    assert is_checkpoint_file(last) and torch.load(last, weights_only=True)["global_step"] == 9
 
 
 def test_save_last_link_makes_lightnings_link_to_the_newest_checkpoint_file(tmp_path):
@@ -193,21 +195,20 @@ def test_checkpoint_format_file_and_auto_write_files_in_one_process_and_folders_
     assert (resumed[-1]["step"], resumed[-1]["saved_world_size"], resumed[-1]["world_size"]) == (6, 2, 1)
 
 
-def test_last_moves_between_a_link_to_a_folder_and_a_file_when_the_format_changes(tmp_path):
+def test_last_moves_between_a_folder_and_a_file_when_the_format_changes(tmp_path):
     # What a run that shrinks to one process (folders -> files) and grows again (files -> folders) does to `last`.
     # (Without the version counter: a resumed ModelCheckpoint's `last_model_path` is the one saved with the step's
     # top-k checkpoint, so Lightning would write `last-v1.ckpt` beside an existing `last.ckpt`.)
     last = tmp_path / "ckpt" / "last.ckpt"
     _fit(tmp_path, 3, fmt="torchsnapshot", enable_version_counter=False)
-    assert last.is_symlink() and last.resolve().is_dir()
+    assert last.is_dir() and not last.is_symlink() and is_committed(last)  # a checkpoint of its own, no link
     trainer, _ = _fit(tmp_path, 6, fmt="auto", enable_version_counter=False)
     assert trainer.global_step == 6
     assert last.is_file() and not last.is_symlink() and is_checkpoint_file(last)
-    assert os.path.samefile(last, tmp_path / "ckpt" / "epoch=0-step=6.ckpt")
     assert torch.load(last, weights_only=True)["global_step"] == 6
     trainer, _ = _fit(tmp_path, 9, fmt="torchsnapshot", enable_version_counter=False)
     assert trainer.global_step == 9
-    assert last.is_symlink() and last.resolve() == (tmp_path / "ckpt" / "epoch=1-step=9.ckpt").resolve()
+    assert last.is_dir() and not last.is_symlink() and read_metadata(last)["step"] == 9
     assert [c.step for c in list_committed(tmp_path / "ckpt") if not c.path.name.startswith("last")] == [3, 6, 9]
     resumed = [e["step"] for e in read_events(tmp_path) if e["event"] == "resumed"]
     assert resumed == [3, 6]

@@ -89,9 +89,9 @@ class ObjectStoreCheckpointer(AsyncCheckpointer):
             routed = routed.inner  # a wrapper of the seam, such as the fault injector's
         self._objects = objects or (routed.objects if isinstance(routed, RoutedStorage) else ObjectStore())
 
-    def _prepare(self, job: Any) -> Path:
+    def _prepare(self, job: Any, *, durable: bool = True) -> Path:
         if not is_remote(job.path):
-            return super()._prepare(job)
+            return super()._prepare(job, durable=durable)
         return Path(self._objects.prepare(as_url(job.path), step=job.metadata["step"], run_id=job.metadata["run_id"]))
 
     def _discard_failed(self, job: Any) -> None:
