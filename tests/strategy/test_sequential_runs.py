@@ -9,6 +9,8 @@ tests/core/test_events.py and tests/e2e/test_resume_identity.py.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from lightning.pytorch.loggers import Logger
 from lightning_ft import ElasticFT3D, GoodputMonitor
 from lightning_ft.cli import main
 from lightning_ft.events import concurrent_runs, get_event_log, read_events
+from tests.helpers import subprocess_env
 from tests.strategy.models import TinyRegressor, make_trainer
 
 pytestmark = pytest.mark.usefixtures("event_log_on_disk")
@@ -142,6 +145,10 @@ def test_a_second_experiment_from_the_same_folder_is_another_run_and_each_relaun
     assert _starts(b_events) == [(b_run, 0), (b_run, 1)]
     (resumed,) = [e for e in b_events if e["event"] == "resumed"]
     assert resumed["attempt"] == 1 and resumed["step"] == 4 and "ckpt-b" in resumed["path"]
+    # B's attempt ended: a launch of B from another process while this one lives continues B (its lock is free).
+    code = "import sys; from lightning_ft.events import claim_run_dir; print(claim_run_dir(sys.argv[1]))"
+    other = subprocess.run([sys.executable, "-c", code, str(b_folder)], env=subprocess_env(), capture_output=True)
+    assert other.stdout.decode().strip() == "True"
 
     relaunched_a = _launch(tmp_path, "ckpt-a", max_steps=6)
     assert _ids(relaunched_a) == (a_run, 1) and relaunched_a.global_step == 6
