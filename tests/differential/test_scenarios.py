@@ -100,6 +100,34 @@ def test_elastic_ft3d_shows_what_ddp_strategy_shows(runs: Runs, name: str, nproc
     assert not lines, f"{name} at {nproc} process(es) differs from DDPStrategy:\n" + "\n".join(lines[:40])
 
 
+# ElasticFT3D(checkpoint_format="file") at two processes: the checkpoint is the file Lightning writes, written by both
+# ranks together. The opt-in of issue 29 ("auto" still picks folders there): the FOLDER cases above, with the file.
+FILE_CASES = [
+    pytest.param(name, 2, marks=TWO)
+    for name in (
+        "version_counter",
+        "save_last",
+        "load_best_after_fit",
+        "logger_upload_view",
+        "restored_types",
+        "wider_layer_same_folder",
+        "other_experiment_same_root",
+        "restore_order",
+    )
+]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(("name", "nproc"), FILE_CASES)
+def test_elastic_ft3d_writing_files_at_two_processes_shows_what_ddp_strategy_shows(
+    runs: Runs, name: str, nproc: int
+) -> None:
+    oracle = runs.observation(name, "ddp", nproc)
+    observed = runs.observation(name, "elasticft-file", nproc)
+    lines = harness.differences(oracle, observed)
+    assert not lines, f"{name} at {nproc} process(es) differs from DDPStrategy:\n" + "\n".join(lines[:40])
+
+
 @pytest.mark.timeout(900)  # the first test to run launches every selected scenario
 @pytest.mark.parametrize(("name", "nproc"), [("resume_mid_epoch", 1)])
 def test_a_mid_epoch_resume_differs_from_ddp_strategy_only_by_resuming_exactly(
