@@ -51,8 +51,8 @@ from lightning_ft import _compat
 from lightning_ft.checkpoint import json_codec
 from lightning_ft.checkpoint.agreement import agree, is_distributed
 from lightning_ft.checkpoint.commit import build_document, owned_records, write_marker, write_metadata
-from lightning_ft.checkpoint.errors import CheckpointError, CheckpointWriteError
-from lightning_ft.checkpoint.file_commit import FileSwap, prepare_file, writes_files
+from lightning_ft.checkpoint.errors import CheckpointWriteError
+from lightning_ft.checkpoint.file_commit import FileSwap, prepare_file, write_parallel_file, writes_files
 from lightning_ft.checkpoint.in_progress import (
     discard,
     is_placeholder,
@@ -496,8 +496,17 @@ class AsyncCheckpointer:
     def _write_file(self, job: _Job) -> None:
         """A save as one checkpoint file (:mod:`~lightning_ft.checkpoint.file_commit`): in a world of one process no
         exchange; the steps are the folder's, with a rename onto the path as the commit."""
-        if self._world_size != 1:
-            self._write_parallel_file(job)
+        if self._world_size != 1:  # every rank writes its share of the file
+            write_parallel_file(
+                job,
+                rank=self._rank,
+                agree=self._agree,
+                write=lambda folder, entries, doc: self._storage.write(
+                    folder, entries, group=self._group, document=doc
+                ),
+                document_of=lambda gathered: self._document(job, gathered, job.path),
+                on_commit=lambda size: self._on_commit(self._commit_info(job, size)) if self._on_commit else None,
+            )
             return
         if job.prepare_error is not None:
             raise job.prepare_error
@@ -528,92 +537,6 @@ class AsyncCheckpointer:
             _undo_quietly(swap.undo, job)
             raise
         swap.finish()
-
-    def _write_parallel_file(self, job: _Job) -> None:
-        """A save as one checkpoint file written by every rank of a data-parallel world, in three collective steps as
-        a folder's: rank 0 prepares the staging folder; every rank, from the same document (every rank's own state
-        gathered, so that each pickles the same object), writes its share of the file's bytes
-        (:func:`~lightning_ft.checkpoint.parallel_file.save`, which returns once every rank's bytes are durable); rank
-        0 renames the file onto the path (:class:`~lightning_ft.checkpoint.file_commit.FileSwap`)."""
-        # 1. Rank 0 creates the staging folder, with the in-progress record, before any byte of data.
-        error: BaseException | None = None
-        prepared = None
-        if self._rank == 0:
-            try:
-                if job.prepare_error is not None:
-                    raise job.prepare_error
-                if job.placeholder and is_placeholder(job.path):
-                    make_durable(job.path)  # off the training thread, before any data
-                job.folder = prepare_file(job.path, step=job.metadata["step"], run_id=job.metadata["run_id"])
-                prepared = str(job.folder)
-            except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
-                error = e
-        folder = Path(self._agree(error, prepared)[0])
-        if self._rank != 0:
-            job.folder = folder
-
-        # 2. Every rank's own state (RNG states, per-rank values, its callbacks) to every rank, with the checksums of
-        # its copy of the replicated tensors: they must be rank 0's bitwise, or the file would mix the ranks' bytes.
-        error, payload = None, None
-        try:
-            entries, records = job.capture.entries_and_records(self._rank)
-            own = [r for r in records if r["key"].startswith("rank_state/")]
-            shared = [r for r in records if not r["key"].startswith("rank_state/")]
-            payload = (
-                [{**r, "entry": f"r{self._rank}.{r['entry']}"} for r in own],
-                {f"r{self._rank}.{r['entry']}": entries[r["entry"]].clone() for r in own},
-                {k: v for k, v in job.capture.tensors.items() if k.startswith("rank_state/")},
-                job.capture.rank_state_json,
-                {r["key"]: r["crc32"] for r in shared},
-            )
-        except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
-            error = e
-        gathered = self._agree(error, payload)
-        error = None
-        try:
-            differing = sorted(k for k, crc in gathered[0][4].items() if payload[4].get(k) != crc)
-            if differing or set(payload[4]) != set(gathered[0][4]):
-                more = f" (and {len(differing) - 3} more)" if len(differing) > 3 else ""
-                raise CheckpointError(
-                    f"cannot save {job.path} as one file: rank {self._rank}'s copy of the replicated state differs"
-                    f" from rank 0's in {', '.join(differing[:3]) or 'its tensors'}{more}; a checkpoint file holds"
-                    " state every rank holds in full and alike (data parallel)"
-                )
-            for _, other_entries, _, _, _ in gathered:
-                entries.update(other_entries)
-            shared_index = {k: v for k, v in job.capture.tensors.items() if not k.startswith("rank_state/")}
-            per_rank = [
-                (other_records + (shared if r == 0 else []), {**tensors, **(shared_index if r == 0 else {})}, rank_json)
-                for r, (other_records, _, tensors, rank_json, _) in enumerate(gathered)
-            ]
-            document, size_bytes = self._document(job, per_rank, job.path)
-        except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
-            error = e
-        self._agree(error)
-
-        # 3. Every rank writes its share; the write returns on every rank once every rank's bytes are durable (and
-        # raises on every rank if one failed). Rank 0 commits; the exchange tells every rank whether it did.
-        error = None
-        try:
-            self._storage.write(folder, entries, group=self._group, document=document)
-        except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
-            error = e
-        self._agree(error)
-        error = None
-        if self._rank == 0:
-            swap = FileSwap(folder, job.path)
-            try:
-                swap.swap()
-                job.committed = True
-                if self._on_commit is not None:
-                    self._on_commit(self._commit_info(job, size_bytes))
-            except BaseException as e:  # noqa: BLE001 - before the exchange, so every rank fails this save alike
-                # A save reported as failed must not stay committed; a checkpoint it replaced comes back.
-                _undo_quietly(swap.undo, job)
-                error = e
-            else:
-                swap.finish()
-        self._agree(error)
 
     def _commit_info(self, job: _Job, size_bytes: int) -> CommitInfo:
         total_s = time.perf_counter() - job.started

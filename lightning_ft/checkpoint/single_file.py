@@ -1,5 +1,5 @@
-"""A lightning-ft checkpoint as one file, for a world of one process: the file Lightning itself writes, and the only
-copy of the state.
+"""A lightning-ft checkpoint as one file: the file Lightning itself writes, and the only copy of the state; written by
+one process, or by every rank of a data-parallel world together (``checkpoint_format="file"``).
 
 ``ElasticFT3D(checkpoint_format="file")`` writes, at the path Lightning asks for, the ``torch.save`` zip file of
 Lightning's checkpoint dict, so ``torch.load(path)``, Lightning's ``pl_load``, ``LightningModule.load_from_checkpoint``
@@ -47,6 +47,7 @@ from lightning_ft.checkpoint.errors import (
     UncommittedCheckpointError,
 )
 from lightning_ft.checkpoint.file_checks import content_checksums, damaged_records, pickle_record, stored_bytes
+from lightning_ft.checkpoint.sampler_positions import sampler_positions, with_sampler_states, without_sampler_states
 
 __all__ = [
     "MARKER_PREFIX",
@@ -385,55 +386,6 @@ def _dtype(name: str) -> torch.dtype:
     return dtype
 
 
-SAMPLER_STATE_KEYS = frozenset({"epoch", "consumed", "seed", "shuffle", "drop_last", "dataset_len"})
-"""The keys of a :class:`~lightning_ft.elastic.ResumableSampler` state: how its entry among the training loaders'
-states is told from a stateful loader of the user's own (litData's, say)."""
-
-
-def without_sampler_states(loops: Any) -> Any:
-    """Lightning's loop state without the resumable samplers' positions among the training loaders' states.
-
-    lightning-ft makes the training DataLoaders it swaps a :class:`~lightning_ft.elastic.ResumableSampler` into
-    stateful, so Lightning saves their positions with its loop state; under another strategy those loaders are not
-    stateful and Lightning refuses a mid-epoch checkpoint with more loader states than stateful loaders ("The
-    CombinedLoader has 0 stateful loaders, but found 1 states"). The states of loaders that are stateful by themselves
-    are kept, in order; lightning-ft reads its own from the checkpoint's metadata document, not from here.
-    """
-    fit_loop = loops.get("fit_loop") if isinstance(loops, dict) else None
-    state_dict = fit_loop.get("state_dict") if isinstance(fit_loop, dict) else None
-    if not isinstance(state_dict, dict) or not isinstance(state_dict.get("combined_loader"), list):
-        return loops
-    kept = [s for s in state_dict["combined_loader"] if not (isinstance(s, dict) and set(s) == SAMPLER_STATE_KEYS)]
-    state_dict = {k: v for k, v in state_dict.items() if k != "combined_loader"} | (
-        {"combined_loader": kept} if kept else {}
-    )
-    return {**loops, "fit_loop": {**fit_loop, "state_dict": state_dict}}
-
-
-def sampler_positions(loops: Any) -> list[tuple[int, Any]]:
-    """``(index, state)`` of each resumable sampler's position among the training loaders' states of Lightning's loop
-    state ``loops`` (what :func:`without_sampler_states` leaves out), for lightning-ft's record."""
-    fit_loop = loops.get("fit_loop") if isinstance(loops, dict) else None
-    state_dict = fit_loop.get("state_dict") if isinstance(fit_loop, dict) else None
-    states = state_dict.get("combined_loader") if isinstance(state_dict, dict) else None
-    if not isinstance(states, list):
-        return []
-    return [(i, s) for i, s in enumerate(states) if isinstance(s, dict) and set(s) == SAMPLER_STATE_KEYS]
-
-
-def with_sampler_states(loops: Any, positions: list[tuple[int, Any]]) -> Any:
-    """Lightning's loop state ``loops`` with the samplers' ``positions`` (:func:`sampler_positions`) put back where
-    they were; ``loops`` unchanged where it has no fit loop state (a checkpoint edited down to its weights)."""
-    fit_loop = loops.get("fit_loop") if isinstance(loops, dict) else None
-    state_dict = fit_loop.get("state_dict") if isinstance(fit_loop, dict) else None
-    if not positions or not isinstance(state_dict, dict):
-        return loops
-    states = list(state_dict.get("combined_loader") or [])
-    for index, state in sorted(positions, key=lambda p: p[0]):
-        states.insert(min(index, len(states)), state)
-    return {**loops, "fit_loop": {**fit_loop, "state_dict": {**state_dict, "combined_loader": states}}}
-
-
 def _tensor_keys(encoded: Any, out: set[str]) -> set[str]:
     if isinstance(encoded, list):
         for value in encoded:
@@ -455,7 +407,7 @@ def checkpoint_dict(document: dict[str, Any], entries: Mapping[str, torch.Tensor
     (see the module docstring).
 
     Raises:
-        CheckpointError: a tensor is stored in more than one shard (a world of more than one process).
+        CheckpointError: a tensor is stored in more than one shard (a folder's sharded layout).
     """
     typed: dict[str, torch.Tensor] = {}
     known: dict[int, int] = {}
