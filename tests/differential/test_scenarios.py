@@ -87,7 +87,9 @@ def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     for item in request.session.items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if "runs" in getattr(item, "fixturenames", ()) and "name" in params:
-            selected.setdefault(params["nproc"], []).append(params["name"])
+            names = selected.setdefault(params["nproc"], [])
+            if params["name"] not in names:  # once per launch: two tests may compare the same scenario
+                names.append(params["name"])
     return Runs(tmp_path_factory.mktemp("differential"), selected)
 
 
