@@ -51,8 +51,8 @@ from lightning_ft import _compat
 from lightning_ft.checkpoint import json_codec
 from lightning_ft.checkpoint.agreement import agree, is_distributed
 from lightning_ft.checkpoint.commit import build_document, owned_records, write_marker, write_metadata
-from lightning_ft.checkpoint.errors import CheckpointError, CheckpointWriteError
-from lightning_ft.checkpoint.file_commit import FileSwap, prepare_file, writes_files
+from lightning_ft.checkpoint.errors import CheckpointWriteError
+from lightning_ft.checkpoint.file_commit import FileSwap, prepare_file, write_parallel_file, writes_files
 from lightning_ft.checkpoint.in_progress import (
     discard,
     is_placeholder,
@@ -229,7 +229,7 @@ class AsyncCheckpointer:
         encoded_metadata = json_codec.encode(user_metadata, path="metadata")
         encoded = encode_state(state, rank_state, rank=self._rank)
         # The background thread is idle after wait(), so the exchange of DTensor regions may use the group here.
-        writes = regions_to_write(encoded.shared, rank=self._rank, world_size=self._world_size, group=self._group)
+        writes = self._regions(encoded, Path(path))
         capture = self._stager.capture(encoded, writes)
         full_state, run_id = user_metadata.get("full_state"), user_metadata.get("run_id")
         job = _Job(
@@ -294,6 +294,14 @@ class AsyncCheckpointer:
         self._enqueue(job)
         return True
 
+    def _regions(self, encoded: Any, path: Path) -> list[Any]:
+        """The regions of the shared state this rank stages: those it owns, or, for a checkpoint file written by
+        several processes, all of them (each rank pickles the whole replicated state and writes its share of the
+        file's bytes from its own copy)."""
+        if self._world_size > 1 and writes_files(self._storage) and not is_remote(path):
+            return regions_to_write(encoded.shared, rank=0, world_size=1, group=None)
+        return regions_to_write(encoded.shared, rank=self._rank, world_size=self._world_size, group=self._group)
+
     def _enqueue(self, job: _Job) -> None:
         mark_in_flight(job.path)
         if self._rank == 0 and not is_remote(job.path):
@@ -345,7 +353,7 @@ class AsyncCheckpointer:
             captured.rank_state_json
         ):
             return None
-        writes = regions_to_write(encoded.shared, rank=self._rank, world_size=self._world_size, group=self._group)
+        writes = self._regions(encoded, path)
         mine = [(region.key, value) for region, value in writes] + encoded.per_rank
         staged = {shard.key: shard.data for shard in captured.shards}
         if {key for key, value in mine if value.numel() > 0} != set(staged):
@@ -486,13 +494,20 @@ class AsyncCheckpointer:
         self._agree(error)
 
     def _write_file(self, job: _Job) -> None:
-        """A save as one checkpoint file (:mod:`~lightning_ft.checkpoint.file_commit`): a world of one process, so no
+        """A save as one checkpoint file (:mod:`~lightning_ft.checkpoint.file_commit`): in a world of one process no
         exchange; the steps are the folder's, with a rename onto the path as the commit."""
-        if self._world_size != 1:
-            raise CheckpointError(
-                f"cannot save {job.path} as one file: {self._world_size} processes write this checkpoint (the"
-                " single-file format is for a world of one process)"
+        if self._world_size != 1:  # every rank writes its share of the file
+            write_parallel_file(
+                job,
+                rank=self._rank,
+                agree=self._agree,
+                write=lambda folder, entries, doc: self._storage.write(
+                    folder, entries, group=self._group, document=doc
+                ),
+                document_of=lambda gathered: self._document(job, gathered, job.path),
+                on_commit=lambda size: self._on_commit(self._commit_info(job, size)) if self._on_commit else None,
             )
+            return
         if job.prepare_error is not None:
             raise job.prepare_error
         if job.placeholder and is_placeholder(job.path):

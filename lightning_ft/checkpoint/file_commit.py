@@ -1,9 +1,10 @@
 """How a checkpoint file is committed: written beside its path, then renamed onto it; never a moment without one.
 
 :class:`~lightning_ft.checkpoint.AsyncCheckpointer`, given a storage that writes files
-(:class:`~lightning_ft.checkpoint.single_file.FileStorage`, ``checkpoint_format="file"``, world size 1), runs these
-steps for a save to a local path in its background thread, from the same staged copies a folder is written from (the
-capture at the save call is the same):
+(:class:`~lightning_ft.checkpoint.single_file.FileStorage`, ``checkpoint_format="file"``), runs these steps for a
+save to a local path in its background thread, from the same staged copies a folder is written from (the capture at
+the save call is the same; with more than one process every rank stages the whole replicated state, writes its share
+of the file in step 2, and rank 0 alone runs steps 1 and 3):
 
 1. :func:`prepare_file` creates the save's staging folder ``.<name>.lft-new-<token>`` beside the path, holding the
    in-progress record (:mod:`~lightning_ft.checkpoint.in_progress`) before any data: a leftover of a killed save is
@@ -25,17 +26,18 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from lightning_ft.checkpoint.commit import COMMIT_MARKER
 from lightning_ft.checkpoint.errors import CheckpointError
-from lightning_ft.checkpoint.in_progress import discard, is_ours, is_placeholder
+from lightning_ft.checkpoint.in_progress import discard, is_ours, is_placeholder, make_durable
 from lightning_ft.checkpoint.single_file import STAGED_NAME
 from lightning_ft.checkpoint.snapshot_storage import fsync_dir
 from lightning_ft.checkpoint.swap import make_staging, swap_path
 
-__all__ = ["FileSwap", "prepare_file", "writes_files"]
+__all__ = ["FileSwap", "prepare_file", "write_parallel_file", "writes_files"]
 
 log = logging.getLogger(__name__)
 
@@ -127,3 +129,108 @@ class FileSwap:
             self._old_kept = False
             fsync_dir(self.target.parent)
         discard(self.staged)
+
+
+def write_parallel_file(
+    job: Any,
+    *,
+    rank: int,
+    agree: Callable[..., list[Any]],
+    write: Callable[[Path, dict[str, Any], dict[str, Any]], None],
+    document_of: Callable[[list[Any]], tuple[dict[str, Any], int]],
+    on_commit: Callable[[int], Any],
+) -> None:
+    """The background steps of a save as one checkpoint file written by every rank of a data-parallel world.
+    Collective: every rank of the writer's group runs it for the same save ``job`` (the writer's ``_Job``).
+
+    1. Rank 0 creates the staging folder with its in-progress record (:func:`prepare_file`), before any data.
+    2. One exchange gives every rank every rank's own state (RNG states, per-rank tensors, callbacks' states; their
+       staged bytes travel with it) so that every rank builds the same document and pickles the same object, and
+       compares each rank's crc32 of every replicated tensor with rank 0's: a difference fails the save on every rank
+       (the file would otherwise mix the ranks' bytes).
+    3. ``write`` (the storage's, collective): every rank writes its share of the staged file; it returns once every
+       rank's bytes are durable. Then rank 0 renames the file onto the path (:class:`FileSwap`) and calls
+       ``on_commit`` with the tensor bytes; should either fail, the rename is undone. Every step ends with ``agree``,
+       so a failure on any rank fails the save on every rank.
+    """
+    # 1. The staging folder.
+    error: BaseException | None = None
+    prepared = None
+    if rank == 0:
+        try:
+            if job.prepare_error is not None:
+                raise job.prepare_error
+            if job.placeholder and is_placeholder(job.path):
+                make_durable(job.path)  # off the training thread, before any data
+            job.folder = prepare_file(job.path, step=job.metadata["step"], run_id=job.metadata["run_id"])
+            prepared = str(job.folder)
+        except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
+            error = e
+    folder = Path(agree(error, prepared)[0])
+    if rank != 0:
+        job.folder = folder
+
+    # 2. Every rank's own state to every rank, with the crc32s of its copy of the replicated tensors.
+    error, payload = None, None
+    try:
+        entries, records = job.capture.entries_and_records(rank)
+        own = [r for r in records if r["key"].startswith("rank_state/")]
+        shared = [r for r in records if not r["key"].startswith("rank_state/")]
+        payload = (
+            [{**r, "entry": f"r{rank}.{r['entry']}"} for r in own],
+            {f"r{rank}.{r['entry']}": entries[r["entry"]].clone() for r in own},
+            {k: v for k, v in job.capture.tensors.items() if k.startswith("rank_state/")},
+            job.capture.rank_state_json,
+            {r["key"]: r["crc32"] for r in shared},
+        )
+    except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
+        error = e
+    gathered = agree(error, payload)
+    error = None
+    try:
+        reference = gathered[0][4]
+        differing = sorted(k for k, crc in reference.items() if payload[4].get(k) != crc)
+        if differing or set(payload[4]) != set(reference):
+            more = f" (and {len(differing) - 3} more)" if len(differing) > 3 else ""
+            raise CheckpointError(
+                f"cannot save {job.path} as one file: rank {rank}'s copy of the replicated state differs from rank"
+                f" 0's in {', '.join(differing[:3]) or 'its tensors'}{more}; a checkpoint file holds state every rank"
+                " holds in full and alike (data parallel)"
+            )
+        for _, other_entries, _, _, _ in gathered:
+            entries.update(other_entries)
+        shared_index = {k: v for k, v in job.capture.tensors.items() if not k.startswith("rank_state/")}
+        per_rank = [
+            (their_records + (shared if r == 0 else []), {**tensors, **(shared_index if r == 0 else {})}, rank_json)
+            for r, (their_records, _, tensors, rank_json, _) in enumerate(gathered)
+        ]
+        document, size_bytes = document_of(per_rank)
+    except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
+        error = e
+    agree(error)
+
+    # 3. Every rank writes its share; rank 0 commits; the exchange tells every rank whether it did.
+    error = None
+    try:
+        write(folder, entries, document)
+    except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
+        error = e
+    agree(error)
+    error = None
+    if rank == 0:
+        swap = FileSwap(folder, job.path)
+        try:
+            swap.swap()
+            job.committed = True
+            on_commit(size_bytes)
+        except BaseException as e:  # noqa: BLE001 - before the exchange, so every rank fails this save alike
+            # A save reported as failed must not stay committed; a checkpoint it replaced comes back.
+            try:
+                swap.undo()
+            except Exception as undo_error:  # noqa: BLE001 - the first error is the one raised
+                log.warning("lightning-ft: undoing the failed save %s failed too (%s)", job.path, undo_error)
+            job.committed = False
+            error = e
+        else:
+            swap.finish()
+    agree(error)

@@ -178,13 +178,19 @@ def _into_templates(obj: Any, templates: dict[str, torch.Tensor], path: str = ""
     return obj
 
 
-def _load_file(path: Path, state: Any, weights_only: bool) -> LoadedCheckpoint:
-    """A version-2 checkpoint file: Lightning's dict as Lightning loads it; the template's tensors filled in place."""
-    checkpoint, rank_state, metadata, _ = load_file(path, weights_only=weights_only)
+def _load_file(path: Path, state: Any, weights_only: bool, rank: int) -> LoadedCheckpoint:
+    """A version-2 checkpoint file: Lightning's dict as Lightning loads it; the template's tensors filled in place;
+    the rank state of saved rank ``rank`` modulo the saved world size (a file written by several processes keeps
+    every rank's)."""
+    checkpoint, rank_state, metadata, _ = load_file(path, weights_only=weights_only, rank=rank)
     templates = _template_tensors(state) if state is not None else {}
     if templates:
         checkpoint = _into_templates(checkpoint, templates)
-    return LoadedCheckpoint(path=path, state=checkpoint, rank_state=rank_state, saved_rank=0, metadata=metadata)
+    saved_world = metadata.get("world_size")
+    saved_rank = rank % saved_world if isinstance(saved_world, int) and saved_world > 0 else 0
+    return LoadedCheckpoint(
+        path=path, state=checkpoint, rank_state=rank_state, saved_rank=saved_rank, metadata=metadata
+    )
 
 
 def load_checkpoint(
@@ -247,7 +253,7 @@ def load_checkpoint(
         else:
             document = read_document(path)
         if document is None:
-            loaded = _load_file(path, state, resolve_weights_only(weights_only))
+            loaded = _load_file(path, state, resolve_weights_only(weights_only), rank)
         else:
             if not resolve_weights_only(weights_only):
                 say_unrestricted(f"loading {path}")

@@ -15,10 +15,12 @@ Why one module: the offsets :func:`plan_file` computes are the ones every rank w
 headers and the directory; torch's format (miniz's fields, torch's padding, the serialization id) is one concept, and
 split between modules each half would restate the other's rules.
 
-Not wired into the strategy yet: it is the building block for "the file is the checkpoint at any process count"
-(issue 29). It serves state every rank holds in full (data-parallel replicas); each rank reads its own copy of the
-bytes it writes. Storages on an accelerator are copied to the CPU by torch's pickling on every rank (all of them, not
-only the rank's share): the integration stages them first.
+``ElasticFT3D(checkpoint_format="file")`` at two or more processes writes its checkpoints through it
+(:class:`~lightning_ft.checkpoint.single_file.FileStorage`, from the background writer's process group, from the
+staged CPU copies). It serves state every rank holds in full (data-parallel replicas); each rank reads its own copy of
+the bytes it writes. Storages on an accelerator are copied to the CPU by torch's pickling on every rank (all of them,
+not only the rank's share): the caller stages them first. Each rank's storages must hold the same bytes at the same
+offsets as rank 0's (the check compares their sizes only): the caller gives every tensor a storage of its own.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def read_rank_state(path: str | os.PathLike, rank: int = 0) -> Any:
     path = Path(path)
     if not is_remote(path) and path.is_file() and file_version(path) not in (None, 1):
         # Lightning's own file: the callbacks are Lightning's (as Lightning loads them), the rest is the record's.
-        return load_file(path)[1]
+        return load_file(path, rank=rank)[1]
     document = ObjectStore().read_document(path) if is_remote(path) else read_document(path)
     reader = ShardReader(path, document, storage_for_path(path), verify_checksums=True)
     rank_states = document["rank_states"]

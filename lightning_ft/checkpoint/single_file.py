@@ -1,5 +1,5 @@
-"""A lightning-ft checkpoint as one file, for a world of one process: the file Lightning itself writes, and the only
-copy of the state.
+"""A lightning-ft checkpoint as one file: the file Lightning itself writes, and the only copy of the state; written by
+one process, or by every rank of a data-parallel world together (``checkpoint_format="file"``).
 
 ``ElasticFT3D(checkpoint_format="file")`` writes, at the path Lightning asks for, the ``torch.save`` zip file of
 Lightning's checkpoint dict, so ``torch.load(path)``, Lightning's ``pl_load``, ``LightningModule.load_from_checkpoint``
@@ -47,6 +47,7 @@ from lightning_ft.checkpoint.errors import (
     UncommittedCheckpointError,
 )
 from lightning_ft.checkpoint.file_checks import content_checksums, damaged_records, pickle_record, stored_bytes
+from lightning_ft.checkpoint.sampler_positions import sampler_positions, with_sampler_states, without_sampler_states
 
 __all__ = [
     "MARKER_PREFIX",
@@ -291,14 +292,15 @@ def _torch_load(path: Path, weights_only: bool) -> Any:
 
 
 def load_file(
-    path: str | os.PathLike, *, weights_only: bool = True
+    path: str | os.PathLike, *, weights_only: bool = True, rank: int = 0
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], bool]:
     """Load the version-2 checkpoint file ``path`` as Lightning loads it: ``(checkpoint, rank_state, metadata,
     edited)``. ``checkpoint`` is Lightning's dict as ``torch.load`` returns it (the user's edits included; the
     resumable samplers' positions from the record put back into its loop state; no :data:`RECORD_KEY`);
-    ``rank_state`` lightning-ft's per-process state of the save (RNG states) with the ``callbacks`` of Lightning's
-    dict; ``edited``: the content no longer matches the checksums recorded at the save (said once, as a warning).
-    Not collective.
+    ``rank_state`` lightning-ft's per-process state of saved rank ``rank`` modulo the saved world size (RNG states),
+    with the ``callbacks`` of Lightning's dict for saved rank 0 and that rank's own from the record for the others;
+    ``edited``: the content no longer matches the checksums recorded at the save (said once,
+    as a warning). Not collective.
 
     Raises:
         CorruptCheckpointError: the file's bytes fail the zip's CRC32 (a damaged file), naming the tensors that
@@ -359,9 +361,17 @@ def load_file(
             raise CorruptCheckpointError(f"checkpoint {path}: lightning-ft's record lacks its tensor {key!r}")
         return typed[key]
 
-    own = json_codec.decode(document.get("rank_state"), tensor_of)
-    rank_state = dict(own) if isinstance(own, dict) else {}
-    rank_state["callbacks"] = loaded.pop("callbacks", {})
+    others = document.get("other_rank_states") or []
+    saved_rank = rank % (1 + len(others))
+    callbacks = loaded.pop("callbacks", {})
+    if saved_rank == 0:
+        own = json_codec.decode(document.get("rank_state"), tensor_of)
+        rank_state = dict(own) if isinstance(own, dict) else {}
+        rank_state["callbacks"] = callbacks
+    else:
+        own = json_codec.decode(others[saved_rank - 1], tensor_of)
+        rank_state = dict(own) if isinstance(own, dict) else {}
+        rank_state.setdefault("callbacks", {})
     if "loops" in loaded:
         positions = [(int(i), json_codec.decode(s)) for i, s in document.get("samplers", [])]
         loaded["loops"] = with_sampler_states(loaded["loops"], positions)
@@ -374,55 +384,6 @@ def _dtype(name: str) -> torch.dtype:
     if not isinstance(dtype, torch.dtype):
         raise CheckpointError(f"unknown dtype {name!r} in the checkpoint index")
     return dtype
-
-
-SAMPLER_STATE_KEYS = frozenset({"epoch", "consumed", "seed", "shuffle", "drop_last", "dataset_len"})
-"""The keys of a :class:`~lightning_ft.elastic.ResumableSampler` state: how its entry among the training loaders'
-states is told from a stateful loader of the user's own (litData's, say)."""
-
-
-def without_sampler_states(loops: Any) -> Any:
-    """Lightning's loop state without the resumable samplers' positions among the training loaders' states.
-
-    lightning-ft makes the training DataLoaders it swaps a :class:`~lightning_ft.elastic.ResumableSampler` into
-    stateful, so Lightning saves their positions with its loop state; under another strategy those loaders are not
-    stateful and Lightning refuses a mid-epoch checkpoint with more loader states than stateful loaders ("The
-    CombinedLoader has 0 stateful loaders, but found 1 states"). The states of loaders that are stateful by themselves
-    are kept, in order; lightning-ft reads its own from the checkpoint's metadata document, not from here.
-    """
-    fit_loop = loops.get("fit_loop") if isinstance(loops, dict) else None
-    state_dict = fit_loop.get("state_dict") if isinstance(fit_loop, dict) else None
-    if not isinstance(state_dict, dict) or not isinstance(state_dict.get("combined_loader"), list):
-        return loops
-    kept = [s for s in state_dict["combined_loader"] if not (isinstance(s, dict) and set(s) == SAMPLER_STATE_KEYS)]
-    state_dict = {k: v for k, v in state_dict.items() if k != "combined_loader"} | (
-        {"combined_loader": kept} if kept else {}
-    )
-    return {**loops, "fit_loop": {**fit_loop, "state_dict": state_dict}}
-
-
-def sampler_positions(loops: Any) -> list[tuple[int, Any]]:
-    """``(index, state)`` of each resumable sampler's position among the training loaders' states of Lightning's loop
-    state ``loops`` (what :func:`without_sampler_states` leaves out), for lightning-ft's record."""
-    fit_loop = loops.get("fit_loop") if isinstance(loops, dict) else None
-    state_dict = fit_loop.get("state_dict") if isinstance(fit_loop, dict) else None
-    states = state_dict.get("combined_loader") if isinstance(state_dict, dict) else None
-    if not isinstance(states, list):
-        return []
-    return [(i, s) for i, s in enumerate(states) if isinstance(s, dict) and set(s) == SAMPLER_STATE_KEYS]
-
-
-def with_sampler_states(loops: Any, positions: list[tuple[int, Any]]) -> Any:
-    """Lightning's loop state ``loops`` with the samplers' ``positions`` (:func:`sampler_positions`) put back where
-    they were; ``loops`` unchanged where it has no fit loop state (a checkpoint edited down to its weights)."""
-    fit_loop = loops.get("fit_loop") if isinstance(loops, dict) else None
-    state_dict = fit_loop.get("state_dict") if isinstance(fit_loop, dict) else None
-    if not positions or not isinstance(state_dict, dict):
-        return loops
-    states = list(state_dict.get("combined_loader") or [])
-    for index, state in sorted(positions, key=lambda p: p[0]):
-        states.insert(min(index, len(states)), state)
-    return {**loops, "fit_loop": {**fit_loop, "state_dict": {**state_dict, "combined_loader": states}}}
 
 
 def _tensor_keys(encoded: Any, out: set[str]) -> set[str]:
@@ -446,7 +407,7 @@ def checkpoint_dict(document: dict[str, Any], entries: Mapping[str, torch.Tensor
     (see the module docstring).
 
     Raises:
-        CheckpointError: a tensor is stored in more than one shard (a world of more than one process).
+        CheckpointError: a tensor is stored in more than one shard (a folder's sharded layout).
     """
     typed: dict[str, torch.Tensor] = {}
     known: dict[int, int] = {}
@@ -456,7 +417,11 @@ def checkpoint_dict(document: dict[str, Any], entries: Mapping[str, torch.Tensor
         if len(shards) > 1 or any(list(s["offset"]) != [0] * len(shape) for s in shards):
             raise CheckpointError(f"tensor {key!r} is stored in shards; a checkpoint file holds whole tensors only")
         if shards:
-            typed[key] = entries[shards[0]["entry"]].view(dtype).reshape(shape)
+            # A storage of the tensor's own bytes, no copy: a staged copy is a view into a larger (page-aligned)
+            # buffer, and torch.save writes a tensor's whole storage, so the file would hold the padding, and its
+            # layout would depend on where this process's allocator put the buffer (every rank of a file written
+            # together must pickle the same storages).
+            typed[key] = torch.from_numpy(entries[shards[0]["entry"]].numpy()).view(dtype).reshape(shape)
             if isinstance(shards[0].get("crc32"), int):
                 known[id(typed[key])] = shards[0]["crc32"]
         else:
@@ -476,7 +441,10 @@ def checkpoint_dict(document: dict[str, Any], entries: Mapping[str, torch.Tensor
     if isinstance(own, dict) and "callbacks" in own:
         checkpoint["callbacks"] = json_codec.decode_own(own["callbacks"], tensor)  # where Lightning keeps them
         own = {k: v for k, v in own.items() if k != "callbacks"}
-    record_entries = {key: typed[key] for key in sorted(_tensor_keys(own, set()))}
+    # Ranks 1.. (a file written by several processes): their whole rank state, callbacks included (Lightning's dict
+    # holds rank 0's only), so every rank resumes its own RNG and per-rank values.
+    others = list(rank_states[1:])
+    record_entries = {key: typed[key] for key in sorted(_tensor_keys([own, others], set()))}
     checksums = content_checksums({**checkpoint, RECORD_KEY: {"entries": record_entries}}, known)
     metadata = document["metadata"]
     body = {
@@ -484,6 +452,7 @@ def checkpoint_dict(document: dict[str, Any], entries: Mapping[str, torch.Tensor
         "format_version": document.get("format_version"),
         "metadata": metadata,
         "rank_state": own,
+        **({"other_rank_states": others} if others else {}),
         "tensors": {key: document["tensors"][key] for key in record_entries},
         "samplers": [[i, json_codec.encode(s)] for i, s in samplers],
         "checksums": checksums,
@@ -558,7 +527,9 @@ class FileReader:
 
 
 class FileStorage:
-    """The storage seam of ``checkpoint_format="file"``: one ``torch.save`` file per checkpoint, world size 1.
+    """The storage seam of ``checkpoint_format="file"``: one ``torch.save`` file per checkpoint, written by one process
+    (``torch.save``) or by every rank of a data-parallel world together
+    (:func:`~lightning_ft.checkpoint.parallel_file.save`: each rank writes about 1/N of the tensor bytes).
 
     Example::
 
@@ -570,6 +541,11 @@ class FileStorage:
     writes_files = True
     """Tells the checkpointer that a save is one file, committed by a rename (not a folder with a marker)."""
 
+    def __init__(self) -> None:
+        self.last_result: Any = None
+        """What this rank did in its newest parallel write (a :class:`~lightning_ft.checkpoint.parallel_file.SaveResult`:
+        bytes written, time per phase); ``None`` before one (and for a one-process write)."""
+
     def write(
         self,
         path: Path,
@@ -579,11 +555,25 @@ class FileStorage:
         document: dict[str, Any] | None = None,
     ) -> None:
         """Write the checkpoint file ``path/``:data:`STAGED_NAME` from ``entries`` (flat ``uint8`` staged copies) and
-        the save's ``document``, and fsync it and ``path``. Not collective (one process)."""
+        the save's ``document``, and fsync it and ``path``.
+
+        Collective over ``group`` when it has more than one rank: every rank passes the same ``document`` (every rank's
+        state; the shared tensors' entries its own copies of the replicated state) and the same ``path`` (a folder
+        every rank sees), and the ranks write the one file together, each about 1/N of the tensor bytes; it returns
+        once every rank's bytes are durable. Otherwise one process writes it with ``torch.save``.
+        """
         if document is None:
             raise CheckpointError("a checkpoint file is written with its metadata document")
         target = Path(path) / STAGED_NAME
         checkpoint = checkpoint_dict(document, entries)
+        if group is not None and dist.is_initialized() and dist.get_world_size(group) > 1:
+            from lightning_ft.checkpoint import parallel_file
+            from lightning_ft.checkpoint.snapshot_storage import fsync_dir
+
+            self.last_result = parallel_file.save(checkpoint, target, group=group)
+            if dist.get_rank(group) == 0:
+                fsync_dir(Path(path))  # the file's name in the staging folder (parallel_file leaves it to the caller)
+            return
         # Straight into the file: torch.save streams each tensor's bytes from the staged copy. (Lightning's
         # TorchCheckpointIO serializes the whole checkpoint into memory first, then writes it: a second and third copy
         # of the state in host memory, beside the staged one, for the length of the write.)

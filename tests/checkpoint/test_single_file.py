@@ -276,13 +276,12 @@ def test_a_save_over_a_foreign_file_fails_and_leaves_it_alone(tmp_path):
     assert foreign.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["model.ckpt"]
 
 
-def test_the_file_format_is_for_one_process_with_plain_state():
+def test_the_file_format_is_for_plain_state_and_auto_picks_it_for_one_process_only():
     assert resolve_format("file", world_size=1, plain=True) == "file"
+    assert resolve_format("file", world_size=2, plain=True) == "file"  # opt-in: every rank writes its share
     assert resolve_format("auto", world_size=1, plain=True) == "file"
     assert resolve_format("auto", world_size=2, plain=True) == "torchsnapshot"
     assert resolve_format("auto", world_size=1, plain=False) == "torchsnapshot"
-    with pytest.raises(ValueError, match=r"ElasticFT3D\(checkpoint_format='file'\):.*2 processes"):
-        resolve_format("file", world_size=2, plain=True)
     with pytest.raises(ValueError, match=r"ElasticFT3D\(checkpoint_format='file'\):.*DTensor or pipeline"):
         resolve_format("file", world_size=1, plain=False)
 

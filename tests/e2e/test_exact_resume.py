@@ -30,25 +30,29 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    ("tp", "ckpt_every", "kill_at", "resume_step"),
+    ("tp", "ckpt_every", "kill_at", "resume_step", "fmt"),
     [
-        pytest.param(1, 4, 10, 8, id="ddp-mid-epoch"),  # step 8 is batch 2 of epoch 1
-        pytest.param(1, 6, 9, 6, id="ddp-epoch-boundary"),  # step 6 ends epoch 0
+        pytest.param(1, 4, 10, 8, "auto", id="ddp-mid-epoch"),  # step 8 is batch 2 of epoch 1
+        pytest.param(1, 6, 9, 6, "auto", id="ddp-epoch-boundary"),  # step 6 ends epoch 0
+        # Both ranks write one checkpoint file (checkpoint_format="file"); each rank's RNG comes from its record.
+        pytest.param(1, 4, 10, 8, "file", id="ddp-mid-epoch-file"),
         # Tensor parallel x FSDP2 as in Lightning's example: DTensor shards with _StridedShard placements.
-        pytest.param(2, 4, 10, 8, id="fsdp2-tp-mid-epoch"),
+        pytest.param(2, 4, 10, 8, "auto", id="fsdp2-tp-mid-epoch"),
     ],
 )
 def test_killed_run_resumed_with_same_command_matches_uninterrupted_bitwise(
-    tmp_path, uninterrupted, tp, ckpt_every, kill_at, resume_step
+    tmp_path, uninterrupted, tp, ckpt_every, kill_at, resume_step, fmt
 ):
     args = ["--root", str(tmp_path), "--out", str(tmp_path / "out"), "--ckpt-every", str(ckpt_every)]
-    args += ["--tp", str(tp), *COMMON]
+    args += ["--tp", str(tp), "--checkpoint-format", fmt, *COMMON]
     killed = torchrun(*args, "--kill-at-step", str(kill_at))
     assert killed.returncode != 0, "the injected hard exit did not happen"
     assert_ok(torchrun(*args))
 
     resumed = [e for e in read_events(tmp_path) if e["event"] == "resumed"]
     assert [e["step"] for e in resumed] == [resume_step]
+    saved = tmp_path / "ckpt" / f"epoch={(resume_step - 1) // 6}-step={resume_step}.ckpt"
+    assert saved.is_file() if fmt == "file" else saved.is_dir()
     weights, losses = load_run(tmp_path / "out")
     ref_weights, ref_losses = uninterrupted(tp)
     assert weights.keys() == ref_weights.keys()

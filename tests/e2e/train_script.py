@@ -196,6 +196,7 @@ def main() -> None:
     p.add_argument("--slow-node", default="", help="LIGHTNING_FT_NODE_NAME of the node whose steps sleep")
     p.add_argument("--slow-ms", type=float, default=300.0)
     p.add_argument("--cooldown-s", type=float, default=3600.0, help="FaultPolicy(eviction_cooldown_s=...)")
+    p.add_argument("--checkpoint-format", default="auto", help="ElasticFT3D(checkpoint_format=...)")
     p.add_argument("--out", required=True, help="folder for losses.json and weights.pt (rank 0)")
     args = p.parse_args()
 
@@ -249,6 +250,7 @@ def main() -> None:
             pipeline_parallel_size=args.pp,
             pipeline_schedule=args.schedule,
             elastic=ElasticPolicy(batch=args.batch_policy, lr_warmup_steps=args.lr_warmup),
+            checkpoint_format=args.checkpoint_format,
         )
     else:
         strategy = "ddp"

@@ -112,13 +112,16 @@ def test_sigkill_of_one_rank_at_random_points_never_loses_a_committed_checkpoint
 
 
 @pytest.mark.extended
-def test_sigkill_during_the_write_of_a_checkpoint_file_keeps_the_previous_file_and_the_resume_is_exact(tmp_path):
+@pytest.mark.parametrize(("nproc", "rank"), [(1, 0), (2, 1)])  # 2: both ranks write the file; rank 1 is killed
+def test_sigkill_during_the_write_of_a_checkpoint_file_keeps_the_previous_file_and_the_resume_is_exact(
+    tmp_path, nproc, rank
+):
     args = ("--max-steps", "8", "--checkpoint-format", "file", "--no-health-checks")
-    uninterrupted = torchrun("--root", str(tmp_path / "whole"), *args, nproc=1)
+    uninterrupted = torchrun("--root", str(tmp_path / "whole"), *args, nproc=nproc)
     assert uninterrupted.returncode == 0, output(uninterrupted)
     root = tmp_path / "killed"
-    faults = "kill_at:rank=0,step=6,during=write,delay_s=0.0,attempt=0"
-    proc = torchrun("--root", str(root), *args, "--faults", faults, nproc=1, max_restarts=1)
+    faults = f"kill_at:rank={rank},step=6,during=write,delay_s=0.0,attempt=0"
+    proc = torchrun("--root", str(root), *args, "--faults", faults, nproc=nproc, max_restarts=1)
     assert proc.returncode == 0, output(proc)
     assert proc.stdout.count("[fault] SIGKILL") == 1
     assert [e["step"] for e in events(root, "checkpoint_committed", 0)] == [2, 4]

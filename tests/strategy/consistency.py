@@ -395,9 +395,12 @@ def differences(expected: dict[str, Any], path: Path) -> list[str]:
     own = per_rank_state.restore_own(dict(loaded.state), loaded.rank_state or {}, same_world=True)
     _differences(shared, own, "", out)
     _differences(expected.get("callbacks", {}), loaded.rank_state.get("callbacks", {}), "callbacks", out)
-    if path.is_file():
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    if path.is_file() and rank == 0:
         # A checkpoint file: what Lightning's own readers see (torch.load of the pickled dict) is the call's state too,
         # less lightning-ft's sampler positions among the loaders' states (by design: see without_sampler_states).
+        # Written by several ranks, it is Lightning's dict as rank 0 holds it (as under DDPStrategy); another rank's
+        # own values (BatchNorm statistics, callbacks' states) are in the record, compared above.
         plain = torch.load(path, map_location="cpu", weights_only=True)
         plain.pop("lightning_ft", None)
         lightning_view = (

@@ -118,7 +118,7 @@ def test_a_write_to_cuda_tensors_after_the_save_never_reaches_the_committed_chec
     [("module", "on_train_batch_end"), ("callback", "on_validation_start")],
     ids=["module", "callback"],
 )
-@pytest.mark.parametrize("checkpoint_format", ["torchsnapshot", "dcp"])
+@pytest.mark.parametrize("checkpoint_format", ["torchsnapshot", "dcp", "file"])  # file: both ranks write one file
 def test_two_ranks_commit_only_the_state_of_each_save_call(tmp_path, where, hook, checkpoint_format):
     script = consistency.__file__
     args = ["--root", str(tmp_path), "--hook", hook, "--where", where, "--format", checkpoint_format]

@@ -20,24 +20,26 @@ __all__ = ["FORMATS", "resolve_format", "storage_for_path", "storage_named"]
 
 FORMATS = ("torchsnapshot", "dcp", "file", "auto")
 """The on-disk formats ``ElasticFT3D(checkpoint_format=...)`` accepts: ``"auto"`` picks ``"file"`` for a world of one
-process with plain (non-DTensor, non-pipeline) state, ``"torchsnapshot"`` otherwise (:func:`resolve_format`)."""
+process with plain (non-DTensor, non-pipeline) state, ``"torchsnapshot"`` otherwise (:func:`resolve_format`);
+``"file"`` is accepted at any process count for plain (data-parallel) state."""
 
 
 def resolve_format(name: str, *, world_size: int, plain: bool, owner: str = "ElasticFT3D") -> str:
     """The format a run writes with: ``name``, or for ``"auto"`` the single file when the world is one process with
-    plain state, else torchsnapshot folders.
+    plain state, else torchsnapshot folders. ``"file"`` at several processes (plain state): every rank writes its
+    share of the one file.
 
     Raises:
-        ValueError: ``name`` is ``"file"`` and the world has more than one process or the state holds DTensors or
-            pipeline stages (a file holds the whole state of one process); or ``name`` is unknown.
+        ValueError: ``name`` is ``"file"`` and the state holds DTensors or pipeline stages (a file holds state every
+            rank holds in full); or ``name`` is unknown.
     """
     if name == "auto":
         return "file" if world_size == 1 and plain else "torchsnapshot"
-    if name == "file" and (world_size != 1 or not plain):
-        why = f"this run has {world_size} processes" if world_size != 1 else "this run holds DTensor or pipeline state"
+    if name == "file" and not plain:
         raise ValueError(
-            f"{owner}(checkpoint_format='file'): a checkpoint file holds the whole state of one process, and {why};"
-            " use 'auto' (a file for one process, folders otherwise), 'torchsnapshot' or 'dcp'"
+            f"{owner}(checkpoint_format='file'): a checkpoint file holds state every rank holds in full (a single"
+            " process, or data-parallel replicas), and this run holds DTensor or pipeline state;"
+            " use 'auto' (a file for one process with plain state, folders otherwise), 'torchsnapshot' or 'dcp'"
         )
     storage_named(name, owner=owner)
     return name
