@@ -163,8 +163,8 @@ def concurrent_runs(root_dir: str | os.PathLike[str]) -> list[Path]:
 
 
 _CLAIMED: dict[str, int] = {}
-"""Root folders whose lock this process holds (path -> open file descriptor), until its attempt ends
-(:func:`release_root`) or it exits."""
+"""The run locks this process holds (lock file path -> open file descriptor: the root's ``run.lock`` or a run folder's
+under :data:`RUNS_SUBDIR`), until its attempt ends (:func:`release_root`, :func:`release_run_dir`) or it exits."""
 _claim_lock = threading.Lock()
 
 
@@ -172,9 +172,10 @@ def claim_root(root_dir: str | os.PathLike[str]) -> bool:
     """Whether this process's run owns ``root_dir``'s own event log: it holds (or now takes) the root's lock
     (``lightning-ft/run.lock``, a POSIX lock the kernel releases when the process ends, however it ends). ``False``
     when another live process holds it: a run started from the same folder while another runs (a sweep), which gets
-    its own run id and event log (:func:`concurrent_events_dir`). A later fit in the same process keeps the claim (a
-    new Trainer in one process with the same checkpoint folders is a restart, as before: :func:`choose_run`); a restart after a crash, a torchrun restart and a requeue
-    find the lock free. Where the filesystem refuses locks, every run claims the root (the behaviour without it).
+    its own run id and event log (:func:`concurrent_events_dir`). The claim ends with the attempt
+    (:func:`release_root`); a later fit in the same process claims it again (a new Trainer in one process with the same
+    checkpoint folders is a restart, as before: :func:`choose_run`); a restart after a crash, a torchrun restart and a
+    requeue find the lock free. Where the filesystem refuses locks, every run claims the root (the behaviour without it).
     Call on rank 0."""
     return _claim(Path(os.path.realpath(root_dir)) / ROOT_LOCK_FILE)
 

@@ -113,6 +113,20 @@ class _Job:
     """Rank 0: whether ``save()`` put a placeholder at ``path`` (a checkpoint file's name held while it is written)."""
 
 
+def _job_metadata(metadata: dict[str, Any] | None) -> dict[str, Any]:
+    """What a save job carries of the caller's ``metadata``: all of it encoded for the metadata document, and the
+    step, ``full_state`` and ``run_id`` the commit marker and the in-progress record repeat (``None`` where absent or
+    of the wrong type)."""
+    user = dict(metadata or {})
+    full_state, run_id = user.get("full_state"), user.get("run_id")
+    return {
+        "user": json_codec.encode(user, path="metadata"),
+        "step": user.get("step"),
+        "full_state": full_state if isinstance(full_state, bool) else None,
+        "run_id": run_id if isinstance(run_id, str) else None,
+    }
+
+
 class AsyncCheckpointer:
     """Saves nested state asynchronously as a committed, sharded lightning-ft checkpoint.
 
@@ -225,22 +239,15 @@ class AsyncCheckpointer:
             raise RuntimeError("AsyncCheckpointer.save() called after close()")
         started = time.perf_counter()
         self.wait()
-        user_metadata = dict(metadata or {})
-        encoded_metadata = json_codec.encode(user_metadata, path="metadata")
+        job_metadata = _job_metadata(metadata)
         encoded = encode_state(state, rank_state, rank=self._rank)
         # The background thread is idle after wait(), so the exchange of DTensor regions may use the group here.
         writes = self._regions(encoded, Path(path))
         capture = self._stager.capture(encoded, writes)
-        full_state, run_id = user_metadata.get("full_state"), user_metadata.get("run_id")
         job = _Job(
             path=Path(path),
             capture=capture,
-            metadata={
-                "user": encoded_metadata,
-                "step": user_metadata.get("step"),
-                "full_state": full_state if isinstance(full_state, bool) else None,
-                "run_id": run_id if isinstance(run_id, str) else None,
-            },
+            metadata=job_metadata,
             started=started,
             stall_s=time.perf_counter() - started,
             future=Future(),
@@ -274,18 +281,12 @@ class AsyncCheckpointer:
         if previous is None:
             return False
         started = time.perf_counter()
-        user_metadata = dict(metadata or {})
+        job_metadata = _job_metadata(metadata)
         encoded = encode_state(state, rank_state, rank=self._rank)
-        full_state, run_id = user_metadata.get("full_state"), user_metadata.get("run_id")
         job = _Job(
             path=Path(path),
             capture=dataclasses.replace(previous[1], rank_state_json=encoded.rank_state_json),
-            metadata={
-                "user": json_codec.encode(user_metadata, path="metadata"),
-                "step": user_metadata.get("step"),
-                "full_state": full_state if isinstance(full_state, bool) else None,
-                "run_id": run_id if isinstance(run_id, str) else None,
-            },
+            metadata=job_metadata,
             started=started,
             stall_s=time.perf_counter() - started,
             future=Future(),
