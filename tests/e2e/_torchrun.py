@@ -52,3 +52,17 @@ def assert_ok(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 0, (
         f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
     )
+
+
+def rank_weights(out: Path) -> list[dict[str, torch.Tensor]]:
+    """Every rank's saved weights (``weights_rank<N>.pt`` under ``out``), in rank order."""
+    return [torch.load(f, weights_only=True) for f in sorted(out.glob("weights_rank*.pt"))]
+
+
+def assert_bitwise_equal(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> None:
+    """Rank by rank, the same tensor names with bitwise equal values (and at least one rank)."""
+    assert len(a) == len(b) > 0
+    for wa, wb in zip(a, b, strict=True):
+        assert wa.keys() == wb.keys()
+        for name in wa:
+            assert torch.equal(wa[name], wb[name]), name

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from lightning_ft.events import read_events
 from tests.e2e._elastic_launch import RDZV_CONF, Node
+from tests.e2e._torchrun import assert_bitwise_equal, assert_ok, rank_weights
 from tests.e2e._torchrun import torchrun as _torchrun
 from tests.helpers import REPO_ROOT, free_port, subprocess_env
 
@@ -30,29 +31,11 @@ def torchrun(*args: str, nproc: int = 2, max_restarts: int = 0, env: dict[str, s
     return _torchrun(*args, nproc=nproc, max_restarts=max_restarts, timeout=600, script=SCRIPT, env=env)
 
 
-def assert_ok(proc: subprocess.CompletedProcess) -> None:
-    assert proc.returncode == 0, (
-        f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
-    )
-
-
-def weights(out: Path) -> list[dict[str, torch.Tensor]]:
-    return [torch.load(f, weights_only=True) for f in sorted(out.glob("weights_rank*.pt"))]
-
-
-def assert_bitwise_equal(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> None:
-    assert len(a) == len(b) > 0
-    for wa, wb in zip(a, b, strict=True):
-        assert wa.keys() == wb.keys()
-        for name in wa:
-            assert torch.equal(wa[name], wb[name]), name
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> list[dict[str, torch.Tensor]]:
     root = tmp_path_factory.mktemp("uninterrupted")
     assert_ok(torchrun("--root", str(root), "--out", str(root / "out"), env={}))
-    return weights(root / "out")
+    return rank_weights(root / "out")
 
 
 def test_a_sigkilled_worker_resumes_from_the_local_memory_tier_bitwise(tmp_path, uninterrupted):
@@ -65,7 +48,7 @@ def test_a_sigkilled_worker_resumes_from_the_local_memory_tier_bitwise(tmp_path,
     )  # fmt: skip
     assert_ok(proc)
     assert "[fault] SIGKILL" in proc.stdout
-    assert_bitwise_equal(weights(tmp_path / "out"), uninterrupted)
+    assert_bitwise_equal(rank_weights(tmp_path / "out"), uninterrupted)
     found = read_events(tmp_path)
     (resumed,) = [e for e in found if e["event"] == "resumed"]
     assert resumed["tier"] == "local" and resumed["restored_from"] == {"local": 2, "peer": 0, "durable": 0}
@@ -173,7 +156,7 @@ def test_a_lost_node_s_ranks_restore_from_their_partner_s_peer_copies_bitwise(tm
     (resumed,) = [e for e in found if e["event"] == "resumed"]
     assert resumed["tier"] == "peer" and resumed["step"] == 6
     assert resumed["restored_from"] == {"local": 1, "peer": 1, "durable": 0}
-    assert_bitwise_equal(weights(tmp_path / "run" / "out"), uninterrupted)
+    assert_bitwise_equal(rank_weights(tmp_path / "run" / "out"), uninterrupted)
 
 
 @pytest.mark.extended
@@ -182,4 +165,4 @@ def test_two_nodes_lost_at_once_fall_back_to_the_durable_tier_bitwise(tmp_path, 
     found = _lost_nodes_run(tmp_path, lose=2)
     (resumed,) = [e for e in found if e["event"] == "resumed"]
     assert resumed["tier"] == "durable" and resumed["step"] == 4
-    assert_bitwise_equal(weights(tmp_path / "run" / "out"), uninterrupted)
+    assert_bitwise_equal(rank_weights(tmp_path / "run" / "out"), uninterrupted)

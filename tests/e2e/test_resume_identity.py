@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from lightning_ft.events import concurrent_runs, read_events
+from tests.e2e._torchrun import assert_bitwise_equal, assert_ok, rank_weights
 from tests.e2e._torchrun import torchrun as _torchrun
 from tests.helpers import REPO_ROOT, subprocess_env
 
@@ -23,24 +23,6 @@ SCRIPT = Path(__file__).with_name("resume_identity_script.py")
 
 def torchrun(root: Path, *args: str, max_restarts: int = 0, env: dict[str, str] | None = None):
     return _torchrun("--root", str(root), *args, max_restarts=max_restarts, timeout=300, script=SCRIPT, env=env)
-
-
-def assert_ok(proc: subprocess.CompletedProcess) -> None:
-    assert proc.returncode == 0, (
-        f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-5000:]}"
-    )
-
-
-def weights(out: Path) -> list[dict[str, torch.Tensor]]:
-    return [torch.load(f, weights_only=True) for f in sorted(out.glob("weights_rank*.pt"))]
-
-
-def assert_bitwise_equal(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> None:
-    assert len(a) == len(b) > 0
-    for wa, wb in zip(a, b, strict=True):
-        assert wa.keys() == wb.keys()
-        for name in wa:
-            assert torch.equal(wa[name], wb[name]), name
 
 
 def files(folder: Path) -> dict[str, bytes]:
@@ -75,7 +57,7 @@ def test_another_model_in_the_same_checkpoint_folder_under_torchrun_trains_from_
             oracle, "--ckpt", str(oracle / "ckpt"), "--out", str(oracle / "out"), "--hidden", "32", "--strategy", "ddp"
         )
     )
-    assert_bitwise_equal(weights(root / "out2"), weights(oracle / "out"))
+    assert_bitwise_equal(rank_weights(root / "out2"), rank_weights(oracle / "out"))
 
 
 def test_another_experiment_with_a_new_checkpoint_folder_under_torchrun_never_restores_the_first_ones_memory_copy(
@@ -105,7 +87,7 @@ def test_another_experiment_with_a_new_checkpoint_folder_under_torchrun_never_re
             oracle, "--ckpt", str(oracle / "ckpt-b"), "--lr", "0.05", "--out", str(oracle / "out"), "--strategy", "ddp"
         )
     )
-    assert_bitwise_equal(weights(root / "out-b"), weights(oracle / "out"))
+    assert_bitwise_equal(rank_weights(root / "out-b"), rank_weights(oracle / "out"))
     assert_ok(torchrun(root, *a, "--out", str(root / "out-a"), env=env))
     a_events = read_events(root)
     resumed = [e for e in a_events if e["event"] == "resumed"]
