@@ -2,8 +2,12 @@
 
 Lightning's ``ModelCheckpoint`` deletes the checkpoint that fell out of its top-k right after asking for the new one.
 With asynchronous saves that is a race (Lightning #14035): a crash before the new checkpoint commits would leave
-nothing to resume from. :class:`Retention` defers such a deletion to the moment a checkpoint commits. It runs on rank 0
-only; the strategy calls it from the training thread and from the checkpoint writer thread.
+nothing to resume from. :class:`Retention` defers such a deletion to the moment a checkpoint commits: every deletion
+asked for while a save is in flight waits for that save's commit, as under ``DDPStrategy``, whose synchronous save has
+written the replacement before Lightning deletes. Protecting only the newest committed checkpoint is not enough: with
+``save_last=True`` the newest is ``last``, and a crash before the new top-k checkpoint commits would leave a resume from
+``last`` whose ``ModelCheckpoint`` state names a best checkpoint that was deleted. It runs on rank 0 only; the strategy
+calls it from the training thread and from the checkpoint writer thread.
 
 ``last`` is what Lightning makes of it: with ``save_last=True`` a checkpoint of its own at the path Lightning asks for
 (a write to one path never changes another; the strategy writes it from the capture of the save just before when the
@@ -99,12 +103,14 @@ class Retention:
         with self._lock:
             pending, self._pending_removals = self._pending_removals, []
         for path in pending:
-            self.remove(path)
+            self.remove(path, committed=committed)
 
-    def remove(self, path: Path) -> None:
-        """Delete ``path`` now, or after the next commit if it is in flight, the newest committed checkpoint of its
-        folder, or what a ``last`` link points at. A link is unlinked; a file or folder that is not ours is left alone
-        (a warning says so, once). Never raises for a deletion that fails: it warns."""
+    def remove(self, path: Path, *, committed: Path | None = None) -> None:
+        """Delete ``path`` now, or after the next commit if a save is in flight (the replacement Lightning asked for
+        just before), ``path`` is the newest committed checkpoint of its folder, or what a ``last`` link points at. A
+        link is unlinked; a file or folder that is not ours is left alone (a warning says so, once). ``committed``:
+        the save whose commit runs this removal (no longer in flight). Never raises for a deletion that fails: it
+        warns."""
         if is_remote(path):
             self._remove_remote(path)
             return
@@ -112,9 +118,9 @@ class Retention:
             path.unlink()
             return
         in_flight = self._in_flight()
-        if (in_flight is not None and path.resolve() == in_flight.resolve()) or Path(
-            os.path.abspath(path)
-        ) in in_flight_paths():
+        if in_flight is not None and committed is not None and in_flight == committed:
+            in_flight = None  # its commit callback runs this: the save is durable, only its future is not done yet
+        if in_flight is not None or Path(os.path.abspath(path)) in in_flight_paths():
             with self._lock:
                 self._pending_removals.append(path)
             return

@@ -35,14 +35,39 @@ def test_removal_of_the_newest_committed_checkpoint_waits_for_the_next_commit(tm
     # ModelCheckpoint(save_top_k=1) asks to drop both older ones while step 6 is still being written.
     retention.remove(older)
     retention.remove(newest)
-    assert not older.exists()
     assert is_committed(newest), "the only committed checkpoint was deleted while its successor was in flight"
 
     save(in_flight, 6)
     writing.path = None
     retention.on_commit(in_flight)
-    assert not newest.exists()
+    assert not newest.exists() and not older.exists()
     assert is_committed(in_flight)
+
+
+def test_a_removal_asked_for_while_a_save_is_in_flight_waits_for_that_commit_as_under_ddp_strategy(tmp_path):
+    # ModelCheckpoint(monitor=..., save_top_k=1, save_last=True): the top-k file of step 2 and last.ckpt (step 2,
+    # committed after it, so the newest). At step 4 Lightning asks for the new top-k file, then to delete the step-2
+    # one. Under DDPStrategy the new file is written by then; here it is in flight. Deleted now, a crash before the
+    # commit leaves last.ckpt, whose ModelCheckpoint state names the step-2 file as the best: a file that is gone.
+    top_k, last, replacement = (
+        tmp_path / "epoch=0-step=2.ckpt",
+        tmp_path / "last.ckpt",
+        tmp_path / "epoch=1-step=4.ckpt",
+    )
+    save(top_k, 2)
+    save(last, 2)
+    writing = InFlight()
+    retention = Retention(in_flight=writing)
+    writing.path = replacement
+    retention.remove(top_k)
+    assert is_committed(top_k), "the top-k checkpoint was deleted before its replacement was committed"
+
+    # The commit callback runs in the writer thread while the writer still reports the save in flight (its future is
+    # not done until the callback returns): the removal that waited runs now, not at some later commit.
+    save(replacement, 4)
+    retention.on_commit(replacement)
+    assert not top_k.exists()
+    assert is_committed(replacement) and is_committed(last)
 
 
 def test_removing_a_checkpoint_that_is_still_being_written_waits_for_its_commit(tmp_path):
