@@ -406,13 +406,24 @@ def _load_blockers(data: bytes) -> list[str]:
     return []
 
 
+def _stage_loads_unrestricted() -> bool:
+    """Whether the running ``fit``/``validate``/``test``/``predict`` was given a ``weights_only`` that resolves to
+    ``False`` (its loads, and the auto-resume of the same script after a crash, unpickle without restriction)."""
+    from lightning_ft import _compat
+
+    given = _compat.stage_weights_only()
+    return given is not None and not resolve_weights_only(given)
+
+
 def pickled_bytes(obj: Any, where: str) -> bytes:
     """``torch.save(obj)`` as bytes; called at the save call.
 
     The save never fails for a class that is not allowed (a save that ``DDPStrategy`` makes must not fail under
     ``ElasticFT3D``): the object is stored, and a warning, once per key, names ``where`` (the key in the checkpoint), the
     globals a load will need and how to allow them, so that the resume after a crash is not the first to learn it.
-    Loading it stays refused until they are allowed (:func:`load_pickled`).
+    Loading it stays refused until they are allowed (:func:`load_pickled`). No warning in a stage run with
+    ``weights_only=False`` (``fit(..., weights_only=False)``, as plain Lightning needs it for such objects): its resume,
+    explicit or automatic, loads them as Lightning does, and ``DDPStrategy`` says nothing either.
 
     Raises:
         TypeError: ``obj`` cannot be pickled at all (``torch.save``, and so ``DDPStrategy``, fails on it too); the
@@ -428,6 +439,8 @@ def pickled_bytes(obj: Any, where: str) -> bytes:
             f" pickled ({type(e).__name__}: {e}). Keep it out of the checkpoint (for hyperparameters:"
             " save_hyperparameters(ignore=[...]))"
         ) from e
+    if _stage_loads_unrestricted():
+        return buffer.getvalue()
     # Once per key, class and set of allowed globals in this process: the check loads the object back.
     checked = (where, name, frozenset(map(str, torch.serialization.get_safe_globals())))
     if checked in _checked:

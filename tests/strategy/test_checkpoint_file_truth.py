@@ -228,6 +228,27 @@ def test_counter_namedtuple_ordered_dict_and_frozenset_come_back_as_themselves_a
 
 
 @needs_fit_weights_only
+def test_a_fit_with_weights_only_false_is_not_told_at_its_saves_that_its_resume_will_be_refused(tmp_path, monkeypatch):
+    # pytorch-forecasting's TFT keeps its loss and encoders in its hyperparameters; plain Lightning resumes it only with
+    # fit(..., weights_only=False). Under DDPStrategy its saves say nothing; under ElasticFT3D each object's save-time
+    # warning said "a resume from this checkpoint is refused until then" (13 of them a rank), which is false for a run
+    # whose resume, explicit or automatic, follows that weights_only=False. Without it the warning stays.
+    from lightning_ft.checkpoint import safe_load
+
+    monkeypatch.setattr(safe_load, "_warned", set())  # once per process: other tests may have warned for this key
+    monkeypatch.setattr(safe_load, "_checked", set())
+    told = {}
+    for weights_only in (False, None):  # False first: the warning, once given, is not repeated in this process
+        fit = {"weights_only": weights_only} if weights_only is not None else {}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _train(tmp_path / str(weights_only), "lightning-ft", model=WithOpaqueHparam(Opaque(3.0)), **fit)
+        told[weights_only] = [str(w.message) for w in caught if "refused until then" in str(w.message)]
+    assert told[False] == []
+    assert len(told[None]) == 1 and "Opaque" in told[None][0]
+
+
+@needs_fit_weights_only
 def test_auto_resume_with_weights_only_false_resumes_an_object_that_is_not_allowed(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
