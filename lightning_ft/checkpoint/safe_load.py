@@ -29,6 +29,7 @@ import importlib
 import io
 import os
 import pathlib
+import pickle
 import re
 import sys
 import warnings
@@ -60,8 +61,12 @@ __all__ = [
 ]
 
 # What torch's restricted unpickler says when it meets a global it does not allow: a GLOBAL opcode, or a class it was
-# asked to build (numpy's dtype classes, for one) that only shows while loading.
-_BLOCKED_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global|but got <class '([^']+)'>")
+# asked to build (numpy's dtype classes, for one) that only shows while loading. Only its "allowlisted via
+# `add_safe_globals`" messages name a class that allowing would let through: "Can only SETITEM for dict, ... but got
+# <class 'collections.defaultdict'>" (an OmegaConf config composed by Hydra holds one) is refused whatever is allowed.
+_BLOCKED_GLOBAL = re.compile(
+    r"GLOBAL (\S+) was not an allowed global|allowlisted via `add_safe_globals`,? but got <class '([^']+)'>"
+)
 
 
 def _blocked_in(error: BaseException) -> str | None:
@@ -363,6 +368,8 @@ def load_torch_file(path: str | os.PathLike, *, mmap: bool = False, weights_only
     except Exception as e:  # noqa: BLE001 - a zip file torch's reader cannot open: damaged or truncated
         raise _unreadable(path, e) from e
     if blocked:
+        # Whether allowing them would be enough is not tried here: that load would run the file's code with globals
+        # the user has not allowed. Once they are, a refusal of another kind says weights_only=False (below).
         raise _refusal(path, globals_to_allow(path, blocked))
     try:
         with _allowing(allowed):
@@ -370,8 +377,35 @@ def load_torch_file(path: str | os.PathLike, *, mmap: bool = False, weights_only
     except Exception as e:  # noqa: BLE001 - a global pushed dynamically is only found while loading
         found = _blocked_in(e)
         if found is None:
+            if isinstance(e, pickle.UnpicklingError) and not damaged_records(path):
+                raise _refusal_whatever_is_allowed(path, str(e)) from e
             raise _unreadable(path, e) from e
         raise _refusal(path, globals_to_allow(path, [found])) from e
+
+
+def _stored_refusal_whatever_is_allowed(where: str, reason: str) -> UnsafeCheckpointError:
+    reason = _reason(reason)
+    return _naming(
+        [],
+        UnsafeCheckpointError(
+            f"{where}: the checkpoint stores an object that torch.load(weights_only=True) (Lightning's default on"
+            f" torch >= 2.6, and lightning-ft's) cannot read whatever globals are allowed ({reason}). If you trust the"
+            " checkpoint, pass weights_only=False to fit/validate/test/predict, as Lightning needs it for this object"
+            " too"
+        ),
+    )
+
+
+def _refusal_whatever_is_allowed(path: Path, reason: str) -> UnsafeCheckpointError:
+    reason = _reason(reason)
+    return _naming(
+        [],
+        UnsafeCheckpointError(
+            f"{path}: torch.load(weights_only=True) (Lightning's default on torch >= 2.6, and lightning-ft's) cannot"
+            f" read this file whatever globals are allowed ({reason}). If you trust the file, pass weights_only=False"
+            " to fit/validate/test/predict, as Lightning needs it for this file too"
+        ),
+    )
 
 
 def _allow_hint(blocked: list[str]) -> str:
@@ -386,15 +420,62 @@ _warned: set[tuple[str, tuple[str, ...]]] = set()
 _checked: set[tuple[str, str, frozenset[str]]] = set()
 
 
+_UNREADABLE = "a pickle torch's restricted unpickler cannot read whatever is allowed"
+"""How :func:`_load_blockers` begins the entry it returns for a pickle that no allowed global lets through."""
+
+
+def _as_allowed(names: list[str]) -> list[Any] | None:
+    """``names`` as ``add_safe_globals`` takes them (the pair form where torch needs it), or ``None`` if one of them
+    is not imported in this process (it is never imported here)."""
+    out: list[Any] = []
+    for name in names:
+        obj = _imported(name)
+        if obj is None:
+            return None
+        out.append((obj, name) if _needs_pair(name) else obj)
+    return out
+
+
+def _reason(error: BaseException | str) -> str:
+    """The first line of what torch's restricted unpickler says after ``WeightsUnpickler error:``."""
+    text = str(error).split("WeightsUnpickler error:", 1)[-1].strip()
+    return text.splitlines()[0] if text else "refused"
+
+
+def _refused_whatever_is_allowed(source: io.BytesIO, allowed: list[Any], names: list[str]) -> str | None:
+    """Why torch's restricted unpickler refuses ``source`` with ``allowed`` and the globals ``names`` allowed too, where
+    no allowed global would let it through (torch's message); ``None`` when it loads then, or when that cannot be
+    told in this process (a global in ``names`` whose module is not imported, a class met only while loading).
+
+    For the save call only, on the bytes of the user's own objects pickled a moment ago: never on a file being loaded,
+    whose code that load would run with globals the user has not allowed."""
+    extra = _as_allowed(names)
+    if extra is None:
+        return None
+    source.seek(0)
+    try:
+        with _allowing([*allowed, *extra]):
+            torch.load(source, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if _blocked_in(e) is None:
+            return _reason(e)
+    except Exception:  # noqa: BLE001 - anything else is not the restricted unpickler's refusal
+        return None
+    return None
+
+
 def _load_blockers(data: bytes) -> list[str]:
     """What stops :func:`load_pickled` from reading ``data`` in this process: the globals torch's scanner finds, and
-    failing those, a class the restricted unpickler meets only while it loads (``[]``: it loads)."""
+    failing those, a class the restricted unpickler meets only while it loads (``[]``: it loads). One entry that
+    begins with :data:`_UNREADABLE` when allowing the globals would not let it load either."""
     try:
         allowed, blocked = safe_globals_for(io.BytesIO(data))
     except Exception as e:  # noqa: BLE001 - torch's scanner reads only the opcodes its restricted unpickler knows
         return [f"a pickle torch's restricted unpickler cannot read ({type(e).__name__}: {e})"]
     if blocked:
-        return globals_to_allow(data, blocked)
+        names = globals_to_allow(data, blocked)
+        reason = _refused_whatever_is_allowed(io.BytesIO(data), allowed, names)
+        return [f"{_UNREADABLE} ({reason})"] if reason else names
     try:
         with _allowing(allowed):
             torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
@@ -447,7 +528,18 @@ def pickled_bytes(obj: Any, where: str) -> bytes:
         return buffer.getvalue()
     _checked.add(checked)
     blocked = _load_blockers(buffer.getvalue())
-    if blocked and (where, tuple(blocked)) not in _warned:
+    if blocked and blocked[0].startswith(_UNREADABLE) and (where, tuple(blocked)) not in _warned:
+        _warned.add((where, tuple(blocked)))
+        warnings.warn(
+            f"lightning-ft checkpoint: {where} is a {name}, which has no plain encoding: it is stored pickled, and"
+            f" torch.load(weights_only=True) (Lightning's default on torch >= 2.6, and lightning-ft's) cannot read it"
+            f" back whatever globals are allowed{blocked[0][len(_UNREADABLE) :]}, so a resume from this checkpoint is"
+            " refused unless fit/validate/test/predict are given weights_only=False, as Lightning needs it for this"
+            " object too (only for checkpoints you trust); or keep it out of the checkpoint (for hyperparameters:"
+            " save_hyperparameters(ignore=[...]))",
+            stacklevel=3,
+        )
+    elif blocked and (where, tuple(blocked)) not in _warned:
         _warned.add((where, tuple(blocked)))
         warnings.warn(
             f"lightning-ft checkpoint: {where} is a {name}, which has no plain encoding: it is stored pickled, and"
@@ -485,10 +577,12 @@ def load_pickled(data: bytes, where: str) -> Any:
         except Exception as e:  # noqa: BLE001 - a global pushed dynamically is only found while loading
             found = _blocked_in(e)
             if found is None:
+                if isinstance(e, pickle.UnpicklingError):
+                    raise _stored_refusal_whatever_is_allowed(where, str(e)) from e
                 # Its bytes were checked (the document's crc32): intact, but not buildable here.
                 raise CheckpointError(f"{where}: the stored object cannot be built ({type(e).__name__}: {e})") from e
             blocked = [found]
-    names = globals_to_allow(data, blocked)
+    names = globals_to_allow(data, blocked)  # not tried with them allowed: that would run the stored object's code
     raise _naming(
         names,
         UnsafeCheckpointError(

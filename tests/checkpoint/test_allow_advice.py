@@ -150,3 +150,58 @@ def test_export_and_inspect_say_what_a_file_that_is_not_a_checkpoint_is(tmp_path
     output = " ".join(capsys.readouterr())
     assert "does not exist" not in output
     assert re.search(expected, output), output
+
+
+def _composed_config():
+    """A config as Hydra's compose returns it: an interpolation through a caching resolver (Hydra's ``now``), resolved
+    once, leaves its value in the config's resolver cache, a ``collections.defaultdict`` with items."""
+    omegaconf.OmegaConf.register_new_resolver("today", lambda fmt: "2026-12-03", use_cache=True, replace=True)
+    config = omegaconf.OmegaConf.create({"run": {"date": "${today:%Y-%m-%d}"}, "lr": 0.1})
+    assert config.run.date == "2026-12-03"
+    return config
+
+
+@pytest.mark.parametrize("fmt", ["file", "torchsnapshot"])
+def test_a_config_that_torch_refuses_whatever_is_allowed_is_advised_weights_only_false_not_globals(tmp_path, fmt):
+    # Found with a Hydra-configured module at 2 ranks: the printed advice allowed collections.defaultdict and the rest;
+    # pasted, the resume still failed on every rank, with a refusal naming collections.defaultdict again. torch's
+    # restricted unpickler cannot fill a defaultdict ("Can only SETITEM for dict, ... but got <class
+    # 'collections.defaultdict'>") whatever is allowed; plain Lightning needs weights_only=False for it too.
+    path = tmp_path / "epoch=0-step=2.ckpt"
+    state = {"state_dict": {"w": torch.arange(4.0)}, "global_step": 2, "hyper_parameters": {"cfg": _composed_config()}}
+    storage = FileStorage() if fmt == "file" else None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        writer = AsyncCheckpointer(storage=storage) if storage else AsyncCheckpointer()
+        writer.save(path, state, rank_state={"callbacks": {}}, metadata={"step": 2, "full_state": False})
+        writer.close()
+    told = [str(w.message) for w in caught if "hyper_parameters" in str(w.message)]
+    assert told and all("add_safe_globals" not in m and "weights_only=False" in m for m in told), told
+    assert any("whatever globals are allowed" in m and "SETITEM" in m for m in told), told
+
+    # At load the refusal still names the globals: whether allowing them is enough is not tried on a file being loaded
+    # (that load would run its code with globals the user has not allowed). Once they are allowed (what the old advice
+    # had users paste), the refusal says weights_only=False, and does not name collections.defaultdict again.
+    import collections
+    import typing
+
+    torch.serialization.add_safe_globals(
+        [
+            collections.defaultdict,
+            dict,
+            int,
+            list,
+            typing.Any,
+            omegaconf.base.ContainerMetadata,
+            omegaconf.base.Metadata,
+            omegaconf.dictconfig.DictConfig,
+            omegaconf.nodes.AnyNode,
+        ]
+    )
+    with pytest.raises(UnsafeCheckpointError) as refused:
+        load_checkpoint(path)
+    message = str(refused.value)
+    assert "whatever globals are allowed" in message and "the file holds collections.defaultdict" not in message
+    # As for Lightning: weights_only=False loads it.
+    loaded = load_checkpoint(path, weights_only=False)
+    assert loaded.state["hyper_parameters"]["cfg"].run.date == "2026-12-03"
