@@ -12,6 +12,16 @@ command is the same one and resumes by itself):
     python benchmarks/third_party/pytorch_forecasting_tft.py compare /tmp/pf/straight /tmp/pf/killed
     python benchmarks/third_party/pytorch_forecasting_tft.py load --dir /tmp/pf/killed  # export + library load/predict
 
+``--weights-only-false`` (on ``fit`` and ``load``) is what plain Lightning 2.6 on torch >= 2.6 needs for this model,
+whose hyperparameters hold its loss, metrics and the dataset's encoders: no ``add_safe_globals`` anywhere,
+``trainer.fit(..., weights_only=False)`` (which the auto-resume after the kill follows too), and the library's own
+``TemporalFusionTransformer.load_from_checkpoint(last.ckpt, weights_only=False)`` on the checkpoint file itself, no
+export:
+
+    $RUN fit --dir /tmp/pf/wo-killed --steps 24 --kill-at 13 --weights-only-false
+    $RUN fit --dir /tmp/pf/wo-killed --steps 24 --weights-only-false
+    python benchmarks/third_party/pytorch_forecasting_tft.py load --dir /tmp/pf/wo-killed --weights-only-false
+
 The data is synthetic (made here); nothing is downloaded.
 """
 
@@ -152,7 +162,8 @@ class _StepLog(pl.Callback):
 
 
 def fit(args: argparse.Namespace) -> None:
-    torch.serialization.add_safe_globals(safe_globals())
+    if not args.weights_only_false:
+        torch.serialization.add_safe_globals(safe_globals())
     directory = Path(args.dir)
     directory.mkdir(parents=True, exist_ok=True)
     pl.seed_everything(0, workers=True)
@@ -177,7 +188,7 @@ def fit(args: argparse.Namespace) -> None:
             _StepLog(directory, args.kill_at),
         ],
     )
-    trainer.fit(model, train_dataloaders=loader)
+    trainer.fit(model, train_dataloaders=loader, **({"weights_only": False} if args.weights_only_false else {}))
     if trainer.global_rank == 0:
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, directory / "final_weights.pt")
 
@@ -201,7 +212,36 @@ def compare(args: argparse.Namespace) -> None:
     print(f"losses: {len(same)}/{len(la)} steps equal; first differing: {[s for s in la if la[s] != lb.get(s)][:3]}")
 
 
+def load_weights_only_false(args: argparse.Namespace) -> None:
+    """The library's own load of the checkpoint file as plain Lightning needs it for this model: no allowed globals,
+    ``weights_only=False``; then its ``predict``."""
+    directory = Path(args.dir)
+    last = directory / "checkpoints" / "last.ckpt"
+    final = torch.load(directory / "final_weights.pt", weights_only=True)
+    print(f"{last}: a file: {last.is_file()}")
+    try:
+        TemporalFusionTransformer.load_from_checkpoint(last)
+        print("library load_from_checkpoint(last.ckpt) (weights_only not given): loaded")
+    except Exception as e:  # noqa: BLE001 - the result is what this script reports
+        print(f"library load_from_checkpoint(last.ckpt) (weights_only not given): {type(e).__name__}")
+    model = TemporalFusionTransformer.load_from_checkpoint(last, weights_only=False)
+    state = model.state_dict()
+    equal = state.keys() == final.keys() and all(torch.equal(final[k], v) for k, v in state.items())
+    print(
+        f"library load_from_checkpoint(last.ckpt, weights_only=False): weights bitwise equal to the end of fit:"
+        f" {equal}, loss {type(model.loss).__name__}"
+    )
+    prediction = model.predict(
+        make_dataset().to_dataloader(train=False, batch_size=16), trainer_kwargs={"logger": False, "accelerator": "cpu"}
+    )
+    output = prediction.output if hasattr(prediction, "output") else prediction
+    print(f"library predict: output {tuple(output.shape)}, finite: {bool(torch.isfinite(output).all())}")
+
+
 def load(args: argparse.Namespace) -> None:
+    if args.weights_only_false:
+        load_weights_only_false(args)
+        return
     torch.serialization.add_safe_globals(safe_globals())
     directory = Path(args.dir)
     last = directory / "checkpoints" / "last.ckpt"
@@ -287,11 +327,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--every", type=int, default=4)
     p.add_argument("--kill-at", type=int, default=None)
+    p.add_argument("--weights-only-false", action="store_true", help="no add_safe_globals; fit(..., weights_only=False)")
     p = sub.add_parser("compare")
     p.add_argument("a")
     p.add_argument("b")
     p = sub.add_parser("load")
     p.add_argument("--dir", required=True)
+    p.add_argument("--weights-only-false", action="store_true", help="the library's load, weights_only=False")
     args = parser.parse_args()
     {"fit": fit, "compare": compare, "load": load}[args.cmd](args)
 
