@@ -1,0 +1,46 @@
+"""What a joining replica group copies from a healthy one: everything a Lightning checkpoint holds, plus RNG.
+
+The state is Lightning's own checkpoint dump (``trainer._checkpoint_connector.dump_checkpoint``: weights, optimizer
+and LR scheduler state, precision plugin state, loop progress with ``global_step``, callback and datamodule state,
+the LightningModule's ``on_save_checkpoint`` additions) and this rank's RNG states, so that whatever a checkpoint
+restores, a heal restores. It is put back through Lightning's own restore functions, in a running fit: the module's
+``on_load_checkpoint`` and weights, the precision plugin, the callbacks, the loop progress (without marking the
+loops as restarting, :func:`~lightning_ft._compat.load_fit_loop_progress`), the optimizers and schedulers, then the
+RNG. Rank ``r`` of the joining group receives rank ``r``'s state of the source group (torchft pairs them).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from lightning_ft import _compat
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+__all__ = ["apply_heal_state", "heal_state"]
+
+
+def heal_state(trainer: pl.Trainer) -> dict[str, Any]:
+    """This rank's state to send to a joining group. Called on torchft's quorum thread while the training thread
+    waits for the quorum (nothing changes the state meanwhile); tensors are live references, serialized by the
+    transport before the training thread continues."""
+    connector = _compat.checkpoint_connector(trainer)
+    return {"checkpoint": connector.dump_checkpoint(weights_only=False), "rng": _compat.collect_rng_states()}
+
+
+def apply_heal_state(trainer: pl.Trainer, state: dict[str, Any]) -> None:
+    """Put ``state`` (from :func:`heal_state` on the source rank) into this running fit, in place.
+
+    Called on the training thread at the start of a step, before the forward pass, on every rank of the joining
+    group."""
+    checkpoint = state["checkpoint"]
+    with _compat.loaded_checkpoint(trainer, checkpoint) as connector:
+        connector.restore_model()
+        connector.restore_datamodule()
+        connector.restore_precision_plugin_state()
+        connector.restore_callbacks()
+        if "loops" in checkpoint:
+            _compat.load_fit_loop_progress(trainer, checkpoint["loops"]["fit_loop"])
+        connector.restore_optimizers_and_schedulers()
+    _compat.set_rng_states(state["rng"])
