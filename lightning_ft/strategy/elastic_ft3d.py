@@ -208,7 +208,11 @@ class ElasticFT3D(DDPStrategy):
             checkpoint_format=checkpoint_format,
             data_randomness=data_randomness,
         )
-        kwargs = {"find_unused_parameters": True} if find_unused_parameters else {}
+        # Replica groups: DDP must never rebuild its buckets (it does after the first iteration unless it looks for
+        # unused parameters): a group that joins later would lay its gradients out in other buckets than the groups
+        # it averages with, element for element (torchft's own DDP wrapper does the same).
+        find_unused = find_unused_parameters or replica_groups is not None
+        kwargs = {"find_unused_parameters": True} if find_unused else {}
         super().__init__(process_group_backend=process_group_backend, timeout=timeout, **kwargs)
         self._data_parallel_size = data_parallel_size
         self._tensor_parallel_size = tensor_parallel_size
