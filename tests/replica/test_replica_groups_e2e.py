@@ -1,0 +1,157 @@
+"""Three replica groups under torchrun, a plain LightningModule: one group is SIGKILLed mid-step, the others never
+restart and keep stepping, and a replacement started later heals from a live group, bitwise equal to the survivors at
+its first committed step (weights, optimizer, LR scheduler, RNG, a stateful callback, the loop counters).
+
+The run: tests/replica/replica_script.py. While ``<tmp>/hold`` exists every step sleeps 0.2 s, so that the groups
+overlap in time and the kill lands mid-step; once the replacement has committed steps the hold is lifted and the run
+finishes at full speed. Times are measured and printed (``-s``), never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lightning_ft.events import read_events
+from tests.helpers import REPO_ROOT, subprocess_env
+from tests.replica._lighthouse import lighthouse
+
+pytest.importorskip("torchft")
+
+SCRIPT = Path(__file__).with_name("replica_script.py")
+MAX_STEPS = 600
+STATE = ("weights", "optimizer", "scheduler", "lr", "rng", "callback", "loop")
+
+
+def _start(tmp: Path, name: str, replica_id: str, address: str) -> subprocess.Popen:
+    env = subprocess_env(TORCHFT_LIGHTHOUSE=address, REPLICA_GROUP_ID=replica_id, NUM_REPLICA_GROUPS="3")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=1"]
+    cmd += ["--max-restarts=0", str(SCRIPT), "--out", str(tmp / name), "--max-steps", str(MAX_STEPS)]
+    log = open(tmp / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _records(tmp: Path, name: str) -> list[dict[str, Any]]:
+    path = tmp / name / "steps.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _wait(condition, what: str, timeout_s: float, procs: dict[str, subprocess.Popen], tmp: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        for name, proc in procs.items():
+            if proc.poll() not in (None, 0) and name != "g2":
+                pytest.fail(f"{name} exited with {proc.returncode} while waiting for {what}:\n{_log(tmp, name)}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}:\n" + "\n".join(_log(tmp, n) for n in procs))
+        time.sleep(0.2)
+
+
+def _log(tmp: Path, name: str) -> str:
+    path = tmp / f"{name}.log"
+    lines = [ln for ln in (path.read_text() if path.exists() else "").splitlines() if "Quorum status" not in ln]
+    return f"--- {name}\n" + "\n".join(lines[-40:])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_survivors_keep_stepping_through_a_sigkill_and_the_replacement_heals_bitwise(tmp_path: Path) -> None:
+    hold = tmp_path / "hold"
+    hold.touch()
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        with lighthouse(heartbeat_timeout_ms=1000, join_timeout_ms=500) as address:
+            for i in range(3):
+                procs[f"g{i}"] = _start(tmp_path, f"g{i}", str(i), address)
+            # All three in the quorum: the last group to join has committed a few steps.
+            _wait(
+                lambda: all(len(_records(tmp_path, f"g{i}")) >= 5 for i in range(3)), "3 groups", 300, procs, tmp_path
+            )
+
+            victim = _records(tmp_path, "g2")[-1]["pid"]
+            os.kill(victim, signal.SIGKILL)  # the group's only worker, mid-step (steps sleep while held) ...
+            procs["g2"].kill()  # ... and its torchrun agent: the whole group is gone, as with a lost node
+            procs["g2"].wait(timeout=60)
+            killed_at = time.time()
+            step_at_kill = _records(tmp_path, "g0")[-1]["step"]
+
+            _wait(
+                lambda: all(_records(tmp_path, f"g{i}")[-1]["step"] >= step_at_kill + 5 for i in range(2)),
+                "the survivors to go on",
+                120,
+                procs,
+                tmp_path,
+            )
+            replacement_launched = time.time()
+            procs["g2b"] = _start(tmp_path, "g2b", "2", address)  # the replacement takes the lost group's id
+            _wait(lambda: len(_records(tmp_path, "g2b")) >= 3, "the replacement to commit steps", 300, procs, tmp_path)
+            hold.unlink()
+            for name in ("g0", "g1", "g2b"):
+                try:
+                    procs[name].wait(timeout=300)
+                except subprocess.TimeoutExpired:
+                    pytest.fail(f"{name} did not finish:\n{_log(tmp_path, name)}")
+                assert procs[name].returncode == 0, _log(tmp_path, name)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    runs = {name: _records(tmp_path, name) for name in ("g0", "g1", "g2b")}
+    by_step = {name: {r["step"]: r for r in records} for name, records in runs.items()}
+
+    # Survivors never restarted, and went on while the lost group was gone and its replacement was starting.
+    replacement_start = runs["g2b"][0]["time"]
+    for name in ("g0", "g1"):
+        assert len({r["pid"] for r in runs[name]}) == 1, f"{name} restarted"
+        during = [r for r in runs[name] if killed_at < r["time"] < replacement_start]
+        assert len(during) >= 5, f"{name} committed {len(during)} steps while a group was missing"
+
+    # A discarded step is not applied and not counted: every committed step is one optimizer step and one scheduler
+    # step, and steps are counted one by one in every group, including the healed one.
+    for name, records in runs.items():
+        steps = [r["step"] for r in records]
+        assert steps == list(range(steps[0], steps[0] + len(steps))), f"{name}: steps {steps}"
+        for r in records:
+            assert r["adam_steps"] == r["step"] == r["scheduler_steps"], (name, r)
+            assert r["loop"][0] == r["step"]
+
+    # The replacement, at its first committed step, is bitwise the survivors.
+    first = runs["g2b"][0]
+    for survivor in ("g0", "g1"):
+        theirs = by_step[survivor][first["step"]]
+        assert {k: first[k] for k in STATE} == {k: theirs[k] for k in STATE}, (first, theirs)
+    # ... and stays so to the end; every group ends at the same global step.
+    for step, record in by_step["g2b"].items():
+        assert {k: record[k] for k in STATE} == {k: by_step["g0"][step][k] for k in STATE}, step
+    done = {name: json.loads((tmp_path / name / "done.json").read_text()) for name in runs}
+    assert {d["global_step"] for d in done.values()} == {MAX_STEPS}
+
+    # What the event logs say: the loss (with the stall it cost), the join and the heal.
+    lost = [e for n in ("g0", "g1") for e in read_events(tmp_path / n) if e["event"] == "replica_lost"]
+    joined = [e for n in ("g0", "g1") for e in read_events(tmp_path / n) if e["event"] == "replica_joined"]
+    healed = [e for e in read_events(tmp_path / "g2b") if e["event"] == "healed"]
+    assert {e["replica_id"] for e in lost} == {"2"} and len(lost) == 2, lost
+    assert all(e["stall_s"] >= 0 and e["discarded_steps"] >= 0 for e in lost), lost
+    assert any(e["replica_id"] == "2" and e["step"] > step_at_kill for e in joined), joined
+    assert len(healed) == 1 and healed[0]["source"] in {"0", "1"} and healed[0]["bytes"] > 0, healed
+    assert healed[0]["step"] + 1 == first["step"]
+    print(
+        "\nreplica groups: stall per failure",
+        [round(e["stall_s"], 3) for e in lost],
+        "s; discarded steps",
+        [e["discarded_steps"] for e in lost],
+        f"; heal {healed[0]['bytes']} bytes in {healed[0]['seconds']:.3f} s;",
+        f"replacement: launch to first committed step {first['time'] - replacement_launched:.1f} s",
+    )
