@@ -4,7 +4,8 @@ tests/replica/test_replica_groups_e2e.py.
 After every committed step, rank 0 appends one JSON line to ``<out>/steps.jsonl``: the global step, its own pid, and
 a fingerprint of each part of the state a heal must copy (weights, optimizer, LR scheduler, torch/numpy/Python RNG,
 a stateful callback, the loop counters). While ``<out>/../hold`` exists each training step sleeps ``--step-sleep``
-seconds, so that the test can kill and replace a group mid-run; without it the run goes at full speed.
+seconds, so that the test can kill and replace a group mid-run; without it the run goes at full speed. While
+``<out>/hang`` exists the training step does not return (a hung rank).
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ class Model(L.LightningModule):
     def training_step(self, batch, batch_idx):
         if hold.exists():
             time.sleep(args.step_sleep)
+        while (out / "hang").exists():  # a hung rank: the training thread stops, torchft's heartbeat thread goes on
+            time.sleep(0.1)
         x, y = batch
         noise = torch.randn_like(x) * 0.01  # the RNG is part of the state
         return torch.nn.functional.mse_loss(self.net(x + noise), y)

@@ -65,7 +65,13 @@ def _log(tmp: Path, name: str) -> str:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_survivors_keep_stepping_through_a_sigkill_and_the_replacement_heals_bitwise(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fault", ["sigkill", "hang"])
+def test_survivors_keep_stepping_through_a_lost_group_and_the_replacement_heals_bitwise(
+    tmp_path: Path, fault: str
+) -> None:
+    """``sigkill``: the group's worker is SIGKILLed mid-step (a lost node). ``hang``: its training thread stops
+    mid-step while torchft's heartbeat thread goes on (a hung rank), and it is SIGKILLed later, as a supervisor
+    would, before the replacement starts."""
     hold = tmp_path / "hold"
     hold.touch()
     procs: dict[str, subprocess.Popen] = {}
@@ -79,9 +85,12 @@ def test_survivors_keep_stepping_through_a_sigkill_and_the_replacement_heals_bit
             )
 
             victim = _records(tmp_path, "g2")[-1]["pid"]
-            os.kill(victim, signal.SIGKILL)  # the group's only worker, mid-step (steps sleep while held) ...
-            procs["g2"].kill()  # ... and its torchrun agent: the whole group is gone, as with a lost node
-            procs["g2"].wait(timeout=60)
+            if fault == "hang":
+                (tmp_path / "g2" / "hang").touch()
+            else:
+                os.kill(victim, signal.SIGKILL)  # the group's only worker, mid-step (steps sleep while held) ...
+                procs["g2"].kill()  # ... and its torchrun agent: the whole group is gone, as with a lost node
+                procs["g2"].wait(timeout=60)
             killed_at = time.time()
             step_at_kill = _records(tmp_path, "g0")[-1]["step"]
 
@@ -92,6 +101,10 @@ def test_survivors_keep_stepping_through_a_sigkill_and_the_replacement_heals_bit
                 procs,
                 tmp_path,
             )
+            if fault == "hang":  # the hung group is ended (its watchdog or a supervisor would) and replaced
+                os.kill(victim, signal.SIGKILL)
+                procs["g2"].kill()
+                procs["g2"].wait(timeout=60)
             replacement_launched = time.time()
             procs["g2b"] = _start(tmp_path, "g2b", "2", address)  # the replacement takes the lost group's id
             _wait(lambda: len(_records(tmp_path, "g2b")) >= 3, "the replacement to commit steps", 300, procs, tmp_path)
