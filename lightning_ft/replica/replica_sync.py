@@ -119,6 +119,7 @@ class ReplicaSync:
         self._commit_before_loss: float | None = None
         self._discarded_since_commit = 0
         self._intervals: deque[float] = deque(maxlen=50)
+        self._started = time.monotonic()
         self.heals: list[dict[str, Any]] = []
         """One record per heal of this group: source, bytes, seconds, step."""
 
@@ -164,6 +165,7 @@ class ReplicaSync:
             self._discarded_since_commit += 1
             if self._commit_before_loss is None:
                 self._commit_before_loss = self._last_commit
+            self._stop_below_min_replicas(now)
             return False
         if self._lost or self._commit_before_loss is not None:
             since = self._commit_before_loss if self._commit_before_loss is not None else self._last_commit
@@ -186,6 +188,19 @@ class ReplicaSync:
             self._intervals.append(now - self._last_commit)
         self._last_commit = now
         return True
+
+    def _stop_below_min_replicas(self, now: float) -> None:
+        """Raise when fewer than ``min_replicas`` groups have been live, with no step committed, for the quorum
+        timeout: the run cannot go on until groups come back, and waiting longer hides the failure."""
+        if self.live_groups >= self.config.min_replicas:
+            return
+        since = self._last_commit if self._last_commit is not None else self._started
+        if now - since > self.config.quorum_timeout.total_seconds():
+            raise RuntimeError(
+                f"ReplicaGroups(min_replicas={self.config.min_replicas}): only {self.live_groups} replica group(s) live"
+                f" and no step committed for {now - since:.0f} s (the quorum timeout, 12 x timeout={self.config.timeout})"
+                f" at step {self._trainer.global_step}; stopping this group"
+            )
 
     # ------------------------------------------------------------------ membership and events
 

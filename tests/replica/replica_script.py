@@ -35,6 +35,8 @@ parser.add_argument("--out", required=True)
 parser.add_argument("--max-steps", type=int, default=60)
 parser.add_argument("--step-sleep", type=float, default=0.2)
 parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--min-replicas", type=int, default=1)
+parser.add_argument("--timeout-s", type=float, default=3.0)
 args = parser.parse_args()
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
@@ -138,7 +140,11 @@ batches = Batches()
 trainer = L.Trainer(
     accelerator="cpu",
     devices=1,
-    strategy=ElasticFT3D(replica_groups=ReplicaGroups(address="127.0.0.1", timeout=timedelta(seconds=3))),
+    strategy=ElasticFT3D(
+        replica_groups=ReplicaGroups(
+            address="127.0.0.1", min_replicas=args.min_replicas, timeout=timedelta(seconds=args.timeout_s)
+        )
+    ),
     max_steps=args.max_steps,
     limit_val_batches=0,
     enable_checkpointing=False,

@@ -168,3 +168,20 @@ def test_survivors_keep_stepping_through_a_lost_group_and_the_replacement_heals_
         f"; heal {healed[0]['bytes']} bytes in {healed[0]['seconds']:.3f} s;",
         f"replacement: launch to first committed step {first['time'] - replacement_launched:.1f} s",
     )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_group_stops_when_fewer_than_min_replicas_stay_live(tmp_path: Path) -> None:
+    """One group alone with ``min_replicas=2``: every step is discarded, and after the quorum timeout (12 x 1 s) the
+    group stops with an error naming ``min_replicas``, having committed nothing."""
+    with lighthouse(heartbeat_timeout_ms=1000, join_timeout_ms=500) as address:
+        env = subprocess_env(TORCHFT_LIGHTHOUSE=address, REPLICA_GROUP_ID="0")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=1"]
+        cmd += [str(SCRIPT), "--out", str(tmp_path / "g0"), "--min-replicas", "2", "--timeout-s", "1"]
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=500)
+    assert proc.returncode != 0
+    assert (
+        "ReplicaGroups(min_replicas=2): only 1 replica group(s) live and no step committed" in proc.stdout + proc.stderr
+    )
+    assert _records(tmp_path, "g0") == []
