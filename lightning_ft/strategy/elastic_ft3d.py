@@ -37,7 +37,9 @@ hook                    what the collaborators do
                         tracker is given the RNG states, set where the resumed run reaches the point they were saved
                         at (before the training iterator, before its first fetch, or at the next batch)
 (Lightning)             the module's ``on_load_checkpoint`` and weights, the datamodule's and the callbacks' state
-``setup``               the mode set up (DDP wrap; or DTensor materialized or pipeline stage cut); optimizers; the
+``setup``               the mode set up (DDP wrap; or DTensor materialized or pipeline stage cut); optimizers; replica
+                        groups (fit): torchft's Manager started, the DDP comm hook across groups registered, the step
+                        gate installed (lightning_ft/replica/replica_sync.py); the
                         memory tier's budget check (fit, collective); fault handler's pre-flight health checks
                         (collective); DTensor or pipeline: the kept restore (the load, in place into the sharded
                         module and optimizers, then the rows above), still before ``on_fit_start``
@@ -47,12 +49,15 @@ hook                    what the collaborators do
 ``on_train_start``      (after the callbacks': elastic resume decides accumulation and LR scale) a foreign
                         checkpoint's sampler positioned, batch progress aligned; rank 0's checkpoint I/O cleans up
                         leftovers of uncommitted saves
-``optimizer_step``      elastic resume applies the LR scale around the mode's optimizer step
+(batch start)           replica groups (``on_train_batch_start``): the quorum for the step (its first micro-batch); a
+                        joining group loads the live state here
+``optimizer_step``      elastic resume applies the LR scale around the mode's optimizer step; replica groups: applied
+                        only when every live group commits, else neither applied nor counted
 ``save_checkpoint``     elastic resume's metadata; checkpoint I/O captures the state, then writes in the background
 ``remove_checkpoint``   checkpoint I/O's retention (never the save in flight)
 ``on_exception``        the error kept for teardown
-``teardown``            checkpoint I/O closed (waits for the save in flight), loggers' deferred ``after_save_checkpoint``
-                        calls made and their patches undone; memory tier closed (a finished fit removes its copies);
+``teardown``            checkpoint I/O closed (waits for the save in flight); replica groups left; loggers' deferred
+                        ``after_save_checkpoint`` calls made and their patches undone; memory tier closed (a finished fit removes its copies);
                         auto-resume and restore-order patches undone; mode torn down;
                         elastic resume writes ``resumed`` if due; ``attempt_end`` recorded; the two callbacks removed
 ======================  ================================================================================================
