@@ -24,6 +24,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -36,6 +37,7 @@ parser.add_argument("--max-steps", type=int, default=60)
 parser.add_argument("--step-sleep", type=float, default=0.2)
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--min-replicas", type=int, default=1)
+parser.add_argument("--strategy", choices=("replica", "ddp"), default="replica")
 parser.add_argument("--timeout-s", type=float, default=3.0)
 args = parser.parse_args()
 out = Path(args.out)
@@ -136,15 +138,18 @@ class Record(Callback):
 
 
 L.seed_everything(args.seed)
+if args.strategy == "ddp":  # the oracle: one torchrun job of several processes
+    strategy = DDPStrategy()
+else:
+    groups = ReplicaGroups(
+        address="127.0.0.1", min_replicas=args.min_replicas, timeout=timedelta(seconds=args.timeout_s)
+    )
+    strategy = ElasticFT3D(replica_groups=groups)
 batches = Batches()
 trainer = L.Trainer(
     accelerator="cpu",
-    devices=1,
-    strategy=ElasticFT3D(
-        replica_groups=ReplicaGroups(
-            address="127.0.0.1", min_replicas=args.min_replicas, timeout=timedelta(seconds=args.timeout_s)
-        )
-    ),
+    devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+    strategy=strategy,
     max_steps=args.max_steps,
     limit_val_batches=0,
     enable_checkpointing=False,
@@ -157,3 +162,4 @@ trainer = L.Trainer(
 trainer.fit(Model())
 if trainer.global_rank == 0:
     (out / "done.json").write_text(json.dumps({"global_step": trainer.global_step, "pid": os.getpid()}))
+    torch.save(trainer.lightning_module.state_dict(), out / "final.pt")

@@ -185,3 +185,32 @@ def test_a_group_stops_when_fewer_than_min_replicas_stay_live(tmp_path: Path) ->
         "ReplicaGroups(min_replicas=2): only 1 replica group(s) live and no step committed" in proc.stdout + proc.stderr
     )
     assert _records(tmp_path, "g0") == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_groups_without_a_failure_train_bitwise_what_ddp_trains_on_two_processes(tmp_path: Path) -> None:
+    """Invariant 3 with the mode on: two one-process groups (each reading its half of the data) end with the weights
+    of one ``DDPStrategy`` job of two processes, bitwise (the average over two is exact in either order)."""
+    ddp = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=2"]
+    ddp += [str(SCRIPT), "--out", str(tmp_path / "ddp"), "--strategy", "ddp", "--max-steps", "40"]
+    done = subprocess.run(ddp, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    procs: dict[str, subprocess.Popen] = {}
+    with lighthouse(min_replicas=2, heartbeat_timeout_ms=1000, join_timeout_ms=500) as address:
+        for i in range(2):
+            env = subprocess_env(TORCHFT_LIGHTHOUSE=address, REPLICA_GROUP_ID=str(i), NUM_REPLICA_GROUPS="2")
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=1"]
+            cmd += [str(SCRIPT), "--out", str(tmp_path / f"g{i}"), "--max-steps", "40"]
+            log = open(tmp_path / f"g{i}.log", "w")  # noqa: SIM115 - closed with the process
+            procs[f"g{i}"] = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        for name, proc in procs.items():
+            assert proc.wait(timeout=500) == 0, _log(tmp_path, name)
+    import torch
+
+    expected = torch.load(tmp_path / "ddp" / "final.pt")
+    for name in procs:
+        got = torch.load(tmp_path / name / "final.pt")
+        assert got.keys() == expected.keys()
+        assert all(torch.equal(got[k], expected[k]) for k in expected), name
+    assert [r["step"] for r in _records(tmp_path, "g0")] == list(range(1, 41))
