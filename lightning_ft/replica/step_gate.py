@@ -5,9 +5,9 @@ applied (``Manager.should_commit()``: False on every group when any of them fail
 than ``min_replicas`` took part). Lightning's loop does not know that a step can be discarded, so this module makes a
 discarded step invisible to it, at the one place where the step is applied (the strategy's ``optimizer_step``):
 
-- the optimizer is handed to Lightning's precision plugin behind a :class:`GatedOptimizer`, which runs the closure
-  (forward, backward with the gradient averaging, ``on_before_optimizer_step``, gradient clipping) and then asks the
-  gate; only a committed step reaches the real ``optimizer.step()``;
+- while Lightning's precision plugin steps, the optimizer's ``step`` runs the closure (forward, backward with the
+  gradient averaging, ``on_before_optimizer_step``, gradient clipping) and then asks the gate; only a committed step
+  reaches the real ``optimizer.step()``;
 - a discarded step takes back the counts Lightning makes for it (``trainer.global_step`` and the logging step,
   :func:`~lightning_ft._compat.uncount_optimizer_step`), so that ``max_steps``, ``every_n_train_steps``,
   ``log_every_n_steps`` and validation by step count committed steps only;
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
     from torch.optim import Optimizer
 
-__all__ = ["GatedOptimizer", "StepGate"]
+__all__ = ["StepGate"]
 
 
 class StepGate:
@@ -76,8 +76,25 @@ class StepGate:
         self._discarding = False
 
     def optimizer_step(self, trainer: pl.Trainer, optimizer: Optimizer, run: Callable[[Any], Any]) -> Any:
-        """Run ``run(gated_optimizer)`` (Lightning's precision plugin step) with the optimizer behind the gate."""
-        return run(GatedOptimizer(optimizer, lambda: self._decide(trainer)))
+        """Run ``run(optimizer)`` (Lightning's precision plugin step) with the optimizer's ``step`` behind the gate.
+
+        For the duration of the call, ``optimizer.step(closure)`` runs the closure (forward, backward with the
+        gradient averaging, ``on_before_optimizer_step``, gradient clipping), then asks for the vote and steps the
+        optimizer only on a commit. The optimizer object itself is the user's (hooks that receive it see its own
+        class); the instance attribute is put back when the step returns or raises."""
+        original = optimizer.step
+
+        def step(closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+            loss = closure() if closure is not None else None
+            if self._decide(trainer):
+                original(**kwargs)
+            return loss
+
+        patch = _compat.Patch(optimizer, "step", step, name="replica step gate").install()
+        try:
+            return run(optimizer)
+        finally:
+            patch.undo()
 
     def _decide(self, trainer: pl.Trainer) -> bool:
         committed = bool(self._should_commit())
@@ -86,32 +103,3 @@ class StepGate:
             self._discarding = True
             _compat.uncount_optimizer_step(trainer)
         return committed
-
-
-class GatedOptimizer:
-    """An optimizer whose ``step`` runs the closure, then applies the step only when ``decide()`` says so.
-
-    Everything else (``param_groups``, ``state``, ``zero_grad``, ...) is the wrapped optimizer's; Lightning hooks that
-    receive the optimizer during the step (``on_before_optimizer_step``, gradient clipping) see this object.
-    """
-
-    def __init__(self, optimizer: Optimizer, decide: Callable[[], bool]) -> None:
-        self.optimizer = optimizer
-        self._decide = decide
-
-    def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
-        loss = closure() if closure is not None else None
-        if self._decide():
-            self.optimizer.step(**kwargs)
-        return loss
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups
-
-    @property
-    def state(self) -> Any:
-        return self.optimizer.state
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.optimizer, name)

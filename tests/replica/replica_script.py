@@ -114,6 +114,9 @@ class Record(Callback):
         self.batches = batches
         self.last = -1
 
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        assert isinstance(optimizer, torch.optim.Adam), type(optimizer)  # hooks see the user's own optimizer
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_rank != 0 or trainer.global_step == self.last:
             return
