@@ -163,6 +163,6 @@ trainer = L.Trainer(
     callbacks=[batches, Record(batches)],
 )
 trainer.fit(Model())
+torch.save(trainer.lightning_module.state_dict(), out / f"final{trainer.global_rank}.pt")
 if trainer.global_rank == 0:
     (out / "done.json").write_text(json.dumps({"global_step": trainer.global_step, "pid": os.getpid()}))
-    torch.save(trainer.lightning_module.state_dict(), out / "final.pt")

@@ -208,9 +208,42 @@ def test_two_groups_without_a_failure_train_bitwise_what_ddp_trains_on_two_proce
             assert proc.wait(timeout=500) == 0, _log(tmp_path, name)
     import torch
 
-    expected = torch.load(tmp_path / "ddp" / "final.pt")
+    expected = torch.load(tmp_path / "ddp" / "final0.pt")
     for name in procs:
-        got = torch.load(tmp_path / name / "final.pt")
+        got = torch.load(tmp_path / name / "final0.pt")
         assert got.keys() == expected.keys()
         assert all(torch.equal(got[k], expected[k]) for k in expected), name
     assert [r["step"] for r in _records(tmp_path, "g0")] == list(range(1, 41))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_groups_of_two_processes_average_inside_then_across_and_heal_rank_by_rank(tmp_path: Path) -> None:
+    """Two groups of two processes each, the second started late: it heals rank by rank (rank r from rank r), is
+    bitwise the first group at its first committed step, and every rank of both groups ends with the same weights at
+    the same global step."""
+    import torch
+
+    hold = tmp_path / "hold"
+    hold.touch()
+    procs: dict[str, subprocess.Popen] = {}
+    with lighthouse(heartbeat_timeout_ms=1000, join_timeout_ms=500) as address:
+        for i in range(2):
+            env = subprocess_env(TORCHFT_LIGHTHOUSE=address, REPLICA_GROUP_ID=str(i), NUM_REPLICA_GROUPS="2")
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=2"]
+            cmd += [str(SCRIPT), "--out", str(tmp_path / f"g{i}"), "--max-steps", "300"]
+            log = open(tmp_path / f"g{i}.log", "w")  # noqa: SIM115 - closed with the process
+            procs[f"g{i}"] = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+            if i == 0:
+                _wait(lambda: len(_records(tmp_path, "g0")) >= 3, "the first group to step", 300, procs, tmp_path)
+        _wait(lambda: len(_records(tmp_path, "g1")) >= 3, "the second group to heal and step", 300, procs, tmp_path)
+        hold.unlink()
+        for name, proc in procs.items():
+            assert proc.wait(timeout=600) == 0, _log(tmp_path, name)
+    finals = [torch.load(tmp_path / name / f"final{rank}.pt") for name in procs for rank in range(2)]
+    assert all(f.keys() == finals[0].keys() and all(torch.equal(f[k], finals[0][k]) for k in f) for f in finals)
+    first = _records(tmp_path, "g1")[0]
+    theirs = {r["step"]: r for r in _records(tmp_path, "g0")}[first["step"]]
+    assert first["step"] > 1 and {k: first[k] for k in STATE} == {k: theirs[k] for k in STATE}
+    healed = [e for e in read_events(tmp_path / "g1") if e["event"] == "healed"]
+    assert [e["rank"] for e in healed] == [0], healed  # the group's rank 0 writes it
