@@ -76,6 +76,7 @@ __all__ = [
     "uncount_optimizer_step",
     "load_fit_loop_progress",
     "fit_loop_batches_that_stepped",
+    "restart_training_fetcher",
 ]
 
 # Lightning is imported where a name is used, never at module level: the checkpoint package imports this module, and
@@ -655,3 +656,17 @@ def loaded_checkpoint(trainer: Any, checkpoint: dict[str, Any]) -> Iterator[Any]
         yield connector
     finally:
         connector._loaded_checkpoint = {}
+
+
+def restart_training_fetcher(trainer: Any, *, fetched: int) -> None:
+    """Create the training DataLoader iterators anew in the middle of an epoch, so that their samplers' state (set
+    just before) decides what they serve, and say that ``fetched`` batches of the epoch were fetched already (so that
+    ``done`` comes at the epoch's last batch). Lightning 2.6.x: ``FitLoop._data_fetcher`` (a ``_DataFetcher`` set up
+    with the training ``CombinedLoader``; ``iter()`` on it creates the iterators and resets its count)."""
+    fetcher = trainer.fit_loop._data_fetcher
+    if fetcher is None:
+        return
+    iter(fetcher)
+    fetcher.fetched = fetched
+    if fetcher.length is not None:
+        fetcher.done = fetched >= fetcher.length

@@ -28,7 +28,7 @@ ALLOWED = {
     "parallel": {"parallel"},
     "monitors": {"monitors", "fault"},
     "fault": {"fault", "checkpoint"},
-    "replica": {"replica", "checkpoint"},
+    "replica": {"replica", "checkpoint", "elastic"},
     "strategy": {"strategy", "checkpoint", "elastic", "parallel", "fault", "replica"},
     "cli": {"cli", "checkpoint", "monitors", "parallel", "fault"},
 }

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from lightning_ft import _compat
+from lightning_ft.elastic.internal import find_resumable_sampler
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -26,7 +27,12 @@ def heal_state(trainer: pl.Trainer) -> dict[str, Any]:
     waits for the quorum (nothing changes the state meanwhile); tensors are live references, serialized by the
     transport before the training thread continues."""
     connector = _compat.checkpoint_connector(trainer)
-    return {"checkpoint": connector.dump_checkpoint(weights_only=False), "rng": _compat.collect_rng_states()}
+    sampler = find_resumable_sampler(getattr(trainer, "train_dataloader", None))
+    return {
+        "checkpoint": connector.dump_checkpoint(weights_only=False),
+        "rng": _compat.collect_rng_states(),
+        "sampler": sampler.state_dict() if sampler is not None else None,
+    }
 
 
 def apply_heal_state(trainer: pl.Trainer, state: dict[str, Any]) -> None:
@@ -43,4 +49,25 @@ def apply_heal_state(trainer: pl.Trainer, state: dict[str, Any]) -> None:
         if "loops" in checkpoint:
             _compat.load_fit_loop_progress(trainer, checkpoint["loops"]["fit_loop"])
         connector.restore_optimizers_and_schedulers()
-    _compat.set_rng_states(state["rng"])
+    _continue_data(trainer, state.get("sampler"))
+    _compat.set_rng_states(state["rng"])  # after the new DataLoader iterator drew its seed from the old stream
+
+
+def _continue_data(trainer: pl.Trainer, sampler_state: dict[str, Any] | None) -> None:
+    """Make this group read on where the source group's part of the data stands.
+
+    The source was between fetching its current batch (the ``k``-th of the epoch) and training it; this group has
+    a batch of its own in hand, which it trains in its place (that one batch is read twice in the epoch). Its
+    sampler takes the source's position past the batch in hand, the training DataLoader iterator is created anew
+    from there, and the sampler's count is put back to the source's, which the end of this batch advances as on
+    every group."""
+    sampler = find_resumable_sampler(getattr(trainer, "train_dataloader", None))
+    loader = getattr(trainer, "train_dataloader", None)
+    batch_size = getattr(loader, "batch_size", None)
+    if sampler is None or sampler_state is None or not batch_size:
+        return
+    sampler.load_state_dict(sampler_state)
+    consumed = sampler.consumed
+    sampler.consumed = consumed + batch_size * sampler.num_replicas  # the batch in hand
+    _compat.restart_training_fetcher(trainer, fetched=trainer.fit_loop.epoch_loop.batch_progress.current.ready)
+    sampler.consumed = consumed

@@ -78,7 +78,7 @@ class Model(L.LightningModule):
             time.sleep(args.step_sleep)
         while (out / "hang").exists():  # a hung rank: the training thread stops, torchft's heartbeat thread goes on
             time.sleep(0.1)
-        x, y = batch
+        x, y, _ = batch
         noise = torch.randn_like(x) * 0.01  # the RNG is part of the state
         return torch.nn.functional.mse_loss(self.net(x + noise), y)
 
@@ -89,7 +89,9 @@ class Model(L.LightningModule):
 
     def train_dataloader(self):
         g = torch.Generator().manual_seed(1234)
-        data = TensorDataset(torch.randn(20000, 16, generator=g), torch.randn(20000, 4, generator=g))
+        data = TensorDataset(
+            torch.randn(20000, 16, generator=g), torch.randn(20000, 4, generator=g), torch.arange(20000)
+        )
         return DataLoader(data, batch_size=8, shuffle=True)
 
 
@@ -135,6 +137,7 @@ class Record(Callback):
             "rng": digest([torch.get_rng_state(), np.random.get_state()[1], random.getstate()]),
             "callback": self.batches.seen,
             "loop": [trainer.global_step, loop._batches_that_stepped, trainer.current_epoch],
+            "samples": batch[2].tolist(),
         }
         with open(out / "steps.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")

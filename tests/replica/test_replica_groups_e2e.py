@@ -28,7 +28,7 @@ pytest.importorskip("torchft")
 
 SCRIPT = Path(__file__).with_name("replica_script.py")
 MAX_STEPS = 600
-STATE = ("weights", "optimizer", "scheduler", "lr", "rng", "callback", "loop")
+STATE = ("weights", "optimizer", "scheduler", "lr", "rng", "callback", "loop")  # compared bitwise across groups
 
 
 def _start(tmp: Path, name: str, replica_id: str, address: str) -> subprocess.Popen:
@@ -145,6 +145,14 @@ def test_survivors_keep_stepping_through_a_lost_group_and_the_replacement_heals_
     for survivor in ("g0", "g1"):
         theirs = by_step[survivor][first["step"]]
         assert {k: first[k] for k in STATE} == {k: theirs[k] for k in STATE}, (first, theirs)
+    # The replacement reads on where the lost group's part of the data stood: it trains again only the batch it had in
+    # hand when the heal came, never a sample the lost group trained earlier in the epoch, and nothing twice itself.
+    lost_group = {i for r in _records(tmp_path, "g2") for i in r["samples"]}
+    replacement = [i for r in runs["g2b"][1:] for i in r["samples"] if r["loop"][2] == 0]
+    assert not lost_group & set(replacement), sorted(lost_group & set(replacement))[:10]
+    assert len(replacement) == len(set(replacement))
+    survivors = {i for n in ("g0", "g1") for r in runs[n] if r["loop"][2] == 0 for i in r["samples"]}
+    assert not survivors & (lost_group | set(replacement))  # part 2 of the data is the lost group's alone
     # ... and stays so to the end; every group ends at the same global step.
     for step, record in by_step["g2b"].items():
         assert {k: record[k] for k in STATE} == {k: by_step["g0"][step][k] for k in STATE}, step
