@@ -259,18 +259,6 @@ class ReplicaSync:
         }
         self.heals.append(record)
         self._write("healed", **record)
-        into_epoch = self._trainer.fit_loop.epoch_loop.batch_progress.current.completed
-        if into_epoch and self._group_rank == 0:
-            _log.warning(
-                "lightning-ft replica groups: healed from group %s at step %d, %d batches into epoch %d; this group's"
-                " data loader starts the epoch from its beginning, so its epoch ends later than the other groups'"
-                " (epoch-interval schedulers, per-epoch validation and max_epochs are not aligned across groups;"
-                " prefer max_steps and interval='step')",
-                source,
-                self._trainer.global_step,
-                into_epoch,
-                self._trainer.current_epoch,
-            )
 
     # ------------------------------------------------------------------ end
 
