@@ -23,7 +23,8 @@ vote (RPCs to the lighthouse and the group's manager server), and a heal's state
 and torchmetrics do through the strategy (``sync_dist``, ``reduce_boolean_decision``, barriers, ``ModelCheckpoint``'s
 collectives, ``all_gather``) stays inside the group, so none of it can wait on a dead group.
 
-Events (group rank 0, through the run's event log): ``replica_quorum {step, live_groups}`` when the membership
+The live groups are logged as ``replica/live_groups`` through the trainer's loggers (TensorBoard, CSV, ...) at each
+change and every ``log_every_n_steps``. Events (group rank 0, through the run's event log): ``replica_quorum {step, live_groups}`` when the membership
 changes, ``replica_joined {replica_id, step}``, ``replica_lost {replica_id, step, stall_s, discarded_steps}`` (written
 at the first committed step after the loss, when the stall is known) and, on a joining group, ``healed {replica_id,
 source, bytes, seconds, step}``.
@@ -154,7 +155,8 @@ class ReplicaSync:
             ) from e
         self._quorums += 1
         self._step_open = True
-        self._after_quorum(trainer.global_step)
+        changed = self._after_quorum(trainer.global_step)
+        self._log_live_groups(trainer, changed)
 
     def _vote(self) -> bool:
         """``should_commit`` for this step (the group's ranks, then every group), with its bookkeeping."""
@@ -207,23 +209,35 @@ class ReplicaSync:
     def _record_quorum(self, result: Any) -> None:  # torchft's quorum thread
         self._quorum = result
 
-    def _after_quorum(self, step: int) -> None:
+    def _after_quorum(self, step: int) -> bool:
+        """Record a change of membership (events); returns whether it changed."""
         result = self._quorum
         if result is None:
-            return
+            return False
         members = sorted(rid.split(":")[0] for rid in result.replica_ids)
         if members == self._members:
-            return
+            return False
         previous, self._members = self._members, members
         self._write("replica_quorum", step=step, live_groups=len(members))
         if previous is None:
-            return
+            return True
         for replica_id in sorted(set(previous) - set(members)):
             self._lost.append((replica_id, step))
             if self._commit_before_loss is None:
                 self._commit_before_loss = self._last_commit
         for replica_id in sorted(set(members) - set(previous)):
             self._write("replica_joined", replica_id=replica_id, step=step)
+        return True
+
+    def _log_live_groups(self, trainer: pl.Trainer, changed: bool) -> None:
+        """``replica/live_groups`` through the trainer's loggers (global rank 0 of each group), at each change and
+        every ``log_every_n_steps``, on Lightning's own step axis (the logging step)."""
+        if trainer.global_rank != 0 or not trainer.loggers:
+            return
+        step = _compat.fit_loop_batches_that_stepped(trainer)
+        if changed or step % max(1, trainer.log_every_n_steps) == 0:
+            for logger in trainer.loggers:
+                logger.log_metrics({"replica/live_groups": float(self.live_groups)}, step=step)
 
     def _write(self, event: str, *, step: int, **fields: Any) -> None:
         log = self._event_log()

@@ -24,6 +24,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -159,7 +160,7 @@ trainer = L.Trainer(
     max_steps=args.max_steps,
     limit_val_batches=0,
     enable_checkpointing=False,
-    logger=False,
+    logger=CSVLogger(str(out), name="csv", version=0),
     enable_progress_bar=False,
     enable_model_summary=False,
     default_root_dir=str(out),

@@ -9,6 +9,7 @@ finishes at full speed. Times are measured and printed (``-s``), never asserted.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -168,6 +169,10 @@ def test_survivors_keep_stepping_through_a_lost_group_and_the_replacement_heals_
     assert any(e["replica_id"] == "2" and e["step"] > step_at_kill for e in joined), joined
     assert len(healed) == 1 and healed[0]["source"] in {"0", "1"} and healed[0]["bytes"] > 0, healed
     assert healed[0]["step"] + 1 == first["step"]
+    # The loggers show the live groups per step: 3, then 2 while the group was missing, then 3 again.
+    with open(tmp_path / "g0" / "csv" / "version_0" / "metrics.csv") as f:
+        logged = [float(row["replica/live_groups"]) for row in csv.DictReader(f) if row.get("replica/live_groups")]
+    assert 2.0 in logged and logged[-1] == 3.0 and max(logged) == 3.0, logged
     print(
         "\nreplica groups: stall per failure",
         [round(e["stall_s"], 3) for e in lost],
