@@ -26,6 +26,7 @@ _EXPORTS = {
     "MemoryTier": "lightning_ft.checkpoint",
     "ParallelConfig": "lightning_ft.parallel",
     "Plan": "lightning_ft.parallel",
+    "ReplicaGroups": "lightning_ft.replica",
     "StragglerMonitor": "lightning_ft.monitors",
     "ThermalMonitor": "lightning_ft.monitors",
     "compatible_world_sizes": "lightning_ft.elastic",
@@ -42,6 +43,7 @@ __all__ = [
     "MemoryTier",
     "ParallelConfig",
     "Plan",
+    "ReplicaGroups",
     "StragglerMonitor",
     "ThermalMonitor",
     "compatible_world_sizes",
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
     from lightning_ft.fault import FaultPolicy
     from lightning_ft.monitors import GoodputMonitor, StragglerMonitor, ThermalMonitor
     from lightning_ft.parallel import ParallelConfig, Plan, pipeline_step, plan_parallelism
+    from lightning_ft.replica import ReplicaGroups
     from lightning_ft.strategy import ElasticFT3D
 
 

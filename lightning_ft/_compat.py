@@ -8,7 +8,11 @@ Only what the declared versions need (pyproject.toml: ``torch>=2.13``, ``lightni
 ``torchsnapshot-nightly==2024.7.26``). Each name says which versions it was checked against: torch 2.13.0 (the CPU
 build CI installs), 2.14.1 and 2.15.0 (the on-demand passes, ``TORCH=... scripts/test.sh``: each torch name read in
 their source, its signature compared with 2.13.0's), Lightning 2.5.0 (the lowest, ``scripts/test.sh``) and 2.6.6,
-torchsnapshot-nightly 2024.7.26 (the last build).
+torchsnapshot-nightly 2024.7.26 (the last build). The replica-group names (torchft's and the Lightning loop internals
+that :mod:`lightning_ft.replica` uses) were checked against torchft 0.2.0 and Lightning 2.6.x only.
+
+Why one module: its point is that there is one file to read when a release of another library breaks a private name;
+split by library or by user, a reader would have to search several.
 """
 
 from __future__ import annotations
@@ -69,6 +73,10 @@ __all__ = [
     "train_loader_iterators",
     "unwrap_optimizer",
     "update_dataloader",
+    "uncount_optimizer_step",
+    "load_fit_loop_progress",
+    "fit_loop_batches_that_stepped",
+    "restart_training_fetcher",
 ]
 
 # Lightning is imported where a name is used, never at module level: the checkpoint package imports this module, and
@@ -564,3 +572,101 @@ def torch_save_records(obj: Any) -> list[tuple[str, Any]]:
 
     ts._save(obj, _Recorder(), pickle, ts.DEFAULT_PROTOCOL, False)
     return records
+
+
+# -- replica groups (lightning_ft.replica) ---------------------------------------------------------------------------
+
+
+def uncount_optimizer_step(trainer: Any) -> None:
+    """Take back, in advance, the counts Lightning makes for the optimizer step that is running, so that a step the
+    replica groups discarded is not counted: called inside the strategy's ``optimizer_step`` (automatic optimization
+    only). Lightning 2.6.x (``_AutomaticOptimization._optimizer_step``): ``optim_progress.optimizer.step`` is
+    incremented ready before the ``optimizer_step`` hook and completed right after it returns (``trainer.global_step``
+    is its total completed count), and ``TrainingEpochLoop.on_advance_end`` adds one to ``_batches_that_stepped`` (the
+    logging step) at the end of the batch. Taking one off each here leaves every counter, once the batch ends, where it
+    was before the batch."""
+    loop = trainer.fit_loop.epoch_loop
+    step = loop.automatic_optimization.optim_progress.optimizer.step
+    step.total.ready -= 1
+    step.current.ready -= 1
+    step.total.completed -= 1
+    step.current.completed -= 1
+    loop._batches_that_stepped -= 1
+
+
+def fit_loop_batches_that_stepped(trainer: Any) -> int:
+    """``TrainingEpochLoop._batches_that_stepped`` (the logging step): Lightning 2.6.x."""
+    return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
+
+
+def load_fit_loop_progress(trainer: Any, state: dict[str, Any]) -> None:
+    """Load the fit loop's progress counters (``checkpoint["loops"]["fit_loop"]``) in the middle of a running fit, as
+    Lightning's ``restore_loops`` does at a resume, but without marking the loops as restarting: the loop goes on
+    from where it stands, with the loaded counts. Lightning 2.6.x: ``_Loop.load_state_dict`` sets ``_restarting``,
+    ``_loaded_from_state_dict`` and ``_resuming_from_checkpoint`` on every loop, which are put back here."""
+    from lightning.pytorch.loops.loop import _Loop
+
+    loops: list[Any] = []
+
+    def walk(loop: Any) -> None:
+        loops.append(loop)
+        for child in vars(loop).values():
+            if isinstance(child, _Loop):
+                walk(child)
+
+    walk(trainer.fit_loop)
+    flags = [(lp, lp._restarting, lp._loaded_from_state_dict, lp._resuming_from_checkpoint) for lp in loops]
+    trainer.fit_loop.load_state_dict(state)
+    for lp, restarting, loaded, resuming in flags:
+        lp._restarting, lp._loaded_from_state_dict, lp._resuming_from_checkpoint = restarting, loaded, resuming
+    trainer.fit_loop._combined_loader_states_to_load = []
+
+
+class _QuorumRecorder:
+    """Stands in for a torchft ``ManagerClient``: forwards every call and hands each quorum result to a callback."""
+
+    def __init__(self, client: Any, on_quorum: Callable[[Any], None]) -> None:
+        self._wrapped = client
+        self._on_quorum = on_quorum
+
+    def _quorum(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._wrapped._quorum(*args, **kwargs)
+        self._on_quorum(result)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wrapped, name)
+
+
+def quorum_recorder_patch(manager: Any, on_quorum: Callable[[Any], None]) -> Patch:
+    """A :class:`Patch` (not installed) of a torchft ``Manager``'s client so that ``on_quorum(result)`` sees every
+    quorum result (``replica_ids``, ``max_step``, ``heal``, ``recover_src_replica_rank``, ...), which the Manager keeps
+    only in the locals of its quorum thread. torchft 0.2.0: ``Manager._client`` (a ``ManagerClient``) and its
+    ``_quorum`` method, called from ``Manager._async_quorum``; ``on_quorum`` runs on the Manager's quorum thread."""
+    return Patch(manager, "_client", _QuorumRecorder(manager._client, on_quorum), name="replica quorum recorder")
+
+
+@contextmanager
+def loaded_checkpoint(trainer: Any, checkpoint: dict[str, Any]) -> Iterator[Any]:
+    """The trainer's checkpoint connector holding ``checkpoint`` as the loaded one, for its ``restore_*`` functions
+    (``_CheckpointConnector._loaded_checkpoint``: Lightning 2.6.x); emptied again on exit, as ``resume_end`` does."""
+    connector = trainer._checkpoint_connector
+    connector._loaded_checkpoint = checkpoint
+    try:
+        yield connector
+    finally:
+        connector._loaded_checkpoint = {}
+
+
+def restart_training_fetcher(trainer: Any, *, fetched: int) -> None:
+    """Create the training DataLoader iterators anew in the middle of an epoch, so that their samplers' state (set
+    just before) decides what they serve, and say that ``fetched`` batches of the epoch were fetched already (so that
+    ``done`` comes at the epoch's last batch). Lightning 2.6.x: ``FitLoop._data_fetcher`` (a ``_DataFetcher`` set up
+    with the training ``CombinedLoader``; ``iter()`` on it creates the iterators and resets its count)."""
+    fetcher = trainer.fit_loop._data_fetcher
+    if fetcher is None:
+        return
+    iter(fetcher)
+    fetcher.fetched = fetched
+    if fetcher.length is not None:
+        fetcher.done = fetched >= fetcher.length

@@ -28,7 +28,8 @@ ALLOWED = {
     "parallel": {"parallel"},
     "monitors": {"monitors", "fault"},
     "fault": {"fault", "checkpoint"},
-    "strategy": {"strategy", "checkpoint", "elastic", "parallel", "fault"},
+    "replica": {"replica", "checkpoint", "elastic"},
+    "strategy": {"strategy", "checkpoint", "elastic", "parallel", "fault", "replica"},
     "cli": {"cli", "checkpoint", "monitors", "parallel", "fault"},
 }
 SHARED = {"_compat", "events", "batch_timer", "nvml", "stop"}

@@ -45,7 +45,7 @@ from lightning_ft.checkpoint.memory_copies import (
 from lightning_ft.checkpoint.memory_tier import MEMORY_DIR_ENV, MemoryTier
 from lightning_ft.checkpoint.rank_state import read_rank_state
 from lightning_ft.checkpoint.retention import Retention
-from lightning_ft.checkpoint.safe_load import load_torch_file, resolve_weights_only
+from lightning_ft.checkpoint.safe_load import load_pickled, load_torch_file, pickled_bytes, resolve_weights_only
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 from lightning_ft.checkpoint.staging import Stager
 from lightning_ft.checkpoint.storage.dcp_storage import ENTRIES_FILE, DcpReader, EntryLayout
@@ -107,6 +107,8 @@ __all__ = [
     "load_copy",
     "load_dcp",
     "load_torch_file",
+    "load_pickled",
+    "pickled_bytes",
     "resolve_weights_only",
     "locate",
     "lower_thread_priority",

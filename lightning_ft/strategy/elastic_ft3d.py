@@ -37,7 +37,9 @@ hook                    what the collaborators do
                         tracker is given the RNG states, set where the resumed run reaches the point they were saved
                         at (before the training iterator, before its first fetch, or at the next batch)
 (Lightning)             the module's ``on_load_checkpoint`` and weights, the datamodule's and the callbacks' state
-``setup``               the mode set up (DDP wrap; or DTensor materialized or pipeline stage cut); optimizers; the
+``setup``               the mode set up (DDP wrap; or DTensor materialized or pipeline stage cut); optimizers; replica
+                        groups (fit): torchft's Manager started, the DDP comm hook across groups registered, the step
+                        gate installed (lightning_ft/replica/replica_sync.py); the
                         memory tier's budget check (fit, collective); fault handler's pre-flight health checks
                         (collective); DTensor or pipeline: the kept restore (the load, in place into the sharded
                         module and optimizers, then the rows above), still before ``on_fit_start``
@@ -47,12 +49,15 @@ hook                    what the collaborators do
 ``on_train_start``      (after the callbacks': elastic resume decides accumulation and LR scale) a foreign
                         checkpoint's sampler positioned, batch progress aligned; rank 0's checkpoint I/O cleans up
                         leftovers of uncommitted saves
-``optimizer_step``      elastic resume applies the LR scale around the mode's optimizer step
+(batch start)           replica groups (``on_train_batch_start``): the quorum for the step (its first micro-batch); a
+                        joining group loads the live state here
+``optimizer_step``      elastic resume applies the LR scale around the mode's optimizer step; replica groups: applied
+                        only when every live group commits, else neither applied nor counted
 ``save_checkpoint``     elastic resume's metadata; checkpoint I/O captures the state, then writes in the background
 ``remove_checkpoint``   checkpoint I/O's retention (never the save in flight)
 ``on_exception``        the error kept for teardown
-``teardown``            checkpoint I/O closed (waits for the save in flight), loggers' deferred ``after_save_checkpoint``
-                        calls made and their patches undone; memory tier closed (a finished fit removes its copies);
+``teardown``            checkpoint I/O closed (waits for the save in flight); replica groups left; loggers' deferred
+                        ``after_save_checkpoint`` calls made and their patches undone; memory tier closed (a finished fit removes its copies);
                         auto-resume and restore-order patches undone; mode torn down;
                         elastic resume writes ``resumed`` if due; ``attempt_end`` recorded; the two callbacks removed
 ======================  ================================================================================================
@@ -89,6 +94,7 @@ from lightning_ft.fault import FaultPolicy, checkpoint_storage
 from lightning_ft.fault.internal import FaultHandler, end_attempt
 from lightning_ft.parallel import ParallelConfig, build_device_mesh
 from lightning_ft.parallel.internal import PIPELINE_SCHEDULES, check_positive_int
+from lightning_ft.replica import ReplicaGroups
 from lightning_ft.strategy import process_group
 from lightning_ft.strategy.auto_resume import checkpoint_dirpaths
 from lightning_ft.strategy.best_path import resolving_best
@@ -137,6 +143,9 @@ class ElasticFT3D(DDPStrategy):
         memory_tier: a :class:`~lightning_ft.MemoryTier` saves every few steps to node-local memory and a partner node,
             restored from at resume when newer than the durable checkpoints (docs/checkpointing.md, "Tiers");
             ``None`` (default): the durable tier only.
+        replica_groups: a :class:`~lightning_ft.ReplicaGroups` makes this torchrun job one replica group of several,
+            joined through torchft: when a group fails the others keep stepping and a replacement copies the live
+            state from a healthy group (docs/replica-groups.md). ``None`` (default): one job, restarted whole.
 
     Raises:
         TypeError: a size is not an int (or ``"auto"`` where allowed), or a policy is of the wrong type.
@@ -181,9 +190,18 @@ class ElasticFT3D(DDPStrategy):
         checkpoint_format: str = "auto",
         data_randomness: str = "ddp",
         memory_tier: MemoryTier | None = None,
+        replica_groups: ReplicaGroups | None = None,
     ) -> None:
         if memory_tier is not None and not isinstance(memory_tier, MemoryTier):
             raise TypeError(f"ElasticFT3D(memory_tier={memory_tier!r}): must be a MemoryTier or None")
+        if replica_groups is not None and not isinstance(replica_groups, ReplicaGroups):
+            raise TypeError(f"ElasticFT3D(replica_groups={replica_groups!r}): must be a ReplicaGroups or None")
+        if replica_groups is not None and (tensor_parallel_size != 1 or pipeline_parallel_size != 1):
+            raise ValueError(
+                f"ElasticFT3D(replica_groups=..., tensor_parallel_size={tensor_parallel_size},"
+                f" pipeline_parallel_size={pipeline_parallel_size}): replica groups support data parallel inside a"
+                " group only (tensor_parallel_size=1, pipeline_parallel_size=1)"
+            )
         _check_arguments(
             data_parallel_size=data_parallel_size,
             tensor_parallel_size=tensor_parallel_size,
@@ -195,7 +213,11 @@ class ElasticFT3D(DDPStrategy):
             checkpoint_format=checkpoint_format,
             data_randomness=data_randomness,
         )
-        kwargs = {"find_unused_parameters": True} if find_unused_parameters else {}
+        # Replica groups: DDP must never rebuild its buckets (it does after the first iteration unless it looks for
+        # unused parameters): a group that joins later would lay its gradients out in other buckets than the groups
+        # it averages with, element for element (torchft's own DDP wrapper does the same).
+        find_unused = find_unused_parameters or replica_groups is not None
+        kwargs = {"find_unused_parameters": True} if find_unused else {}
         super().__init__(process_group_backend=process_group_backend, timeout=timeout, **kwargs)
         self._data_parallel_size = data_parallel_size
         self._tensor_parallel_size = tensor_parallel_size
@@ -206,6 +228,9 @@ class ElasticFT3D(DDPStrategy):
         self.checkpoint_format = checkpoint_format
         self.data_randomness = data_randomness
         self.memory_tier = memory_tier
+        self.replica_groups = replica_groups
+        self._replica_config: Any = None  # the resolved ReplicaGroups (setup_environment)
+        self._replica: Any = None  # the fit's ReplicaSync (setup .. teardown)
         self.pipeline_schedule = pipeline_schedule
         self.num_microbatches = num_microbatches
         self.parallel_config: ParallelConfig | None = None
@@ -295,9 +320,14 @@ class ElasticFT3D(DDPStrategy):
         loader outside a running stage, say), only a layout without tensor or pipeline parallelism has an answer:
         every rank is then its own data-parallel replica, as under ``DDPStrategy``."""
         if self._device_mesh is None and self._tensor_parallel_size == 1 and self._pipeline_parallel_size == 1:
-            return super().distributed_sampler_kwargs
-        dp_mesh = self.device_mesh["data_parallel"]
-        return {"num_replicas": dp_mesh.size(), "rank": dp_mesh.get_local_rank()}
+            kwargs = super().distributed_sampler_kwargs
+        else:
+            dp_mesh = self.device_mesh["data_parallel"]
+            kwargs = {"num_replicas": dp_mesh.size(), "rank": dp_mesh.get_local_rank()}
+        if self._replica_config is not None:  # replica groups: group i reads part i of num_groups
+            size, part = kwargs["num_replicas"], self._replica_config.data_part
+            kwargs = {"num_replicas": size * self._replica_config.num_groups, "rank": part * size + kwargs["rank"]}
+        return kwargs
 
     @property
     @override
@@ -356,6 +386,8 @@ class ElasticFT3D(DDPStrategy):
             self.event_log = open_event_log(trainer, mesh=self.mesh_shape())
             self.event_log.claim("progress")
         self._exception = None
+        if self.replica_groups is not None:
+            self._replica_config = self.replica_groups.resolved()  # a missing lighthouse or id: before any step
         if self._fault is not None:
             self._fault.install(trainer, self.event_log)  # fit only: signal handlers, watchdog hooks
         self._checkpoint_manager().open(storage=checkpoint_storage(trainer))
@@ -409,6 +441,8 @@ class ElasticFT3D(DDPStrategy):
     def setup(self, trainer: pl.Trainer) -> None:
         self._prepare(trainer)
         self._mode.setup(trainer)
+        if self._replica_config is not None and trainer.state.fn == TrainerFn.FITTING:
+            self._join_replica_groups(trainer)  # after the DDP wrap, before the first backward
         if self._memory is not None and trainer.state.fn == TrainerFn.FITTING:
             self._memory.setup_tier(trainer)  # collective: the budget check on every rank (optimizers exist now)
         if self._fault is not None:  # collective: health checks (all ranks start or none; they size a checkpoint)
@@ -416,10 +450,49 @@ class ElasticFT3D(DDPStrategy):
         self.barrier("ElasticFT3D.setup")
         self._restore_order.after_setup()  # DTensor or pipeline: the restore Lightning handed over, before on_fit_start
 
+    def _join_replica_groups(self, trainer: pl.Trainer) -> None:
+        """Start this process's part in the replica groups (collective over the group; fit only)."""
+        from lightning_ft.replica.internal import ReplicaSync, replica_comm_hook
+
+        if self._mode.name != "data_parallel":
+            raise ValueError(
+                "ElasticFT3D(replica_groups=...): the model's parameters are DTensors after configure_model(); replica"
+                " groups support plain data parallel inside a group only"
+            )
+        if not self.lightning_module.automatic_optimization:
+            raise ValueError(
+                "ElasticFT3D(replica_groups=...): manual optimization (automatic_optimization=False) is not supported;"
+                " a step discarded across groups must be skipped by the strategy"
+            )
+        self._replica = ReplicaSync(
+            self._replica_config,
+            trainer,
+            group_rank=self.global_rank,
+            group_world_size=self.world_size,
+            event_log=lambda: self.event_log,
+        )
+        self.model.register_comm_hook(self._replica.gradients, replica_comm_hook)
+        self._replica.gate.install(trainer)
+
+    @override
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        super().on_train_batch_start(batch, batch_idx)
+        if self._replica is not None:
+            self._replica.start_step()  # the quorum; a joining group loads the live state here
+
     @override
     def optimizer_step(self, optimizer: Optimizer, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         # The elastic learning-rate scale lives in the optimizer's own rates (what LearningRateMonitor reads).
-        step = self.lightning_module.trainer.global_step if self.lightning_module else 0
+        trainer = self.lightning_module.trainer if self.lightning_module else None
+        step = trainer.global_step if trainer is not None else 0
+        if self._replica is not None:  # applied only when every live group commits (replica/step_gate.py)
+            return self._replica.gate.optimizer_step(
+                trainer,
+                optimizer,
+                lambda gated: self._elastic_resume.optimizer_step(
+                    lambda: self._mode.optimizer_step(gated, closure, model, **kwargs), step
+                ),
+            )
         return self._elastic_resume.optimizer_step(
             lambda: self._mode.optimizer_step(optimizer, closure, model, **kwargs), step
         )
@@ -527,6 +600,7 @@ class ElasticFT3D(DDPStrategy):
         # strategy that sets them up again when it runs.
         state = super().__getstate__()  # Lightning's drops its optimizer wrappers
         state.pop("_run", None)
+        state["_replica"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -552,6 +626,9 @@ class ElasticFT3D(DDPStrategy):
             )
             steps.run(checkpoints.finish_logger_calls, "making the loggers' calls that waited for a commit")
         trainer = attached_trainer(self.lightning_module)
+        if self._replica is not None:
+            replica, self._replica = self._replica, None
+            steps.run(replica.close, "leaving the replica groups")
         if self._memory is not None:
             fitted = self._exception is None and trainer is not None and trainer.state.fn == TrainerFn.FITTING
             steps.run(lambda: self._memory.close(finished=fitted), "closing the memory tier")

@@ -1,0 +1,73 @@
+"""What a joining replica group copies from a healthy one: everything a Lightning checkpoint holds, plus RNG.
+
+The state is Lightning's own checkpoint dump (``trainer._checkpoint_connector.dump_checkpoint``: weights, optimizer
+and LR scheduler state, precision plugin state, loop progress with ``global_step``, callback and datamodule state,
+the LightningModule's ``on_save_checkpoint`` additions) and this rank's RNG states, so that whatever a checkpoint
+restores, a heal restores. It is put back through Lightning's own restore functions, in a running fit: the module's
+``on_load_checkpoint`` and weights, the precision plugin, the callbacks, the loop progress (without marking the
+loops as restarting, :func:`~lightning_ft._compat.load_fit_loop_progress`), the optimizers and schedulers, then the
+RNG. Rank ``r`` of the joining group receives rank ``r``'s state of the source group (torchft pairs them).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from lightning_ft import _compat
+from lightning_ft.elastic.internal import find_resumable_sampler
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+__all__ = ["apply_heal_state", "heal_state"]
+
+
+def heal_state(trainer: pl.Trainer) -> dict[str, Any]:
+    """This rank's state to send to a joining group. Called on torchft's quorum thread while the training thread
+    waits for the quorum (nothing changes the state meanwhile); tensors are live references, serialized by the
+    transport before the training thread continues."""
+    connector = _compat.checkpoint_connector(trainer)
+    sampler = find_resumable_sampler(getattr(trainer, "train_dataloader", None))
+    return {
+        "checkpoint": connector.dump_checkpoint(weights_only=False),
+        "rng": _compat.collect_rng_states(),
+        "sampler": sampler.state_dict() if sampler is not None else None,
+    }
+
+
+def apply_heal_state(trainer: pl.Trainer, state: dict[str, Any]) -> None:
+    """Put ``state`` (from :func:`heal_state` on the source rank) into this running fit, in place.
+
+    Called on the training thread at the start of a step, before the forward pass, on every rank of the joining
+    group."""
+    checkpoint = state["checkpoint"]
+    with _compat.loaded_checkpoint(trainer, checkpoint) as connector:
+        connector.restore_model()
+        connector.restore_datamodule()
+        connector.restore_precision_plugin_state()
+        connector.restore_callbacks()
+        if "loops" in checkpoint:
+            _compat.load_fit_loop_progress(trainer, checkpoint["loops"]["fit_loop"])
+        connector.restore_optimizers_and_schedulers()
+    _continue_data(trainer, state.get("sampler"))
+    _compat.set_rng_states(state["rng"])  # after the new DataLoader iterator drew its seed from the old stream
+
+
+def _continue_data(trainer: pl.Trainer, sampler_state: dict[str, Any] | None) -> None:
+    """Make this group read on where the source group's part of the data stands.
+
+    The source was between fetching its current batch (the ``k``-th of the epoch) and training it; this group has
+    a batch of its own in hand, which it trains in its place (that one batch is read twice in the epoch). Its
+    sampler takes the source's position past the batch in hand, the training DataLoader iterator is created anew
+    from there, and the sampler's count is put back to the source's, which the end of this batch advances as on
+    every group."""
+    sampler = find_resumable_sampler(getattr(trainer, "train_dataloader", None))
+    loader = getattr(trainer, "train_dataloader", None)
+    batch_size = getattr(loader, "batch_size", None)
+    if sampler is None or sampler_state is None or not batch_size:
+        return
+    sampler.load_state_dict(sampler_state)
+    consumed = sampler.consumed
+    sampler.consumed = consumed + batch_size * sampler.num_replicas  # the batch in hand
+    _compat.restart_training_fetcher(trainer, fetched=trainer.fit_loop.epoch_loop.batch_progress.current.ready)
+    sampler.consumed = consumed

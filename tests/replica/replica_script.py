@@ -1,0 +1,172 @@
+"""One replica group (a torchrun job) of a plain LightningModule under ``ElasticFT3D(replica_groups=...)``, for
+tests/replica/test_replica_groups_e2e.py.
+
+After every committed step, rank 0 appends one JSON line to ``<out>/steps.jsonl``: the global step, its own pid, and
+a fingerprint of each part of the state a heal must copy (weights, optimizer, LR scheduler, torch/numpy/Python RNG,
+a stateful callback, the loop counters). While ``<out>/../hold`` exists each training step sleeps ``--step-sleep``
+seconds, so that the test can kill and replace a group mid-run; without it the run goes at full speed. While
+``<out>/hang`` exists the training step does not return (a hung rank).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.strategies import DDPStrategy
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from lightning_ft import ElasticFT3D, ReplicaGroups  # noqa: E402
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+parser.add_argument("--max-steps", type=int, default=60)
+parser.add_argument("--step-sleep", type=float, default=0.2)
+parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--min-replicas", type=int, default=1)
+parser.add_argument("--strategy", choices=("replica", "ddp"), default="replica")
+parser.add_argument("--timeout-s", type=float, default=3.0)
+args = parser.parse_args()
+out = Path(args.out)
+out.mkdir(parents=True, exist_ok=True)
+hold = out.parent / "hold"
+
+
+def digest(obj) -> str:
+    h = hashlib.sha256()
+
+    def walk(x) -> None:
+        if isinstance(x, torch.Tensor):
+            h.update(str(x.dtype).encode())
+            h.update(x.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(x, np.ndarray):
+            h.update(x.tobytes())
+        elif isinstance(x, dict):
+            for k in sorted(x, key=str):
+                h.update(str(k).encode())
+                walk(x[k])
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+        else:
+            h.update(repr(x).encode())
+
+    walk(obj)
+    return h.hexdigest()[:16]
+
+
+class Model(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.1), torch.nn.Linear(32, 4))
+
+    def training_step(self, batch, batch_idx):
+        if hold.exists():
+            time.sleep(args.step_sleep)
+        while (out / "hang").exists():  # a hung rank: the training thread stops, torchft's heartbeat thread goes on
+            time.sleep(0.1)
+        x, y, _ = batch
+        noise = torch.randn_like(x) * 0.01  # the RNG is part of the state
+        return torch.nn.functional.mse_loss(self.net(x + noise), y)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.Adam(self.parameters(), lr=1e-2)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.9)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(1234)
+        data = TensorDataset(
+            torch.randn(20000, 16, generator=g), torch.randn(20000, 4, generator=g), torch.arange(20000)
+        )
+        return DataLoader(data, batch_size=8, shuffle=True)
+
+
+class Batches(Callback):
+    """A stateful callback: the batches it has seen (discarded steps included) travel with a heal."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.seen += 1
+
+    def state_dict(self):
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state_dict) -> None:
+        self.seen = state_dict["seen"]
+
+
+class Record(Callback):
+    def __init__(self, batches: Batches) -> None:
+        self.batches = batches
+        self.last = -1
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        assert isinstance(optimizer, torch.optim.Adam), type(optimizer)  # hooks see the user's own optimizer
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_rank != 0 or trainer.global_step == self.last:
+            return
+        self.last = trainer.global_step
+        loop = trainer.fit_loop.epoch_loop
+        record = {
+            "step": trainer.global_step,
+            "pid": os.getpid(),
+            "time": time.time(),
+            "weights": digest(pl_module.state_dict()),
+            "optimizer": digest(trainer.optimizers[0].state_dict()),
+            "scheduler": digest(trainer.lr_scheduler_configs[0].scheduler.state_dict()),
+            "lr": trainer.optimizers[0].param_groups[0]["lr"],
+            "adam_steps": int(next(iter(trainer.optimizers[0].state.values()))["step"]),
+            "scheduler_steps": trainer.lr_scheduler_configs[0].scheduler.last_epoch,
+            "rng": digest([torch.get_rng_state(), np.random.get_state()[1], random.getstate()]),
+            "callback": self.batches.seen,
+            "loop": [trainer.global_step, loop._batches_that_stepped, trainer.current_epoch],
+            "samples": batch[2].tolist(),
+        }
+        with open(out / "steps.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+L.seed_everything(args.seed)
+if args.strategy == "ddp":  # the oracle: one torchrun job of several processes
+    strategy = DDPStrategy()
+else:
+    groups = ReplicaGroups(
+        address="127.0.0.1", min_replicas=args.min_replicas, timeout=timedelta(seconds=args.timeout_s)
+    )
+    strategy = ElasticFT3D(replica_groups=groups)
+batches = Batches()
+trainer = L.Trainer(
+    accelerator="cpu",
+    devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+    strategy=strategy,
+    max_steps=args.max_steps,
+    limit_val_batches=0,
+    enable_checkpointing=False,
+    logger=CSVLogger(str(out), name="csv", version=0),
+    enable_progress_bar=False,
+    enable_model_summary=False,
+    default_root_dir=str(out),
+    callbacks=[batches, Record(batches)],
+)
+trainer.fit(Model())
+torch.save(trainer.lightning_module.state_dict(), out / f"final{trainer.global_rank}.pt")
+if trainer.global_rank == 0:
+    (out / "done.json").write_text(json.dumps({"global_step": trainer.global_step, "pid": os.getpid()}))
