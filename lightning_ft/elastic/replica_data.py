@@ -160,8 +160,9 @@ def group_remainder(
     ``live_groups`` gets a consistent deal. The union over the live groups of the committed history
     (``order[:committed]``) and of every group's :attr:`GroupRemainder.ranks` is each index of ``order`` exactly
     once, plus :attr:`~GroupRemainder.repeated`, minus :attr:`~GroupRemainder.skipped`. Costs O(len(order)).
-    Call it while the epoch is not over (``committed`` below the end of the epoch): once over, the count no longer
-    tells which samples the last step repeated.
+    The forecast is exact while samples of the epoch are left (``committed < len(order)``); from there on nothing is
+    dealt anew (an epoch whose every sample is committed has nothing left for a new deal) and the count no longer
+    tells what the last steps repeated.
 
     Args:
         order: the epoch's order, a permutation of ``range(len(order))``
@@ -184,14 +185,12 @@ def group_remainder(
         for rank in range(membership.num_replicas)
     ]
     mine = deals[membership.sampler_rank(0) : membership.sampler_rank(0) + membership.group_size]
-    # Committed steps trained the stream positions [0, committed) exactly: a deal's completion (the repeats after the
-    # end of the stream) lies within its last step, which ends the epoch. Past the order's end the stream repeats the
-    # order from its head, in every world (the sampler pads cyclically), so position p is sample p % n.
-    trained = Counter(p % n for p in range(committed)) if n else Counter()
+    # Committed steps trained the stream positions [0, committed) once each while samples of the epoch are left: a
+    # deal's repeats (padding, completion) lie within its last steps, which end the epoch.
+    trained = Counter(range(min(committed, n)))
     rest = [position for step in _stream_order(deals) for position in step]
     trained.update(rest)
-    in_stream = dict.fromkeys([p % n for p in range(committed)] + rest) if n else {}
-    repeated = [order[p] for p in in_stream for _ in range(trained[p] - 1)]
+    repeated = [order[p] for p in dict.fromkeys(rest) for _ in range(trained[p] - 1)]
     skipped = [order[p] for p in range(n) if trained[p] == 0]
     return GroupRemainder(
         ranks=tuple(tuple(order[p] for p in positions) for positions in mine),
