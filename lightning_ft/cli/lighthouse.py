@@ -8,10 +8,12 @@ with 0. Every option is checked before anything is bound (a bad value is a usage
 the option), and an address already in use or one the host does not have is a usage error too, reported before the
 address line is printed.
 
-It differs from ``torchft_lighthouse`` in three ways, each for the replica mode: the durations are seconds, as the
+It differs from ``torchft_lighthouse`` in four ways, each for the replica mode: the durations are seconds, as the
 rest of lightning-ft takes them; the default heartbeat timeout is 1 s instead of torchft's 5 s, because a dead group
 holds the survivors' next quorum until its heartbeat times out (measured here: 5.2-10.8 s of stall with 5 s, 1.3 s
-with 1 s); and the address printed is the one bound (``--bind 127.0.0.1:0`` prints ``http://127.0.0.1:<port>``, the
+with 1 s); the default join timeout is 1 s instead of torchft's 60 s, because a replacement group heartbeats while it
+still starts (imports, model set-up) and the survivors' quorum waits for it up to the join timeout; and the address
+printed is the one bound (``--bind 127.0.0.1:0`` prints ``http://127.0.0.1:<port>``, the
 port the OS chose), where torchft's names the host, which need not resolve to the address bound. Only a wildcard
 bind (``0.0.0.0``, ``::``) prints the host's name, as torchft does.
 """
@@ -34,7 +36,7 @@ DEFAULT_BIND = "0.0.0.0:29510"
 """Every IPv4 interface, on torchft's lighthouse port: the groups of a job run on other hosts."""
 
 _WILDCARDS = {"0.0.0.0", "::", ""}
-_DEFAULTS_S = {"join_timeout_s": 60.0, "quorum_tick_s": 0.1, "heartbeat_timeout_s": 1.0}
+_DEFAULTS_S = {"join_timeout_s": 1.0, "quorum_tick_s": 0.1, "heartbeat_timeout_s": 1.0}
 
 
 def register(subparsers: Any) -> None:
@@ -64,7 +66,8 @@ def register(subparsers: Any) -> None:
         type=float,
         default=_DEFAULTS_S["join_timeout_s"],
         metavar="S",
-        help="how long a new quorum waits for groups that heartbeat but have not asked to join (default %(default)g)",
+        help="how long a new quorum waits for groups that heartbeat but have not asked to join (default %(default)g;"
+        " torchft's is 60)",
     )
     lighthouse.add_argument(
         "--quorum-tick-s",

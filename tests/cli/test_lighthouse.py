@@ -119,3 +119,63 @@ def test_an_address_in_use_is_a_clear_error(capsys):
         f"lightning-ft lighthouse: error: --bind=127.0.0.1:{port}: the address is already in use (another"
         " lighthouse?): choose another port or stop it\n"
     )
+
+
+def test_the_options_reach_torchft_in_milliseconds_and_the_loopback_address_is_printed(monkeypatch, capsys):
+    import torchft.coordination
+
+    started = {}
+
+    class Recorder:
+        def __init__(self, **kwargs):
+            started.update(kwargs)
+
+        def address(self):
+            signal.raise_signal(signal.SIGTERM)  # stop at once: the handler the command installed ends its wait
+            return "http://some-host-name:4242"
+
+        def shutdown(self):
+            started["shut down"] = True
+
+    monkeypatch.setattr(torchft.coordination, "LighthouseServer", Recorder)
+    args = ["--bind", "127.0.0.1:0", "--min-replicas", "2", "--heartbeat-timeout-s", "0.5", "--join-timeout-s", "3"]
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["lighthouse", *args]) == 0
+    assert signal.getsignal(signal.SIGTERM) is before  # the previous handler is back
+    assert started == {
+        "bind": "127.0.0.1:0",
+        "min_replicas": 2,
+        "join_timeout_ms": 3000,
+        "quorum_tick_ms": 100,
+        "heartbeat_timeout_ms": 500,
+        "shut down": True,
+    }
+    # The address bound, not the host name torchft reports (which need not resolve to the loopback address).
+    assert capsys.readouterr().out == "TORCHFT_LIGHTHOUSE=http://127.0.0.1:4242\n"
+
+
+def test_the_defaults_give_a_stall_of_about_a_second(monkeypatch):
+    import torchft.coordination
+
+    started = {}
+
+    class Recorder:
+        def __init__(self, **kwargs):
+            started.update(kwargs)
+
+        def address(self):
+            signal.raise_signal(signal.SIGINT)
+            return "http://h:29510"
+
+        def shutdown(self):
+            pass
+
+    monkeypatch.setattr(torchft.coordination, "LighthouseServer", Recorder)
+    before = signal.getsignal(signal.SIGINT)
+    assert main(["lighthouse", "--min-replicas", "1"]) == 0
+    assert signal.getsignal(signal.SIGINT) is before
+    assert (started["bind"], started["heartbeat_timeout_ms"], started["join_timeout_ms"]) == (
+        "0.0.0.0:29510",
+        1000,
+        1000,
+    )
