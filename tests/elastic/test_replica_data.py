@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from lightning_ft.elastic import ElasticPolicy, ResumableSampler
-from lightning_ft.elastic.internal import plan_resume
-from lightning_ft.elastic.replica_data import (
+from lightning_ft.elastic.internal import (
     ReplicaMembership,
     committed_after,
     group_remainder,
+    plan_resume,
     reshard_sampler,
 )
 
