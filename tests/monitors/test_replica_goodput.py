@@ -162,3 +162,15 @@ def test_goodput_monitor_logs_live_groups_every_step_and_counts_the_stall_as_los
     assert totals["useful_productive_s"] == pytest.approx(totals["productive_s"] - 0.25)
     last = [r for r in rows if r.get("goodput/replica_stall_s")][-1]
     assert float(last["goodput/replica_stall_s"]) == 0.25 and float(last["goodput/heal_s"]) == 0.5
+
+
+def test_the_timeline_marks_the_lost_group():
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from lightning_ft.monitors.goodput_report import timeline_figure
+    from tests.monitors.test_goodput_report import history
+
+    fig = timeline_figure(history("replicas"))
+    try:
+        assert "replica_lost" in fig.axes[0].get_legend_handles_labels()[1]
+    finally:
+        plt.close(fig)
