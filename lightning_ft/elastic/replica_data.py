@@ -126,8 +126,8 @@ def _position_sampler(
     drop_last: bool,
     drop_last_batch: bool,
 ) -> ResumableSampler:
-    # Unshuffled, the sampler yields stream positions; the caller maps them through the epoch's order. The deal is
-    # then the sampler's own, not a second copy of it.
+    # Unshuffled, the sampler deals stream positions (range(n) is its order); the caller maps them through the epoch's
+    # order. The deal is then the sampler's own, not a second copy of it.
     sampler = ResumableSampler(
         dataset_len,
         num_replicas=membership.num_replicas,
@@ -180,15 +180,14 @@ def group_remainder(
     n = len(order)
     if sorted(order) != list(range(n)):
         raise ValueError(f"group_remainder(order=...): must be a permutation of range({n}), the epoch's order")
-    deals = [
-        list(_position_sampler(n, membership, rank, committed, drop_last, drop_last_batch))
-        for rank in range(membership.num_replicas)
-    ]
-    mine = deals[membership.sampler_rank(0) : membership.sampler_rank(0) + membership.group_size]
+    # The whole rest once (O(n), not once per rank): the sampler deals it round-robin, rank q taking rest[q::R].
+    sampler = _position_sampler(n, membership, 0, committed, drop_last, drop_last_batch)
+    rest = [position for position, _ in sampler._remaining_stream()]
+    first, replicas = membership.sampler_rank(0), membership.num_replicas
+    mine = [rest[first + r :: replicas] for r in range(membership.group_size)]
     # Committed steps trained the stream positions [0, committed) once each while samples of the epoch are left: a
     # deal's repeats (padding, completion) lie within its last steps, which end the epoch.
     trained = Counter(range(min(committed, n)))
-    rest = [position for step in _stream_order(deals) for position in step]
     trained.update(rest)
     repeated = [order[p] for p in dict.fromkeys(rest) for _ in range(trained[p] - 1)]
     skipped = [order[p] for p in range(n) if trained[p] == 0]
@@ -197,12 +196,6 @@ def group_remainder(
         repeated=tuple(repeated),
         skipped=tuple(skipped),
     )
-
-
-def _stream_order(deals: list[list[int]]) -> list[list[int]]:
-    """The ranks' deals interleaved back into stream order (round-robin), one list per round."""
-    longest = max((len(deal) for deal in deals), default=0)
-    return [[deal[i] for deal in deals if i < len(deal)] for i in range(longest)]
 
 
 def committed_after(
