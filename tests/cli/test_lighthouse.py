@@ -179,3 +179,34 @@ def test_the_defaults_give_a_stall_of_about_a_second(monkeypatch):
         1000,
         1000,
     )
+
+
+@pytest.mark.parametrize(
+    ("bind", "printed"),
+    [
+        ("[::1]:0", "http://[::1]:4242"),
+        ("localhost:0", "http://localhost:4242"),
+        ("0.0.0.0:0", "http://some-host-name:4242"),  # a wildcard: the host's name, as torchft gives it
+        ("[::]:0", "http://some-host-name:4242"),
+    ],
+)
+def test_the_printed_address_is_the_host_bound_or_for_a_wildcard_the_host_s_name(monkeypatch, capsys, bind, printed):
+    import torchft.coordination
+
+    binds = []
+
+    class Recorder:
+        def __init__(self, **kwargs):
+            binds.append(kwargs["bind"])
+
+        def address(self):
+            signal.raise_signal(signal.SIGTERM)
+            return "http://some-host-name:4242"
+
+        def shutdown(self):
+            pass
+
+    monkeypatch.setattr(torchft.coordination, "LighthouseServer", Recorder)
+    assert main(["lighthouse", "--bind", bind, "--min-replicas", "1"]) == 0
+    assert binds == [bind]
+    assert capsys.readouterr().out == f"TORCHFT_LIGHTHOUSE={printed}\n"
