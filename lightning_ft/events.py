@@ -90,6 +90,7 @@ INCIDENT_EVENTS = (
     "checkpoint_failed",
     "node_evicted",
     "join_refused",
+    "replica_lost",
 )
 """The events ``lightning-ft report`` lists as incidents."""
 _KEPT_ON_DISK = frozenset(INCIDENT_EVENTS) | {"health_check_failed", "fault_injected"}

@@ -1,9 +1,9 @@
-"""``lightning-ft``: plan a 3D layout, inspect, verify or export a checkpoint, summarise the event logs, gate a node.
+"""``lightning-ft``: plan a 3D layout, inspect, verify or export a checkpoint, report on a run, gate a node, lighthouse.
 
 Each subcommand is a thin shell over a library function, so everything it prints can also be had from Python. One
 module per subcommand registers its parser and runs it (:mod:`~lightning_ft.cli.plan`,
 :mod:`~lightning_ft.cli.checkpoint` for ``inspect``, ``verify`` and ``export``, :mod:`~lightning_ft.cli.report`,
-:mod:`~lightning_ft.cli.health_gate`); each imports
+:mod:`~lightning_ft.cli.health_gate`, :mod:`~lightning_ft.cli.lighthouse`); each imports
 the library it wraps only when it runs. :func:`main` registers in full only the subcommand it runs (``plan``'s
 options need the planner, which imports torch), so ``lightning-ft report`` imports neither torch nor Lightning.
 
@@ -31,6 +31,7 @@ _MODULES = {
     "export": "checkpoint",
     "report": "report",
     "health-gate": "health_gate",
+    "lighthouse": "lighthouse",
 }
 """Subcommand -> the module of :mod:`lightning_ft.cli` that registers and runs it."""
 

@@ -4,7 +4,9 @@ CLI) use of this package beyond its public names. It is not API: users are taugh
 imported only by the packages that may import ``elastic`` (tests/test_architecture.py, ``ALLOWED``) and by the tests.
 
 The strategy decides a resume (:func:`plan_resume_from_metadata`), applies its learning-rate scale
-(:class:`ScaledLearningRates`), keeps the data position and swaps in the resumable sampler.
+(:class:`ScaledLearningRates`), keeps the data position and swaps in the resumable sampler. The replica mode deals the
+rest of an epoch anew over the live groups at every membership change and discarded step (:func:`reshard_sampler`,
+:func:`committed_after`, :func:`group_remainder`).
 """
 
 from lightning_ft.elastic.data_rng import DATA_RANDOMNESS
@@ -16,6 +18,13 @@ from lightning_ft.elastic.dataloader import (
 )
 from lightning_ft.elastic.lr_scale import LRScale
 from lightning_ft.elastic.rank_rng import new_rank_rng_states, resumed_rng_states
+from lightning_ft.elastic.replica_data import (
+    GroupRemainder,
+    ReplicaMembership,
+    committed_after,
+    group_remainder,
+    reshard_sampler,
+)
 from lightning_ft.elastic.rescale import (
     ResumeDecision,
     check_accumulation_scheduler,
@@ -27,17 +36,22 @@ from lightning_ft.elastic.scaled_learning_rates import ScaledLearningRates
 
 __all__ = [
     "DATA_RANDOMNESS",
+    "GroupRemainder",
     "LRScale",
+    "ReplicaMembership",
     "ResumeDecision",
     "ScaledLearningRates",
     "TrainingDataPosition",
     "align_batch_progress",
     "check_accumulation_scheduler",
+    "committed_after",
     "find_resumable_sampler",
+    "group_remainder",
     "new_rank_rng_states",
     "plan_resume",
     "plan_resume_from_metadata",
     "previous_world",
+    "reshard_sampler",
     "resume_timing",
     "resumed_rng_states",
     "swap_in_resumable_sampler",

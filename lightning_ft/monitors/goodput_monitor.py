@@ -13,6 +13,10 @@ counted). Under a strategy that records no progress of its own (not ``ElasticFT3
 
 After a restart, the steps an earlier attempt already reached are trained again; ``goodput/*`` is not logged for them
 (the earlier values stay in TensorBoard), and the first value logged past them carries ``goodput/replayed_steps``.
+
+In the replica mode (docs/replica-groups.md) a lost group restarts nothing: rank 0 reads the replica events its own
+rank appends to the event log (:mod:`~lightning_ft.monitors.replica_goodput`) as they come, counts the survivors'
+stall as lost time and the heals, and logs ``replicas/live_groups`` at every optimizer step once a quorum is known.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from lightning_ft.batch_timer import BatchTimer
 from lightning_ft.events import get_event_log, open_event_log, process_start_time, read_events
 from lightning_ft.monitors._replay import replayed_through
 from lightning_ft.monitors.goodput_report import summarize
+from lightning_ft.monitors.replica_goodput import ReplicaTally, read_new_lines
 from lightning_ft.monitors.straggler_monitor import STRAGGLER_EXIT_CODE, StragglerMonitor
 
 log = logging.getLogger(__name__)
@@ -56,6 +61,11 @@ _TOTAL_KEYS = (
     "attempts",
     "restarts",
     "continuations",
+    "replica_stall_s",
+    "heal_s",
+    "replicas_lost",
+    "replicas_joined",
+    "discarded_steps",
 )
 
 
@@ -103,6 +113,10 @@ class GoodputMonitor(Callback):
         self._last_logged_step = -1
         self._last_logged_time = self._last_progress_time = time.monotonic()
         self._boundary_time: float | None = None
+        self._replicas: ReplicaTally | None = None
+        self._events_path: Any = None
+        self._events_offset = 0
+        self._live_logged_step = -1
 
     @property
     @override
@@ -126,6 +140,8 @@ class GoodputMonitor(Callback):
         self._replayed_through = replayed_through(trainer)
         self._replayed_steps = max(self._replayed_through - trainer.global_step, 0)
         event_log = get_event_log(trainer)
+        self._replicas = ReplicaTally(run_id=event_log.run_id, attempt=event_log.attempt)
+        self._events_path, self._events_offset = event_log.path, 0
         before = [
             e
             for e in read_events(event_log.path.parent)
@@ -175,6 +191,7 @@ class GoodputMonitor(Callback):
         self._at_boundary()
         if not trainer.is_global_zero:
             return
+        self._log_live_groups(trainer)
         if self._first_step_time is None:
             self._first_step_time = time.time()
             if self._writes_progress:  # under ElasticFT3D the strategy writes first_step and progress itself
@@ -190,6 +207,19 @@ class GoodputMonitor(Callback):
             self._log_at(trainer, step)
         elif self._writes_progress and now - self._last_progress_time >= PROGRESS_EVERY_S:
             self._write_progress(trainer)
+
+    def _log_live_groups(self, trainer: pl.Trainer) -> None:
+        """Read the replica events written since the last call; log ``replicas/live_groups`` once per step (rank 0)."""
+        if self._replicas is None or self._events_path is None:
+            return
+        lines, self._events_offset = read_new_lines(self._events_path, self._events_offset)
+        self._replicas.add(lines)
+        live, step = self._replicas.live_groups, trainer.global_step
+        if live is None or step == self._live_logged_step:
+            return
+        self._live_logged_step = step
+        for logger in trainer.loggers:
+            logger.log_metrics({"replicas/live_groups": float(live)}, step=step)
 
     def _log_at(self, trainer: pl.Trainer, step: int) -> None:
         """Write ``progress`` (where this monitor does) and log the totals at ``step`` (rank 0)."""
@@ -271,24 +301,32 @@ class GoodputMonitor(Callback):
         if self._restarted and self._first_step_time is not None:
             restart_now = self._first_step_time - (self._fault_time or self._start_time)
             recovery_now = self._first_step_time - self._start_time
+        replicas = self._replicas
+        stall_now = replicas.stall_s if replicas is not None else 0.0
+
+        def replica_total(key: str) -> float:
+            return p.get(key, 0.0) + (replicas.total(key) if replicas is not None else 0.0)
+
         out: dict[str, float | None] = {
             "attempts": p.get("attempts", 0.0) + (0 if self._prior_counts_current else 1),
             "restarts": p.get("restarts", 0.0) + (1 if self._restarted and not self._prior_counts_current else 0),
             "continuations": p.get("continuations", 0.0),
             "wall_s": p.get("wall_s", 0.0) + wall_now,
             "productive_s": p.get("productive_s", 0.0) + self._timer.productive_s,
-            "useful_productive_s": p.get("useful_productive_s", 0.0) + self._timer.productive_s,
+            "useful_productive_s": p.get("useful_productive_s", 0.0) + self._timer.productive_s - stall_now,
             "data_wait_s": p.get("data_wait_s", 0.0) + self._timer.data_wait_s,
             "checkpoint_stall_s": p.get("checkpoint_stall_s", 0.0) + self._timer.stall_s,
             "restart_s": p.get("restart_s", 0.0) + restart_now,
             "recovery_s": p.get("recovery_s", 0.0) + recovery_now,
             "lost_steps": p.get("lost_steps", 0.0),
-            "lost_s": p.get("lost_s", 0.0),
+            "lost_s": p.get("lost_s", 0.0) + stall_now,
             "straggler_s": p.get("straggler_s", 0.0) + straggler_s,
             "straggler_detections": p.get("straggler_detections", 0.0) + detections,
+            "replica_stall_s": p.get("replica_stall_s", 0.0) + stall_now,
+            **{k: replica_total(k) for k in ("heal_s", "replicas_lost", "replicas_joined", "discarded_steps")},
         }
         held = p.get("device_s_held", 0.0) + self._world_size * wall_now
-        useful_dev = p.get("useful_device_s", 0.0) + self._world_size * self._timer.productive_s
+        useful_dev = p.get("useful_device_s", 0.0) + self._world_size * (self._timer.productive_s - stall_now)
         out["device_s_held"] = held
         out["useful_device_s"] = useful_dev
         out["ettr"] = out["useful_productive_s"] / out["wall_s"] if out["wall_s"] else None  # type: ignore[operator]

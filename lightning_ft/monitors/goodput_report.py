@@ -21,6 +21,9 @@ Definitions (all wall-clock seconds):
 - lost steps are the steps a stopped attempt reached beyond the checkpoint the next one resumed from
   (``resumed.step``, 0 without a ``resumed`` event); lost time is the productive time spent on them, prorated within
   ``progress`` intervals;
+- in the replica mode a lost group restarts nothing: the survivors' stall (``replica_lost.stall_s``, within their
+  steps, once per lost group) is lost time too, and a heal (``healed.seconds``) is the joining group's recovery
+  (:mod:`~lightning_ft.monitors.replica_goodput`);
 - effective training time ratio (ETTR) = useful productive time / the run's wall time;
 - device utilisation = useful productive device-seconds / device-seconds held over the run's wall time (seconds times
   the world size of the attempt, or of the attempt being relaunched during a gap);
@@ -48,6 +51,7 @@ from lightning_ft.monitors.checkpoint_tiers import (
 )
 from lightning_ft.monitors.goodput_projection import DEFAULT_MTTF_HOURS_AT, MTTF_SOURCE, project, restart_cost
 from lightning_ft.monitors.goodput_text import fmt_ratio
+from lightning_ft.monitors.replica_goodput import replica_summary
 from lightning_ft.monitors.run_history import attempts as attempt_records
 from lightning_ft.monitors.run_history import latest_run, link, num
 
@@ -59,6 +63,8 @@ _MERGED_BY = {
     "node_evicted": ("host",),
     "join_refused": ("host", "until"),
     "checkpoint_failed": ("tier", "step"),
+    # Every rank of every surviving group may record a lost group.
+    "replica_lost": ("replica_id", "step"),
 }
 """Incidents that several ranks may record: one per attempt and these fields, at the earliest record."""
 _NOT_AN_ATTEMPT = frozenset({"join_refused"})
@@ -83,7 +89,9 @@ def summarize(
     saves, restores, lost steps per failure, rejections; see
     :func:`~lightning_ft.monitors.checkpoint_tiers.tier_summary`), ``checkpoint_intervals`` (Young-Daly per save
     tier, ``memory`` ``None`` when the run used no memory tier), ``checkpoint_interval`` (the durable tier's, as in
-    0.2.0), ``projection`` (``None`` unless ``project_gpus`` is given), ``stragglers`` and ``incidents``. Ratios are
+    0.2.0), ``projection`` (``None`` unless ``project_gpus`` is given), ``stragglers``, ``incidents`` and
+    ``replicas`` (:func:`~lightning_ft.monitors.replica_goodput.replica_summary`, ``None`` outside the replica
+    mode). Ratios are
     ``None`` when the log holds no wall time.
 
     Args:
@@ -118,10 +126,16 @@ def summarize(
         (restarts if "cause" in linked else continuations).append(linked)
 
     by_number = {a["attempt"]: a for a in attempts}
+    replicas = replica_summary(run_events)
+    # A replica group's failure restarts nothing: the survivors' stall, within their steps, is the time it cost.
+    stalls = replicas["lost"] if replicas is not None else []
+    replica_stall_s = sum(num(r["stall_s"]) for r in stalls)
     wall_s = sum(a["wall_s"] for a in attempts) + sum(r["gap_s"] for r in restarts)
     productive_s = sum(a["productive_s"] for a in attempts)
-    lost_s = sum(a["lost_s"] for a in attempts)
-    useful_device_s = sum((a["productive_s"] - a["lost_s"]) * a["world_size"] for a in attempts)
+    lost_s = sum(a["lost_s"] for a in attempts) + replica_stall_s
+    useful_device_s = sum((a["productive_s"] - a["lost_s"]) * a["world_size"] for a in attempts) - sum(
+        num(r["stall_s"]) * by_number.get(r["attempt"], {"world_size": 1})["world_size"] for r in stalls
+    )
     held_device_s = sum(a["wall_s"] * a["world_size"] for a in attempts) + sum(
         r["gap_s"] * by_number[r["attempt"]]["world_size"] for r in restarts
     )
@@ -147,6 +161,11 @@ def summarize(
         "lost_s": lost_s,
         "straggler_s": sum(num(e.get("lost_s")) for e in run_events if e.get("event") == "straggler_cleared"),
         "device_s_held": held_device_s,
+        "replica_stall_s": replica_stall_s,
+        "heal_s": replicas["heal_s"] if replicas is not None else 0.0,
+        "replicas_lost": replicas["replicas_lost"] if replicas is not None else 0,
+        "replicas_joined": replicas["replicas_joined"] if replicas is not None else 0,
+        "discarded_steps": replicas["discarded_steps"] if replicas is not None else 0,
     }
     incidents = _incidents(sorted(run_events + refusals, key=lambda e: (num(e.get("time")), num(e.get("rank")))))
     tiers = tier_summary(run_events, restarts, attempts)
@@ -172,6 +191,7 @@ def summarize(
         "projection": None,
         "stragglers": _stragglers(run_events, totals["straggler_s"]),
         "incidents": incidents,
+        "replicas": replicas,
     }
     if project_gpus is not None:
         summary["projection"] = _projection(
@@ -364,6 +384,7 @@ def _incident_detail(e: dict[str, Any]) -> dict[str, Any]:
         "checkpoint_failed": ("tier", "reason"),
         "node_evicted": ("host", "ranks", "source", "reason", "cooldown_s", "record_path"),
         "join_refused": ("host", "reason", "until", "exit_code"),
+        "replica_lost": ("replica_id", "stall_s", "discarded_steps"),
     }[e["event"]]
     detail = {k: e.get(k) for k in keys}
     if "tier" in detail:
@@ -380,6 +401,7 @@ _COLOURS = {
     "checkpoint_failed": "tab:olive",
     "node_evicted": "tab:pink",
     "join_refused": "tab:cyan",
+    "replica_lost": "tab:blue",
 }
 
 

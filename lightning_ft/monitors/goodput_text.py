@@ -136,6 +136,8 @@ def format_report(summary: dict[str, Any]) -> str:
     for d in s["detections"]:
         ratio = f"{d['ratio']:.2f}x" if isinstance(d["ratio"], (int, float)) else "?"
         lines.append(f"    step {d['step']}: rank {d['suspect_rank']} {ratio} (onset step {d['onset_step']})")
+    if summary.get("replicas") is not None:
+        lines += _format_replicas(summary["replicas"])
     counts = Counter(i["event"] for i in summary["incidents"])
     if counts:
         lines.append("  incidents: " + ", ".join(f"{n} {name}" for name, n in sorted(counts.items())))
@@ -322,3 +324,25 @@ def _format_interval(ci: dict[str, Any]) -> str:
     return (
         f"  {tier} interval (Young-Daly sqrt(2 x cost x MTBF)): {_fmt_s(ci['interval_s'])}{steps}{now}; {cost}, {mtbf}"
     )
+
+
+def _format_replicas(r: dict[str, Any]) -> list[str]:
+    """The replica mode: groups lost (the survivors' stall), joined and healed, and the live groups over the run."""
+    live = " -> ".join(str(n) for _, n in r["live_groups"])
+    lines = [
+        f"  replica groups: {r['replicas_lost']} lost (survivors stalled {_fmt_cost(r['stall_s'])},"
+        f" {r['discarded_steps']} discarded step(s)), {r['replicas_joined']} joined, {len(r['heals'])} healed"
+        f" ({_fmt_cost(r['heal_s'])}, {_fmt_bytes(r['heal_bytes'])} from live peers)"
+        + (f"; live groups {live} (fewest {r['min_live_groups']})" if live else "")
+    ]
+    records = (
+        [(x, "lost") for x in r["lost"]] + [(x, "joined") for x in r["joined"]] + [(x, "healed") for x in r["heals"]]
+    )
+    for x, kind in sorted(records, key=lambda xk: (num(xk[0]["step"], -1), num(xk[0]["time"]))):
+        text = f"    step {x['step']}: group {x['replica_id']} {kind}"
+        if kind == "lost":
+            text += f", survivors stalled {_fmt_cost(x['stall_s'])}, {x['discarded_steps']} discarded step(s)"
+        elif kind == "healed":
+            text += f" from group {x['source']}: {_fmt_bytes(x['bytes'])} in {_fmt_cost(x['seconds'])}"
+        lines.append(text)
+    return lines

@@ -21,7 +21,7 @@ def test_console_script_entry_point_runs():
         timeout=120,
     )
     assert proc.returncode == 0
-    for command in ("plan", "inspect", "verify", "export", "report", "health-gate"):
+    for command in ("plan", "inspect", "verify", "export", "report", "health-gate", "lighthouse"):
         assert command in proc.stdout
 
 

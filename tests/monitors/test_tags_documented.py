@@ -17,6 +17,7 @@ from lightning_ft.monitors.straggler_monitor import _PART_NAMES
 from tests.helpers import REPO_ROOT
 from tests.monitors.fleet import SimulatedFleet
 from tests.monitors.test_goodput_monitor import fit, logged
+from tests.monitors.test_replica_goodput import fit_with_replica_events, logged_rows
 from tests.monitors.test_straggler_monitor import jittered
 from tests.monitors.test_thermal_monitor import fake_trainer, run_windows
 
@@ -67,6 +68,13 @@ def _goodput_tags(tmp_path) -> set[str]:
     return {tag for row in rows for tag, value in row.items() if tag.startswith("goodput/") and value}
 
 
+def _replica_tags(tmp_path) -> set[str]:
+    # The replica mode's events (a group lost, one joined and healed): its goodput totals and the live groups.
+    fit_with_replica_events(tmp_path, GoodputMonitor())
+    rows = logged_rows(tmp_path)
+    return {tag for row in rows for tag, value in row.items() if tag.startswith(("goodput/", "replicas/")) and value}
+
+
 def test_every_tag_the_monitors_log_is_in_docs_monitors_md(monkeypatch, tmp_path):
     tags = {
         "straggler": _straggler_tags(monkeypatch, tmp_path / "straggler"),
@@ -75,6 +83,8 @@ def test_every_tag_the_monitors_log_is_in_docs_monitors_md(monkeypatch, tmp_path
     }
     for prefix, found in tags.items():
         assert found and all(t.startswith(f"{prefix}/") for t in found), (prefix, sorted(found))
+    tags["replicas"] = _replica_tags(tmp_path / "replicas")
+    assert {"replicas/live_groups", "goodput/replica_stall_s", "goodput/heal_s"} <= tags["replicas"]
     # The ones only a named straggler, a slowdown or a relaunch logs are among them.
     assert {"straggler/part", "straggler/excess_ms/compute", "straggler/suspect_rank"} <= tags["straggler"]
     assert {"thermal/slowdown/rank_0", "thermal/sm_clock_ratio/min"} <= tags["thermal"]
