@@ -178,16 +178,26 @@ def test_a_replaced_torch_save_that_writes_nothing_commits_nothing_and_fails_not
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["epoch=0-step=3.ckpt"]
 
 
-def test_checkpoint_format_auto_writes_files_in_one_process_and_folders_in_two(tmp_path):
-    # "auto" is unchanged: folders at two processes ("file" there is the opt-in: test_parallel_file_checkpoints.py).
+def test_checkpoint_format_auto_writes_files_in_one_process_and_in_two(tmp_path):
+    # "auto" picks the file for data-parallel state at any process count: Lightning's torch.load reads each of them,
+    # and the run resumes across the change of world size in both directions.
     _fit(tmp_path, 3, fmt="auto", save_last=False)
     assert (tmp_path / "ckpt" / "epoch=0-step=3.ckpt").is_file()
-    assert_ok(torchrun("--root", str(tmp_path), "--steps", "6", "--format", "auto", script=SCRIPT))
-    assert (tmp_path / "ckpt" / "epoch=0-step=6.ckpt").is_dir()  # a folder once the world has two processes
+    proc = torchrun("--root", str(tmp_path), "--steps", "6", "--format", "auto", script=SCRIPT)
+    assert_ok(proc)
+    said = (proc.stdout + proc.stderr).count("ElasticFT3D: checkpoints are")
+    assert said == 1, proc.stdout + proc.stderr  # said once, by rank 0
+    assert (
+        "checkpoints are torch.save files, the file Lightning writes, written by all 2 ranks in parallel"
+        in proc.stdout + proc.stderr
+    )
+    two = tmp_path / "ckpt" / "epoch=0-step=6.ckpt"  # (the epoch: 2 ranks halve the batches per epoch)
+    assert two.is_file() and is_checkpoint_file(two)
+    assert torch.load(two, weights_only=True)["global_step"] == 6
     assert [c.step for c in list_committed(tmp_path / "ckpt")] == [3, 6]
     resumed = [e for e in read_events(tmp_path) if e["event"] == "resumed"]
     assert (resumed[-1]["step"], resumed[-1]["saved_world_size"], resumed[-1]["world_size"]) == (3, 1, 2)
-    _fit(tmp_path, 9, fmt="auto", save_last=False)  # back to one process: resumes from the folder, writes a file
+    _fit(tmp_path, 9, fmt="auto", save_last=False)  # back to one process: resumes from the two ranks' file
     assert (tmp_path / "ckpt" / "epoch=1-step=9.ckpt").is_file()
     resumed = [e for e in read_events(tmp_path) if e["event"] == "resumed"]
     assert (resumed[-1]["step"], resumed[-1]["saved_world_size"], resumed[-1]["world_size"]) == (6, 2, 1)
