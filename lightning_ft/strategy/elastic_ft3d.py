@@ -81,7 +81,7 @@ from typing_extensions import override
 
 from lightning_ft import _compat
 from lightning_ft.checkpoint import MemoryTier
-from lightning_ft.checkpoint.internal import format_choice, resolve_format, storage_named
+from lightning_ft.checkpoint.internal import format_choice, is_remote, resolve_format, storage_named
 from lightning_ft.elastic import ElasticPolicy
 from lightning_ft.elastic.internal import DATA_RANDOMNESS, align_batch_progress, check_accumulation_scheduler
 from lightning_ft.events import open_event_log
@@ -398,7 +398,8 @@ class ElasticFT3D(DDPStrategy):
             self._mode = mode_for(self, self.model)
             plain = self._mode.name == "data_parallel"
             self._checkpoint_manager().use_format(resolve_format(self.checkpoint_format, plain=plain))
-            choice = format_choice(self.checkpoint_format, plain=plain, world_size=self.world_size)
+            remote = any(is_remote(d) for cb in trainer.checkpoint_callbacks if (d := getattr(cb, "dirpath", None)))
+            choice = format_choice(self.checkpoint_format, plain=plain, world_size=self.world_size, remote=remote)
             if choice != self._format_said:  # once: a later stage of the same run says nothing new
                 rank_zero_info(choice)
                 self._format_said = choice

@@ -55,7 +55,10 @@ def test_killed_run_resumed_with_same_command_matches_uninterrupted_bitwise(
     assert [e["step"] for e in resumed] == [resume_step]
     # The epoch in the name depends on the data-parallel size (tensor parallel halves it): find it by its step.
     [saved] = (tmp_path / "ckpt").glob(f"epoch=*-step={resume_step}.ckpt")
-    assert saved.is_file() if (fmt, tp) == ("auto", 1) else saved.is_dir()  # "auto": the file for data parallel
+    as_file = (fmt, tp) == ("auto", 1)  # "auto": the file for data-parallel state, folders for DTensor state
+    assert saved.is_file() if as_file else saved.is_dir()
+    said = "torch.save files" if as_file else "torchsnapshot folders"
+    assert f"lightning-ft: checkpoints are {said}" in killed.stdout + killed.stderr
     weights, losses = load_run(tmp_path / "out")
     ref_weights, ref_losses = uninterrupted(tp)
     assert weights.keys() == ref_weights.keys()

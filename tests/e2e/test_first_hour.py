@@ -34,7 +34,7 @@ def test_the_quick_start_runs_as_written_on_two_cpu_processes_and_resumes_on_one
     last = tmp_path / "checkpoints" / "last.ckpt"
     assert last.is_file() and not last.is_symlink()  # a checkpoint of its own, as Lightning's `last` is
     assert (tmp_path / "checkpoints" / "epoch=2-step=40.ckpt").is_file()  # the file Lightning writes, at 2 ranks
-    assert "ElasticFT3D: checkpoints are torch.save files" in first.stderr + first.stdout
+    assert "lightning-ft: checkpoints are torch.save files" in first.stderr + first.stdout
     # Lightning's own loader reads the checkpoint of two ranks (the README's inference section).
     plain = subprocess.run(
         [

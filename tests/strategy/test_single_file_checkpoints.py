@@ -185,7 +185,7 @@ def test_checkpoint_format_auto_writes_files_in_one_process_and_in_two(tmp_path)
     assert (tmp_path / "ckpt" / "epoch=0-step=3.ckpt").is_file()
     proc = torchrun("--root", str(tmp_path), "--steps", "6", "--format", "auto", script=SCRIPT)
     assert_ok(proc)
-    said = (proc.stdout + proc.stderr).count("ElasticFT3D: checkpoints are")
+    said = (proc.stdout + proc.stderr).count("lightning-ft: checkpoints are")
     assert said == 1, proc.stdout + proc.stderr  # said once, by rank 0
     assert (
         "checkpoints are torch.save files, the file Lightning writes, written by all 2 ranks in parallel"
@@ -201,6 +201,18 @@ def test_checkpoint_format_auto_writes_files_in_one_process_and_in_two(tmp_path)
     assert (tmp_path / "ckpt" / "epoch=1-step=9.ckpt").is_file()
     resumed = [e for e in read_events(tmp_path) if e["event"] == "resumed"]
     assert (resumed[-1]["step"], resumed[-1]["saved_world_size"], resumed[-1]["world_size"]) == (6, 2, 1)
+
+
+def test_the_format_is_said_once_at_set_up_with_the_reason(tmp_path):
+    said = []
+    with mock.patch("lightning_ft.strategy.elastic_ft3d.rank_zero_info", side_effect=said.append):
+        trainer, model = _fit(tmp_path, 3, fmt="auto", save_last=False)
+        trainer.fit_loop.epoch_loop.max_steps = 5
+        trainer.fit(model)  # a second stage of the same strategy
+    assert [line for line in said if "checkpoints are" in line] == [
+        "lightning-ft: checkpoints are torch.save files, the file Lightning writes (checkpoint_format='auto':"
+        " data-parallel state, no DTensor, no pipeline stage)"
+    ]
 
 
 def test_last_moves_between_a_folder_and_a_file_when_the_format_changes(tmp_path):

@@ -46,25 +46,32 @@ def resolve_format(name: str, *, plain: bool, owner: str = "ElasticFT3D") -> str
     return name
 
 
-def format_choice(name: str, *, plain: bool, world_size: int, owner: str = "ElasticFT3D") -> str:
-    """One line for the console at set-up: the format :func:`resolve_format` picks for ``name`` and why."""
+def format_choice(name: str, *, plain: bool, world_size: int, remote: bool = False, owner: str = "ElasticFT3D") -> str:
+    """One line for the console at set-up: the format :func:`resolve_format` picks for ``name`` and why (``remote``:
+    a checkpoint folder is an object-store URL, which keeps its own folders whatever the format)."""
     chosen = resolve_format(name, plain=plain, owner=owner)
+    if remote:
+        return (
+            "lightning-ft: checkpoints are folders of objects (the ModelCheckpoint dirpath is an object-store URL,"
+            " whose commit needs no rename)"
+        )
     shares = f", written by all {world_size} ranks in parallel" if world_size > 1 else ""
     what = {
         "file": f"torch.save files, the file Lightning writes{shares}",
-        "torchsnapshot": "torchsnapshot folders",
+        "torchsnapshot": "torchsnapshot folders, sharded across the ranks",
         "dcp": "folders in PyTorch's distributed checkpoint (DCP) layout",
     }[chosen]
     if name != "auto":
         why = f"checkpoint_format={name!r}"
     elif plain:
-        why = "checkpoint_format='auto': data-parallel state, which every rank holds in full"
+        held = "which every rank holds in full" if world_size > 1 else "no DTensor, no pipeline stage"
+        why = f"checkpoint_format='auto': data-parallel state, {held}"
     else:
         why = (
-            "checkpoint_format='auto': DTensor or pipeline state, which each rank holds only a shard of; a file holds"
-            " state every rank holds in full"
+            "checkpoint_format='auto': DTensor or pipeline state, which each rank holds only a shard of;"
+            " a file holds state every rank holds in full"
         )
-    return f"{owner}: checkpoints are {what} ({why})"
+    return f"lightning-ft: checkpoints are {what} ({why})"
 
 
 def storage_named(name: str, *, owner: str | None = None) -> Any:
