@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 import lightning_ft
 from lightning_ft import ElasticFT3D, ElasticPolicy
-from lightning_ft.checkpoint import async_checkpointer, list_committed
+from lightning_ft.checkpoint import async_checkpointer, list_committed, verify
 from lightning_ft.checkpoint.internal import is_committed, read_metadata
 from lightning_ft.checkpoint.single_file import is_checkpoint_file
 from lightning_ft.events import read_events
@@ -150,13 +150,17 @@ def test_save_top_k_removes_files_of_ours_and_never_a_foreign_lightning_file_whi
     assert resumed and resumed[0]["step"] == 2  # the foreign file was imported
 
 
-def test_a_damaged_newest_file_is_rejected_and_auto_resume_falls_back_to_the_previous_one(tmp_path):
+@pytest.mark.parametrize("damage", ["flipped_byte", "truncated"])
+def test_a_damaged_newest_file_is_rejected_and_auto_resume_falls_back_to_the_previous_one(tmp_path, damage):
     _fit(tmp_path, 6, save_last=False)
     newest = tmp_path / "ckpt" / "epoch=0-step=6.ckpt"
     weight = torch.load(newest, weights_only=True)["state_dict"]["net.0.weight"]
     raw = bytearray(newest.read_bytes())
-    at = bytes(raw).find(weight.numpy().tobytes())
-    raw[at + 7] ^= 0xFF  # inside the tensor data
+    if damage == "flipped_byte":
+        at = bytes(raw).find(weight.numpy().tobytes())
+        raw[at + 7] ^= 0xFF  # inside the tensor data
+    else:  # cut short, its zip directory lost (a copy interrupted, a damaged disk): still ours, by its marker
+        del raw[len(raw) // 2 :]
     newest.write_bytes(bytes(raw))
     with pytest.warns(UserWarning, match="Skipping checkpoint"):
         trainer, _ = _fit(tmp_path, 8, save_last=False)
@@ -165,6 +169,8 @@ def test_a_damaged_newest_file_is_rejected_and_auto_resume_falls_back_to_the_pre
     [rejected] = [e for e in events if e["event"] == "checkpoint_rejected"]
     assert rejected["path"].endswith("epoch=0-step=6.ckpt")
     assert [e["step"] for e in events if e["event"] == "resumed"] == [3]
+    assert verify(newest) != []  # left as it is (Lightning's version counter names the new save of step 6 "-v1")
+    assert torch.load(tmp_path / "ckpt" / "epoch=0-step=6-v1.ckpt", weights_only=True)["global_step"] == 6
 
 
 def test_a_replaced_torch_save_that_writes_nothing_commits_nothing_and_fails_nothing(tmp_path):
