@@ -41,6 +41,8 @@ __all__ = ["FileSwap", "prepare_file", "write_parallel_file", "writes_files"]
 
 log = logging.getLogger(__name__)
 
+_said_differing = False  # the warning that the ranks' replicated state differs is said once per process
+
 
 def writes_files(storage: Any) -> bool:
     """Whether the storage seam ``storage`` (or the storage it wraps or routes local paths to) writes one file per
@@ -146,8 +148,9 @@ def write_parallel_file(
     1. Rank 0 creates the staging folder with its in-progress record (:func:`prepare_file`), before any data.
     2. One exchange gives every rank every rank's own state (RNG states, per-rank tensors, callbacks' states; their
        staged bytes travel with it) so that every rank builds the same document and pickles the same object, and
-       compares each rank's crc32 of every replicated tensor with rank 0's: a difference fails the save on every rank
-       (the file would otherwise mix the ranks' bytes).
+       compares each rank's crc32 of every replicated tensor with rank 0's. Where they differ (a parameter DDP does
+       not synchronize), rank 0's bytes of those tensors go to every rank (a second exchange, said once): the file
+       holds rank 0's state, as ``DDPStrategy``'s checkpoint does, never a mix of the ranks' bytes.
     3. ``write`` (the storage's, collective): every rank writes its share of the staged file; it returns once every
        rank's bytes are durable. Then rank 0 renames the file onto the path (:class:`FileSwap`) and calls
        ``on_commit`` with the tensor bytes; should either fail, the rename is undone. Every step ends with ``agree``,
@@ -186,17 +189,25 @@ def write_parallel_file(
     except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
         error = e
     gathered = agree(error, payload)
-    error = None
+    error, differing = None, []
     try:
         reference = gathered[0][4]
-        differing = sorted(k for k, crc in reference.items() if payload[4].get(k) != crc)
-        if differing or set(payload[4]) != set(reference):
-            more = f" (and {len(differing) - 3} more)" if len(differing) > 3 else ""
+        if any(set(theirs[4]) != set(reference) for theirs in gathered):
             raise CheckpointError(
-                f"cannot save {job.path} as one file: rank {rank}'s copy of the replicated state differs from rank"
-                f" 0's in {', '.join(differing[:3]) or 'its tensors'}{more}; a checkpoint file holds state every rank"
-                " holds in full and alike (data parallel)"
+                f"cannot save {job.path} as one file: the ranks' replicated state holds different tensors; a checkpoint"
+                " file holds state every rank holds in full (data parallel)"
             )
+        # Where a rank's copy differs from rank 0's (a parameter DDP does not synchronize: unfrozen after wrapping,
+        # say), the file holds rank 0's, as DDPStrategy's checkpoint does: rank 0's bytes of those tensors go to
+        # every rank below, so that no rank writes its own into the file.
+        differing = sorted({k for theirs in gathered[1:] for k, crc in theirs[4].items() if reference[k] != crc})
+    except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
+        error = e
+    agree(error)
+    if differing:
+        _take_rank_zeros_copy(job, rank, differing, entries, shared, agree)
+    error = None
+    try:
         for _, other_entries, _, _, _ in gathered:
             entries.update(other_entries)
         shared_index = {k: v for k, v in job.capture.tensors.items() if not k.startswith("rank_state/")}
@@ -233,4 +244,46 @@ def write_parallel_file(
             error = e
         else:
             swap.finish()
+    agree(error)
+
+
+def _take_rank_zeros_copy(
+    job: Any,
+    rank: int,
+    differing: list[str],
+    entries: dict[str, Any],
+    shared: list[dict[str, Any]],
+    agree: Callable[..., list[Any]],
+) -> None:
+    """Collective: overwrite this rank's staged copies of the replicated tensors ``differing`` (keys, the same list
+    on every rank) with rank 0's, and their crc32s in ``shared`` (this rank's index records), so that every rank
+    writes rank 0's bytes into the file and pickles the same document. Warns once (rank 0)."""
+    global _said_differing
+    error, payload = None, None
+    try:
+        records = {r["entry"]: r for r in shared if r["key"] in set(differing)}
+        if rank == 0:
+            payload = {name: (entries[name].clone(), record["crc32"]) for name, record in records.items()}
+            if not _said_differing:
+                _said_differing = True
+                more = f" (and {len(differing) - 3} more)" if len(differing) > 3 else ""
+                log.warning(
+                    "lightning-ft: the ranks' copies of %s%s differ (a parameter DDP does not synchronize, such as one"
+                    " unfrozen after the model was wrapped); checkpoint %s holds rank 0's, as DDPStrategy's does, and"
+                    " a resume gives every rank rank 0's",
+                    ", ".join(differing[:3]),
+                    more,
+                    job.path,
+                )
+    except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
+        error = e
+    zeros = agree(error, payload)[0]
+    error = None
+    try:
+        if rank != 0:
+            for name, (data, crc) in zeros.items():
+                entries[name].copy_(data)
+                records[name]["crc32"] = crc  # this rank's index of the file is rank 0's too
+    except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
+        error = e
     agree(error)

@@ -59,7 +59,13 @@ from lightning_ft.checkpoint.storage.object_store import (
     is_remote,
     protocol_of,
 )
-from lightning_ft.checkpoint.storage.registry import FORMATS, resolve_format, storage_for_path, storage_named
+from lightning_ft.checkpoint.storage.registry import (
+    FORMATS,
+    format_choice,
+    resolve_format,
+    storage_for_path,
+    storage_named,
+)
 from lightning_ft.checkpoint.writer_threads import lower_thread_priority
 
 __all__ = [
@@ -93,6 +99,7 @@ __all__ = [
     "discovery",
     "export_checkpoint",
     "export_state_dict",
+    "format_choice",
     "existing_ancestor",
     "exported_checkpoint",
     "format_description",

@@ -1,8 +1,9 @@
 """A lightning-ft checkpoint into a ``LightningModule`` for inference, in one line.
 
-A lightning-ft checkpoint of 2+ processes is a folder (``epoch=0-step=100.ckpt/``), which Lightning's own
-``MyModule.load_from_checkpoint("checkpoints/last.ckpt")`` cannot read (``IsADirectoryError``); one of one process is
-Lightning's own file, read as Lightning reads it (edits included). :func:`load_from_checkpoint` assembles the full model
+A lightning-ft checkpoint of DTensor or pipeline state (or of ``checkpoint_format="torchsnapshot"``/``"dcp"``) is a
+folder (``epoch=0-step=100.ckpt/``), which Lightning's own ``MyModule.load_from_checkpoint("checkpoints/last.ckpt")``
+cannot read (``IsADirectoryError``); one of data-parallel state, at any process count, is Lightning's own file, read as
+Lightning reads it (edits included). :func:`load_from_checkpoint` assembles the full model
 tensors from their shards in this one process and hands them to Lightning's own loader, so hyper-parameters,
 ``on_load_checkpoint`` and ``strict`` behave exactly as they do for a Lightning ``.ckpt`` file. ``lightning-ft export`` writes the same content to a file for use without lightning-ft.
 """

@@ -114,18 +114,54 @@ def _strings(data: bytes, prefixes: tuple[str, ...]) -> dict[str, str]:
     return found
 
 
-def _scan(path: Path, prefixes: tuple[str, ...]) -> tuple[zipfile.ZipInfo, bytes, dict[str, str]] | None:
+def _scan(path: Path, prefixes: tuple[str, ...]) -> tuple[zipfile.ZipInfo | None, bytes, dict[str, str]] | None:
+    """The pickle record of the zip file ``path`` (``None`` for a zip whose directory is lost), its bytes and the
+    strings of ``prefixes`` in it; ``None`` when ``path`` is no zip file with a pickle."""
     try:
         if path.is_symlink() or not path.is_file():
             return None
-        with zipfile.ZipFile(path) as archive:
-            info = pickle_record(archive)
+        try:
+            with zipfile.ZipFile(path) as archive:
+                info = pickle_record(archive)
+        except zipfile.BadZipFile:
+            data = _first_record_bytes(path)  # its directory lost: a truncated copy, a damaged disk
+            return None if data is None else (None, data, _strings(data, prefixes))
         if info is None:
             return None
         data = stored_bytes(path, info)
     except (OSError, zipfile.BadZipFile, ValueError):
         return None
     return info, data, _strings(data, prefixes)
+
+
+_MAX_PICKLE_SCAN = 256 * 1024 * 1024
+
+
+def _torn(path: Path) -> str:
+    return (
+        f"checkpoint {path} is a truncated or damaged zip archive (its zip directory cannot be read): a damaged copy"
+        " of a lightning-ft checkpoint file (its marker is inside)"
+    )
+
+
+def _first_record_bytes(path: Path) -> bytes | None:
+    """The bytes of the first record of a zip file whose directory cannot be read: ``torch.save`` writes its pickle
+    first, from the end of its local header to its size there or, where the size follows the bytes (a data descriptor),
+    to that descriptor's signature. ``None`` when the file does not start with a local header of a ``data.pkl``."""
+    with open(path, "rb") as f:
+        header = f.read(30)
+        if len(header) != 30 or header[:4] != b"PK\x03\x04":
+            return None
+        name_len = int.from_bytes(header[26:28], "little")
+        extra_len = int.from_bytes(header[28:30], "little")
+        name = f.read(name_len)
+        if not name.endswith(b"/data.pkl"):
+            return None
+        f.seek(30 + name_len + extra_len)
+        size = int.from_bytes(header[18:22], "little")
+        data = f.read(size if 0 < size < 0xFFFFFFFF else _MAX_PICKLE_SCAN)
+    end = data.find(b"PK\x07\x08")
+    return data if end < 0 else data[:end]
 
 
 def read_marker(path: str | os.PathLike) -> dict[str, Any] | None:
@@ -241,6 +277,8 @@ def read_file_document(path: str | os.PathLike) -> dict[str, Any]:
     if scanned is None or MARKER_PREFIX not in scanned[2]:
         raise UncommittedCheckpointError(what_is_there(path))
     info, data, found = scanned
+    if info is None:
+        raise CorruptCheckpointError(_torn(path))
     if zlib.crc32(data) != info.CRC:
         raise CorruptCheckpointError(f"checkpoint {path}: its pickled state ({info.filename}) fails the zip's CRC32")
     version, document = _parse_document(path, found[MARKER_PREFIX], found.get(_DOCUMENT_PREFIX))
@@ -310,7 +348,13 @@ def load_file(
         CheckpointError: an intact file that cannot be deserialized (the cause is named).
     """
     path = Path(path)
-    loaded = _torch_load(path, weights_only)
+    try:
+        loaded = _torch_load(path, weights_only)
+    except CorruptCheckpointError as e:
+        scanned = _scan(path, (MARKER_PREFIX,))
+        if scanned is not None and scanned[0] is None and MARKER_PREFIX in scanned[2]:
+            raise CorruptCheckpointError(_torn(path)) from e
+        raise
     if not isinstance(loaded, dict):
         raise CheckpointError(f"checkpoint {path} holds a {type(loaded).__name__}, not Lightning's checkpoint dict")
     record = loaded.pop(RECORD_KEY, None)

@@ -256,9 +256,8 @@ class StrategyCheckpoints:
         fault injector's, whose innermost storage is replaced) when given."""
         name = self._format
         if name == "auto":
-            # Not yet resolved at set-up (a save outside any stage: no mesh, no DTensor): the file for one process.
-            world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-            name = resolve_format(name, world_size=world_size, plain=True)
+            # Not yet resolved at set-up (a save outside any stage: no mesh, no DTensor): plain state, the file.
+            name = resolve_format(name, plain=True)
         storage = storage_named(name)
         routed = RoutedStorage(storage)
         self._routed = routed

@@ -86,7 +86,7 @@ from typing_extensions import override
 
 from lightning_ft import _compat
 from lightning_ft.checkpoint import MemoryTier
-from lightning_ft.checkpoint.internal import resolve_format, storage_named
+from lightning_ft.checkpoint.internal import format_choice, is_remote, resolve_format, storage_named
 from lightning_ft.elastic import ElasticPolicy
 from lightning_ft.elastic.internal import DATA_RANDOMNESS, align_batch_progress, check_accumulation_scheduler
 from lightning_ft.events import open_event_log
@@ -133,11 +133,12 @@ class ElasticFT3D(DDPStrategy):
         process_group_backend: ``"nccl"``, ``"gloo"``, ...; ``None`` = the default for the device.
         timeout: timeout of the training process group.
         find_unused_parameters: passed to ``DistributedDataParallel`` when the model is not parallelized.
-        checkpoint_format: ``"auto"`` (default): one ``torch.save`` file that Lightning's own loaders read when the
-            world is one process with plain (non-DTensor, non-pipeline) state, torchsnapshot folders otherwise.
-            ``"torchsnapshot"`` or ``"dcp"`` (PyTorch's distributed checkpoint layout): folders always; the commit
-            marker, checksums, retention and fallback are the same. ``"file"``: the file only (a ``ValueError`` at
-            set-up for more processes or DTensor/pipeline state). Loading recognizes every format.
+        checkpoint_format: ``"auto"`` (default): for plain (data-parallel: non-DTensor, non-pipeline) state at any
+            process count, one ``torch.save`` file that Lightning's own loaders read (at several processes every rank
+            writes its share of it in parallel); for DTensor or pipeline state, torchsnapshot folders. The choice is
+            said once at set-up. ``"torchsnapshot"`` or ``"dcp"`` (PyTorch's distributed checkpoint layout): folders
+            always; the commit marker, checksums, retention and fallback are the same. ``"file"``: the file only (a
+            ``ValueError`` at set-up for DTensor/pipeline state). Loading recognizes every format.
         data_randomness: ``"ddp"`` (default) draws what ``DDPStrategy`` draws; ``"per_sample"`` seeds each training
             sample from its place in the epoch (exact resume with DataLoader workers, other numbers; docs/strategy.md).
         memory_tier: a :class:`~lightning_ft.MemoryTier` saves every few steps to node-local memory and a partner node,
@@ -226,6 +227,7 @@ class ElasticFT3D(DDPStrategy):
         self.fault = fault
         self.auto_resume = auto_resume
         self.checkpoint_format = checkpoint_format
+        self._format_said: str | None = None  # the console line naming the format in force, once said
         self.data_randomness = data_randomness
         self.memory_tier = memory_tier
         self.replica_groups = replica_groups
@@ -427,9 +429,12 @@ class ElasticFT3D(DDPStrategy):
             self._parallelized = has_dtensor_parameters(self.model)
             self._mode = mode_for(self, self.model)
             plain = self._mode.name == "data_parallel"
-            self._checkpoint_manager().use_format(
-                resolve_format(self.checkpoint_format, world_size=self.world_size, plain=plain)
-            )
+            self._checkpoint_manager().use_format(resolve_format(self.checkpoint_format, plain=plain))
+            remote = any(is_remote(d) for cb in trainer.checkpoint_callbacks if (d := getattr(cb, "dirpath", None)))
+            choice = format_choice(self.checkpoint_format, plain=plain, world_size=self.world_size, remote=remote)
+            if choice != self._format_said:  # once: a later stage of the same run says nothing new
+                rank_zero_info(choice)
+                self._format_said = choice
             if self._memory is not None and trainer.state.fn == TrainerFn.FITTING:
                 self._memory.open_tier(trainer)  # collective: its gloo group (a resume's plan and load use it)
             if self._fault is not None:  # collective: a node in its cooldown refused; the watchdog guards the load

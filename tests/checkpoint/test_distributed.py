@@ -176,3 +176,31 @@ def test_dtensors_saved_through_dcp_on_two_ranks_load_resharded_into_one_process
     loaded = load_checkpoint(path, template)  # no process group: one rank assembles both ranks' shards
     assert torch.equal(template["rows"], ref["sharded"]) and torch.equal(template["cols"], ref["plain_c"])
     assert loaded.saved_rank == 0 and loaded.rank_state == {"rank": 0} and loaded.metadata["world_size"] == 2
+
+
+def _save_a_file_whose_replicas_differ(rank: int, world_size: int, root: str) -> None:
+    from lightning_ft.checkpoint.single_file import FileStorage
+
+    generator = torch.Generator().manual_seed(0)
+    big, same = torch.randn(256, 1024, generator=generator), torch.randn(64, generator=generator)  # big: 1 MiB
+    # A parameter DDP does not synchronize (unfrozen after wrapping, say): each rank holds its own values.
+    state = {"state_dict": {"big": big + rank, "same": same}, "epoch": 0, "global_step": 3}
+    checkpointer = AsyncCheckpointer(storage=FileStorage())
+    try:
+        metadata = {"step": 3, "full_state": True, "run_id": "r"}
+        checkpointer.save(Path(root) / "c.ckpt", state, rank_state={"rank": rank}, metadata=metadata)
+    finally:
+        checkpointer.close()
+
+
+def test_a_file_of_two_ranks_whose_replicas_differ_holds_rank_zeros_copy_as_ddp_strategy_writes(tmp_path):
+    # DDPStrategy's checkpoint is rank 0's torch.save: every tensor as rank 0 holds it. The file both ranks write
+    # holds the same, never a mix of the ranks' bytes (each rank writes about half of "big").
+    run_distributed(_save_a_file_whose_replicas_differ, 2, str(tmp_path))
+    path = tmp_path / "c.ckpt"
+    generator = torch.Generator().manual_seed(0)
+    big, same = torch.randn(256, 1024, generator=generator), torch.randn(64, generator=generator)
+    saved = torch.load(path, weights_only=True)
+    assert torch.equal(saved["state_dict"]["big"], big) and torch.equal(saved["state_dict"]["same"], same)
+    assert is_committed(path) and verify(path) == []  # its checksums are rank 0's bytes too
+    assert torch.equal(load_checkpoint(path).state["state_dict"]["big"], big)

@@ -20,7 +20,7 @@ from lightning_ft.checkpoint import (
     recover_interrupted_swaps,
     verify,
 )
-from lightning_ft.checkpoint.internal import Retention, describe, export_state_dict, resolve_format
+from lightning_ft.checkpoint.internal import Retention, describe, export_state_dict, format_choice, resolve_format
 from lightning_ft.checkpoint.single_file import (
     RECORD_KEY,
     FileStorage,
@@ -276,14 +276,24 @@ def test_a_save_over_a_foreign_file_fails_and_leaves_it_alone(tmp_path):
     assert foreign.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["model.ckpt"]
 
 
-def test_the_file_format_is_for_plain_state_and_auto_picks_it_for_one_process_only():
-    assert resolve_format("file", world_size=1, plain=True) == "file"
-    assert resolve_format("file", world_size=2, plain=True) == "file"  # opt-in: every rank writes its share
-    assert resolve_format("auto", world_size=1, plain=True) == "file"
-    assert resolve_format("auto", world_size=2, plain=True) == "torchsnapshot"
-    assert resolve_format("auto", world_size=1, plain=False) == "torchsnapshot"
+def test_the_file_format_is_for_plain_state_and_auto_picks_it_for_plain_state_only():
+    assert resolve_format("file", plain=True) == "file"
+    assert resolve_format("auto", plain=True) == "file"  # any process count: every rank writes its share
+    assert resolve_format("auto", plain=False) == "torchsnapshot"  # DTensor or pipeline state: folders
+    assert resolve_format("torchsnapshot", plain=True) == "torchsnapshot"
+    assert resolve_format("dcp", plain=False) == "dcp"
     with pytest.raises(ValueError, match=r"ElasticFT3D\(checkpoint_format='file'\):.*DTensor or pipeline"):
-        resolve_format("file", world_size=1, plain=False)
+        resolve_format("file", plain=False)
+
+
+def test_the_format_said_at_set_up_names_the_format_and_why():
+    two = format_choice("auto", plain=True, world_size=2)
+    assert "torch.save files" in two and "written by all 2 ranks in parallel" in two and "data-parallel state" in two
+    assert "in parallel" not in format_choice("auto", plain=True, world_size=1)
+    sharded = format_choice("auto", plain=False, world_size=4)
+    assert "torchsnapshot folders" in sharded and "DTensor or pipeline state" in sharded
+    assert format_choice("torchsnapshot", plain=True, world_size=2).endswith("(checkpoint_format='torchsnapshot')")
+    assert "object-store URL" in format_choice("auto", plain=True, world_size=2, remote=True)
 
 
 def test_writing_a_checkpoint_file_holds_no_second_copy_of_the_state_in_memory(tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ from lightning.pytorch.core.saving import pl_load
 from tests.differential import models
 from tests.differential.models import digest
 
-# lightning-ft's own record in a file: by design (docs/checkpointing.md, "One file for a one-process run"), left out of the comparison.
+# lightning-ft's own record in a file: by design (docs/checkpointing.md, "The checkpoint file"), left out of the comparison.
 OWN_KEY = "lightning_ft"
 
 

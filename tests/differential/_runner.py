@@ -28,7 +28,7 @@ def records(root: Path) -> Path:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--strategy", choices=["ddp", "elasticft", "elasticft-file"], required=True)
+    p.add_argument("--strategy", choices=["ddp", "elasticft"], required=True)
     p.add_argument("--root", type=Path, required=True)
     p.add_argument("names", nargs="+")
     args = p.parse_args()

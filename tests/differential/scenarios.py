@@ -1,7 +1,7 @@
 """The differential scenarios: each is one Lightning user script, run as it is under ``DDPStrategy`` and ``ElasticFT3D``.
 
-A scenario is ``fn(folder, strategy) -> observation``: it trains in ``folder`` with the strategy named ``"ddp"``,
-``"elasticft"`` or ``"elasticft-file"`` (``checkpoint_format="file"``; ``strategy_for``), on one process or under torchrun, and returns what a user can observe, as JSON:
+A scenario is ``fn(folder, strategy) -> observation``: it trains in ``folder`` with the strategy named ``"ddp"`` or
+``"elasticft"`` (``strategy_for``; its default checkpoint format), on one process or under torchrun, and returns what a user can observe, as JSON:
 paths relative to the folder, weights as ``digest``s. Every rank runs it. It starts its record with
 ``observation()`` and fills it as it goes, so a scenario that dies part way still reports what it saw before.
 ``obs["files"]`` names the paths (relative, to the module class that loads them) that a fresh process without
@@ -69,11 +69,7 @@ def strategy_for(name: str, elasticft: dict[str, Any] | None = None) -> Any:
         from lightning_ft import ElasticFT3D
 
         return ElasticFT3D(**(elasticft or {}))
-    if name == "elasticft-file":  # the opt-in: one checkpoint file at any process count
-        from lightning_ft import ElasticFT3D
-
-        return ElasticFT3D(**{"checkpoint_format": "file", **(elasticft or {})})
-    raise ValueError(f"strategy {name!r}: 'ddp', 'elasticft' or 'elasticft-file'")
+    raise ValueError(f"strategy {name!r}: 'ddp' or 'elasticft'")
 
 
 def trainer(folder: Path, strategy: str, elasticft: dict[str, Any] | None = None, **kwargs: Any) -> L.Trainer:
@@ -459,7 +455,7 @@ def other_experiment_same_root(folder: Path, strategy: str) -> Observation:
     the same working folder with a new, empty checkpoint folder and another learning rate: it trains from scratch."""
     obs = observation()
     tier = None
-    if strategy.startswith("elasticft"):  # the oracle's process never imports lightning_ft
+    if strategy == "elasticft":  # the oracle's process never imports lightning_ft
         from lightning_ft import MemoryTier
 
         tier = {"memory_tier": MemoryTier(every_n_train_steps=2, dirpath=folder / "node-memory")}

@@ -23,39 +23,33 @@ def differs(reason: str) -> pytest.MarkDecorator:
 
 TWO = pytest.mark.slow  # a two-process launch: torchrun, gloo
 
-FOLDER = "issue 29: at 2+ processes the checkpoint is a folder, not the file Lightning writes"
-
 CASES = [
     pytest.param("version_counter", 1),
-    pytest.param("version_counter", 2, marks=[TWO, differs(FOLDER)]),
+    pytest.param("version_counter", 2, marks=TWO),
     pytest.param("top_k_two", 1),
     pytest.param("every_n_train_steps", 1),
     pytest.param("save_last", 1),
-    pytest.param("save_last", 2, marks=[TWO, differs(FOLDER + "; last.ckpt a symbolic link")]),
+    pytest.param("save_last", 2, marks=TWO),
     pytest.param("save_last_link", 1),
     pytest.param("two_checkpoint_callbacks", 1),
     pytest.param("manual_save_and_load", 1),
     pytest.param("load_best_after_fit", 1),
-    pytest.param(
-        "load_best_after_fit",
-        2,
-        marks=[TWO, differs(FOLDER + ": load_from_checkpoint(best_model_path) raises IsADirectoryError")],
-    ),
+    pytest.param("load_best_after_fit", 2, marks=TWO),
     pytest.param("trainer_test_best", 1),
     pytest.param("logger_upload_view", 1),
-    pytest.param("logger_upload_view", 2, marks=[TWO, differs(FOLDER + ": a logger uploads nothing")]),
+    pytest.param("logger_upload_view", 2, marks=TWO),
     pytest.param("surgery_on_a_copy", 1),
     pytest.param("surgery_in_place", 1),
     pytest.param("slim_last_then_resume", 1),
     pytest.param("resume_with_weights_only_false", 1),
     pytest.param("restored_types", 1),
-    pytest.param("restored_types", 2, marks=[TWO, differs(FOLDER)]),
+    pytest.param("restored_types", 2, marks=TWO),
     pytest.param("second_fit_same_trainer", 1),
     pytest.param("new_trainer_on_trained_model", 1),
     pytest.param("other_experiment_same_root", 1),
-    pytest.param("other_experiment_same_root", 2, marks=[TWO, differs(FOLDER)]),
+    pytest.param("other_experiment_same_root", 2, marks=TWO),
     pytest.param("wider_layer_same_folder", 1),
-    pytest.param("wider_layer_same_folder", 2, marks=[TWO, differs(FOLDER)]),
+    pytest.param("wider_layer_same_folder", 2, marks=TWO),
     pytest.param("restore_order", 1),
     pytest.param("restore_order", 2, marks=TWO),
     pytest.param("backbone_finetuning_resume", 1),
@@ -98,34 +92,6 @@ def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 def test_elastic_ft3d_shows_what_ddp_strategy_shows(runs: Runs, name: str, nproc: int) -> None:
     oracle = runs.observation(name, "ddp", nproc)
     observed = runs.observation(name, "elasticft", nproc)
-    lines = harness.differences(oracle, observed)
-    assert not lines, f"{name} at {nproc} process(es) differs from DDPStrategy:\n" + "\n".join(lines[:40])
-
-
-# ElasticFT3D(checkpoint_format="file") at two processes: the checkpoint is the file Lightning writes, written by both
-# ranks together. The opt-in of issue 29 ("auto" still picks folders there): the FOLDER cases above, with the file.
-FILE_CASES = [
-    pytest.param(name, 2, marks=TWO)
-    for name in (
-        "version_counter",
-        "save_last",
-        "load_best_after_fit",
-        "logger_upload_view",
-        "restored_types",
-        "wider_layer_same_folder",
-        "other_experiment_same_root",
-        "restore_order",
-    )
-]
-
-
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize(("name", "nproc"), FILE_CASES)
-def test_elastic_ft3d_writing_files_at_two_processes_shows_what_ddp_strategy_shows(
-    runs: Runs, name: str, nproc: int
-) -> None:
-    oracle = runs.observation(name, "ddp", nproc)
-    observed = runs.observation(name, "elasticft-file", nproc)
     lines = harness.differences(oracle, observed)
     assert not lines, f"{name} at {nproc} process(es) differs from DDPStrategy:\n" + "\n".join(lines[:40])
 

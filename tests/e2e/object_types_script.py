@@ -64,6 +64,7 @@ def main() -> None:
     p.add_argument("--strategy", choices=["ddp", "elasticft"], required=True)
     p.add_argument("--root", required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--checkpoint-format", default="auto", help="ElasticFT3D(checkpoint_format=...)")
     args = p.parse_args()
     torch.set_num_threads(1)
     torch.serialization.add_safe_globals([Point, frozenset])  # as the docs say for classes torch does not allow
@@ -77,7 +78,7 @@ def main() -> None:
         else:
             from lightning_ft import ElasticFT3D
 
-            strategy = ElasticFT3D()
+            strategy = ElasticFT3D(checkpoint_format=args.checkpoint_format)
         return L.Trainer(
             accelerator="cpu",
             devices=int(os.environ["LOCAL_WORLD_SIZE"]),

@@ -96,18 +96,21 @@ def test_a_job_resized_2_3_1_2_by_real_agents_matches_an_uninterrupted_run(tmp_p
         partial.write_text(str(step))
         partial.replace(hold)
 
+    # Every world is held from a step chosen before it runs (a world started later holds at once until the next
+    # number is written): a save takes ~0.1 s, so a world could otherwise train to the end before the test sees its
+    # checkpoint and holds it. A hold from step N pauses at the end of batch N, before that step's save (Lightning
+    # runs ModelCheckpoint last): N = 5 keeps the checkpoint of step 4.
     try:
+        hold_from(5)
         job.start_node()
         job.start_node()
         job.wait_for("a checkpoint of the world of 2", lambda: checkpoint_of(2, 2), WAIT_S)
-        hold.touch()
         seen, step = last_attempt(), max(s for s, _ in committed(ckpt))
         changed = {"2 -> 3": time.time()}
         job.start_node()  # grow: 2 -> 3
         job.wait_for("the world of 3", lambda: world_started(3, seen), WAIT_S)
-        hold.unlink()
+        hold_from(step + 5)  # two checkpoints of the world of 3
         job.wait_for("a checkpoint of the world of 3", lambda: checkpoint_of(3, step), WAIT_S)
-        hold.touch()
         seen, step = last_attempt(), max(s for s, _ in committed(ckpt))
         changed["3 -> 1"] = time.time()
         job.nodes[0].kill()  # shrink: 3 -> 1, two machines lost at once

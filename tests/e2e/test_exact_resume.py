@@ -32,11 +32,13 @@ def uninterrupted(tmp_path_factory):
 @pytest.mark.parametrize(
     ("tp", "ckpt_every", "kill_at", "resume_step", "fmt"),
     [
+        # The default ("auto"): both ranks write one checkpoint file; each rank's RNG comes from its record.
         pytest.param(1, 4, 10, 8, "auto", id="ddp-mid-epoch"),  # step 8 is batch 2 of epoch 1
         pytest.param(1, 6, 9, 6, "auto", id="ddp-epoch-boundary"),  # step 6 ends epoch 0
-        # Both ranks write one checkpoint file (checkpoint_format="file"); each rank's RNG comes from its record.
-        pytest.param(1, 4, 10, 8, "file", id="ddp-mid-epoch-file"),
-        # Tensor parallel x FSDP2 as in Lightning's example: DTensor shards with _StridedShard placements.
+        # The same state in torchsnapshot folders (sharded across the ranks).
+        pytest.param(1, 4, 10, 8, "torchsnapshot", id="ddp-mid-epoch-torchsnapshot"),
+        # Tensor parallel x FSDP2 as in Lightning's example: DTensor shards with _StridedShard placements ("auto":
+        # folders).
         pytest.param(2, 4, 10, 8, "auto", id="fsdp2-tp-mid-epoch"),
     ],
 )
@@ -53,7 +55,10 @@ def test_killed_run_resumed_with_same_command_matches_uninterrupted_bitwise(
     assert [e["step"] for e in resumed] == [resume_step]
     # The epoch in the name depends on the data-parallel size (tensor parallel halves it): find it by its step.
     [saved] = (tmp_path / "ckpt").glob(f"epoch=*-step={resume_step}.ckpt")
-    assert saved.is_file() if fmt == "file" else saved.is_dir()
+    as_file = (fmt, tp) == ("auto", 1)  # "auto": the file for data-parallel state, folders for DTensor state
+    assert saved.is_file() if as_file else saved.is_dir()
+    said = "torch.save files" if as_file else "torchsnapshot folders"
+    assert f"lightning-ft: checkpoints are {said}" in killed.stdout + killed.stderr
     weights, losses = load_run(tmp_path / "out")
     ref_weights, ref_losses = uninterrupted(tp)
     assert weights.keys() == ref_weights.keys()

@@ -32,8 +32,26 @@ def test_the_quick_start_runs_as_written_on_two_cpu_processes_and_resumes_on_one
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-6000:]
     assert "torchrun started 2 process(es) per node on 1 node(s)" in first.stderr
     last = tmp_path / "checkpoints" / "last.ckpt"
-    assert last.is_dir() and not last.is_symlink()  # a checkpoint of its own, as Lightning's `last` is
-    assert (tmp_path / "checkpoints" / "epoch=2-step=40.ckpt").is_dir()
+    assert last.is_file() and not last.is_symlink()  # a checkpoint of its own, as Lightning's `last` is
+    assert (tmp_path / "checkpoints" / "epoch=2-step=40.ckpt").is_file()  # the file Lightning writes, at 2 ranks
+    assert "lightning-ft: checkpoints are torch.save files" in first.stderr + first.stdout
+    # Lightning's own loader reads the checkpoint of two ranks (the README's inference section).
+    plain = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.path.insert(0, 'examples'); import quickstart;"
+            f" m = quickstart.Regressor.load_from_checkpoint({str(tmp_path / 'checkpoints' / 'epoch=2-step=40.ckpt')!r});"
+            " print(type(m).__name__, m.hparams.lr)",
+        ],
+        cwd=REPO_ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert plain.stdout.split() == ["Regressor", "0.01"]
 
     again = _torchrun_as_in_the_readme(1, tmp_path)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-6000:]

@@ -64,7 +64,7 @@ def main() -> None:
     p.add_argument("--health-action", default="log", help="FaultPolicy.health_check_action")
     p.add_argument("--health-slowdown", type=float, default=5.0, help="FaultPolicy.health_check_slowdown")
     p.add_argument("--ecc-at", default=None, help="RANK:STEP: the fake NVML reports ECC errors there")
-    p.add_argument("--checkpoint-format", default="torchsnapshot", help="ElasticFT3D(checkpoint_format=...)")
+    p.add_argument("--checkpoint-format", default="auto", help="ElasticFT3D(checkpoint_format=...); the user's default")
     args = p.parse_args()
 
     torch.set_num_threads(1)

@@ -24,6 +24,8 @@ def _committed_paths(root: Path) -> list[str]:
 
 
 def _largest_shard(checkpoint: Path) -> Path:
+    if checkpoint.is_file():  # the default at any process count: the one torch.save file both ranks wrote
+        return checkpoint
     files = [p for p in checkpoint.rglob("*") if p.is_file() and not p.name.startswith(".") and p.suffix != ".json"]
     return max(files, key=lambda p: p.stat().st_size)
 

@@ -1,9 +1,9 @@
-"""ElasticFT3D(checkpoint_format="file") at two processes (the opt-in of issue 29; "auto" still picks folders there):
-both ranks write the one file Lightning would write, each about half of its tensor bytes; it resumes at another world
-size, a damaged file is refused on every rank, and a kill in the middle of the write leaves the previous checkpoint.
+"""The checkpoint file at two processes (ElasticFT3D's default "auto" for data-parallel state, or "file"): both ranks
+write the one file Lightning would write, each about half of its tensor bytes; it resumes at another world size, a
+damaged file is refused on every rank, and a kill in the middle of the write leaves the previous checkpoint.
 
-What the file holds against DDPStrategy's is held by tests/differential (strategy "elasticft-file"); the exact resume
-after a kill by tests/e2e/test_exact_resume.py (``ddp-mid-epoch-file``).
+What the file holds against DDPStrategy's is held by tests/differential (2 processes); the exact resume after a kill by
+tests/e2e/test_exact_resume.py (``ddp-mid-epoch``).
 """
 
 from __future__ import annotations

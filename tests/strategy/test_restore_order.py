@@ -78,6 +78,16 @@ def test_stochastic_weight_averaging_resumed_keeps_its_average_and_the_modules_s
     assert ft["hooks"] == ddp["hooks"]
 
 
+def _bitwise(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_bitwise(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(_bitwise, a, b))
+    return a == b
+
+
 def _torchrun_resumed(root: Path, scenario: str, strategy: str) -> dict[str, Any]:
     """Two fits under torchrun (2 epochs, then resumed to 4); what rank 0 observed after the second (each rank's
     observations of fit N are in ``root/<strategy>-<N>.pt`` and ``.rank<r>.pt``)."""
@@ -97,12 +107,16 @@ def test_backbone_finetuning_resumed_on_two_processes_resumes_with_the_param_gro
     assert len(ddp["param_groups"]) == 2 and ft["param_groups"] == ddp["param_groups"]
     assert ft["callback_state_at_fit_start"] == ddp["callback_state_at_fit_start"] == 4
     assert ft["hooks"] == ddp["hooks"]
-    # Weights are not compared here: the backbone was frozen when DDP wrapped the module, so DDP never averages its
-    # gradients after the unfreeze and every rank trains a backbone of its own (the oracle's ranks disagree at the
-    # save). DDPStrategy's checkpoint holds rank 0's; lightning-ft writes each replicated tensor once, from any rank,
-    # so the resumed weights differ.
+    # The backbone was frozen when DDP wrapped the module, so DDP never averages its gradients after the unfreeze and
+    # every rank trains a backbone of its own (the oracle's ranks disagree at the save).
     rank0, rank1 = (torch.load(tmp_path / f"ddp-1{suffix}.pt", weights_only=False) for suffix in ("", ".rank1"))
     assert not torch.equal(rank1["weights"]["backbone.0.weight"], rank0["weights"]["backbone.0.weight"])
+    # DDPStrategy's checkpoint holds rank 0's state; so does the file both ranks write (default "auto"), never a mix.
+    saved = {
+        s: torch.load(tmp_path / s / "ckpt" / "epoch=1-step=4.ckpt", weights_only=False) for s in ("ddp", "elasticft")
+    }
+    for part in ("state_dict", "optimizer_states"):
+        assert _bitwise(saved["elasticft"][part], saved["ddp"][part]), part
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 import lightning_ft
 from lightning_ft import ElasticFT3D, ElasticPolicy
-from lightning_ft.checkpoint import async_checkpointer, list_committed
+from lightning_ft.checkpoint import async_checkpointer, list_committed, verify
 from lightning_ft.checkpoint.internal import is_committed, read_metadata
 from lightning_ft.checkpoint.single_file import is_checkpoint_file
 from lightning_ft.events import read_events
@@ -150,13 +150,17 @@ def test_save_top_k_removes_files_of_ours_and_never_a_foreign_lightning_file_whi
     assert resumed and resumed[0]["step"] == 2  # the foreign file was imported
 
 
-def test_a_damaged_newest_file_is_rejected_and_auto_resume_falls_back_to_the_previous_one(tmp_path):
+@pytest.mark.parametrize("damage", ["flipped_byte", "truncated"])
+def test_a_damaged_newest_file_is_rejected_and_auto_resume_falls_back_to_the_previous_one(tmp_path, damage):
     _fit(tmp_path, 6, save_last=False)
     newest = tmp_path / "ckpt" / "epoch=0-step=6.ckpt"
     weight = torch.load(newest, weights_only=True)["state_dict"]["net.0.weight"]
     raw = bytearray(newest.read_bytes())
-    at = bytes(raw).find(weight.numpy().tobytes())
-    raw[at + 7] ^= 0xFF  # inside the tensor data
+    if damage == "flipped_byte":
+        at = bytes(raw).find(weight.numpy().tobytes())
+        raw[at + 7] ^= 0xFF  # inside the tensor data
+    else:  # cut short, its zip directory lost (a copy interrupted, a damaged disk): still ours, by its marker
+        del raw[len(raw) // 2 :]
     newest.write_bytes(bytes(raw))
     with pytest.warns(UserWarning, match="Skipping checkpoint"):
         trainer, _ = _fit(tmp_path, 8, save_last=False)
@@ -165,6 +169,8 @@ def test_a_damaged_newest_file_is_rejected_and_auto_resume_falls_back_to_the_pre
     [rejected] = [e for e in events if e["event"] == "checkpoint_rejected"]
     assert rejected["path"].endswith("epoch=0-step=6.ckpt")
     assert [e["step"] for e in events if e["event"] == "resumed"] == [3]
+    assert verify(newest) != []  # left as it is (Lightning's version counter names the new save of step 6 "-v1")
+    assert torch.load(tmp_path / "ckpt" / "epoch=0-step=6-v1.ckpt", weights_only=True)["global_step"] == 6
 
 
 def test_a_replaced_torch_save_that_writes_nothing_commits_nothing_and_fails_nothing(tmp_path):
@@ -178,19 +184,41 @@ def test_a_replaced_torch_save_that_writes_nothing_commits_nothing_and_fails_not
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["epoch=0-step=3.ckpt"]
 
 
-def test_checkpoint_format_auto_writes_files_in_one_process_and_folders_in_two(tmp_path):
-    # "auto" is unchanged: folders at two processes ("file" there is the opt-in: test_parallel_file_checkpoints.py).
+def test_checkpoint_format_auto_writes_files_in_one_process_and_in_two(tmp_path):
+    # "auto" picks the file for data-parallel state at any process count: Lightning's torch.load reads each of them,
+    # and the run resumes across the change of world size in both directions.
     _fit(tmp_path, 3, fmt="auto", save_last=False)
     assert (tmp_path / "ckpt" / "epoch=0-step=3.ckpt").is_file()
-    assert_ok(torchrun("--root", str(tmp_path), "--steps", "6", "--format", "auto", script=SCRIPT))
-    assert (tmp_path / "ckpt" / "epoch=0-step=6.ckpt").is_dir()  # a folder once the world has two processes
+    proc = torchrun("--root", str(tmp_path), "--steps", "6", "--format", "auto", script=SCRIPT)
+    assert_ok(proc)
+    said = (proc.stdout + proc.stderr).count("lightning-ft: checkpoints are")
+    assert said == 1, proc.stdout + proc.stderr  # said once, by rank 0
+    assert (
+        "checkpoints are torch.save files, the file Lightning writes, written by all 2 ranks in parallel"
+        in proc.stdout + proc.stderr
+    )
+    two = tmp_path / "ckpt" / "epoch=0-step=6.ckpt"  # (the epoch: 2 ranks halve the batches per epoch)
+    assert two.is_file() and is_checkpoint_file(two)
+    assert torch.load(two, weights_only=True)["global_step"] == 6
     assert [c.step for c in list_committed(tmp_path / "ckpt")] == [3, 6]
     resumed = [e for e in read_events(tmp_path) if e["event"] == "resumed"]
     assert (resumed[-1]["step"], resumed[-1]["saved_world_size"], resumed[-1]["world_size"]) == (3, 1, 2)
-    _fit(tmp_path, 9, fmt="auto", save_last=False)  # back to one process: resumes from the folder, writes a file
+    _fit(tmp_path, 9, fmt="auto", save_last=False)  # back to one process: resumes from the two ranks' file
     assert (tmp_path / "ckpt" / "epoch=1-step=9.ckpt").is_file()
     resumed = [e for e in read_events(tmp_path) if e["event"] == "resumed"]
     assert (resumed[-1]["step"], resumed[-1]["saved_world_size"], resumed[-1]["world_size"]) == (6, 2, 1)
+
+
+def test_the_format_is_said_once_at_set_up_with_the_reason(tmp_path):
+    said = []
+    with mock.patch("lightning_ft.strategy.elastic_ft3d.rank_zero_info", side_effect=said.append):
+        trainer, model = _fit(tmp_path, 3, fmt="auto", save_last=False)
+        trainer.fit_loop.epoch_loop.max_steps = 5
+        trainer.fit(model)  # a second stage of the same strategy
+    assert [line for line in said if "checkpoints are" in line] == [
+        "lightning-ft: checkpoints are torch.save files, the file Lightning writes (checkpoint_format='auto':"
+        " data-parallel state, no DTensor, no pipeline stage)"
+    ]
 
 
 def test_last_moves_between_a_folder_and_a_file_when_the_format_changes(tmp_path):

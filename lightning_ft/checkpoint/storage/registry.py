@@ -16,33 +16,62 @@ from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 from lightning_ft.checkpoint.storage.dcp_storage import ENTRIES_FILE, DcpStorage
 from lightning_ft.checkpoint.storage.object_store import ObjectStore, is_remote
 
-__all__ = ["FORMATS", "resolve_format", "storage_for_path", "storage_named"]
+__all__ = ["FORMATS", "format_choice", "resolve_format", "storage_for_path", "storage_named"]
 
 FORMATS = ("torchsnapshot", "dcp", "file", "auto")
-"""The on-disk formats ``ElasticFT3D(checkpoint_format=...)`` accepts: ``"auto"`` picks ``"file"`` for a world of one
-process with plain (non-DTensor, non-pipeline) state, ``"torchsnapshot"`` otherwise (:func:`resolve_format`);
-``"file"`` is accepted at any process count for plain (data-parallel) state."""
+"""The on-disk formats ``ElasticFT3D(checkpoint_format=...)`` accepts: ``"auto"`` picks ``"file"`` for plain
+(data-parallel, non-DTensor, non-pipeline) state at any process count, ``"torchsnapshot"`` folders for DTensor or
+pipeline state (:func:`resolve_format`); ``"file"`` is accepted for plain state only."""
 
 
-def resolve_format(name: str, *, world_size: int, plain: bool, owner: str = "ElasticFT3D") -> str:
-    """The format a run writes with: ``name``, or for ``"auto"`` the single file when the world is one process with
-    plain state, else torchsnapshot folders. ``"file"`` at several processes (plain state): every rank writes its
-    share of the one file.
+def resolve_format(name: str, *, plain: bool, owner: str = "ElasticFT3D") -> str:
+    """The format a run writes with: ``name``, or for ``"auto"`` the single ``torch.save`` file when the state is plain
+    (every rank holds all of it: one process, or data-parallel replicas; at several processes every rank writes its
+    share of the one file), else torchsnapshot folders (DTensor or pipeline state: each rank holds only its shards).
+    The one place this rule lives; :func:`format_choice` says it.
 
     Raises:
         ValueError: ``name`` is ``"file"`` and the state holds DTensors or pipeline stages (a file holds state every
             rank holds in full); or ``name`` is unknown.
     """
     if name == "auto":
-        return "file" if world_size == 1 and plain else "torchsnapshot"
+        return "file" if plain else "torchsnapshot"
     if name == "file" and not plain:
         raise ValueError(
             f"{owner}(checkpoint_format='file'): a checkpoint file holds state every rank holds in full (a single"
             " process, or data-parallel replicas), and this run holds DTensor or pipeline state;"
-            " use 'auto' (a file for one process with plain state, folders otherwise), 'torchsnapshot' or 'dcp'"
+            " use 'auto' (the file for data-parallel state, folders otherwise), 'torchsnapshot' or 'dcp'"
         )
     storage_named(name, owner=owner)
     return name
+
+
+def format_choice(name: str, *, plain: bool, world_size: int, remote: bool = False, owner: str = "ElasticFT3D") -> str:
+    """One line for the console at set-up: the format :func:`resolve_format` picks for ``name`` and why (``remote``:
+    a checkpoint folder is an object-store URL, which keeps its own folders whatever the format)."""
+    chosen = resolve_format(name, plain=plain, owner=owner)
+    if remote:
+        return (
+            "lightning-ft: checkpoints are folders of objects (the ModelCheckpoint dirpath is an object-store URL,"
+            " whose commit needs no rename)"
+        )
+    shares = f", written by all {world_size} ranks in parallel" if world_size > 1 else ""
+    what = {
+        "file": f"torch.save files, the file Lightning writes{shares}",
+        "torchsnapshot": "torchsnapshot folders, sharded across the ranks",
+        "dcp": "folders in PyTorch's distributed checkpoint (DCP) layout",
+    }[chosen]
+    if name != "auto":
+        why = f"checkpoint_format={name!r}"
+    elif plain:
+        held = "which every rank holds in full" if world_size > 1 else "no DTensor, no pipeline stage"
+        why = f"checkpoint_format='auto': data-parallel state, {held}"
+    else:
+        why = (
+            "checkpoint_format='auto': DTensor or pipeline state, which each rank holds only a shard of;"
+            " a file holds state every rank holds in full"
+        )
+    return f"lightning-ft: checkpoints are {what} ({why})"
 
 
 def storage_named(name: str, *, owner: str | None = None) -> Any:
@@ -59,7 +88,7 @@ def storage_named(name: str, *, owner: str | None = None) -> Any:
     if name == "file":
         return FileStorage()
     if name == "auto":
-        return SnapshotStorage()  # until the run's world is known (resolve_format), as the folder it would be
+        return FileStorage()  # until the run's state is known (resolve_format), as the file it is for plain state
     option = f"checkpoint_format={name!r}"
     raise ValueError(f"{f'{owner}({option})' if owner else option}: must be one of {', '.join(map(repr, FORMATS))}")
 
