@@ -26,6 +26,8 @@ is refused by :func:`encode_state`, naming its key, before anything is copied.
 
 from __future__ import annotations
 
+import mmap
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +41,7 @@ from lightning_ft.checkpoint.direct_write import aligned_empty
 from lightning_ft.checkpoint.dtensor_geometry import describe_placements
 from lightning_ft.checkpoint.ownership import Region
 
-__all__ = ["Capture", "EncodedState", "StagedShard", "Stager", "encode_state"]
+__all__ = ["Capture", "EncodedState", "StagedShard", "Stager", "encode_state", "file_shares", "sample_crc"]
 
 
 @dataclass
@@ -54,6 +56,10 @@ class StagedShard:
     """The staged CPU copy, contiguous, shaped like the region."""
     offset: list[int]
     """Global offset of the region (all zeros for a plain tensor)."""
+    staged: tuple[int, int] | None = None
+    """The bytes ``[start, end)`` of ``data`` that hold the copy, where this rank staged only the part of a replicated
+    tensor it writes into a checkpoint file (:func:`file_shares`): the rest of ``data`` is unbacked memory, never
+    read. ``None``: all of it."""
 
 
 @dataclass
@@ -80,11 +86,18 @@ class Capture:
     """Index records (dtype, global shape, kind, placements) for every logical tensor this rank knows."""
     shards: list[StagedShard] = field(default_factory=list)
     """The copies of everything this rank writes."""
+    shares: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
+    """For a checkpoint file written by every rank: each replicated tensor's ``(rank, start, end)`` byte ranges (who
+    writes which bytes), by entry name (:func:`file_shares`); empty otherwise."""
+    samples: dict[str, int] = field(default_factory=dict)
+    """With ``shares``: the crc32 of a sample of each replicated tensor's bytes at the capture, by key
+    (:func:`sample_crc`): what the ranks compare to agree that their replicas are equal, since none of them staged
+    every byte."""
 
     @property
     def nbytes(self) -> int:
         """Bytes staged by this capture (the bytes this rank writes)."""
-        return sum(s.data.numel() * s.data.element_size() for s in self.shards)
+        return sum(_staged_bytes(s) for s in self.shards)
 
     def entries_and_records(self, rank: int = 0) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
         """The staged shards as rank ``rank`` writes them: flat ``uint8`` views by entry name, and their index
@@ -102,10 +115,62 @@ class Capture:
                     "offset": shard.offset,
                     "shape": list(shard.data.shape),
                     "nbytes": data.numel(),
-                    "crc32": crc32(data.numpy()),
+                    # A partly staged tensor's crc32 is known only once every rank has written its piece of the file.
+                    "crc32": crc32(data.numpy()) if shard.staged is None else None,
                 }
             )
         return entries, records
+
+
+def _staged_bytes(shard: StagedShard) -> int:
+    if shard.staged is not None:
+        return shard.staged[1] - shard.staged[0]
+    return shard.data.numel() * shard.data.element_size()
+
+
+def file_shares(shared: Sequence[tuple[str, torch.Tensor]], world_size: int) -> dict[str, list[tuple[int, int, int]]]:
+    """Who writes which bytes of each plain tensor of the replicated state ``shared`` into a checkpoint file written
+    by ``world_size`` ranks: ``{key: [(rank, start, end), ...]}``
+    (:func:`~lightning_ft.checkpoint.parallel_file.nominal_shares` over the tensors in the state's order: the same on
+    every rank, known before anything is copied). Empty tensors and DTensors are left out."""
+    from lightning_ft.checkpoint.parallel_file import nominal_shares
+
+    plain = [(key, t) for key, t in shared if not isinstance(t, DTensor) and t.numel()]
+    ranges = nominal_shares([t.numel() * t.element_size() for _, t in plain], world_size)
+    return {key: r for (key, _), r in zip(plain, ranges, strict=True)}
+
+
+SAMPLE_CHUNK_BYTES = 4096
+SAMPLE_CHUNKS = 4
+"""A replicated tensor's sample (:func:`sample_crc`): up to this many chunks of :data:`SAMPLE_CHUNK_BYTES`: the whole
+tensor where it is at most that large (16 KiB), else its first and last chunk and two more at places that change from
+one save to the next."""
+
+
+def sample_crc(tensor: torch.Tensor, key: str, seed: int) -> int:
+    """The crc32 of a sample of ``tensor``'s bytes (contiguous; CPU or accelerator): the whole of a tensor of at most
+    16 KiB, else its first and last 4 KiB and two 4 KiB chunks at offsets drawn from ``key`` and ``seed`` (the same on
+    every rank for the same save)."""
+    flat = tensor.detach().reshape(-1).view(torch.uint8)
+    n = flat.numel()
+    if n <= SAMPLE_CHUNK_BYTES * SAMPLE_CHUNKS:
+        starts = [0]
+        size = n
+    else:
+        size = SAMPLE_CHUNK_BYTES
+        span = n - size
+        drawn = [zlib.crc32(f"{key}|{seed}|{k}".encode()) % (span + 1) for k in range(SAMPLE_CHUNKS - 2)]
+        starts = [0, span, *drawn]
+    parts = torch.cat([flat[a : a + size] for a in starts]) if len(starts) > 1 else flat[:size]
+    if parts.device.type != "cpu":
+        parts = parts.cpu()
+    return crc32(parts.contiguous().numpy())
+
+
+def _unbacked_empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    # A page-aligned anonymous mapping: memory is taken only for the pages written (the range a rank stages).
+    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8).view(dtype).view(shape)
 
 
 def _unique_key(path: str, seen: set[str], prefix: str) -> str:
@@ -194,11 +259,14 @@ class Stager:
     def __init__(self, *, reuse_buffers: bool = True) -> None:
         self._reuse = reuse_buffers
         self._buffers: dict[str, torch.Tensor] = {}
+        self._captures = 0
 
-    def _buffer_for(self, key: str, source: torch.Tensor) -> torch.Tensor:
+    def _buffer_for(self, key: str, source: torch.Tensor, *, partial: bool = False) -> torch.Tensor:
         buf = self._buffers.get(key)
         if buf is None or buf.shape != source.shape or buf.dtype != source.dtype:
-            if source.is_cuda and torch.cuda.is_available():
+            if partial:  # the whole tensor's size for the pickle; memory only for the range written into it
+                buf = _unbacked_empty(source.shape, source.dtype)
+            elif source.is_cuda and torch.cuda.is_available():
                 buf = torch.empty(source.shape, dtype=source.dtype, device="cpu", pin_memory=True)
             else:  # page-aligned: the writer sends it to the disk without the page cache, straight from here
                 buf = aligned_empty(source.shape, source.dtype)
@@ -206,25 +274,55 @@ class Stager:
                 self._buffers[key] = buf
         return buf
 
-    def capture(self, encoded: EncodedState, writes: Sequence[tuple[Region, torch.Tensor]]) -> Capture:
+    def capture(
+        self,
+        encoded: EncodedState,
+        writes: Sequence[tuple[Region, torch.Tensor]],
+        *,
+        shares: dict[str, list[tuple[int, int, int]]] | None = None,
+        rank: int = 0,
+    ) -> Capture:
         """Copy ``writes`` (regions of the shared state with their local values) and every per-rank tensor.
+
+        ``shares`` (:func:`file_shares`; a checkpoint file written by every rank): of each tensor it names, only the
+        bytes ``rank`` writes (:func:`~lightning_ft.checkpoint.parallel_file.staged_range`) are copied, into a buffer
+        of the tensor's size whose other pages are never touched, and a sample of its bytes is checksummed
+        (:attr:`Capture.samples`), both before returning.
 
         Blocks until every copy is done (CUDA copies included); from the return on, the caller may mutate every tensor
         it passed.
         """
+        from lightning_ft.checkpoint.parallel_file import staged_range
+
+        shares = shares or {}
         to_copy = [(region.key, value, list(region.offset)) for region, value in writes]
         to_copy += [(key, tensor, [0] * tensor.dim()) for key, tensor in encoded.per_rank]
         capture = Capture(
             state_json=encoded.state_json, rank_state_json=encoded.rank_state_json, tensors=encoded.tensors
         )
+        self._captures += 1
         cuda_devices: set[int] = set()
         for n, (key, tensor, offset) in enumerate(to_copy):
             source = tensor.detach()
             if source.numel() == 0:
                 continue  # nothing to write; the index record still carries the shape
-            buf = self._buffer_for(key, source)
+            ranges = shares.get(key)
+            buf = self._buffer_for(key, source, partial=ranges is not None)
             shard = StagedShard(key=key, name=f"t{n}", data=buf, offset=offset)
             capture.shards.append(shard)
+            if ranges is not None:
+                capture.shares[shard.name] = ranges
+                if source.is_contiguous():
+                    size = source.element_size()
+                    lo, hi = staged_range(ranges, rank)
+                    first, last = lo // size, -(-hi // size)
+                    buf.view(-1)[first:last].copy_(source.reshape(-1)[first:last])  # blocking: pageable memory
+                    shard.staged = (first * size, last * size)
+                    capture.samples[key] = sample_crc(source, key, self._captures)
+                else:  # rare (a transposed parameter): the whole copy, then the sample from it
+                    buf.copy_(source)
+                    capture.samples[key] = sample_crc(buf, key, self._captures)
+                continue
             buf.copy_(source, non_blocking=source.is_cuda)
             if source.is_cuda:
                 cuda_devices.add(source.device.index or 0)
