@@ -9,7 +9,11 @@ A capture has two steps, with the ownership decision between them (:meth:`AsyncC
    :func:`~lightning_ft.checkpoint.ownership.regions_to_write` plus every per-rank tensor, into staging buffers it
    owns, before it returns: a pinned CPU buffer with a non-blocking copy for CUDA tensors (then a synchronize), a
    page-aligned CPU buffer for CPU tensors. Buffers are reused from one save to the next (at most one save is in
-   flight, so the previous write has finished with them); a buffer this capture does not use is released.
+   flight, so the previous write has finished with them); a buffer this capture does not use is released. For a
+   checkpoint file that every rank writes its share of (``shares``, :func:`file_shares`), each rank copies only the
+   byte range of each replicated tensor it writes, into a buffer of the tensor's size (the pickle needs the storage's
+   size) of which only that range's pages are ever touched, and takes the crc32 of a sample of every replicated tensor
+   (:func:`sample_crc`, how the ranks check that their replicas agree), both before returning.
 
 Every byte a save writes is copied before the save call returns. That is what makes a checkpoint the state at its
 save call whatever user code does next (in place, under ``no_grad``, through ``.data``, by assigning a new tensor,

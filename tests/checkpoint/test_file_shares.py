@@ -153,14 +153,21 @@ def _save_in_shares(rank: int, world_size: int, folder: str) -> None:
         for step in (1, 2):
             state = _state(step)
             path = out / f"step={step}.ckpt"
-            checkpointer.save(path, state, rank_state={"rng": torch.arange(4) + rank}, metadata={"step": step})
+            rank_state = {"rng": torch.arange(4) + rank}
+            checkpointer.save(path, state, rank_state=rank_state, metadata={"step": step})
             capture = checkpointer._previous[1]
             staged = capture.nbytes
+            # Lightning's save_last=True: the state is unchanged, so `last` is written again from the same capture
+            # (each rank compares its own staged range; the caller agrees across ranks).
+            assert checkpointer.matches_last_save(state, rank_state=rank_state) == path
+            last = out / f"last-{step}.ckpt"
+            assert checkpointer.save_again(last, state, rank_state=rank_state, metadata={"step": step})
             # The training loop goes on at once: in place, through .data, and by a new tensor in the dict.
             for value in state["state_dict"].values():
                 value.data.add_(1)
             state["optimizer_states"][0]["state"][0]["exp_avg"].mul_(-1)
             state["state_dict"]["big"] = torch.zeros(BIG)
+            assert checkpointer.matches_last_save(state, rank_state=rank_state) is None
             checkpointer.wait()
             result = storage.last_result
             (out / f"rank{rank}-step{step}.json").write_text(
@@ -179,6 +186,8 @@ def test_each_rank_stages_and_writes_about_half_and_the_file_is_the_state_at_the
         # torch.load in the plain way reads the state as it was at the save call (the mutations after it are absent).
         loaded = torch.load(path, weights_only=True)
         _equal(_state(step), {k: v for k, v in loaded.items() if k != RECORD_KEY})
+        again = torch.load(tmp_path / f"last-{step}.ckpt", weights_only=True)
+        _equal(_state(step), {k: v for k, v in again.items() if k != RECORD_KEY})
         # lightning-ft's record holds the crc32s the ranks' writes gave: the file loads as unedited.
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -192,7 +201,7 @@ def test_each_rank_stages_and_writes_about_half_and_the_file_is_the_state_at_the
             assert 0.4 * total < report["staged"] < 0.6 * total, (report, total)
             assert 0.4 * total < report["storage_bytes"] < 0.6 * total, (report, total)
         assert reports[0]["staged"] + reports[1]["staged"] < 1.1 * total
-    assert [c.step for c in list_committed(tmp_path)] == [1, 2]
+    assert sorted(c.step for c in list_committed(tmp_path)) == [1, 1, 2, 2]
 
 
 def _save_diverged(rank: int, world_size: int, folder: str, where: str) -> None:
