@@ -852,7 +852,10 @@ def _views(obj: Any) -> list[tuple[Any, ...]]:
     class _Walker(pickle.Pickler):
         def persistent_id(self, value: Any) -> Any:
             if isinstance(value, torch.Tensor) and value.layout == torch.strided and not value.is_meta:
-                storage = value.untyped_storage()
+                try:
+                    storage = value.untyped_storage()
+                except (RuntimeError, NotImplementedError):  # a subclass without one: its parts are walked instead
+                    return None
                 index = storages.setdefault((storage.data_ptr(), storage.nbytes()), len(storages))
                 views.append(
                     (
