@@ -21,8 +21,10 @@ Methods:
 - ``ddp``: Lightning's ``TorchCheckpointIO.save_checkpoint`` on rank 0 (what ``DDPStrategy`` runs: the whole state
   serialized in memory, then written), then an fsync so it is durable like the others; blocking, rank 1 idle.
 
-Methods are interleaved per repetition (file, folders, ddp, file, ...); every ratio compares numbers of the same run,
-and the load average is printed with them.
+Methods are interleaved, their order rotated from one repetition to the next (file, folders, ddp; folders, ddp, file;
+...), each after an ``os.sync()`` (outside the timing) so that no method pays for the writeback of another's
+buffered writes; every ratio compares numbers of the same run, and the load average is printed with them. For the file, the
+phases of the parallel write (``SaveResult.phases_s``: plan, write, fsync, gather, finish) are printed per rank.
 
 Run: ``python benchmarks/file_shares.py [--state-mb 100 1000] [--repeats 3] [--dir /tmp/x] [--json out.json]``.
 """
@@ -98,6 +100,7 @@ def _worker(rank: int, port: int, state_mb: int, repeats: int, root: str, out: s
     staging_rss: dict[str, int] = {}
 
     def one(method: str, path: Path) -> dict[str, float]:
+        os.sync()  # the previous method's dirty pages (DDP's buffered file) are not flushed during this one
         dist.barrier()
         before = _wchar()
         start = time.perf_counter()
@@ -125,14 +128,20 @@ def _worker(rank: int, port: int, state_mb: int, repeats: int, root: str, out: s
         rss = _rss()
         one(method, Path(root) / f"warmup-{method}.ckpt")
         staging_rss[method] = _rss() - rss
+    phases: list[dict[str, float]] = []
     for r in range(repeats):
-        for method in METHODS:
+        for k in range(len(METHODS)):  # rotated each repetition: no method always follows the same one
+            method = METHODS[(k + r) % len(METHODS)]
             results[method].append(one(method, Path(root) / f"{method}-{r}.ckpt"))
+            if method == "file":
+                phases.append(checkpointers["file"]._storage.last_result.phases_s)
     for method in ("file", "folders"):
         checkpointers[method].close()
     committed = {m: [i.total_s for i in infos[m][1:]] for m in infos}  # rank 0; the warm-up save left out
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump({"results": results, "staging_rss": staging_rss, "rss0": rss0, "committed": committed}, f)
+        json.dump(
+            {"results": results, "staging_rss": staging_rss, "rss0": rss0, "committed": committed, "phases": phases}, f
+        )
     dist.destroy_process_group()
 
 
@@ -184,6 +193,12 @@ def run(state_mb: int, repeats: int, directory: str | None) -> dict[str, Any]:
         print(
             f"| {method} | {stall} | {row['write_ms']:.0f} | {pair(row['written_mb'])} | {pair(row['staged_mb'])}"
             f" | {pair(row['staging_rss_mb'])} |"
+        )
+    for rank, report in enumerate(reports):
+        medians = {k: statistics.median(p[k] for p in report["phases"]) * 1e3 for k in report["phases"][0]}
+        print(
+            f"  file, rank {rank}, the parallel write's phases (ms): "
+            + ", ".join(f"{k} {v:.0f}" for k, v in medians.items())
         )
     file, folders = rows["file"], rows["folders"]
     print(
