@@ -3,8 +3,8 @@
 :class:`~lightning_ft.checkpoint.AsyncCheckpointer`, given a storage that writes files
 (:class:`~lightning_ft.checkpoint.single_file.FileStorage`, ``checkpoint_format="file"``), runs these steps for a
 save to a local path in its background thread, from the same staged copies a folder is written from (the capture at
-the save call is the same; with more than one process every rank stages the whole replicated state, writes its share
-of the file in step 2, and rank 0 alone runs steps 1 and 3):
+the save call is the same; with more than one process every rank stages only the bytes of the replicated state it
+writes, writes its share of the file in step 2, and rank 0 alone runs steps 1 and 3):
 
 1. :func:`prepare_file` creates the save's staging folder ``.<name>.lft-new-<token>`` beside the path, holding the
    in-progress record (:mod:`~lightning_ft.checkpoint.in_progress`) before any data: a leftover of a killed save is
@@ -148,9 +148,14 @@ def write_parallel_file(
     1. Rank 0 creates the staging folder with its in-progress record (:func:`prepare_file`), before any data.
     2. One exchange gives every rank every rank's own state (RNG states, per-rank tensors, callbacks' states; their
        staged bytes travel with it) so that every rank builds the same document and pickles the same object, and
-       compares each rank's crc32 of every replicated tensor with rank 0's. Where they differ (a parameter DDP does
-       not synchronize), rank 0's bytes of those tensors go to every rank (a second exchange, said once): the file
-       holds rank 0's state, as ``DDPStrategy``'s checkpoint does, never a mix of the ranks' bytes.
+       compares each rank's checksums of the replicated tensors with rank 0's. A rank that staged only its share of
+       the file (the default: :attr:`~lightning_ft.checkpoint.staging.Capture.samples`) compares the crc32 of a sample
+       of each tensor taken at the capture: the whole of a tensor of at most 16 KiB, 16 KiB of a larger one (its first
+       and last 4 KiB and two chunks that move from save to save). Where they differ (a parameter DDP does not
+       synchronize), rank 0's bytes of those tensors (rank 0 staged the whole of them at the save call:
+       :func:`~lightning_ft.checkpoint.staging.stage_rank_zeros_copies`) go to every rank (a second exchange, said
+       once): the file holds rank 0's copy, as ``DDPStrategy``'s checkpoint does. A difference only outside the sample
+       is not detected, and the file then holds each rank's share of its own replica.
     3. ``write`` (the storage's, collective): every rank writes its share of the staged file; it returns once every
        rank's bytes are durable. Then rank 0 renames the file onto the path (:class:`FileSwap`) and calls
        ``on_commit`` with the tensor bytes; should either fail, the rename is undone. Every step ends with ``agree``,
@@ -184,7 +189,9 @@ def write_parallel_file(
             {f"r{rank}.{r['entry']}": entries[r["entry"]].clone() for r in own},
             {k: v for k, v in job.capture.tensors.items() if k.startswith("rank_state/")},
             job.capture.rank_state_json,
-            {r["key"]: r["crc32"] for r in shared},
+            # What tells diverged replicas apart: where this rank staged only its share, the crc32 of a sample of each
+            # replicated tensor taken at the capture (no rank read every byte); else the crc32 of its whole copy.
+            job.capture.samples or {r["key"]: r["crc32"] for r in shared},
         )
     except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
         error = e
