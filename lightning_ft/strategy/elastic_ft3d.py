@@ -211,6 +211,7 @@ class ElasticFT3D(DDPStrategy):
         self.parallel_config: ParallelConfig | None = None
         self._device_mesh: DeviceMesh | None = None
         self._parallelized = False
+        self._format_reason_said = False
         self._mode: DataParallelMode = DataParallelMode(self)
         self._attempt_start_time = time.time()
         self._foreign_batches_into_epoch = 0
@@ -394,16 +395,36 @@ class ElasticFT3D(DDPStrategy):
             check_accumulation_scheduler(trainer, self.elastic)
             self._parallelized = has_dtensor_parameters(self.model)
             self._mode = mode_for(self, self.model)
-            plain = self._mode.name == "data_parallel"
-            self._checkpoint_manager().use_format(
-                resolve_format(self.checkpoint_format, world_size=self.world_size, plain=plain)
-            )
+            self._checkpoint_manager().use_format(self._checkpoint_format_for_state())
             if self._memory is not None and trainer.state.fn == TrainerFn.FITTING:
                 self._memory.open_tier(trainer)  # collective: its gloo group (a resume's plan and load use it)
             if self._fault is not None:  # collective: a node in its cooldown refused; the watchdog guards the load
                 self._fault.start(trainer)
             self._prepared = True
         return self._mode.name == "data_parallel"
+
+    def _checkpoint_format_for_state(self) -> str:
+        """The format this run writes: ``checkpoint_format`` resolved for the world and the state. A file holds
+        data-parallel replicas and DTensors whose shards are contiguous byte ranges
+        (:mod:`~lightning_ft.checkpoint.sharded_file`); where the state holds anything else, ``"auto"`` writes folders
+        and says once which tensor (and placement) keeps it from a file, and ``"file"`` is refused naming it.
+
+        Raises:
+            ValueError: ``checkpoint_format="file"`` and the state holds a tensor a file cannot hold.
+        """
+        refusal = self._mode.file_refusal()
+        if refusal is not None and self.checkpoint_format == "file":
+            raise ValueError(
+                f"ElasticFT3D(checkpoint_format='file'): {refusal}; use 'auto' (a file where the state allows it,"
+                " folders otherwise), 'torchsnapshot' or 'dcp'"
+            )
+        chosen = resolve_format(self.checkpoint_format, world_size=self.world_size, plain=refusal is None)
+        if refusal is not None and chosen != "file" and not self._format_reason_said:
+            self._format_reason_said = True
+            rank_zero_info(
+                f"lightning-ft: checkpoints of this run are {chosen} folders, not one torch.save file: {refusal}"
+            )
+        return chosen
 
     @override
     def setup(self, trainer: pl.Trainer) -> None:
