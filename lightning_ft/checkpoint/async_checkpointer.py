@@ -63,7 +63,6 @@ from lightning_ft.checkpoint.in_progress import (
     write_placeholder,
 )
 from lightning_ft.checkpoint.ownership import regions_to_write
-from lightning_ft.checkpoint.sharded_file import holds_dtensors, write_sharded_file
 from lightning_ft.checkpoint.single_file import STAGED_NAME, read_marker
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 from lightning_ft.checkpoint.staging import Capture, Stager, encode_state
@@ -297,14 +296,12 @@ class AsyncCheckpointer:
         return True
 
     def _regions(self, encoded: Any, path: Path) -> list[Any]:
-        """The regions of the shared state this rank stages: those it owns, or, for a checkpoint file of replicated
-        state written by several processes, all of them (each rank pickles the whole replicated state and writes its
-        share of the file's bytes from its own copy). A file of DTensor state stages what a folder does: each rank
-        writes the regions it owns into the full tensors' records (:mod:`~lightning_ft.checkpoint.sharded_file`)."""
-        if self._world_size > 1 and writes_files(self._storage) and not is_remote(path):
-            if not any(isinstance(tensor, _compat.DTensor) for _, tensor in encoded.shared):
-                return regions_to_write(encoded.shared, rank=0, world_size=1, group=None)
-            # DTensor state as one file of full tensors (sharded_file): each rank stages the regions it owns.
+        """The regions of the shared state this rank stages: those it owns (a file of DTensor state too:
+        :mod:`~lightning_ft.checkpoint.sharded_file`), or, for a checkpoint file of replicated state written by several
+        processes, all of them (each rank pickles the whole state and writes its share of the file from its own copy)."""
+        replicated = not any(isinstance(tensor, _compat.DTensor) for _, tensor in encoded.shared)
+        if self._world_size > 1 and writes_files(self._storage) and not is_remote(path) and replicated:
+            return regions_to_write(encoded.shared, rank=0, world_size=1, group=None)
         return regions_to_write(encoded.shared, rank=self._rank, world_size=self._world_size, group=self._group)
 
     def _enqueue(self, job: _Job) -> None:
@@ -501,17 +498,7 @@ class AsyncCheckpointer:
     def _write_file(self, job: _Job) -> None:
         """A save as one checkpoint file (:mod:`~lightning_ft.checkpoint.file_commit`): in a world of one process no
         exchange; the steps are the folder's, with a rename onto the path as the commit."""
-        if self._world_size != 1 and holds_dtensors(job.capture.tensors):  # full tensors from every rank's shards
-            write_sharded_file(
-                job,
-                rank=self._rank,
-                world_size=self._world_size,
-                agree=self._agree,
-                document_of=lambda gathered: self._document(job, gathered, job.path),
-                on_commit=lambda size: self._on_commit(self._commit_info(job, size)) if self._on_commit else None,
-            )
-            return
-        if self._world_size != 1:  # every rank writes its share of the file
+        if self._world_size != 1:  # every rank writes its share of the file (its own shards' of DTensor state)
             write_parallel_file(
                 job,
                 rank=self._rank,

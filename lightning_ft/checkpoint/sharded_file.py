@@ -37,7 +37,7 @@ from lightning_ft._compat import DTensor, Replicate, Shard, StridedShard
 from lightning_ft.checkpoint import parallel_file
 from lightning_ft.checkpoint.checksum import crc32, crc32_combine
 from lightning_ft.checkpoint.errors import CheckpointError
-from lightning_ft.checkpoint.single_file import STAGED_NAME, checkpoint_dict
+from lightning_ft.checkpoint.single_file import checkpoint_dict
 from lightning_ft.checkpoint.snapshot_storage import fsync_dir
 
 __all__ = ["file_refusal", "holds_dtensors", "placement_is_contiguous", "write_sharded_file"]
@@ -198,50 +198,29 @@ def _storage_view(storage: torch.UntypedStorage) -> memoryview:
 
 def write_sharded_file(
     job: Any,
+    target: Path,
     *,
     rank: int,
-    world_size: int,
     agree: Callable[..., list[Any]],
     document_of: Callable[[list[Any]], tuple[dict[str, Any], int]],
-    on_commit: Callable[[int], Any],
-) -> None:
-    """The background steps of a save of DTensor state as one checkpoint file of full tensors. Collective: every rank
-    of the writer's group runs it for the same save ``job`` (the writer's ``_Job``), whose capture staged the regions
-    this rank owns (:func:`~lightning_ft.checkpoint.ownership.regions_to_write`, as for a folder).
+) -> int:
+    """Write the staged checkpoint file ``target`` of a save of DTensor state: Lightning's dict with full tensors,
+    each rank writing the regions it staged (:func:`~lightning_ft.checkpoint.ownership.regions_to_write`, as for a
+    folder); returns the tensor bytes of the save. Collective: every rank of the writer's group runs it for the same
+    save ``job`` (the writer's ``_Job``), once rank 0 created ``target``'s staging folder
+    (:func:`~lightning_ft.checkpoint.file_commit.write_parallel_file` runs it between its first step and the commit).
 
-    1. Rank 0 creates the staging folder with its in-progress record, before any data.
-    2. One exchange gives every rank every rank's own state (RNG states, per-rank tensors; their bytes travel with
+    1. One exchange gives every rank every rank's own state (RNG states, per-rank tensors; their bytes travel with
        it) and every rank's staged regions (key, offset, shape, crc32; not their bytes); every rank builds the same
        document (refused if the regions do not cover the state), the full tensors' CRCs and the same checkpoint dict,
        whose full tensors are untouched placeholders.
-    3. Every rank lays out the file (:func:`~lightning_ft.checkpoint.parallel_file.plan_file`; the ranks' layouts
+    2. Every rank lays out the file (:func:`~lightning_ft.checkpoint.parallel_file.plan_file`; the ranks' layouts
        compared) and writes its regions' bytes at their offsets in their full tensor's record; rank 0 also writes the
        records of the per-rank tensors. After one exchange of the pieces' CRCs rank 0 writes the pickle, headers and
-       directory (:func:`~lightning_ft.checkpoint.parallel_file.finish_file`), fsyncs, renames the file onto the path
-       and calls ``on_commit``; should either fail, the rename is undone. Every step ends with ``agree``.
+       directory (:func:`~lightning_ft.checkpoint.parallel_file.finish_file`) and fsyncs the file and its folder.
+       Every step ends with ``agree``: a failure on any rank fails the save on every rank.
     """
-    from lightning_ft.checkpoint.file_commit import FileSwap, prepare_file
-    from lightning_ft.checkpoint.in_progress import is_placeholder, make_durable
-
-    # 1. The staging folder.
-    error: BaseException | None = None
-    prepared = None
-    if rank == 0:
-        try:
-            if job.prepare_error is not None:
-                raise job.prepare_error
-            if job.placeholder and is_placeholder(job.path):
-                make_durable(job.path)  # off the training thread, before any data
-            job.folder = prepare_file(job.path, step=job.metadata["step"], run_id=job.metadata["run_id"])
-            prepared = str(job.folder)
-        except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
-            error = e
-    folder = Path(agree(error, prepared)[0])
-    if rank != 0:
-        job.folder = folder
-    target = folder / STAGED_NAME
-
-    # 2. Every rank's own state and its regions' records to every rank; the same document and dict everywhere.
+    # 1. Every rank's own state and its regions' records to every rank; the same document and dict everywhere.
     error, payload = None, None
     entries: dict[str, torch.Tensor] = {}
     try:
@@ -276,7 +255,7 @@ def write_sharded_file(
         error = e
     agree(error)
 
-    # 3. The layout, the same on every rank; each rank writes its regions; rank 0 the rest, then commits.
+    # 2. The layout, the same on every rank; each rank writes its regions; rank 0 the rest.
     error, plan, mine = None, None, None
     try:
         plan = parallel_file.plan_file(checkpoint, target)
@@ -347,19 +326,8 @@ def write_sharded_file(
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            fsync_dir(folder)
-            swap = FileSwap(folder, job.path)
-            try:
-                swap.swap()
-                job.committed = True
-                on_commit(size_bytes)
-            except BaseException:
-                try:
-                    swap.undo()
-                finally:
-                    job.committed = False
-                raise
-            swap.finish()
-        except BaseException as e:  # noqa: BLE001 - before the exchange, so every rank fails this save alike
+            fsync_dir(target.parent)
+        except BaseException as e:  # noqa: BLE001 - the other ranks wait for this outcome
             error = e
     agree(error)
+    return size_bytes
