@@ -165,3 +165,20 @@ def _shard1_save_fails(rank: int, world_size: int, root: str) -> None:
 
 def test_a_save_of_column_blocks_into_a_file_fails_naming_the_tensor_and_commits_nothing(tmp_path):
     run_distributed(_shard1_save_fails, 2, str(tmp_path))
+
+
+def test_a_flipped_byte_in_a_shard_written_by_rank_1_is_refused_as_corrupt(tmp_path):
+    from lightning_ft.checkpoint import CorruptCheckpointError
+
+    run_distributed(_save_and_resume, 2, str(tmp_path))
+    path = tmp_path / "epoch=0-step=2.ckpt"
+    expected = torch.load(tmp_path / "expected.pt", weights_only=True)
+    # The last row of the embedding: rank 1's shard (7 rows: rows 4-6 are rank 1's), written by rank 1 alone.
+    row = expected["/state_dict/0.weight"][6].numpy().tobytes()
+    data = bytearray(path.read_bytes())
+    at = data.find(row)
+    assert at > 0 and data.find(row, at + 1) < 0
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match=r"fail\(s\) the zip's CRC32.*state_dict/0.weight"):
+        load_checkpoint(path)
