@@ -36,7 +36,10 @@ from tests.helpers import run_distributed
 
 def build(seed: int, *, rowwise_linear: bool = False):
     torch.manual_seed(seed)
-    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tensor_parallel",))
+    # Tensor parallel over 2 ranks; with 4, two data-parallel replicas of it (each shard held by two ranks).
+    world = torch.distributed.get_world_size()
+    mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("data_parallel", "tensor_parallel"))
+    mesh = mesh["tensor_parallel"]
     model = nn.Sequential(nn.Embedding(7, 6), nn.Linear(6, 5), nn.LayerNorm(5))
     plan = {"0": RowwiseParallel(), "1": ColwiseParallel(), "2": SequenceParallel()}
     if rowwise_linear:
@@ -123,6 +126,19 @@ def test_tensor_parallel_state_is_one_file_of_full_tensors_that_torch_load_reads
     for name, slots in optimizer_states[0]["state"].items():
         for key, value in slots.items():
             assert torch.equal(value, expected[f"/optimizer_states/0/state/{name}/{key}"]), (name, key)
+
+
+def test_data_parallel_replicas_of_the_shards_write_each_byte_once_into_the_same_file(tmp_path):
+    # 4 ranks: every region is held by two ranks (one per replica) and written by one of them; a byte written twice
+    # or by nobody fails the save (the ranks' pieces must tile each tensor).
+    run_distributed(_save_and_resume, 4, str(tmp_path))
+    path = tmp_path / "epoch=0-step=2.ckpt"
+    with zipfile.ZipFile(path) as archive:
+        assert archive.testzip() is None
+    expected = torch.load(tmp_path / "expected.pt", weights_only=True)
+    state_dict = torch.load(path, weights_only=True)["state_dict"]
+    for name, value in state_dict.items():
+        assert torch.equal(value, expected[f"/state_dict/{name}"]), name
 
 
 def test_which_placements_a_checkpoint_file_holds():
