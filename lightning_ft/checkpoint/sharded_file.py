@@ -273,7 +273,7 @@ def write_sharded_file(
     except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
         error = e
     layouts = agree(error, mine)
-    error, pieces, written = None, [], 0
+    error, pieces = None, []
     try:
         if any(layout[0] != layouts[0][0] for layout in layouts):
             raise CheckpointError(
@@ -287,21 +287,23 @@ def write_sharded_file(
         try:
             if rank == 0:
                 os.ftruncate(fd, plan.layout.size)  # only ever cuts beyond the planned size, which nobody writes
+            ranges, mine_pieces = [], []
             for key, (_, key_pieces) in full.items():
-                record = plan.layout.records[record_of[f"{_FULL}{key}"]]
-                for start, length, piece_crc, owner, entry in key_pieces:
+                index = record_of[f"{_FULL}{key}"]
+                record = plan.layout.records[index]
+                for start, length, _, owner, entry in key_pieces:
                     if owner == rank:
-                        written += _write_all(
-                            fd, memoryview(entries[entry].numpy()).cast("B"), record.data_offset + start
-                        )
-                        pieces.append((record_of[f"{_FULL}{key}"], start, length, piece_crc))
+                        ranges.append((memoryview(entries[entry].numpy()).cast("B"), record.data_offset + start))
+                        mine_pieces.append((index, start, length))
+            crcs = parallel_file.write_ranges(fd, target, ranges)
+            pieces += [(*piece, crc) for piece, crc in zip(mine_pieces, crcs, strict=True)]
             if rank == 0:  # the per-rank tensors' records (every rank holds them; small): rank 0 writes them whole
                 for name, index in record_of.items():
                     if name.startswith(_FULL):
                         continue
                     record = plan.layout.records[index]
                     view = _storage_view(plan.storages[record.name])
-                    written += _write_all(fd, view, record.data_offset)
+                    _write_all(fd, view, record.data_offset)
                     pieces.append((index, 0, view.nbytes, crc32(view) if view.nbytes else 0))
             os.fsync(fd)
         finally:
