@@ -198,3 +198,31 @@ def test_a_flipped_byte_in_a_shard_written_by_rank_1_is_refused_as_corrupt(tmp_p
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptCheckpointError, match=r"fail\(s\) the zip's CRC32.*state_dict/0.weight"):
         load_checkpoint(path)
+
+
+def _fsdp2(rank: int, world_size: int, root: str) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("data_parallel",))
+    model = nn.Sequential(nn.Linear(6, 5), nn.Linear(5, 3))
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(4, 6)).pow(2).mean().backward()
+    optimizer.step()
+    checkpoint = lightning_dict(model, optimizer)
+    assert all(t.placements == (Shard(0),) for t in checkpoint["state_dict"].values())
+    expected = full_tensors(checkpoint)
+    checkpointer = AsyncCheckpointer(storage=FileStorage())
+    checkpointer.save(Path(root) / "fsdp.ckpt", checkpoint, metadata={"step": 1})
+    checkpointer.close()
+    saved = torch.load(Path(root) / "fsdp.ckpt", weights_only=True)
+    for name, value in saved["state_dict"].items():
+        assert torch.equal(value, expected[f"/state_dict/{name}"]), name
+    for name, slots in saved["optimizer_states"][0]["state"].items():
+        for key, value in slots.items():
+            assert torch.equal(value, expected[f"/optimizer_states/0/state/{name}/{key}"]), (name, key)
+
+
+def test_fsdp2_shards_are_rows_and_make_the_same_file(tmp_path):
+    run_distributed(_fsdp2, 2, str(tmp_path))
