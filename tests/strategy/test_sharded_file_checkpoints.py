@@ -37,3 +37,14 @@ def test_fsdp2_state_on_one_process_is_lightnings_file_and_resumes_exactly(tmp_p
     assert trainer.global_step == 6
     for name, tensor in straight.items():
         assert torch.equal(resumed[name], tensor), name
+
+
+def test_pipeline_stages_keep_folders_and_the_reason_names_the_pipeline_size():
+    from types import SimpleNamespace
+
+    from lightning_ft.strategy.parallel_modes import DataParallelMode, PipelineMode
+
+    strategy = SimpleNamespace(parallel_config=SimpleNamespace(pipeline_parallel_size=2))
+    reason = PipelineMode(strategy).file_refusal()
+    assert reason is not None and reason.startswith("pipeline_parallel_size=2: each rank holds one pipeline stage")
+    assert DataParallelMode(strategy).file_refusal() is None
