@@ -8,9 +8,10 @@ the record names and sizes alone (:mod:`~lightning_ft.checkpoint.parallel_file`)
 whose full tensors are *placeholders* (allocated, never touched: no memory is used for them), lays out the same file,
 and ``pwrite`` s the bytes of the regions it owns (:func:`~lightning_ft.checkpoint.ownership.regions_to_write`: each
 distinct region once, by one of the ranks holding it; replicas split) at their offsets in the full tensor's storage
-record. The CRC of each region was taken when it was staged; rank 0 combines them into each record's CRC
-(:func:`~lightning_ft.checkpoint.checksum.crc32_combine`) and into the content checksums lightning-ft records, then
-writes the pickle, every header and the directory. Bytes written per rank: its share of the distinct regions.
+record (the whole pages through ``O_DIRECT`` where allowed). Rank 0 combines the CRC32s the regions had when they
+were staged into the content checksums lightning-ft records (before the pickle is made), and those of the ranks'
+writes into each record's CRC (:func:`~lightning_ft.checkpoint.checksum.crc32_combine`), then writes the pickle, every
+header and the directory. Bytes written per rank: its share of the distinct regions.
 
 The result loads with ``torch.load(weights_only=True)``, ``pl_load`` and ``load_from_checkpoint`` in a process that
 never imported lightning-ft, as full tensors. A resume at the same layout reads, on each rank, the slice of each full
