@@ -242,7 +242,8 @@ class AsyncCheckpointer:
         encoded = encode_state(state, rank_state, rank=self._rank)
         # The background thread is idle after wait(), so the exchange of DTensor regions may use the group here.
         writes = self._regions(encoded, Path(path))
-        shares = file_shares(encoded.shared, self._world_size) if self._shares_file(Path(path)) else None
+        shares_file = self._shares_file(Path(path)) and not _holds_dtensor(encoded)  # DTensor: sharded_file
+        shares = file_shares(encoded.shared, self._world_size) if shares_file else None
         capture = self._stager.capture(encoded, writes, shares=shares, rank=self._rank, group=self._group)
         job = _Job(
             path=Path(path),
@@ -301,10 +302,10 @@ class AsyncCheckpointer:
         return self._world_size > 1 and writes_files(self._storage) and not is_remote(path)
 
     def _regions(self, encoded: Any, path: Path) -> list[Any]:
-        """The regions of the shared state this rank stages: those it owns, or, for a checkpoint file written by
-        several processes, all of them (each rank pickles the whole replicated state and writes its share of the
-        file's bytes from its own copy)."""
-        if self._shares_file(path):
+        """The regions of the shared state this rank stages: those it owns (a file of DTensor state too:
+        :mod:`~lightning_ft.checkpoint.sharded_file`), or, for a checkpoint file of replicated state written by several
+        processes, all of them (each rank pickles the whole state and writes its share of the file from its own copy)."""
+        if self._shares_file(path) and not _holds_dtensor(encoded):
             return regions_to_write(encoded.shared, rank=0, world_size=1, group=None)
         return regions_to_write(encoded.shared, rank=self._rank, world_size=self._world_size, group=self._group)
 
@@ -491,7 +492,7 @@ class AsyncCheckpointer:
     def _write_file(self, job: _Job) -> None:
         """A save as one checkpoint file (:mod:`~lightning_ft.checkpoint.file_commit`): in a world of one process no
         exchange; the steps are the folder's, with a rename onto the path as the commit."""
-        if self._world_size != 1:  # every rank writes its share of the file
+        if self._world_size != 1:  # every rank writes its share of the file (its own shards' of DTensor state)
             write_parallel_file(
                 job,
                 rank=self._rank,
@@ -591,3 +592,7 @@ def _discard_quietly(folder: Path, what: str) -> None:
         discard(folder)
     except Exception as e:  # noqa: BLE001 - a leftover of ours is removed by the next cleanup instead
         log.warning("lightning-ft: could not delete %s (%s): %s; the next cleanup removes it", what, folder, e)
+
+
+def _holds_dtensor(encoded: Any) -> bool:
+    return any(isinstance(t, _compat.DTensor) for _, t in encoded.shared)

@@ -33,6 +33,7 @@ from typing import Any
 from lightning_ft.checkpoint.commit import COMMIT_MARKER
 from lightning_ft.checkpoint.errors import CheckpointError
 from lightning_ft.checkpoint.in_progress import discard, is_ours, is_placeholder, make_durable
+from lightning_ft.checkpoint.sharded_file import holds_dtensors, write_sharded_file
 from lightning_ft.checkpoint.single_file import STAGED_NAME
 from lightning_ft.checkpoint.snapshot_storage import fsync_dir
 from lightning_ft.checkpoint.swap import make_staging, swap_path
@@ -143,7 +144,9 @@ def write_parallel_file(
     on_commit: Callable[[int], Any],
 ) -> None:
     """The background steps of a save as one checkpoint file written by every rank of a data-parallel world.
-    Collective: every rank of the writer's group runs it for the same save ``job`` (the writer's ``_Job``).
+    Collective: every rank of the writer's group runs it for the same save ``job`` (the writer's ``_Job``). A save of
+    DTensor state writes the full tensors from every rank's own shards in steps 2 and 3
+    (:func:`~lightning_ft.checkpoint.sharded_file.write_sharded_file`); steps 1 and the commit are the same.
 
     1. Rank 0 creates the staging folder with its in-progress record (:func:`prepare_file`), before any data.
     2. One exchange gives every rank every rank's own state (RNG states, per-rank tensors, callbacks' states; their
@@ -177,6 +180,10 @@ def write_parallel_file(
     folder = Path(agree(error, prepared)[0])
     if rank != 0:
         job.folder = folder
+    if holds_dtensors(job.capture.tensors):  # DTensor state: the full tensors, from every rank's own shards
+        size = write_sharded_file(job, folder / STAGED_NAME, rank=rank, agree=agree, document_of=document_of)
+        _commit(job, folder, rank=rank, agree=agree, size_bytes=size, on_commit=on_commit)
+        return
 
     # 2. Every rank's own state to every rank, with the crc32s of its copy of the replicated tensors.
     error, payload = None, None
@@ -234,6 +241,20 @@ def write_parallel_file(
     except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
         error = e
     agree(error)
+    _commit(job, folder, rank=rank, agree=agree, size_bytes=size_bytes, on_commit=on_commit)
+
+
+def _commit(
+    job: Any,
+    folder: Path,
+    *,
+    rank: int,
+    agree: Callable[..., list[Any]],
+    size_bytes: int,
+    on_commit: Callable[[int], Any],
+) -> None:
+    """Rank 0 renames the staged file onto the path and calls ``on_commit``; should either fail, the rename is undone.
+    The exchange tells every rank whether it did."""
     error = None
     if rank == 0:
         swap = FileSwap(folder, job.path)

@@ -638,6 +638,24 @@ def _write_piece(fd: int, direct: _Direct | None, view: memoryview, offset: int)
     return crc32(tail, inner_crc)
 
 
+def write_ranges(
+    fd: int, path: str | os.PathLike[str], ranges: list[tuple[memoryview, int]], *, direct_io: bool = True
+) -> list[int]:
+    """``pwrite`` each ``(bytes, file offset)`` of ``ranges`` into the open file ``fd`` (``path``), the whole pages of
+    a range of at least 1 MiB through ``O_DIRECT`` where ``direct_io`` and the file system allow it (as
+    :func:`write_pieces`); returns each range's CRC32. For writers whose bytes are not one storage of a planned object
+    (:mod:`~lightning_ft.checkpoint.sharded_file`: a rank's shards of full tensors)."""
+    direct_fd = _open_direct(path) if direct_io else None
+    direct = _Direct(direct_fd) if direct_fd is not None else None
+    try:
+        return [_write_piece(fd, direct, view, offset) for view, offset in ranges]
+    finally:
+        if direct is not None:
+            direct.close()
+        if direct_fd is not None:
+            os.close(direct_fd)
+
+
 def combine_pieces(layout: FileLayout, pieces: list[tuple[int, int, int]], record: int) -> int:
     """The CRC of a storage record from its pieces' ``(start, length, crc)``, which must cover it exactly."""
     crc = 0
