@@ -26,9 +26,10 @@ pipeline state (:func:`resolve_format`); ``"file"`` is accepted for plain state 
 
 def resolve_format(name: str, *, plain: bool, owner: str = "ElasticFT3D") -> str:
     """The format a run writes with: ``name``, or for ``"auto"`` the single ``torch.save`` file when the state is plain
-    (every rank holds all of it: one process, or data-parallel replicas; at several processes every rank writes its
-    share of the one file), else torchsnapshot folders (DTensor or pipeline state: each rank holds only its shards).
-    The one place this rule lives; :func:`format_choice` says it.
+    (a file can hold it: one process, data-parallel replicas, or DTensors whose shards are contiguous byte ranges,
+    :mod:`~lightning_ft.checkpoint.sharded_file`; at several processes every rank writes its share of the one file),
+    else torchsnapshot folders (other DTensor placements, pipeline state). The one place this rule lives;
+    :func:`format_choice` says it.
 
     Raises:
         ValueError: ``name`` is ``"file"`` and the state holds DTensors or pipeline stages (a file holds state every
