@@ -1,7 +1,7 @@
 """Tensor-parallel state whose shards are rows (``Shard(0)``, plain tensors) is checkpointed as Lightning's file.
 
-Under ``ElasticFT3D(tensor_parallel_size=2, checkpoint_format="file")`` at 2 processes: the checkpoint at the path
-Lightning asks for is one ``torch.save`` file of full tensors, which ``torch.load(weights_only=True)`` and
+Under ``ElasticFT3D(tensor_parallel_size=2)`` at 2 processes (``checkpoint_format="file"``, or the default
+``"auto"``): the checkpoint at the path Lightning asks for is one ``torch.save`` file of full tensors, which ``torch.load(weights_only=True)`` and
 ``load_from_checkpoint`` read in a process that never imported lightning-ft; a run killed after a save and started again
 ends bitwise equal to an uninterrupted one. State a file cannot hold (a row-parallel head: ``Shard(1)``) is refused
 under ``"file"`` naming the tensor and its placement, and written as folders under ``"auto"``, said once.
@@ -32,7 +32,13 @@ def test_killed_tensor_parallel_run_resumes_bitwise_from_the_file_that_lightning
     uninterrupted = tmp_path / "uninterrupted"
     assert_ok(_run(uninterrupted))
     killed = tmp_path / "killed"
-    assert _run(killed, "--kill-at-step", "5").returncode != 0, "the injected hard exit did not happen"
+    # The killed run under the default "auto" (the uninterrupted one under "file"): row shards get the file there too.
+    first = _run(killed, "--checkpoint-format", "auto", "--kill-at-step", "5")
+    assert first.returncode != 0, "the injected hard exit did not happen"
+    said = (
+        "lightning-ft: checkpoints are torch.save files, the file Lightning writes, written by all 2 ranks in parallel"
+    )
+    assert (first.stdout + first.stderr).count(said) == 1, first.stdout + first.stderr
     saved = killed / "ckpt" / "epoch=0-step=4.ckpt"
     assert saved.is_file(), "the checkpoint of tensor-parallel state is one file at the path Lightning asked for"
     with zipfile.ZipFile(saved) as archive:
@@ -50,7 +56,7 @@ def test_killed_tensor_parallel_run_resumes_bitwise_from_the_file_that_lightning
         "assert d['global_step'] == 4 and set(d['optimizer_states'][0]['state']) == set(d['state_dict'])\n"
     )
     subprocess.run([sys.executable, "-c", script], check=True, cwd=REPO_ROOT, env=subprocess_env())
-    assert_ok(_run(killed))  # the same command again: auto-resume from the file
+    assert_ok(_run(killed, "--checkpoint-format", "auto"))  # the same command again: auto-resume from the file
     assert_bitwise_equal(rank_weights(killed / "out"), rank_weights(uninterrupted / "out"))
 
 
