@@ -4,7 +4,9 @@ Every contender trains the same model (a stack of ``Linear(2048, 2048)`` layers 
 ``--size-mb``) with the same loop, under ``torchrun --nproc_per_node 2``, and checkpoints every ``--every`` steps:
 
 - ``none`` / ``none-ft3d``: no checkpoint (Lightning's ``DDPStrategy`` / ``ElasticFT3D``): the baselines;
-- ``ft3d``: ``ElasticFT3D`` with ``ModelCheckpoint`` (async, sharded, committed; every tensor copied at the save call);
+- ``ft3d``: ``ElasticFT3D`` with ``ModelCheckpoint`` (async, sharded, committed; every tensor copied at the save call),
+  its default ``checkpoint_format="auto"``; ``ft3d-file`` / ``ft3d-folders``: the same with ``checkpoint_format="file"``
+  (one ``torch.save`` file, each rank writing and copying its half) / ``"torchsnapshot"`` (a folder of shards);
 - ``lightning-sync``: ``DDPStrategy`` with ``ModelCheckpoint`` (rank 0 ``torch.save``, blocking);
 - ``lightning-async``: the same with Lightning's ``AsyncCheckpointIO`` (rank 0 clones, then writes from a thread);
 - ``dcp-async``: ``torch.distributed.checkpoint.async_save`` on every rank, on a gloo group of its own, as Lightning
@@ -58,11 +60,13 @@ HIDDEN = 2048
 BATCH = 16
 WARMUP = 3
 CONTENDERS = [
-    "none", "none-ft3d", "ft3d", "lightning-sync", "lightning-async", "dcp-async", "dcp-stager", "torch-ckpt",
-    "ts-async", "floor", "floor-beside",
+    "none", "none-ft3d", "ft3d", "ft3d-file", "ft3d-folders", "lightning-sync", "lightning-async", "dcp-async",
+    "dcp-stager", "torch-ckpt", "ts-async", "floor", "floor-beside",
 ]  # fmt: skip
 PEERS = ("lightning-sync", "lightning-async", "dcp-async", "dcp-stager", "torch-ckpt", "ts-async")
-BASELINE = {"ft3d": "none-ft3d", "none-ft3d": "none-ft3d", "floor-beside": "none-ft3d"}
+OURS = {"ft3d": "auto", "ft3d-file": "file", "ft3d-folders": "torchsnapshot"}
+"""ElasticFT3D's contenders and their ``checkpoint_format``."""
+BASELINE = {**dict.fromkeys(OURS, "none-ft3d"), "none-ft3d": "none-ft3d", "floor-beside": "none-ft3d"}
 
 
 def layers_for(size_mb: float) -> int:
@@ -279,7 +283,7 @@ def worker(args: argparse.Namespace) -> None:
     timer = StepTimes()
     callbacks: list[Any] = [timer]
     plugins: list[Any] = []
-    checkpointing = kind in ("ft3d", "lightning-sync", "lightning-async")
+    checkpointing = kind in (*OURS, "lightning-sync", "lightning-async")
     if checkpointing:
         callbacks.append(ModelCheckpoint(dirpath=run_dir / "ckpt", every_n_train_steps=args.every, save_top_k=-1))
     if kind == "lightning-async":
@@ -290,7 +294,10 @@ def worker(args: argparse.Namespace) -> None:
         callbacks.append(FloorBeside())
     for cb in callbacks[1:]:  # the save call with everything Lightning and the contender do around it
         cb.on_train_batch_end = timed_hook(cb.on_train_batch_end)
-    strategy = ElasticFT3D() if kind in ("ft3d", "none-ft3d", "floor-beside") else DDPStrategy()
+    if kind in OURS:
+        strategy = ElasticFT3D(checkpoint_format=OURS[kind])
+    else:
+        strategy = ElasticFT3D() if kind in ("none-ft3d", "floor-beside") else DDPStrategy()
     data = TensorDataset(torch.randn(BATCH * 2 * (args.steps + 1), HIDDEN))
     trainer = L.Trainer(
         accelerator="cpu",
@@ -443,33 +450,35 @@ def print_table(args: argparse.Namespace, results: dict[str, dict[str, Any]], lo
             f"| floor (copy + write + fsync, both ranks, nothing else running) | - | - | - | {floor_cpu * 1e3:.0f}"
             f" | {floor * 1e3:.0f} | - | - |"
         )
-    if "ft3d" in results:
-        ft = results["ft3d"]
+    for ours in [c for c in OURS if c in results]:
+        ft = results[ours]
         base = results.get("none-ft3d")
-        print("\nratios (same run):")
+        print(f"\nratios (same run), {ours} (checkpoint_format={OURS[ours]!r}):")
         if best_blocked and ft.get("blocked_s") is not None:
-            print(f"  ft3d loop blocked / best peer's         {ft['blocked_s'] / best_blocked:.2f}  (goal <= 0.1)")
+            print(f"  loop blocked / best peer's         {ft['blocked_s'] / best_blocked:.2f}  (goal <= 0.1)")
         if best_stall:
-            print(f"  ft3d step after a save / best peer's    {ft['stall_s'] / best_stall:.2f}")
-        if best_extra and extra.get("ft3d") is not None:
-            print(f"  ft3d extra wall / best peer's           {extra['ft3d'] / best_extra:.2f}  (goal <= 0.5)")
-        if floor and extra.get("ft3d") is not None:
-            print(f"  ft3d extra wall / floor                 {extra['ft3d'] / floor:.2f}  (goal <= 1.5)")
-        if extra.get("floor-beside") and extra.get("ft3d") is not None:
-            print(f"  ft3d extra wall / floor beside training {extra['ft3d'] / extra['floor-beside']:.2f}")
-        if floor is not None and "ft3d" in cpu:
-            print(f"  ft3d CPU / floor's CPU                  {cpu['ft3d'] / results['floor']['cpu_s']:.2f}")
-        if cpu.get("floor-beside") and "ft3d" in cpu:
-            print(f"  ft3d CPU / floor beside training's CPU  {cpu['ft3d'] / cpu['floor-beside']:.2f}")
+            print(f"  step after a save / best peer's    {ft['stall_s'] / best_stall:.2f}")
+        if best_extra and extra.get(ours) is not None:
+            print(f"  extra wall / best peer's           {extra[ours] / best_extra:.2f}  (goal <= 0.5)")
+        if floor and extra.get(ours) is not None:
+            print(f"  extra wall / floor                 {extra[ours] / floor:.2f}  (goal <= 1.5)")
+        if extra.get("floor-beside") and extra.get(ours) is not None:
+            print(f"  extra wall / floor beside training {extra[ours] / extra['floor-beside']:.2f}")
+        if floor is not None and ours in cpu:
+            print(f"  CPU / floor's CPU                  {cpu[ours] / results['floor']['cpu_s']:.2f}")
+        if cpu.get("floor-beside") and ours in cpu:
+            print(f"  CPU / floor beside training's CPU  {cpu[ours] / cpu['floor-beside']:.2f}")
         beside = results.get("floor-beside")
         if beside and base:
             print(f"  floor beside training throughput / none {beside['steps_per_s'] / base['steps_per_s']:.3f}")
         if ft.get("save_call_s") is not None:
-            print(f"  ft3d save call (checkpoint_committed.stall_s) {ft['save_call_s'] * 1e3:.1f} ms")
+            print(f"  save call (checkpoint_committed.stall_s) {ft['save_call_s'] * 1e3:.1f} ms")
         if base:
-            print(
-                f"  ft3d throughput / none                  {ft['steps_per_s'] / base['steps_per_s']:.3f}  (goal >= 0.95)"
-            )
+            print(f"  throughput / none                  {ft['steps_per_s'] / base['steps_per_s']:.3f}  (goal >= 0.95)")
+    if extra.get("ft3d-file") is not None and extra.get("ft3d-folders"):
+        print(
+            f"\n  file / folders extra wall           {extra['ft3d-file'] / extra['ft3d-folders']:.2f}  (goal <= 1.1)"
+        )
 
 
 def main() -> None:

@@ -44,7 +44,6 @@ from pathlib import Path
 from queue import SimpleQueue
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from lightning_ft import _compat
@@ -65,7 +64,7 @@ from lightning_ft.checkpoint.in_progress import (
 from lightning_ft.checkpoint.ownership import regions_to_write
 from lightning_ft.checkpoint.single_file import STAGED_NAME, read_marker
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
-from lightning_ft.checkpoint.staging import Capture, Stager, encode_state
+from lightning_ft.checkpoint.staging import Capture, Stager, encode_state, file_shares, holds_bitwise
 from lightning_ft.checkpoint.storage.object_store import is_remote
 from lightning_ft.checkpoint.swap import Swap, prepare
 from lightning_ft.checkpoint.writer_threads import lower_thread_priority
@@ -243,7 +242,9 @@ class AsyncCheckpointer:
         encoded = encode_state(state, rank_state, rank=self._rank)
         # The background thread is idle after wait(), so the exchange of DTensor regions may use the group here.
         writes = self._regions(encoded, Path(path))
-        capture = self._stager.capture(encoded, writes)
+        shares_file = self._shares_file(Path(path)) and not _holds_dtensor(encoded)  # DTensor: sharded_file
+        shares = file_shares(encoded.shared, self._world_size) if shares_file else None
+        capture = self._stager.capture(encoded, writes, shares=shares, rank=self._rank, group=self._group)
         job = _Job(
             path=Path(path),
             capture=capture,
@@ -278,8 +279,8 @@ class AsyncCheckpointer:
         if self._closed:
             raise RuntimeError("AsyncCheckpointer.save_again() called after close()")
         previous = self._previous
-        if previous is None:
-            return False
+        if previous is None or (previous[1].shares and not self._shares_file(Path(path))):
+            return False  # a capture of this rank's share of a file serves another such file only
         started = time.perf_counter()
         job_metadata = _job_metadata(metadata)
         encoded = encode_state(state, rank_state, rank=self._rank)
@@ -295,11 +296,16 @@ class AsyncCheckpointer:
         self._enqueue(job)
         return True
 
+    def _shares_file(self, path: Path) -> bool:
+        """Whether a save to ``path`` is one checkpoint file that every rank writes its share of (each rank then stages
+        only the bytes of the replicated state it writes)."""
+        return self._world_size > 1 and writes_files(self._storage) and not is_remote(path)
+
     def _regions(self, encoded: Any, path: Path) -> list[Any]:
-        """The regions of the shared state this rank stages: those it owns, or, for a checkpoint file written by
-        several processes, all of them (each rank pickles the whole replicated state and writes its share of the
-        file's bytes from its own copy)."""
-        if self._world_size > 1 and writes_files(self._storage) and not is_remote(path):
+        """The regions of the shared state this rank stages: those it owns (a file of DTensor state too:
+        :mod:`~lightning_ft.checkpoint.sharded_file`), or, for a checkpoint file of replicated state written by several
+        processes, all of them (each rank pickles the whole state and writes its share of the file from its own copy)."""
+        if self._shares_file(path) and not _holds_dtensor(encoded):
             return regions_to_write(encoded.shared, rank=0, world_size=1, group=None)
         return regions_to_write(encoded.shared, rank=self._rank, world_size=self._world_size, group=self._group)
 
@@ -356,18 +362,7 @@ class AsyncCheckpointer:
             return None
         writes = self._regions(encoded, path)
         mine = [(region.key, value) for region, value in writes] + encoded.per_rank
-        staged = {shard.key: shard.data for shard in captured.shards}
-        if {key for key, value in mine if value.numel() > 0} != set(staged):
-            return None
-        for key, value in mine:
-            if value.numel() == 0:
-                continue
-            copy = staged[key]
-            if copy.dtype != value.dtype or copy.shape != value.shape:
-                return None
-            if not torch.equal(_bytes_of(value), _bytes_of(copy)):  # bytes: nan equals nan, -0.0 differs from 0.0
-                return None
-        return path
+        return path if holds_bitwise(captured, mine) else None
 
     def wait(self) -> None:
         """Block until the saves in flight (if any) are committed; raise a pending background error, once."""
@@ -497,13 +492,17 @@ class AsyncCheckpointer:
     def _write_file(self, job: _Job) -> None:
         """A save as one checkpoint file (:mod:`~lightning_ft.checkpoint.file_commit`): in a world of one process no
         exchange; the steps are the folder's, with a rename onto the path as the commit."""
-        if self._world_size != 1:  # every rank writes its share of the file
+        if self._world_size != 1:  # every rank writes its share of the file (its own shards' of DTensor state)
             write_parallel_file(
                 job,
                 rank=self._rank,
                 agree=self._agree,
                 write=lambda folder, entries, doc: self._storage.write(
-                    folder, entries, group=self._group, document=doc
+                    folder,
+                    entries,
+                    group=self._group,
+                    document=doc,
+                    **({"shares": job.capture.shares} if job.capture.shares else {}),
                 ),
                 document_of=lambda gathered: self._document(job, gathered, job.path),
                 on_commit=lambda size: self._on_commit(self._commit_info(job, size)) if self._on_commit else None,
@@ -577,10 +576,6 @@ class AsyncCheckpointer:
             _discard_quietly(swap.old, "the checkpoint it replaced")
 
 
-def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-
-
 def _undo_quietly(undo: Callable[[], None], job: _Job) -> None:
     """Undo the commit of the failed save ``job`` (its error is the one raised: an error of the undo is logged)."""
     try:
@@ -597,3 +592,7 @@ def _discard_quietly(folder: Path, what: str) -> None:
         discard(folder)
     except Exception as e:  # noqa: BLE001 - a leftover of ours is removed by the next cleanup instead
         log.warning("lightning-ft: could not delete %s (%s): %s; the next cleanup removes it", what, folder, e)
+
+
+def _holds_dtensor(encoded: Any) -> bool:
+    return any(isinstance(t, _compat.DTensor) for _, t in encoded.shared)

@@ -93,7 +93,11 @@ def content_checksums(obj: Any, known: Mapping[int, int] | None = None) -> dict[
             if value.layout != torch.strided:
                 value = value.to_dense()
             crc = known.get(id(value))
-            tensors[path] = [str(value.dtype).removeprefix("torch."), list(value.shape), crc or _tensor_crc(value)]
+            tensors[path] = [
+                str(value.dtype).removeprefix("torch."),
+                list(value.shape),
+                crc if crc is not None else _tensor_crc(value),
+            ]
             parts.append(b"T")
             return
         kind = type(value)

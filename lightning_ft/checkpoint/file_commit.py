@@ -3,8 +3,8 @@
 :class:`~lightning_ft.checkpoint.AsyncCheckpointer`, given a storage that writes files
 (:class:`~lightning_ft.checkpoint.single_file.FileStorage`, ``checkpoint_format="file"``), runs these steps for a
 save to a local path in its background thread, from the same staged copies a folder is written from (the capture at
-the save call is the same; with more than one process every rank stages the whole replicated state, writes its share
-of the file in step 2, and rank 0 alone runs steps 1 and 3):
+the save call is the same; with more than one process every rank stages only the bytes of the replicated state it
+writes, writes its share of the file in step 2, and rank 0 alone runs steps 1 and 3):
 
 1. :func:`prepare_file` creates the save's staging folder ``.<name>.lft-new-<token>`` beside the path, holding the
    in-progress record (:mod:`~lightning_ft.checkpoint.in_progress`) before any data: a leftover of a killed save is
@@ -33,6 +33,7 @@ from typing import Any
 from lightning_ft.checkpoint.commit import COMMIT_MARKER
 from lightning_ft.checkpoint.errors import CheckpointError
 from lightning_ft.checkpoint.in_progress import discard, is_ours, is_placeholder, make_durable
+from lightning_ft.checkpoint.sharded_file import holds_dtensors, write_sharded_file
 from lightning_ft.checkpoint.single_file import STAGED_NAME
 from lightning_ft.checkpoint.snapshot_storage import fsync_dir
 from lightning_ft.checkpoint.swap import make_staging, swap_path
@@ -143,14 +144,21 @@ def write_parallel_file(
     on_commit: Callable[[int], Any],
 ) -> None:
     """The background steps of a save as one checkpoint file written by every rank of a data-parallel world.
-    Collective: every rank of the writer's group runs it for the same save ``job`` (the writer's ``_Job``).
+    Collective: every rank of the writer's group runs it for the same save ``job`` (the writer's ``_Job``). A save of
+    DTensor state writes the full tensors from every rank's own shards in steps 2 and 3
+    (:func:`~lightning_ft.checkpoint.sharded_file.write_sharded_file`); steps 1 and the commit are the same.
 
     1. Rank 0 creates the staging folder with its in-progress record (:func:`prepare_file`), before any data.
     2. One exchange gives every rank every rank's own state (RNG states, per-rank tensors, callbacks' states; their
        staged bytes travel with it) so that every rank builds the same document and pickles the same object, and
-       compares each rank's crc32 of every replicated tensor with rank 0's. Where they differ (a parameter DDP does
-       not synchronize), rank 0's bytes of those tensors go to every rank (a second exchange, said once): the file
-       holds rank 0's state, as ``DDPStrategy``'s checkpoint does, never a mix of the ranks' bytes.
+       compares each rank's checksums of the replicated tensors with rank 0's. A rank that staged only its share of
+       the file (the default: :attr:`~lightning_ft.checkpoint.staging.Capture.samples`) compares the crc32 of a sample
+       of each tensor taken at the capture: the whole of a tensor of at most 16 KiB, 16 KiB of a larger one (its first
+       and last 4 KiB and two chunks that move from save to save). Where they differ (a parameter DDP does not
+       synchronize), rank 0's bytes of those tensors (rank 0 staged the whole of them at the save call:
+       :func:`~lightning_ft.checkpoint.staging.stage_rank_zeros_copies`) go to every rank (a second exchange, said
+       once): the file holds rank 0's copy, as ``DDPStrategy``'s checkpoint does. A difference only outside the sample
+       is not detected, and the file then holds each rank's share of its own replica.
     3. ``write`` (the storage's, collective): every rank writes its share of the staged file; it returns once every
        rank's bytes are durable. Then rank 0 renames the file onto the path (:class:`FileSwap`) and calls
        ``on_commit`` with the tensor bytes; should either fail, the rename is undone. Every step ends with ``agree``,
@@ -172,6 +180,10 @@ def write_parallel_file(
     folder = Path(agree(error, prepared)[0])
     if rank != 0:
         job.folder = folder
+    if holds_dtensors(job.capture.tensors):  # DTensor state: the full tensors, from every rank's own shards
+        size = write_sharded_file(job, folder / STAGED_NAME, rank=rank, agree=agree, document_of=document_of)
+        _commit(job, folder, rank=rank, agree=agree, size_bytes=size, on_commit=on_commit)
+        return
 
     # 2. Every rank's own state to every rank, with the crc32s of its copy of the replicated tensors.
     error, payload = None, None
@@ -184,7 +196,9 @@ def write_parallel_file(
             {f"r{rank}.{r['entry']}": entries[r["entry"]].clone() for r in own},
             {k: v for k, v in job.capture.tensors.items() if k.startswith("rank_state/")},
             job.capture.rank_state_json,
-            {r["key"]: r["crc32"] for r in shared},
+            # What tells diverged replicas apart: where this rank staged only its share, the crc32 of a sample of each
+            # replicated tensor taken at the capture (no rank read every byte); else the crc32 of its whole copy.
+            job.capture.samples or {r["key"]: r["crc32"] for r in shared},
         )
     except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
         error = e
@@ -227,6 +241,20 @@ def write_parallel_file(
     except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
         error = e
     agree(error)
+    _commit(job, folder, rank=rank, agree=agree, size_bytes=size_bytes, on_commit=on_commit)
+
+
+def _commit(
+    job: Any,
+    folder: Path,
+    *,
+    rank: int,
+    agree: Callable[..., list[Any]],
+    size_bytes: int,
+    on_commit: Callable[[int], Any],
+) -> None:
+    """Rank 0 renames the staged file onto the path and calls ``on_commit``; should either fail, the rename is undone.
+    The exchange tells every rank whether it did."""
     error = None
     if rank == 0:
         swap = FileSwap(folder, job.path)

@@ -46,6 +46,7 @@ from lightning_ft.checkpoint.memory_tier import MEMORY_DIR_ENV, MemoryTier
 from lightning_ft.checkpoint.rank_state import read_rank_state
 from lightning_ft.checkpoint.retention import Retention
 from lightning_ft.checkpoint.safe_load import load_pickled, load_torch_file, pickled_bytes, resolve_weights_only
+from lightning_ft.checkpoint.sharded_file import file_refusal
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 from lightning_ft.checkpoint.staging import Stager
 from lightning_ft.checkpoint.storage.dcp_storage import ENTRIES_FILE, DcpReader, EntryLayout
@@ -101,6 +102,7 @@ __all__ = [
     "export_state_dict",
     "format_choice",
     "existing_ancestor",
+    "file_refusal",
     "exported_checkpoint",
     "format_description",
     "is_committed",

@@ -356,3 +356,17 @@ def decode(obj: Any, on_tensor: DecodeTensor | None = None, path: str = "") -> A
     if tag == "repr":  # written by lightning-ft 0.2.0 and earlier, which stored what it could not encode as a repr
         return obj["repr"]
     raise ValueError(f"{path or 'value'}: unknown encoded type {tag!r} (written by a newer lightning-ft?)")
+
+
+def tensor_keys(encoded: Any, out: set[str]) -> set[str]:
+    """The keys of every tensor ``encoded`` (:func:`encode`'s output) refers to, added to ``out``; returns ``out``."""
+    if isinstance(encoded, list):
+        for value in encoded:
+            tensor_keys(value, out)
+    elif isinstance(encoded, dict):
+        if encoded.get(TAG) == "tensor":
+            out.add(encoded["key"])
+        else:
+            for value in encoded.values():
+                tensor_keys(value, out)
+    return out

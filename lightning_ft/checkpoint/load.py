@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lightning_ft._compat import DTensor
+from lightning_ft._compat import DTensor, StridedShard, local_shard_of_full
 from lightning_ft.checkpoint import json_codec
 from lightning_ft.checkpoint.agreement import agree, is_distributed
 from lightning_ft.checkpoint.commit import read_document
@@ -159,8 +159,22 @@ def _into_templates(obj: Any, templates: dict[str, torch.Tensor], path: str = ""
     copied into that template and replaced by it, as a folder's load fills templates in place."""
     if isinstance(obj, torch.Tensor):
         target = templates.get(path)
-        if target is None or isinstance(target, DTensor) or target.shape != obj.shape:
+        if target is None or target.shape != obj.shape:
             return obj
+        if isinstance(target, DTensor):
+            # A file of full tensors (sharded_file): this rank's slice of it, read from the memory-mapped file.
+            if target.device_mesh.get_coordinate() is None:
+                return target
+            if any(isinstance(p, StridedShard) for p in target.placements):
+                piece = local_shard_of_full(obj, target)
+            else:  # a box: only its bytes of the file are read
+                shape, offset = local_region(target.shape, target.device_mesh, target.placements)
+                piece = obj
+                for dim, (start, size) in enumerate(zip(offset, shape, strict=True)):
+                    piece = piece.narrow(dim, start, size)
+            with torch.no_grad():
+                target.to_local().copy_(piece)
+            return target
         with torch.no_grad():
             target.copy_(obj)
         return target

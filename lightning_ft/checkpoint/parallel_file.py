@@ -20,7 +20,10 @@ split between modules each half would restate the other's rules.
 staged CPU copies). It serves state every rank holds in full (data-parallel replicas); each rank reads its own copy of
 the bytes it writes. Storages on an accelerator are copied to the CPU by torch's pickling on every rank (all of them,
 not only the rank's share): the caller stages them first. Each rank's storages must hold the same bytes at the same
-offsets as rank 0's (the check compares their sizes only): the caller gives every tensor a storage of its own.
+offsets as rank 0's: the check before any write compares the storages' sizes and every view into them (offset, shape,
+stride, dtype, which storage) with rank 0's, and refuses a difference; the bytes themselves are the caller's to agree
+on (:func:`~lightning_ft.checkpoint.file_commit.write_parallel_file` compares samples of them). With ``shares``, a rank
+needs only the bytes it writes (:func:`staged_range`): the rest of its storages is never read.
 """
 
 from __future__ import annotations
@@ -32,10 +35,12 @@ import hashlib
 import io
 import mmap
 import os
+import pickle
 import struct
 import sys
 import time
 import zipfile
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from queue import Empty, SimpleQueue
@@ -178,10 +183,17 @@ def plan_layout(
     storage_count: int,
     world_size: int,
     alignment: int = 64,
+    shares: Mapping[str, Sequence[tuple[int, int, int]]] | None = None,
 ) -> FileLayout:
     """The layout of a file holding ``record_sizes`` (``(name, size)`` in torch's order, ``version`` and
     ``.data/serialization_id`` included), with the ``storage_count`` ``data/<k>`` records split between ``world_size``
-    ranks. Pure: every rank computes the same layout from the same arguments."""
+    ranks. Pure: every rank computes the same layout from the same arguments.
+
+    ``shares`` (``{record name: [(rank, start, end), ...]}``, each record's ranges contiguous from 0 to its size, see
+    :func:`nominal_shares`) fixes who writes which bytes of those records instead of an even split of all storages in
+    file order: each cut between two ranks moves down to a page of the file, so a rank writes at most
+    :data:`CUT_ALIGNMENT_BYTES` below its range and never above it (:func:`staged_range`); a record not in ``shares``
+    is written whole by rank 0."""
     prefix = archive_name.encode("ascii") + b"/"
     records = []
     cursor = 0
@@ -202,7 +214,10 @@ def plan_layout(
     storage_records = [i for i, r in enumerate(records) if r.name.startswith("data/")]
     if len(storage_records) != storage_count:  # pragma: no cover - internal invariant
         raise AssertionError(f"{len(storage_records)} data/ records for {storage_count} storages")
-    pieces = _split(records, storage_records, world_size)
+    if shares is None:
+        pieces = _split(records, storage_records, world_size)
+    else:
+        pieces = _split_by_shares(records, storage_records, shares)
     return FileLayout(archive_name, tuple(records), central, size, pieces)
 
 
@@ -240,6 +255,65 @@ def _split(records: list[RecordLayout], storage_records: list[int], world_size: 
     return tuple(pieces)
 
 
+def _split_by_shares(
+    records: list[RecordLayout], storage_records: list[int], shares: Mapping[str, Sequence[tuple[int, int, int]]]
+) -> tuple[Piece, ...]:
+    pieces = []
+    for i in storage_records:
+        record = records[i]
+        if not record.size:
+            continue
+        ranges = shares.get(record.name)
+        if not ranges:
+            pieces.append(Piece(i, 0, record.size, 0))
+            continue
+        if (
+            ranges[0][1] != 0
+            or ranges[-1][2] != record.size
+            or any(a[2] != b[1] for a, b in zip(ranges, ranges[1:], strict=False))
+        ):
+            raise ValueError(f"shares of {record.name} do not cover its {record.size} bytes in order: {list(ranges)}")
+        start = 0
+        for k, (rank, _, end) in enumerate(ranges):
+            if k + 1 < len(ranges):  # a cut inside the record: down to a page of the file, never below the last one
+                page = (record.data_offset + end) // CUT_ALIGNMENT_BYTES * CUT_ALIGNMENT_BYTES
+                end = max(start, page - record.data_offset)
+            if end > start:
+                pieces.append(Piece(i, start, end - start, rank))
+            start = end
+    return tuple(pieces)
+
+
+def nominal_shares(sizes: Sequence[int], world_size: int) -> list[list[tuple[int, int, int]]]:
+    """Who writes which bytes of tensors of ``sizes`` bytes (the replicated state, in a fixed order every rank knows):
+    their bytes, one tensor after the other, cut into ``world_size`` ranges of about equal size; for each tensor its
+    ``(rank, start, end)`` byte ranges, contiguous, covering it (none for an empty one). Known before the file's
+    layout (which depends on the pickle): :func:`plan_layout` moves each cut down to a page of the file."""
+    total = sum(sizes)
+    bounds = [total * rank // world_size for rank in range(world_size + 1)]
+    out: list[list[tuple[int, int, int]]] = []
+    seen = 0
+    for size in sizes:
+        ranges = []
+        for rank in range(world_size):
+            lo, hi = max(bounds[rank], seen), min(bounds[rank + 1], seen + size)
+            if hi > lo:
+                ranges.append((rank, lo - seen, hi - seen))
+        out.append(ranges)
+        seen += size
+    return out
+
+
+def staged_range(ranges: Sequence[tuple[int, int, int]], rank: int) -> tuple[int, int]:
+    """The bytes ``[start, end)`` of a tensor that ``rank`` must hold to write its piece of it whatever the file's
+    layout: its range of :func:`nominal_shares`, from :data:`CUT_ALIGNMENT_BYTES` lower (where :func:`plan_layout`
+    may move its first cut); ``(0, 0)``: none."""
+    mine = [(lo, hi) for r, lo, hi in ranges if r == rank]
+    if not mine:
+        return 0, 0
+    return max(0, mine[0][0] - CUT_ALIGNMENT_BYTES), mine[-1][1]
+
+
 # -- What torch.save would write -----------------------------------------------------------------------------------------
 
 
@@ -255,11 +329,17 @@ class FilePlan:
 
 
 def plan_file(
-    obj: Any, path: str | os.PathLike[str], *, world_size: int = 1, data_pkl_size: int | None = None
+    obj: Any,
+    path: str | os.PathLike[str],
+    *,
+    world_size: int = 1,
+    data_pkl_size: int | None = None,
+    shares: Mapping[int, Sequence[tuple[int, int, int]]] | None = None,
 ) -> FilePlan:
     """Pickle ``obj`` as ``torch.save(obj, path)`` does and lay out the file it would write, its storages split between
     ``world_size`` ranks. ``data_pkl_size`` overrides the pickle's size in the layout (rank 0's, where this rank's
-    pickle differs from it only in device names). Runs on one rank; no collective."""
+    pickle differs from it only in device names). ``shares``: who writes which bytes of the storages it names by their
+    ``data_ptr()`` (see :func:`plan_layout`). Runs on one rank; no collective."""
     records = torch_save_records(obj)
     payloads: dict[str, bytes] = {}
     storages: dict[str, torch.UntypedStorage] = {}
@@ -280,8 +360,20 @@ def plan_file(
     if data_pkl_size is not None:
         names[0] = ("data.pkl", data_pkl_size)
     alignment = int(payloads[".storage_alignment"])
+    by_name = None
+    if shares is not None:
+        by_name = {
+            name: shares[storage.data_ptr()]
+            for name, storage in storages.items()
+            if storage.nbytes() and storage.data_ptr() in shares
+        }
     layout = plan_layout(
-        archive_name_for(path), names, storage_count=len(storages), world_size=world_size, alignment=alignment
+        archive_name_for(path),
+        names,
+        storage_count=len(storages),
+        world_size=world_size,
+        alignment=alignment,
+        shares=by_name,
     )
     return FilePlan(layout, payloads, storages)
 
@@ -546,6 +638,24 @@ def _write_piece(fd: int, direct: _Direct | None, view: memoryview, offset: int)
     return crc32(tail, inner_crc)
 
 
+def write_ranges(
+    fd: int, path: str | os.PathLike[str], ranges: list[tuple[memoryview, int]], *, direct_io: bool = True
+) -> list[int]:
+    """``pwrite`` each ``(bytes, file offset)`` of ``ranges`` into the open file ``fd`` (``path``), the whole pages of
+    a range of at least 1 MiB through ``O_DIRECT`` where ``direct_io`` and the file system allow it (as
+    :func:`write_pieces`); returns each range's CRC32. For writers whose bytes are not one storage of a planned object
+    (:mod:`~lightning_ft.checkpoint.sharded_file`: a rank's shards of full tensors)."""
+    direct_fd = _open_direct(path) if direct_io else None
+    direct = _Direct(direct_fd) if direct_fd is not None else None
+    try:
+        return [_write_piece(fd, direct, view, offset) for view, offset in ranges]
+    finally:
+        if direct is not None:
+            direct.close()
+        if direct_fd is not None:
+            os.close(direct_fd)
+
+
 def combine_pieces(layout: FileLayout, pieces: list[tuple[int, int, int]], record: int) -> int:
     """The CRC of a storage record from its pieces' ``(start, length, crc)``, which must cover it exactly."""
     crc = 0
@@ -582,7 +692,13 @@ class SaveResult:
 
 
 def save(
-    obj: Any, path: str | os.PathLike[str], *, group: dist.ProcessGroup | None = None, direct_io: bool = True
+    obj: Any,
+    path: str | os.PathLike[str],
+    *,
+    group: dist.ProcessGroup | None = None,
+    direct_io: bool = True,
+    shares: Mapping[int, Sequence[tuple[int, int, int]]] | None = None,
+    finalize: Callable[[dict[int, int]], Any] | None = None,
 ) -> SaveResult:
     """Write ``obj`` to ``path`` as ``torch.save(obj, path)`` would, each rank of ``group`` writing about 1/N of the
     storages' bytes.
@@ -593,37 +709,61 @@ def save(
     file is complete on every rank: its pieces written and fsync'ed, rank 0's pickle, headers and central directory
     written and fsync'ed. The caller may mutate the tensors once it returns. ``path``'s folder must be visible to every
     rank (a shared file system). ``direct_io``: the whole pages of large pieces bypass the page cache (``O_DIRECT``)
-    where the file system allows it; the file is the same either way. The file's directory entry is not fsync'ed: the caller publishes it (rename, then
-    fsync the folder). On a failure on any rank every rank raises, and the file is incomplete.
+    where the file system allows it; the file is the same either way. The file's directory entry is not fsync'ed: the
+    caller publishes it (rename, then fsync the folder). On a failure on any rank every rank raises, and the file is
+    incomplete.
+
+    ``shares`` (the same on every rank; ``{storage data_ptr(): [(rank, start, end), ...]}``, see
+    :func:`nominal_shares`) fixes which rank writes which bytes of the storages it names, so a rank may hold only the
+    bytes it writes (:func:`staged_range`; the rest of such a storage is never read). ``finalize`` (rank 0, with
+    ``shares``): given each storage's CRC32 by its ``data_ptr()``, once every rank has written its pieces, returns the
+    object whose pickle rank 0 writes as ``data.pkl`` in place of ``obj``'s: the same structure and storages, and a
+    pickle of exactly the same size (``obj`` holding placeholders of the same width: a checksum of the whole state no
+    rank has read).
 
     Raises:
-        ValueError: the ranks' objects differ in structure or storage sizes (nothing written).
+        ValueError: the ranks' objects differ in structure, storage sizes or the views into their storages (storage
+            offsets, shapes, strides, dtypes, tensors sharing a storage), or in ``shares`` (nothing written).
         RuntimeError: a rank failed to write; the message names it.
     """
     distributed = dist.is_available() and dist.is_initialized()
     rank = dist.get_rank(group) if distributed else 0
     world_size = dist.get_world_size(group) if distributed else 1
     clock = _Phases()
-    local = plan_file(obj, path, world_size=world_size)
-    data_pkl = local.payloads["data.pkl"]
-    plan = local
-    if distributed:
-        # Every rank's storage sizes against rank 0's, before a byte is written; rank 0's pickle sets the offsets (a
-        # rank's own may differ in device names only).
+    cause: BaseException | None = None
+    if not distributed:
+        local = plan_file(obj, path, world_size=world_size, shares=shares)
+        data_pkl = local.payloads["data.pkl"]
+        plan = local
+    else:
+        # Every rank's storages and the views into them against rank 0's, before a byte is written: a rank writes its
+        # pieces from its own storages at rank 0's offsets. Rank 0's pickle sets the offsets (a rank's own may differ
+        # in device names only).
+        mine: tuple[Any, ...]
+        try:
+            local = plan_file(obj, path, world_size=world_size, shares=shares)
+            data_pkl = local.payloads["data.pkl"]
+            plan = local
+            mine = (_structure_digest(obj, local, shares), len(data_pkl), None)
+        except Exception as exc:  # noqa: BLE001 - every rank must reach the exchange below, or the others hang in it
+            mine, cause = (None, 0, f"rank {rank}: {exc!r}"), exc
         digests: list[Any] = [None] * world_size
-        dist.all_gather_object(digests, (_structure_digest(local), len(data_pkl)), group=group)
+        dist.all_gather_object(digests, mine, group=group)
+        failed = [d[2] for d in digests if d[2]]
+        if failed:
+            raise ValueError(f"save(path={os.fspath(path)!r}) could not be planned: {'; '.join(failed)}") from cause
         reference = digests[0]
         differing = [r for r, d in enumerate(digests) if d[0] != reference[0]]
         if differing:
             raise ValueError(
-                f"save(path={os.fspath(path)!r}): ranks {differing} hold objects whose structure or storage sizes "
-                "differ from rank 0's; every rank must pass the same (replicated) state"
+                f"save(path={os.fspath(path)!r}): ranks {differing} hold objects whose structure, storage sizes or "
+                "views into their storages (offsets, shapes, strides, dtypes, shared storages) differ from rank 0's;"
+                " every rank must pass the same (replicated) state"
             )
         if reference[1] != len(data_pkl):
-            plan = plan_file(obj, path, world_size=world_size, data_pkl_size=reference[1])
+            plan = plan_file(obj, path, world_size=world_size, data_pkl_size=reference[1], shares=shares)
     clock.mark("plan")
     error = None
-    cause: BaseException | None = None
     pieces: dict[int, list[tuple[int, int, int]]] = {}
     written = 0
     try:
@@ -664,6 +804,8 @@ def save(
                 for record, items in rank_pieces.items():
                     by_record.setdefault(record, []).extend(items)
             crcs = {record: combine_pieces(plan.layout, items, record) for record, items in by_record.items()}
+            if finalize is not None:
+                data_pkl = _final_pickle(finalize, plan, crcs)
             fd = os.open(os.fspath(path), os.O_WRONLY)
             try:
                 written += finish_file(fd, plan, crcs, data_pkl=data_pkl)
@@ -694,7 +836,65 @@ class _Phases:
         self._last = now
 
 
-def _structure_digest(plan: FilePlan) -> str:
-    # The storage records' names and sizes: what every rank's share of the layout depends on besides rank 0's pickle.
+def _final_pickle(finalize: Callable[[dict[int, int]], Any], plan: FilePlan, crcs: dict[int, int]) -> bytes:
+    """Rank 0: the pickle of ``finalize``'s object, given every storage's CRC32 by its ``data_ptr()``."""
+    by_pointer = {}
+    for index, record in enumerate(plan.layout.records):
+        if record.name.startswith("data/") and record.size:
+            by_pointer[plan.storages[record.name].data_ptr()] = crcs[index]
+    final = dict(torch_save_records(finalize(by_pointer)))["data.pkl"]
+    data_pkl = final.encode("ascii") if isinstance(final, str) else bytes(final)
+    planned = plan.layout.records[0].size
+    if len(data_pkl) != planned:  # pragma: no cover - internal invariant of the caller's placeholders
+        raise AssertionError(f"the final pickle holds {len(data_pkl)} bytes, the layout {planned}")
+    return data_pkl
+
+
+def _structure_digest(obj: Any, plan: FilePlan, shares: Mapping[int, Sequence[tuple[int, int, int]]] | None) -> str:
+    # What a rank's pieces depend on besides rank 0's pickle: the storage records' names and sizes, who writes which
+    # bytes of each, and every view into them (storage, offset, shape, stride, dtype) in pickling order: two ranks
+    # whose storages have the same sizes but hold their tensors at other offsets would mix their bytes in one file.
     sizes = [(r.name, r.size) for r in plan.layout.records if r.name.startswith("data/")]
-    return hashlib.sha256(repr(sizes).encode()).hexdigest()
+    ranges = None
+    if shares is not None:
+        ranges = [(name, list(shares.get(s.data_ptr(), ()))) for name, s in plan.storages.items() if s.nbytes()]
+    return hashlib.sha256(repr((sizes, ranges, _views(obj))).encode()).hexdigest()
+
+
+def _views(obj: Any) -> list[tuple[Any, ...]]:
+    """Every tensor of ``obj`` as torch.save meets it (a pickling pass that stops at tensors): which storage (by order
+    of first appearance), its byte size and dtype, the storage offset, shape and stride."""
+    storages: dict[tuple[int, int], int] = {}
+    views: list[tuple[Any, ...]] = []
+
+    class _Walker(pickle.Pickler):
+        def persistent_id(self, value: Any) -> Any:
+            if isinstance(value, torch.Tensor) and value.layout == torch.strided and not value.is_meta:
+                try:
+                    storage = value.untyped_storage()
+                except (RuntimeError, NotImplementedError):  # a subclass without one: its parts are walked instead
+                    return None
+                index = storages.setdefault((storage.data_ptr(), storage.nbytes()), len(storages))
+                views.append(
+                    (
+                        index,
+                        storage.nbytes(),
+                        str(value.dtype),
+                        value.storage_offset(),
+                        tuple(value.shape),
+                        value.stride(),
+                    )
+                )
+                return ("tensor", len(views))
+            if isinstance(value, (torch.UntypedStorage, torch.TypedStorage)):
+                views.append(("storage", value.nbytes()))
+                return ("storage", len(views))
+            return None
+
+    _Walker(_Discard(), protocol=2).dump(obj)
+    return views
+
+
+class _Discard:
+    def write(self, data: bytes) -> int:
+        return len(data)

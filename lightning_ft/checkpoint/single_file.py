@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickletools
 import time
 import warnings
 import zipfile
@@ -46,7 +45,8 @@ from lightning_ft.checkpoint.errors import (
     FormatVersionError,
     UncommittedCheckpointError,
 )
-from lightning_ft.checkpoint.file_checks import content_checksums, damaged_records, pickle_record, stored_bytes
+from lightning_ft.checkpoint.file_checks import content_checksums, damaged_records, pickle_record
+from lightning_ft.checkpoint.pickle_scan import scan_pickle
 from lightning_ft.checkpoint.sampler_positions import sampler_positions, with_sampler_states, without_sampler_states
 
 __all__ = [
@@ -76,67 +76,6 @@ STAGED_NAME = "checkpoint.ckpt"
 """The file's name inside the staging folder it is written in before the rename onto the checkpoint path."""
 
 
-def _strings(data: bytes, prefixes: tuple[str, ...]) -> dict[str, str]:
-    """The first string constant of the pickle ``data`` starting with each of ``prefixes``; never executes it.
-
-    The opcodes are walked with :func:`pickletools.genops`; where the pickle is damaged (a flipped byte that breaks a
-    string's UTF-8, say) the rest is found as a ``BINUNICODE`` opcode (``X``, a 4-byte length, the UTF-8 bytes) by its
-    bytes, so a damaged file of ours is still recognized as ours (and then refused by its checksums)."""
-    found: dict[str, str] = {}
-    # A string constant is stored as its UTF-8 bytes: a pickle without them (every other .ckpt file) is not walked.
-    prefixes = tuple(prefix for prefix in prefixes if prefix.encode() in data)
-    if not prefixes:
-        return found
-    try:
-        for _, arg, _ in pickletools.genops(data):
-            if isinstance(arg, str):
-                for prefix in prefixes:
-                    if prefix not in found and arg.startswith(prefix):
-                        found[prefix] = arg
-                if len(found) == len(prefixes):
-                    return found
-    except Exception:  # noqa: BLE001 - a damaged pickle: look for the rest by their bytes
-        pass
-    for prefix in prefixes:
-        at = data.find(prefix.encode())
-        if prefix in found or at < 2:
-            continue
-        if at >= 5 and data[at - 5] == ord("X"):  # BINUNICODE: 4-byte length (torch.save's protocol 2)
-            size = int.from_bytes(data[at - 4 : at], "little")
-        elif data[at - 2] == 0x8C:  # SHORT_BINUNICODE: 1-byte length (protocol 4)
-            size = data[at - 1]
-        else:
-            continue
-        try:
-            found[prefix] = data[at : at + size].decode()
-        except UnicodeDecodeError:
-            continue
-    return found
-
-
-def _scan(path: Path, prefixes: tuple[str, ...]) -> tuple[zipfile.ZipInfo | None, bytes, dict[str, str]] | None:
-    """The pickle record of the zip file ``path`` (``None`` for a zip whose directory is lost), its bytes and the
-    strings of ``prefixes`` in it; ``None`` when ``path`` is no zip file with a pickle."""
-    try:
-        if path.is_symlink() or not path.is_file():
-            return None
-        try:
-            with zipfile.ZipFile(path) as archive:
-                info = pickle_record(archive)
-        except zipfile.BadZipFile:
-            data = _first_record_bytes(path)  # its directory lost: a truncated copy, a damaged disk
-            return None if data is None else (None, data, _strings(data, prefixes))
-        if info is None:
-            return None
-        data = stored_bytes(path, info)
-    except (OSError, zipfile.BadZipFile, ValueError):
-        return None
-    return info, data, _strings(data, prefixes)
-
-
-_MAX_PICKLE_SCAN = 256 * 1024 * 1024
-
-
 def _torn(path: Path) -> str:
     return (
         f"checkpoint {path} is a truncated or damaged zip archive (its zip directory cannot be read): a damaged copy"
@@ -144,30 +83,10 @@ def _torn(path: Path) -> str:
     )
 
 
-def _first_record_bytes(path: Path) -> bytes | None:
-    """The bytes of the first record of a zip file whose directory cannot be read: ``torch.save`` writes its pickle
-    first, from the end of its local header to its size there or, where the size follows the bytes (a data descriptor),
-    to that descriptor's signature. ``None`` when the file does not start with a local header of a ``data.pkl``."""
-    with open(path, "rb") as f:
-        header = f.read(30)
-        if len(header) != 30 or header[:4] != b"PK\x03\x04":
-            return None
-        name_len = int.from_bytes(header[26:28], "little")
-        extra_len = int.from_bytes(header[28:30], "little")
-        name = f.read(name_len)
-        if not name.endswith(b"/data.pkl"):
-            return None
-        f.seek(30 + name_len + extra_len)
-        size = int.from_bytes(header[18:22], "little")
-        data = f.read(size if 0 < size < 0xFFFFFFFF else _MAX_PICKLE_SCAN)
-    end = data.find(b"PK\x07\x08")
-    return data if end < 0 else data[:end]
-
-
 def read_marker(path: str | os.PathLike) -> dict[str, Any] | None:
     """The marker of the lightning-ft checkpoint file ``path``, or ``None`` when ``path`` is not one (not a regular
     file, a link, not a zip, no marker: a Lightning ``.ckpt`` of another strategy, say). Executes nothing."""
-    scanned = _scan(Path(path), (MARKER_PREFIX,))
+    scanned = scan_pickle(Path(path), (MARKER_PREFIX,))
     if scanned is None or MARKER_PREFIX not in scanned[2]:
         return None
     try:
@@ -273,7 +192,7 @@ def read_file_document(path: str | os.PathLike) -> dict[str, Any]:
         FormatVersionError: a format version this release does not read.
     """
     path = Path(path)
-    scanned = _scan(path, (MARKER_PREFIX, _DOCUMENT_PREFIX))
+    scanned = scan_pickle(path, (MARKER_PREFIX, _DOCUMENT_PREFIX))
     if scanned is None or MARKER_PREFIX not in scanned[2]:
         raise UncommittedCheckpointError(what_is_there(path))
     info, data, found = scanned
@@ -351,7 +270,7 @@ def load_file(
     try:
         loaded = _torch_load(path, weights_only)
     except CorruptCheckpointError as e:
-        scanned = _scan(path, (MARKER_PREFIX,))
+        scanned = scan_pickle(path, (MARKER_PREFIX,))
         if scanned is not None and scanned[0] is None and MARKER_PREFIX in scanned[2]:
             raise CorruptCheckpointError(_torn(path)) from e
         raise
@@ -430,19 +349,6 @@ def _dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def _tensor_keys(encoded: Any, out: set[str]) -> set[str]:
-    if isinstance(encoded, list):
-        for value in encoded:
-            _tensor_keys(value, out)
-    elif isinstance(encoded, dict):
-        if encoded.get(json_codec.TAG) == "tensor":
-            out.add(encoded["key"])
-        else:
-            for value in encoded.values():
-                _tensor_keys(value, out)
-    return out
-
-
 def checkpoint_dict(document: dict[str, Any], entries: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     """Lightning's checkpoint dict, as the file holds it, built from a save's document and its staged entries (flat
     ``uint8`` views of the staging buffers, by entry name): the tensors of the dict are views of the staged copies,
@@ -453,70 +359,114 @@ def checkpoint_dict(document: dict[str, Any], entries: Mapping[str, torch.Tensor
     Raises:
         CheckpointError: a tensor is stored in more than one shard (a folder's sharded layout).
     """
-    typed: dict[str, torch.Tensor] = {}
-    known: dict[int, int] = {}
-    for key, record in document["tensors"].items():
-        dtype, shape = _dtype(record["dtype"]), record["global_shape"]
-        shards = record["shards"]
-        if len(shards) > 1 or any(list(s["offset"]) != [0] * len(shape) for s in shards):
-            raise CheckpointError(f"tensor {key!r} is stored in shards; a checkpoint file holds whole tensors only")
-        if shards:
-            # A storage of the tensor's own bytes, no copy: a staged copy is a view into a larger (page-aligned)
-            # buffer, and torch.save writes a tensor's whole storage, so the file would hold the padding, and its
-            # layout would depend on where this process's allocator put the buffer (every rank of a file written
-            # together must pickle the same storages).
-            typed[key] = torch.from_numpy(entries[shards[0]["entry"]].numpy()).view(dtype).reshape(shape)
-            if isinstance(shards[0].get("crc32"), int):
-                known[id(typed[key])] = shards[0]["crc32"]
-        else:
-            typed[key] = torch.empty(shape, dtype=dtype)
+    return FileContent(document, entries).checkpoint(stamp=time.time())
 
-    def tensor(key: str, _: str) -> torch.Tensor:
-        return typed[key]
 
-    # The pickled objects in the state are the bytes this process pickled at the save call, not bytes from storage.
-    checkpoint = json_codec.decode_own(document["state"], tensor)
-    samplers: list[tuple[int, Any]] = []
-    if "loops" in checkpoint:  # Lightning's readers refuse the samplers' states; the record keeps them
-        samplers = sampler_positions(checkpoint["loops"])
-        checkpoint["loops"] = without_sampler_states(checkpoint["loops"])
-    rank_states = document["rank_states"]
-    own = rank_states[0] if rank_states else None
-    if isinstance(own, dict) and "callbacks" in own:
-        checkpoint["callbacks"] = json_codec.decode_own(own["callbacks"], tensor)  # where Lightning keeps them
-        own = {k: v for k, v in own.items() if k != "callbacks"}
-    # Ranks 1.. (a file written by several processes): their whole rank state, callbacks included (Lightning's dict
-    # holds rank 0's only), so every rank resumes its own RNG and per-rank values.
-    others = list(rank_states[1:])
-    record_entries = {key: typed[key] for key in sorted(_tensor_keys([own, others], set()))}
-    checksums = content_checksums({**checkpoint, RECORD_KEY: {"entries": record_entries}}, known)
-    metadata = document["metadata"]
-    body = {
-        "lightning_ft_document": FORMAT_VERSION,
-        "format_version": document.get("format_version"),
-        "metadata": metadata,
-        "rank_state": own,
-        **({"other_rank_states": others} if others else {}),
-        "tensors": {key: document["tensors"][key] for key in record_entries},
-        "samplers": [[i, json_codec.encode(s)] for i, s in samplers],
-        "checksums": checksums,
-    }
-    text = json.dumps(body, allow_nan=False)
-    marker = {
-        "lightning_ft_file": FORMAT_VERSION,
-        "step": metadata.get("step"),
-        "full_state": metadata.get("full_state") if isinstance(metadata.get("full_state"), bool) else None,
-        "run_id": metadata.get("run_id") if isinstance(metadata.get("run_id"), str) else None,
-        "world_size": metadata.get("world_size"),
-        "time": time.time(),
-        "document_crc32": zlib.crc32(text.encode()),
-    }
-    checkpoint[RECORD_KEY] = {
-        "marker": json.dumps(marker),  # starts with MARKER_PREFIX: the first key is "lightning_ft_file"
-        "document": text,
-        "entries": record_entries,
-    }
-    return checkpoint
+_UNKNOWN_CRC = 0xFFFFFFFF
+"""The widest crc32: the placeholder of a checksum not known yet, in a record whose pickle must keep its size."""
+
+
+class FileContent:
+    """Lightning's checkpoint dict of one save, built once from its document and staged entries, and its record
+    (:meth:`checkpoint`), which may be built twice: first with placeholders where a tensor's crc32 is not known yet
+    (a file every rank writes its share of: no rank staged every byte), then with the crc32s the ranks' writes gave,
+    in a pickle of the same size (``fixed_width``)."""
+
+    def __init__(self, document: dict[str, Any], entries: Mapping[str, torch.Tensor]) -> None:
+        typed: dict[str, torch.Tensor] = {}
+        known: dict[int, int] = {}
+        unknown: set[int] = set()
+        for key, record in document["tensors"].items():
+            dtype, shape = _dtype(record["dtype"]), record["global_shape"]
+            shards = record["shards"]
+            if len(shards) > 1 or any(list(s["offset"]) != [0] * len(shape) for s in shards):
+                raise CheckpointError(f"tensor {key!r} is stored in shards; a checkpoint file holds whole tensors only")
+            if shards:
+                # A storage of the tensor's own bytes, no copy: a staged copy is a view into a larger (page-aligned)
+                # buffer, and torch.save writes a tensor's whole storage, so the file would hold the padding, and its
+                # layout would depend on where this process's allocator put the buffer (every rank of a file written
+                # together must pickle the same storages).
+                typed[key] = torch.from_numpy(entries[shards[0]["entry"]].numpy()).view(dtype).reshape(shape)
+                if isinstance(shards[0].get("crc32"), int):
+                    known[id(typed[key])] = shards[0]["crc32"]
+                elif typed[key].numel():
+                    unknown.add(id(typed[key]))
+            else:
+                typed[key] = torch.empty(shape, dtype=dtype)
+
+        def tensor(key: str, _: str) -> torch.Tensor:
+            return typed[key]
+
+        # The pickled objects in the state are the bytes this process pickled at the save call, not bytes from storage.
+        checkpoint = json_codec.decode_own(document["state"], tensor)
+        samplers: list[tuple[int, Any]] = []
+        if "loops" in checkpoint:  # Lightning's readers refuse the samplers' states; the record keeps them
+            samplers = sampler_positions(checkpoint["loops"])
+            checkpoint["loops"] = without_sampler_states(checkpoint["loops"])
+        rank_states = document["rank_states"]
+        own = rank_states[0] if rank_states else None
+        if isinstance(own, dict) and "callbacks" in own:
+            checkpoint["callbacks"] = json_codec.decode_own(own["callbacks"], tensor)  # where Lightning keeps them
+            own = {k: v for k, v in own.items() if k != "callbacks"}
+        # Ranks 1.. (a file written by several processes): their whole rank state, callbacks included (Lightning's
+        # dict holds rank 0's only), so every rank resumes its own RNG and per-rank values.
+        self._others = list(rank_states[1:])
+        self._own = own
+        self._record_entries = {key: typed[key] for key in sorted(json_codec.tensor_keys([own, self._others], set()))}
+        self._typed = typed
+        self._known = known
+        self._unknown = unknown
+        self._samplers = samplers
+        self._document = document
+        self._checkpoint = checkpoint
+
+    def checkpoint(
+        self, *, stamp: float, crcs: Mapping[int, int] | None = None, fixed_width: bool = False
+    ) -> dict[str, Any]:
+        """Lightning's dict with :data:`RECORD_KEY` (a new top-level dict each call; the values are shared).
+        ``stamp``: the marker's time. ``crcs``: the crc32 of storages by their ``data_ptr()`` (what the ranks' writes
+        gave), for the tensors whose crc32 the document does not hold; a tensor still unknown gets the placeholder
+        0xFFFFFFFF (never a read of its bytes). ``fixed_width``: the document and the marker are padded (trailing
+        spaces, which JSON ignores) to the size they have with every crc32 at its widest, so that the pickle's size
+        does not depend on the checksums."""
+        known = dict(self._known)
+        for tensor in self._typed.values():
+            if id(tensor) in self._unknown:
+                crc = (crcs or {}).get(tensor.untyped_storage().data_ptr())
+                known[id(tensor)] = _UNKNOWN_CRC if crc is None else crc
+        checksums = content_checksums({**self._checkpoint, RECORD_KEY: {"entries": self._record_entries}}, known)
+        document = self._document
+        metadata = document["metadata"]
+        body = {
+            "lightning_ft_document": FORMAT_VERSION,
+            "format_version": document.get("format_version"),
+            "metadata": metadata,
+            "rank_state": self._own,
+            **({"other_rank_states": self._others} if self._others else {}),
+            "tensors": {key: document["tensors"][key] for key in self._record_entries},
+            "samplers": [[i, json_codec.encode(s)] for i, s in self._samplers],
+            "checksums": checksums,
+        }
+        text = json.dumps(body, allow_nan=False)
+        if fixed_width:
+            widest = {k: [dtype, shape, _UNKNOWN_CRC] for k, (dtype, shape, _) in checksums["tensors"].items()}
+            text = text.ljust(len(json.dumps({**body, "checksums": {**checksums, "tensors": widest}}, allow_nan=False)))
+        marker = {
+            "lightning_ft_file": FORMAT_VERSION,
+            "step": metadata.get("step"),
+            "full_state": metadata.get("full_state") if isinstance(metadata.get("full_state"), bool) else None,
+            "run_id": metadata.get("run_id") if isinstance(metadata.get("run_id"), str) else None,
+            "world_size": metadata.get("world_size"),
+            "time": stamp,
+            "document_crc32": zlib.crc32(text.encode()),
+        }
+        marker_text = json.dumps(marker)  # starts with MARKER_PREFIX: the first key is "lightning_ft_file"
+        if fixed_width:
+            marker_text = marker_text.ljust(len(json.dumps({**marker, "document_crc32": _UNKNOWN_CRC})))
+        return {
+            **self._checkpoint,
+            RECORD_KEY: {"marker": marker_text, "document": text, "entries": self._record_entries},
+        }
 
 
 def _load(path: Path) -> Any:
@@ -597,6 +547,7 @@ class FileStorage:
         *,
         group: dist.ProcessGroup | None,
         document: dict[str, Any] | None = None,
+        shares: Mapping[str, list[tuple[int, int, int]]] | None = None,
     ) -> None:
         """Write the checkpoint file ``path/``:data:`STAGED_NAME` from ``entries`` (flat ``uint8`` staged copies) and
         the save's ``document``, and fsync it and ``path``.
@@ -604,17 +555,32 @@ class FileStorage:
         Collective over ``group`` when it has more than one rank: every rank passes the same ``document`` (every rank's
         state; the shared tensors' entries its own copies of the replicated state) and the same ``path`` (a folder
         every rank sees), and the ranks write the one file together, each about 1/N of the tensor bytes; it returns
-        once every rank's bytes are durable. Otherwise one process writes it with ``torch.save``.
+        once every rank's bytes are durable. ``shares`` (the capture's
+        :attr:`~lightning_ft.checkpoint.staging.Capture.shares`, by entry name): who writes which bytes of those
+        entries, of which this rank holds only its own (the rest is never read). Otherwise one process writes it with
+        ``torch.save``.
         """
         if document is None:
             raise CheckpointError("a checkpoint file is written with its metadata document")
         target = Path(path) / STAGED_NAME
-        checkpoint = checkpoint_dict(document, entries)
+        content = FileContent(document, entries)
+        stamp = time.time()
         if group is not None and dist.is_initialized() and dist.get_world_size(group) > 1:
             from lightning_ft.checkpoint import parallel_file
             from lightning_ft.checkpoint.snapshot_storage import fsync_dir
 
-            self.last_result = parallel_file.save(checkpoint, target, group=group)
+            if shares:
+                # Each rank holds only the bytes it writes: the crc32s in the record are known once every rank wrote
+                # its pieces; rank 0 pickles the record again with them, at the same size.
+                self.last_result = parallel_file.save(
+                    content.checkpoint(stamp=stamp, fixed_width=True),
+                    target,
+                    group=group,
+                    shares={entries[name].data_ptr(): ranges for name, ranges in shares.items() if name in entries},
+                    finalize=lambda crcs: content.checkpoint(stamp=stamp, crcs=crcs, fixed_width=True),
+                )
+            else:
+                self.last_result = parallel_file.save(content.checkpoint(stamp=stamp), target, group=group)
             if dist.get_rank(group) == 0:
                 fsync_dir(Path(path))  # the file's name in the staging folder (parallel_file leaves it to the caller)
             return
@@ -622,7 +588,7 @@ class FileStorage:
         # TorchCheckpointIO serializes the whole checkpoint into memory first, then writes it: a second and third copy
         # of the state in host memory, beside the staged one, for the length of the write.)
         with open(target, "wb") as f:
-            torch.save(checkpoint, f)
+            torch.save(content.checkpoint(stamp=stamp), f)
             f.flush()
             os.fsync(f.fileno())
         from lightning_ft.checkpoint.snapshot_storage import fsync_dir

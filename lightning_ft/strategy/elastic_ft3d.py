@@ -428,19 +428,43 @@ class ElasticFT3D(DDPStrategy):
             check_accumulation_scheduler(trainer, self.elastic)
             self._parallelized = has_dtensor_parameters(self.model)
             self._mode = mode_for(self, self.model)
-            plain = self._mode.name == "data_parallel"
-            self._checkpoint_manager().use_format(resolve_format(self.checkpoint_format, plain=plain))
-            remote = any(is_remote(d) for cb in trainer.checkpoint_callbacks if (d := getattr(cb, "dirpath", None)))
-            choice = format_choice(self.checkpoint_format, plain=plain, world_size=self.world_size, remote=remote)
-            if choice != self._format_said:  # once: a later stage of the same run says nothing new
-                rank_zero_info(choice)
-                self._format_said = choice
+            self._checkpoint_manager().use_format(self._checkpoint_format_for_state(trainer))
             if self._memory is not None and trainer.state.fn == TrainerFn.FITTING:
                 self._memory.open_tier(trainer)  # collective: its gloo group (a resume's plan and load use it)
             if self._fault is not None:  # collective: a node in its cooldown refused; the watchdog guards the load
                 self._fault.start(trainer)
             self._prepared = True
         return self._mode.name == "data_parallel"
+
+    def _checkpoint_format_for_state(self, trainer: pl.Trainer) -> str:
+        """The format this run writes: ``checkpoint_format`` resolved for the world and the state, said once on the
+        console (:func:`~lightning_ft.checkpoint.internal.format_choice`). A file holds data-parallel replicas and
+        DTensors whose shards are contiguous byte ranges (:mod:`~lightning_ft.checkpoint.sharded_file`); where the
+        state holds anything else, ``"auto"`` writes folders and says which tensor (and placement) keeps it from a
+        file, and ``"file"`` is refused naming it.
+
+        Raises:
+            ValueError: ``checkpoint_format="file"`` and the state holds a tensor a file cannot hold.
+        """
+        refusal = self._mode.file_refusal()
+        if refusal is not None and self.checkpoint_format == "file":
+            raise ValueError(
+                f"ElasticFT3D(checkpoint_format='file'): {refusal}; use 'auto' (a file where the state allows it,"
+                " folders otherwise), 'torchsnapshot' or 'dcp'"
+            )
+        plain = refusal is None
+        chosen = resolve_format(self.checkpoint_format, plain=plain)
+        remote = any(is_remote(d) for cb in trainer.checkpoint_callbacks if (d := getattr(cb, "dirpath", None)))
+        why = refusal
+        if plain and self._mode.name != "data_parallel":
+            why = (
+                "DTensor state whose shards are contiguous byte ranges of the saved tensors (each rank writes its own)"
+            )
+        choice = format_choice(self.checkpoint_format, plain=plain, world_size=self.world_size, remote=remote, why=why)
+        if choice != self._format_said:  # once: a later stage of the same run says nothing new
+            rank_zero_info(choice)
+            self._format_said = choice
+        return chosen
 
     @override
     def setup(self, trainer: pl.Trainer) -> None:

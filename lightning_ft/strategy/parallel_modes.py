@@ -24,6 +24,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from lightning_ft import _compat
 from lightning_ft.checkpoint import CheckpointError
+from lightning_ft.checkpoint.internal import file_refusal
 from lightning_ft.parallel import PipelineRunner
 from lightning_ft.strategy.foreign_import import load_dcp_optimizer_states
 from lightning_ft.strategy.pipeline_reshard import assemble_stage, check_pipeline_resume, stage_sources, writes_stage
@@ -119,6 +120,10 @@ class DataParallelMode:
         """The state whose tensors a load fills in place; None: load into new tensors."""
         return None
 
+    def file_refusal(self) -> str | None:
+        """Why a checkpoint file cannot hold this mode's state (one clause naming the tensor), or ``None``."""
+        return None
+
     def move_rank_state(self, state: dict[str, Any], rank_state: dict[str, Any]) -> None:
         """Move what each rank holds differently from ``state`` into ``rank_state`` before a save."""
 
@@ -190,6 +195,13 @@ class DTensorMode(DataParallelMode):
         _compat.init_optim_state(optimizer)
         return self.optimizer_state(optimizer)
 
+    def file_refusal(self) -> str | None:
+        """The first parameter or buffer whose shards are not contiguous byte ranges of the full tensor (optimizer
+        state follows its parameter's placements), or ``None``; reads placements and shapes only."""
+        model = self.strategy.model
+        assert model is not None
+        return file_refusal([*model.named_parameters(), *model.named_buffers()])
+
     def load_template(self) -> dict[str, Any] | None:
         return {
             "state_dict": self.module_state_dict(),
@@ -249,6 +261,13 @@ class PipelineMode(DTensorMode):
 
     def load_template(self) -> dict[str, Any] | None:
         return {}  # stage state travels in rank_state and is copied in place by apply_loaded
+
+    def file_refusal(self) -> str | None:
+        pp = self.strategy.parallel_config.pipeline_parallel_size if self.strategy.parallel_config else 0
+        return (
+            f"pipeline_parallel_size={pp}: each rank holds one pipeline stage, whose state its data-parallel replica 0"
+            " keeps in its rank state (a checkpoint file holds data-parallel replicas and Replicate/Shard(0) DTensors)"
+        )
 
     def move_rank_state(self, state: dict[str, Any], rank_state: dict[str, Any]) -> None:
         # Each stage holds other parameters, so model and optimizer state go with a rank that owns them: the stage's

@@ -294,6 +294,12 @@ def test_the_format_said_at_set_up_names_the_format_and_why():
     assert "torchsnapshot folders" in sharded and "DTensor or pipeline state" in sharded
     assert format_choice("torchsnapshot", plain=True, world_size=2).endswith("(checkpoint_format='torchsnapshot')")
     assert "object-store URL" in format_choice("auto", plain=True, world_size=2, remote=True)
+    # The strategy's reason (the tensor that keeps a run on folders, from its state) replaces the generic one.
+    named = format_choice(
+        "auto", plain=False, world_size=2, why="'head.weight' is a DTensor with placements (Shard(1))"
+    )
+    assert named.endswith("(checkpoint_format='auto': 'head.weight' is a DTensor with placements (Shard(1)))"), named
+    assert "torchsnapshot folders" in named
 
 
 def test_writing_a_checkpoint_file_holds_no_second_copy_of_the_state_in_memory(tmp_path, monkeypatch):

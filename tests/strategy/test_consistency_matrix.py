@@ -66,7 +66,7 @@ def test_the_matrix_finds_a_capture_that_does_not_copy_at_the_save_call(tmp_path
     written = threading.Event()
     real_write = async_checkpointer.AsyncCheckpointer._write
 
-    def alias(self, encoded, writes):
+    def alias(self, encoded, writes, **_):
         capture = staging.Capture(encoded.state_json, encoded.rank_state_json, encoded.tensors)
         items = [(r.key, v, list(r.offset)) for r, v in writes] + [(k, t, [0] * t.dim()) for k, t in encoded.per_rank]
         for n, (key, tensor, offset) in enumerate(items):

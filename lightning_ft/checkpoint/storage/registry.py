@@ -26,9 +26,10 @@ pipeline state (:func:`resolve_format`); ``"file"`` is accepted for plain state 
 
 def resolve_format(name: str, *, plain: bool, owner: str = "ElasticFT3D") -> str:
     """The format a run writes with: ``name``, or for ``"auto"`` the single ``torch.save`` file when the state is plain
-    (every rank holds all of it: one process, or data-parallel replicas; at several processes every rank writes its
-    share of the one file), else torchsnapshot folders (DTensor or pipeline state: each rank holds only its shards).
-    The one place this rule lives; :func:`format_choice` says it.
+    (a file can hold it: one process, data-parallel replicas, or DTensors whose shards are contiguous byte ranges,
+    :mod:`~lightning_ft.checkpoint.sharded_file`; at several processes every rank writes its share of the one file),
+    else torchsnapshot folders (other DTensor placements, pipeline state). The one place this rule lives;
+    :func:`format_choice` says it.
 
     Raises:
         ValueError: ``name`` is ``"file"`` and the state holds DTensors or pipeline stages (a file holds state every
@@ -46,9 +47,18 @@ def resolve_format(name: str, *, plain: bool, owner: str = "ElasticFT3D") -> str
     return name
 
 
-def format_choice(name: str, *, plain: bool, world_size: int, remote: bool = False, owner: str = "ElasticFT3D") -> str:
+def format_choice(
+    name: str,
+    *,
+    plain: bool,
+    world_size: int,
+    remote: bool = False,
+    owner: str = "ElasticFT3D",
+    why: str | None = None,
+) -> str:
     """One line for the console at set-up: the format :func:`resolve_format` picks for ``name`` and why (``remote``:
-    a checkpoint folder is an object-store URL, which keeps its own folders whatever the format)."""
+    a checkpoint folder is an object-store URL, which keeps its own folders whatever the format; ``why``: what in the
+    state decided ``"auto"``'s choice, where the caller knows better than "data-parallel" or "DTensor or pipeline")."""
     chosen = resolve_format(name, plain=plain, owner=owner)
     if remote:
         return (
@@ -63,6 +73,8 @@ def format_choice(name: str, *, plain: bool, world_size: int, remote: bool = Fal
     }[chosen]
     if name != "auto":
         why = f"checkpoint_format={name!r}"
+    elif why is not None:
+        why = f"checkpoint_format='auto': {why}"
     elif plain:
         held = "which every rank holds in full" if world_size > 1 else "no DTensor, no pipeline stage"
         why = f"checkpoint_format='auto': data-parallel state, {held}"
