@@ -77,6 +77,7 @@ __all__ = [
     "load_fit_loop_progress",
     "fit_loop_batches_that_stepped",
     "restart_training_fetcher",
+    "training_fetcher",
 ]
 
 # Lightning is imported where a name is used, never at module level: the checkpoint package imports this module, and
@@ -656,6 +657,12 @@ def loaded_checkpoint(trainer: Any, checkpoint: dict[str, Any]) -> Iterator[Any]
         yield connector
     finally:
         connector._loaded_checkpoint = {}
+
+
+def training_fetcher(trainer: Any) -> Any:
+    """The fit loop's training data fetcher (``FitLoop._data_fetcher``: Lightning 2.6.x), ``None`` outside a fit;
+    its ``done``, ``fetched`` and ``length`` and ``next()`` are used."""
+    return trainer.fit_loop._data_fetcher
 
 
 def restart_training_fetcher(trainer: Any, *, fetched: int) -> None:
