@@ -76,6 +76,7 @@ __all__ = [
     "uncount_optimizer_step",
     "load_fit_loop_progress",
     "fit_loop_batches_that_stepped",
+    "resize_training_epoch",
     "restart_training_fetcher",
     "training_fetcher",
 ]
@@ -657,6 +658,35 @@ def loaded_checkpoint(trainer: Any, checkpoint: dict[str, Any]) -> Iterator[Any]
         yield connector
     finally:
         connector._loaded_checkpoint = {}
+
+
+def resize_training_epoch(trainer: Any) -> int | None:
+    """Size the running epoch anew from the training loader's current ``len()`` (its sampler was dealt over another
+    number of replicas), as ``FitLoop.setup_data`` sized it at the start: the combined loader's per-loader limits,
+    ``trainer.num_training_batches`` and, for a fractional ``val_check_interval``, ``trainer.val_check_batch``; the
+    training iterators are created anew on the way (:func:`restart_training_fetcher` with ``fetched=0``).
+    Returns the new length in batches; ``None`` (nothing changed, nothing restarted) under ``limit_train_batches``
+    (the user's cap stays) or without a sized loader. Lightning 2.6.x: ``FitLoop._combined_loader`` (``flattened``,
+    ``limits``; its ``len()`` is its current iterator's), ``FitLoop.max_batches`` (what ``num_training_batches``
+    reads), ``FitLoop._data_fetcher``."""
+    loop = trainer.fit_loop
+    combined = loop._combined_loader
+    if combined is None or loop._data_fetcher is None or trainer.limit_train_batches != 1.0:
+        return None
+    try:
+        lengths = [len(dl) for dl in combined.flattened]
+    except TypeError:
+        return None
+    combined.limits = lengths
+    restart_training_fetcher(trainer, fetched=0)
+    length = loop._data_fetcher.length
+    if length is None:
+        return None
+    loop.max_batches = length
+    interval = trainer.val_check_interval
+    if isinstance(interval, float) and trainer.val_check_batch not in (None, float("inf")):
+        trainer.val_check_batch = max(1, int(length * interval))
+    return length
 
 
 def training_fetcher(trainer: Any) -> Any:

@@ -183,12 +183,15 @@ def _realign(trainer: pl.Trainer, batches: int) -> None:
     """Restart the training iterator on the new deal and set Lightning's batch progress so that the epoch ends after
     ``batches`` more batches (each fetched and counted ready by the loop, or by :meth:`ReplicaDataDeal.refetch`)."""
     progress = trainer.fit_loop.epoch_loop.batch_progress
-    total = trainer.num_training_batches
     # A new DataLoader iterator draws its base seed from torch's global RNG. The draw is taken back: a deal made anew
     # leaves the random stream where it was, as under DDPStrategy (where no deal is made) and alike on every group.
+    # Lightning sized the epoch at set-up from the sampler's length then; the deal's sampler has another (fewer live
+    # groups: more batches each), and a loader capped at the old length would cut the deal short.
     rng = torch.get_rng_state()
-    _compat.restart_training_fetcher(trainer, fetched=0)  # its length is the new deal's full epoch
+    if _compat.resize_training_epoch(trainer) is None:
+        _compat.restart_training_fetcher(trainer, fetched=0)  # its length is the new deal's full epoch
     torch.set_rng_state(rng)
+    total = trainer.num_training_batches
     fetcher = _compat.training_fetcher(trainer)
     if fetcher is not None and fetcher.length is not None:
         fetcher.fetched = max(0, int(fetcher.length) - batches)
@@ -197,7 +200,7 @@ def _realign(trainer: pl.Trainer, batches: int) -> None:
         return
     # Both call sites count the next batch ready after this: a membership deal is made before the loop counts the
     # batch it replaces, a discarded step's own batch is counted ready already.
-    shift = int(total) - batches - progress.current.ready
+    shift = max(0, int(total) - batches) - progress.current.ready
     if shift:
         for tracker in (progress.current, progress.total):
             tracker.ready += shift
