@@ -78,6 +78,7 @@ __all__ = [
     "fit_loop_batches_that_stepped",
     "resize_training_epoch",
     "restart_training_fetcher",
+    "set_training_epoch_length",
     "training_fetcher",
 ]
 
@@ -682,11 +683,18 @@ def resize_training_epoch(trainer: Any) -> int | None:
     length = loop._data_fetcher.length
     if length is None:
         return None
-    loop.max_batches = length
+    set_training_epoch_length(trainer, length)
+    return length
+
+
+def set_training_epoch_length(trainer: Any, length: int) -> None:
+    """Say that the running epoch is ``length`` batches long: ``trainer.num_training_batches`` and, for a fractional
+    ``val_check_interval``, ``trainer.val_check_batch`` as ``FitLoop.setup_data`` derives it. Lightning 2.6.x:
+    ``FitLoop.max_batches``."""
+    trainer.fit_loop.max_batches = length
     interval = trainer.val_check_interval
     if isinstance(interval, float) and trainer.val_check_batch not in (None, float("inf")):
         trainer.val_check_batch = max(1, int(length * interval))
-    return length
 
 
 def training_fetcher(trainer: Any) -> Any:

@@ -21,6 +21,7 @@ and Lightning's batch progress is set so that the epoch ends on the new deal's l
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable
@@ -70,6 +71,7 @@ class ReplicaDataDeal:
         self._membership: ReplicaMembership | None = None
         self._sampler: ResumableSampler | None = None
         self._warned = False
+        self._batches = 0  # batches this rank trained in the step that is running (its micro-batches)
         self.deals: list[dict[str, Any]] = []
         """One record per deal made anew: the ``replica_data`` event's fields."""
 
@@ -111,16 +113,22 @@ class ReplicaDataDeal:
         self._deal(sampler, key, step=step, reason="epoch" if same_groups else "membership")
         return True
 
+    def count_batch(self) -> None:
+        """One more training batch of the running step (every micro-batch, from the strategy's ``batch_to_device``)."""
+        self._batches += 1
+
     def after_vote(self, committed: bool, *, step: int) -> None:
-        """At the commit vote of a step: a commit advances the committed count; a discard deals the rest anew from
-        the unchanged count (the next step trains the discarded batches again)."""
+        """At the commit vote of a step: a commit advances the committed count by what the step trained (its
+        micro-batches on every rank of every live group: a contiguous block of the stream); a discard deals the rest
+        anew from the unchanged count (the next step trains the discarded batches again)."""
         sampler, membership = self._sampler, self._membership
+        trained, self._batches = max(1, self._batches), 0
         if sampler is None or membership is None or self._key is None:
             return
         if committed:
             sampler.consumed = committed_after(
                 sampler.consumed,
-                membership,
+                dataclasses.replace(membership, accumulate=trained),
                 dataset_len=sampler.dataset_len,
                 drop_last=sampler.drop_last,
                 drop_last_batch=sampler.drop_last_batch,
@@ -188,9 +196,15 @@ def _realign(trainer: pl.Trainer, batches: int) -> None:
     # Lightning sized the epoch at set-up from the sampler's length then; the deal's sampler has another (fewer live
     # groups: more batches each), and a loader capped at the old length would cut the deal short.
     rng = torch.get_rng_state()
-    if _compat.resize_training_epoch(trainer) is None:
+    resized = _compat.resize_training_epoch(trainer)
+    if resized is None:
         _compat.restart_training_fetcher(trainer, fetched=0)  # its length is the new deal's full epoch
     torch.set_rng_state(rng)
+    accumulate = max(1, int(trainer.accumulate_grad_batches))
+    if resized is not None and (resized - batches) % accumulate:
+        # Lightning ends a step where its batch counter reaches a multiple of the accumulation: the deal's first
+        # batch must start a step, and the epoch end where its count says (validation at the epoch's end).
+        _compat.set_training_epoch_length(trainer, batches + max(0, resized - batches) // accumulate * accumulate)
     total = trainer.num_training_batches
     fetcher = _compat.training_fetcher(trainer)
     if fetcher is not None and fetcher.length is not None:

@@ -484,6 +484,7 @@ class ElasticFT3D(DDPStrategy):
             # epoch and is replaced by the new deal's first (lightning_ft/replica/data_deal.py).
             if self._replica.start_step():
                 batch = self._replica.data.refetch(batch)
+            self._replica.data.count_batch()
         return super().batch_to_device(batch, device, dataloader_idx)
 
     @override
