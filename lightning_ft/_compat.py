@@ -76,7 +76,10 @@ __all__ = [
     "uncount_optimizer_step",
     "load_fit_loop_progress",
     "fit_loop_batches_that_stepped",
+    "resize_training_epoch",
     "restart_training_fetcher",
+    "set_training_epoch_length",
+    "training_fetcher",
 ]
 
 # Lightning is imported where a name is used, never at module level: the checkpoint package imports this module, and
@@ -656,6 +659,48 @@ def loaded_checkpoint(trainer: Any, checkpoint: dict[str, Any]) -> Iterator[Any]
         yield connector
     finally:
         connector._loaded_checkpoint = {}
+
+
+def resize_training_epoch(trainer: Any) -> int | None:
+    """Size the running epoch anew from the training loader's current ``len()`` (its sampler was dealt over another
+    number of replicas), as ``FitLoop.setup_data`` sized it at the start: the combined loader's per-loader limits,
+    ``trainer.num_training_batches`` and, for a fractional ``val_check_interval``, ``trainer.val_check_batch``; the
+    training iterators are created anew on the way (:func:`restart_training_fetcher` with ``fetched=0``).
+    Returns the new length in batches; ``None`` (nothing changed, nothing restarted) under ``limit_train_batches``
+    (the user's cap stays) or without a sized loader. Lightning 2.6.x: ``FitLoop._combined_loader`` (``flattened``,
+    ``limits``; its ``len()`` is its current iterator's), ``FitLoop.max_batches`` (what ``num_training_batches``
+    reads), ``FitLoop._data_fetcher``."""
+    loop = trainer.fit_loop
+    combined = loop._combined_loader
+    if combined is None or loop._data_fetcher is None or trainer.limit_train_batches != 1.0:
+        return None
+    try:
+        lengths = [len(dl) for dl in combined.flattened]
+    except TypeError:
+        return None
+    combined.limits = lengths
+    restart_training_fetcher(trainer, fetched=0)
+    length = loop._data_fetcher.length
+    if length is None:
+        return None
+    set_training_epoch_length(trainer, length)
+    return length
+
+
+def set_training_epoch_length(trainer: Any, length: int) -> None:
+    """Say that the running epoch is ``length`` batches long: ``trainer.num_training_batches`` and, for a fractional
+    ``val_check_interval``, ``trainer.val_check_batch`` as ``FitLoop.setup_data`` derives it. Lightning 2.6.x:
+    ``FitLoop.max_batches``."""
+    trainer.fit_loop.max_batches = length
+    interval = trainer.val_check_interval
+    if isinstance(interval, float) and trainer.val_check_batch not in (None, float("inf")):
+        trainer.val_check_batch = max(1, int(length * interval))
+
+
+def training_fetcher(trainer: Any) -> Any:
+    """The fit loop's training data fetcher (``FitLoop._data_fetcher``: Lightning 2.6.x), ``None`` outside a fit;
+    its ``done``, ``fetched`` and ``length`` and ``next()`` are used."""
+    return trainer.fit_loop._data_fetcher
 
 
 def restart_training_fetcher(trainer: Any, *, fetched: int) -> None:

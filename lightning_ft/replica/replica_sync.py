@@ -8,9 +8,11 @@ strategy hook            what happens
 ``setup`` (fit)          the Manager starts (group rank 0: its server, heartbeating to the lighthouse), the heal
                          transport listens, the DDP communication hook is registered, the step gate wraps
                          ``lr_scheduler_step``
-``on_train_batch_start`` first micro-batch of an optimizer step: ``start_quorum`` (blocks until the lighthouse's
-                         quorum; reconfigures the cross-group process group when the membership changed; a joining
-                         group receives the live state here, before its forward pass; a healthy group serves it)
+``batch_to_device``      first micro-batch of an optimizer step (training): ``start_quorum`` (blocks until the
+                         lighthouse's quorum; reconfigures the cross-group process group when the membership changed;
+                         a joining group receives the live state here, before its forward pass; a healthy group
+                         serves it); at a new membership the rest of the epoch is dealt anew and the batch in hand
+                         replaced by the new deal's first (:mod:`~lightning_ft.replica.data_deal`)
 (backward)               :func:`~lightning_ft.replica.gradient_sync.replica_comm_hook`: average in the group, then
                          across the live groups; a failure is recorded, never raised
 ``optimizer_step``       :class:`~lightning_ft.replica.step_gate.StepGate`: ``should_commit()`` (the group's vote,
@@ -27,7 +29,8 @@ The live groups are logged as ``replica/live_groups`` through the trainer's logg
 change and every ``log_every_n_steps``. Events (group rank 0, through the run's event log): ``replica_quorum {step, live_groups}`` when the membership
 changes, ``replica_joined {replica_id, step}``, ``replica_lost {replica_id, step, stall_s, discarded_steps}`` (written
 at the first committed step after the loss, when the stall is known) and, on a joining group, ``healed {replica_id,
-source, bytes, seconds, step}``.
+source, bytes, seconds, step}``; ``replica_data {step, live_groups, group_index, committed, reason, repeated,
+skipped}`` each time the rest of the epoch is dealt anew (:mod:`~lightning_ft.replica.data_deal`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lightning_ft import _compat
+from lightning_ft.replica.data_deal import ReplicaDataDeal
 from lightning_ft.replica.gradient_sync import GradientSync
 from lightning_ft.replica.heal_state import apply_heal_state, heal_state
 from lightning_ft.replica.heal_transport import HealTransport
@@ -67,6 +71,7 @@ class ReplicaSync:
         group_rank: this process's rank in its group; ``group_world_size`` the group's size.
         group: the group's process group (``None``: the default group).
         event_log: returns the run's event log (or None).
+        hold_sampler: told the training sampler whose count the data deal keeps (the strategy's data position).
 
     Collective over the group: every rank of the group builds one at set-up (rank 0 starts the manager server, the
     others connect to it through the group's TCPStore at ``MASTER_ADDR:MASTER_PORT``).
@@ -81,6 +86,7 @@ class ReplicaSync:
         group_world_size: int,
         group: Any = None,
         event_log: Callable[[], EventLog | None] = lambda: None,
+        hold_sampler: Callable[[Any], None] = lambda sampler: None,
     ) -> None:
         from torchft import Manager, ProcessGroupGloo
 
@@ -112,6 +118,9 @@ class ReplicaSync:
         self._recorder = _compat.quorum_recorder_patch(self.manager, self._record_quorum).install()
         self.gradients = GradientSync(self.manager, group=group, group_size=group_world_size)
         self.gate = StepGate(self._vote)
+        self.data = ReplicaDataDeal(
+            trainer, group_size=group_world_size, local_rank=group_rank, write=self._write, hold=hold_sampler
+        )
         self._step_open = False
         self._quorums = 0
         self._members: list[str] | None = None
@@ -126,17 +135,20 @@ class ReplicaSync:
 
     # ------------------------------------------------------------------ the step
 
-    def start_step(self) -> None:
+    def start_step(self) -> bool:
         """Join the quorum for the next optimizer step (first micro-batch of it; later micro-batches do nothing).
 
         Every rank of the group calls it from the strategy's ``on_train_batch_start``; blocks until the quorum forms
         and, on a joining group, until the live state is loaded.
 
+        Returns whether the rest of the epoch was dealt anew (a new membership, a heal): the batch in hand then
+        belongs to the old deal, and the caller replaces it with :meth:`ReplicaDataDeal.refetch`.
+
         Raises:
             RuntimeError: no quorum of ``min_replicas`` groups formed within the quorum timeout.
         """
         if self._step_open:
-            return
+            return False
         trainer = self._trainer
         first = self._quorums == 0
         if first and self.manager.current_step() != trainer.global_step:
@@ -157,11 +169,18 @@ class ReplicaSync:
         self._step_open = True
         changed = self._after_quorum(trainer.global_step)
         self._log_live_groups(trainer, changed)
+        return self.data.after_quorum(
+            live_groups=self.manager.num_participants(),
+            group_index=self.manager.participating_rank(),
+            members=tuple(self._members or ()),
+            step=trainer.global_step,
+        )
 
     def _vote(self) -> bool:
         """``should_commit`` for this step (the group's ranks, then every group), with its bookkeeping."""
         committed = bool(self.manager.should_commit())
         self._step_open = False
+        self.data.after_vote(committed, step=self._trainer.global_step)
         now = time.monotonic()
         if not committed:
             self._discarded_since_commit += 1
@@ -257,6 +276,7 @@ class ReplicaSync:
     def _load(self, state: dict[str, Any]) -> None:  # the training thread, inside start_quorum, on a joining group
         started = time.monotonic()
         apply_heal_state(self._trainer, state)
+        self.data.forget_deal()  # the sampler holds the source's committed count: the quorum deals anew from it
         size, fetch_s = self.transport.last_received or (0, 0.0)
         result = self._quorum
         source = None

@@ -49,8 +49,8 @@ hook                    what the collaborators do
 ``on_train_start``      (after the callbacks': elastic resume decides accumulation and LR scale) a foreign
                         checkpoint's sampler positioned, batch progress aligned; rank 0's checkpoint I/O cleans up
                         leftovers of uncommitted saves
-(batch start)           replica groups (``on_train_batch_start``): the quorum for the step (its first micro-batch); a
-                        joining group loads the live state here
+``batch_to_device``     replica groups (training): the quorum for the step (its first micro-batch); a joining group
+                        loads the live state here; a new membership deals the rest of the epoch anew
 ``optimizer_step``      elastic resume applies the LR scale around the mode's optimizer step; replica groups: applied
                         only when every live group commits, else neither applied nor counted
 ``save_checkpoint``     elastic resume's metadata; checkpoint I/O captures the state, then writes in the background
@@ -326,7 +326,7 @@ class ElasticFT3D(DDPStrategy):
         else:
             dp_mesh = self.device_mesh["data_parallel"]
             kwargs = {"num_replicas": dp_mesh.size(), "rank": dp_mesh.get_local_rank()}
-        if self._replica_config is not None:  # replica groups: group i reads part i of num_groups
+        if self._replica_config is not None:  # replica groups: part i of num_groups until the first quorum deals anew
             size, part = kwargs["num_replicas"], self._replica_config.data_part
             kwargs = {"num_replicas": size * self._replica_config.num_groups, "rank": part * size + kwargs["rank"]}
         return kwargs
@@ -475,15 +475,22 @@ class ElasticFT3D(DDPStrategy):
             group_rank=self.global_rank,
             group_world_size=self.world_size,
             event_log=lambda: self.event_log,
+            hold_sampler=self._data_position.hold,
         )
         self.model.register_comm_hook(self._replica.gradients, replica_comm_hook)
         self._replica.gate.install(trainer)
 
     @override
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        super().on_train_batch_start(batch, batch_idx)
-        if self._replica is not None:
-            self._replica.start_step()  # the quorum; a joining group loads the live state here
+    def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
+        trainer = self.lightning_module.trainer if self._replica is not None and self.lightning_module else None
+        if trainer is not None and trainer.training:
+            # Replica groups: the quorum for the step (its first micro-batch; a joining group loads the live state
+            # here), before the batch is used: at a new membership the batch in hand belongs to the old deal of the
+            # epoch and is replaced by the new deal's first (lightning_ft/replica/data_deal.py).
+            if self._replica.start_step():
+                batch = self._replica.data.refetch(batch)
+            self._replica.data.count_batch()
+        return super().batch_to_device(batch, device, dataloader_idx)
 
     @override
     def optimizer_step(self, optimizer: Optimizer, closure: Any, model: Any = None, **kwargs: Any) -> Any:
