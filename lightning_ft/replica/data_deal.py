@@ -30,13 +30,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from lightning_ft import _compat
-from lightning_ft.elastic.internal import find_resumable_sampler
-from lightning_ft.elastic.replica_data import ReplicaMembership, committed_after, group_remainder, reshard_sampler
+from lightning_ft.elastic.internal import (
+    ReplicaMembership,
+    committed_after,
+    find_resumable_sampler,
+    group_remainder,
+    reshard_sampler,
+)
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-    from lightning_ft.elastic.resumable_sampler import ResumableSampler
+    from lightning_ft.elastic import ResumableSampler
 
 __all__ = ["ReplicaDataDeal"]
 
