@@ -57,6 +57,10 @@ _STEPS = _RISE + 2
 
 _PART_NAMES = {"data": "data wait", "compute": "compute (forward, loss, optimizer step)"}
 
+MIN_GROUPS_COMPARED = 3
+"""Replica groups: the fewest live groups whose step times :class:`StragglerMonitor` compares across groups (with
+two, each is the other's only reference, and a noisy window would evict one of the two)."""
+
 StragglerAction = Callable[["pl.Trainer", int, float], Any]
 
 
@@ -404,8 +408,12 @@ class StragglerMonitor(Callback):
                 self._group_members = members
                 self.group_detector = StragglerDetector(self.config)
             times = [r[0] for r in rows]
-            result = self.group_detector.update(times, step=step, steps=self.interval)
-            for d in result.detections:
+            # Two groups cannot say which of them is slow (each is the other's only reference): compare three or more.
+            detections = []
+            if len(members) >= MIN_GROUPS_COMPARED:
+                result = self.group_detector.update(times, step=step, steps=self.interval)
+                detections = result.detections
+            for d in detections:
                 if trainer.is_global_zero:
                     log.warning(
                         "StragglerMonitor: replica group %s is %.2fx slower than the other groups (%s, %s rule) since"

@@ -138,6 +138,11 @@ def test_evicting_outside_torchrun_or_without_restarts_is_refused_before_any_wor
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")
     with pytest.raises(ValueError, match="--max-restarts=0"):
         check_can_evict("StragglerMonitor(action='evict')")
+    # With replica groups nobody restarts: the evicted group leaves, the others keep stepping.
+    replica_trainer = SimpleNamespace(strategy=SimpleNamespace(replica_groups=object()))
+    check_can_evict("StragglerMonitor(action='evict')", replica_trainer)
+    with pytest.raises(ValueError, match="--max-restarts=0"):
+        check_can_evict("StragglerMonitor(action='evict')", SimpleNamespace(strategy=SimpleNamespace()))
 
 
 def _trainer(world_size: int = 4, num_nodes: int = 2) -> SimpleNamespace:
