@@ -69,7 +69,9 @@ class StragglerMonitor(Callback):
 
     Works with any strategy and without a process group (one rank: it only logs its own times). Collective: every
     ``interval * windows_per_gather`` training batches all ranks join one small ``all_gather`` (on the monitors' own
-    gloo group, in the background).
+    gloo group, in the background). With replica groups (``ElasticFT3D(replica_groups=...)``) every rank of every
+    live group also joins, every ``interval`` committed steps, one exchange of its own time across the groups
+    (torchft's all-reduce, inside the step): every group must run the monitor.
 
     Args:
         interval: training batches per window; one decision per window.
@@ -97,7 +99,9 @@ class StragglerMonitor(Callback):
             ``"evict"`` (the same save, then the named rank's node leaves the job through its torchrun agent with a
             health record that keeps it out for ``FaultPolicy.eviction_cooldown_s``, and the other nodes restart
             without it or with a waiting spare; needs torchrun with ``--max-restarts`` > 0, checked at setup; see
-            docs/fault-tolerance.md), or a callable ``action(trainer, suspect_rank, ratio)`` called on every rank
+            docs/fault-tolerance.md; with replica groups the node's group leaves the quorum instead and nothing
+            restarts, and groups slower than the others are named too: docs/replica-groups.md, "Eviction"), or a
+            callable ``action(trainer, suspect_rank, ratio)`` called on every rank
             with the same arguments.
         log_per_rank: log ``straggler/<field>_ms/rank_<r>`` for every rank (turn off for very large fleets; fleet
             min/median/max are always logged).
