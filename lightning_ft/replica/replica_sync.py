@@ -268,6 +268,39 @@ class ReplicaSync:
         """Groups in the current quorum (0 before the first)."""
         return len(self._members or [])
 
+    # ------------------------------------------------------------------ across groups, for the monitors
+
+    def exchange(self, row: list[float]) -> tuple[list[str], int, list[list[float]]] | None:
+        """Every live group's ``row`` for this step, through the Manager's all-reduce (a sum in which each group fills
+        only its own slot: an all-gather over the quorum's participants).
+
+        Collective across the groups and inside the step: every rank of every live group calls it at the same
+        optimizer step, after the quorum and before the vote (``on_before_optimizer_step``), with rows of one length;
+        rank ``r`` of each group exchanges with rank ``r`` of the others. Returns ``(member ids, this group's slot,
+        rows by slot)``, the ids in the quorum's order (sorted), or ``None`` when this group takes no part in the step
+        or a group failed during it (the manager then discards the step, as for the gradients).
+        """
+        import torch
+        from torch.distributed import ReduceOp
+
+        slot = self.manager.participating_rank()
+        if slot is None or self.manager.errored() is not None:
+            return None
+        n = self.manager.num_participants()
+        table = torch.zeros(n, len(row), dtype=torch.float64)
+        table[slot] = torch.tensor(row, dtype=torch.float64)
+        self.manager.allreduce(table, reduce_op=ReduceOp.SUM).wait()
+        # The quorum lists its participants in the order of their replica ranks (torchft's Manager numbers them so).
+        members = [rid.split(":")[0] for rid in self._quorum.replica_ids] if self._quorum is not None else []
+        if self.manager.errored() is not None or len(members) != n or members[slot] != self.replica_id:
+            return None
+        return members, slot, table.tolist()
+
+    @property
+    def replica_id(self) -> str:
+        """This group's id (``ReplicaGroups.replica_id``)."""
+        return str(self.config.replica_id)
+
     # ------------------------------------------------------------------ heal
 
     def _state(self) -> dict[str, Any]:  # torchft's quorum thread, on a group that serves a joining one
@@ -281,7 +314,10 @@ class ReplicaSync:
         result = self._quorum
         source = None
         if result is not None and result.recover_src_replica_rank is not None:
-            ids = sorted(rid.split(":")[0] for rid in result.replica_ids)
+            # The quorum lists its participants in replica-rank order (torchft sorts the full "<id>:<uuid>" strings,
+            # which is not always the order of the bare ids: "10:..." before "1:..."), as exchange() and the data
+            # deal's group_index (participating_rank) read it.
+            ids = [rid.split(":")[0] for rid in result.replica_ids]
             if 0 <= result.recover_src_replica_rank < len(ids):
                 source = ids[result.recover_src_replica_rank]
         record = {

@@ -5,7 +5,9 @@ After every committed step, rank 0 appends one JSON line to ``<out>/steps.jsonl`
 a fingerprint of each part of the state a heal must copy (weights, optimizer, LR scheduler, torch/numpy/Python RNG,
 a stateful callback, the loop counters). While ``<out>/../hold`` exists each training step sleeps ``--step-sleep``
 seconds, so that the test can kill and replace a group mid-run; without it the run goes at full speed. While
-``<out>/hang`` exists the training step does not return (a hung rank).
+``<out>/hang`` exists the training step does not return (a hung rank). ``REPLICA_TEST_SLOW_STEP_S`` makes every
+training step of this group sleep that long (a straggler group); ``--evict-stragglers`` adds
+``StragglerMonitor(action="evict")`` (tests/replica/test_replica_eviction_e2e.py).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from lightning_ft import ElasticFT3D, ReplicaGroups  # noqa: E402
+from lightning_ft import ElasticFT3D, ReplicaGroups, StragglerMonitor  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -40,10 +42,12 @@ parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--min-replicas", type=int, default=1)
 parser.add_argument("--strategy", choices=("replica", "ddp"), default="replica")
 parser.add_argument("--timeout-s", type=float, default=3.0)
+parser.add_argument("--evict-stragglers", action="store_true")
 args = parser.parse_args()
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
 hold = out.parent / "hold"
+slow_step_s = float(os.environ.get("REPLICA_TEST_SLOW_STEP_S", "0"))
 
 
 def digest(obj) -> str:
@@ -77,6 +81,7 @@ class Model(L.LightningModule):
     def training_step(self, batch, batch_idx):
         if hold.exists():
             time.sleep(args.step_sleep)
+        time.sleep(slow_step_s)
         while (out / "hang").exists():  # a hung rank: the training thread stops, torchft's heartbeat thread goes on
             time.sleep(0.1)
         x, y, _ = batch
@@ -164,7 +169,8 @@ trainer = L.Trainer(
     enable_progress_bar=False,
     enable_model_summary=False,
     default_root_dir=str(out),
-    callbacks=[batches, Record(batches)],
+    callbacks=[batches, Record(batches)]
+    + ([StragglerMonitor(interval=4, warmup_steps=2, patience=2, action="evict")] if args.evict_stragglers else []),
 )
 trainer.fit(Model())
 torch.save(trainer.lightning_module.state_dict(), out / f"final{trainer.global_rank}.pt")
