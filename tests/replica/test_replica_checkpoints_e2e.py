@@ -112,7 +112,7 @@ def test_one_group_writes_each_checkpoint_to_the_shared_folder(uninterrupted: Pa
     assert _events(tmp, "g1", "checkpoint_committed") == []
     # The files are Lightning's checkpoints of the committed state: the step's global_step, and the last one holds
     # the weights both groups ended with.
-    last = torch.load(tmp / "ckpt" / expected[-1], weights_only=False)
+    last = torch.load(tmp / "ckpt" / f"epoch=0-step={MAX_STEPS}.ckpt", weights_only=False)
     assert last["global_step"] == MAX_STEPS
     final = _weights(tmp / "g1" / "final0.pt")
     assert _same(
@@ -161,7 +161,7 @@ def test_every_group_killed_and_relaunched_resumes_from_the_checkpoint_exactly(
         # Both resumed from the newest committed checkpoint (no heal needed: they agree at the first quorum) ...
         after = [r for r in _records(tmp_path, name) if r["pid"] != _records(tmp_path, name)[0]["pid"]]
         assert after[0]["step"] == 3 * EVERY_N + 1 or after[0]["step"] == 4 * EVERY_N + 1, after[0]
-        assert _events(tmp_path, name, "healed") == [], name
+        assert [e for e in _events(tmp_path, name, "healed") if e["step"] > 0] == [], name  # step 0: the first sync
         # ... and end bitwise equal to the run without a failure.
         assert _same(_weights(tmp_path / name / "final0.pt"), _weights(uninterrupted / name / "final0.pt")), name
     ref = {r["step"]: r for r in _records(uninterrupted, "g0")}
