@@ -456,7 +456,7 @@ class ElasticFT3D(DDPStrategy):
         hook, rank 0)."""
         if self._replica_config is None:
             return {}
-        from lightning_ft.replica.checkpoint_owner import live_peers
+        from lightning_ft.replica.internal import live_peers
 
         config = self._replica_config
         return live_peers(
