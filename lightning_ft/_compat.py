@@ -715,3 +715,31 @@ def restart_training_fetcher(trainer: Any, *, fetched: int) -> None:
     fetcher.fetched = fetched
     if fetcher.length is not None:
         fetcher.done = fetched >= fetcher.length
+
+
+_LIGHTHOUSE_MEMBER = None
+_LIGHTHOUSE_HEARTBEAT = None
+
+
+def lighthouse_live_members(address: str, *, timeout_s: float) -> dict[str, int] | None:
+    """The members of the lighthouse's last quorum that still heartbeat, as ``{replica id: step}`` (the replica id
+    without the ``:uuid`` suffix torchft's Manager adds); ``None`` when the lighthouse cannot be read. torchft 0.2.0
+    has no query API for this: it is read from the lighthouse's dashboard fragment ``GET /status`` (HTML: the
+    "Previous Quorum" members, ``<b>id</b> <br/> Step: n``, and the heartbeats, ``<li class="heartbeat [old]">id:
+    seen ...``, ``old`` past ``--heartbeat_timeout_ms``)."""
+    import re
+    import urllib.request
+
+    global _LIGHTHOUSE_MEMBER, _LIGHTHOUSE_HEARTBEAT
+    if _LIGHTHOUSE_MEMBER is None:
+        _LIGHTHOUSE_MEMBER = re.compile(r"<b>([^<]+)</b>\s*<br/>\s*Step:\s*(\d+)")
+        _LIGHTHOUSE_HEARTBEAT = re.compile(r'<li class="heartbeat\s*(old)?\s*">\s*([^\s<]+): seen')
+    try:
+        with urllib.request.urlopen(address.rstrip("/") + "/status", timeout=timeout_s) as response:  # noqa: S310
+            page = response.read().decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return None
+    previous = page.split("Previous Quorum", 1)[-1].split("<h2>Heartbeats</h2>", 1)[0]
+    steps = {name: int(step) for name, step in _LIGHTHOUSE_MEMBER.findall(previous)}
+    fresh = {name for old, name in _LIGHTHOUSE_HEARTBEAT.findall(page) if not old}
+    return {name.split(":")[0]: step for name, step in steps.items() if name in fresh}

@@ -132,6 +132,9 @@ class ReplicaSync:
         self._started = time.monotonic()
         self.heals: list[dict[str, Any]] = []
         """One record per heal of this group: source, bytes, seconds, step."""
+        self.resume_floor: int | None = None
+        """The step of the checkpoint this group left on disk to heal from a live group instead: its first quorum
+        must reach it (replica/checkpoint_owner.py)."""
 
     # ------------------------------------------------------------------ the step
 
@@ -167,6 +170,12 @@ class ReplicaSync:
             ) from e
         self._quorums += 1
         self._step_open = True
+        if first and self.resume_floor is not None and trainer.global_step < self.resume_floor:
+            raise RuntimeError(
+                f"ReplicaGroups: this group left the checkpoint at step {self.resume_floor} on disk to heal from a live"
+                f" group, but the quorum's newest step is {trainer.global_step} (the groups seen live were gone);"
+                " stopping rather than rewinding: restart the group, it then resumes from the checkpoint"
+            )
         changed = self._after_quorum(trainer.global_step)
         self._log_live_groups(trainer, changed)
         return self.data.after_quorum(
@@ -262,6 +271,15 @@ class ReplicaSync:
         log = self._event_log()
         if log is not None and self._group_rank == 0:
             log.write(event, step=step, **fields)
+
+    @property
+    def writes_checkpoints(self) -> bool:
+        """Whether this group writes the job's checkpoints: the live group with the lowest replica id in the last
+        quorum (:func:`~lightning_ft.replica.checkpoint_owner.checkpoint_writer`; every group agrees). Before the
+        first quorum every group writes its own (nothing is agreed yet)."""
+        from lightning_ft.replica.checkpoint_owner import checkpoint_writer
+
+        return not self._members or checkpoint_writer(self._members) == self.config.replica_id
 
     @property
     def live_groups(self) -> int:

@@ -455,6 +455,22 @@ class ElasticFT3D(DDPStrategy):
         self.barrier("ElasticFT3D.setup")
         self._restore_order.after_setup()  # DTensor or pipeline: the restore Lightning handed over, before on_fit_start
 
+    def replica_live_peers(self, newest_on_disk: int | None) -> dict[str, int]:
+        """Replica groups: the live groups a starting group heals from instead of reading the checkpoint on disk
+        (:func:`~lightning_ft.replica.checkpoint_owner.live_peers`); empty without replica groups (auto-resume's
+        hook, rank 0)."""
+        if self._replica_config is None:
+            return {}
+        from lightning_ft.replica.internal import live_peers
+
+        config = self._replica_config
+        return live_peers(
+            config.lighthouse,
+            config.replica_id,
+            newest_on_disk=newest_on_disk,
+            timeout_s=config.connect_timeout.total_seconds(),
+        )
+
     def _join_replica_groups(self, trainer: pl.Trainer) -> None:
         """Start this process's part in the replica groups (collective over the group; fit only)."""
         from lightning_ft.replica.internal import ReplicaSync, replica_comm_hook
@@ -477,6 +493,8 @@ class ElasticFT3D(DDPStrategy):
             event_log=lambda: self.event_log,
             hold_sampler=self._data_position.hold,
         )
+        if self._auto_resume.healing_from:  # the heal must reach the checkpoint left on disk
+            self._replica.resume_floor = self._auto_resume.skipped_step
         self.model.register_comm_hook(self._replica.gradients, replica_comm_hook)
         self._replica.gate.install(trainer)
 
@@ -556,12 +574,17 @@ class ElasticFT3D(DDPStrategy):
         ``trainer.save_checkpoint(...)`` after it returned) the save is committed before this returns."""
         if storage_options is not None:
             raise TypeError("ElasticFT3D.save_checkpoint(..., storage_options=...) is not supported")
+        if self._replica is not None and not self._replica.writes_checkpoints:
+            return  # replica groups: the group with the lowest id in the quorum writes it (replica/checkpoint_owner.py)
         save_for_strategy(self, checkpoint, filepath)
 
     @override
     def remove_checkpoint(self, filepath: _compat.PATH) -> None:
         """Retention (``save_top_k``) goes through here. A checkpoint still being written, or the newest committed
-        one, is never deleted: its removal waits until a newer checkpoint is committed."""
+        one, is never deleted: its removal waits until a newer checkpoint is committed. Replica groups: only the
+        group that writes the checkpoints removes them."""
+        if self._replica is not None and not self._replica.writes_checkpoints:
+            return
         self._checkpoint_manager().remove(Path(filepath))
 
     def checkpoint_wait(self) -> None:
@@ -592,7 +615,7 @@ class ElasticFT3D(DDPStrategy):
             position_sampler(trainer, self._foreign_batches_into_epoch, data_parallel_size=self.data_parallel_size)
             self._foreign_batches_into_epoch = 0
         align_batch_progress(trainer)
-        if self.global_rank == 0:
+        if self.global_rank == 0 and not self._auto_resume.healing_from:  # a healing group leaves the folder alone
             # Leftovers of our saves that never committed (a crash mid-write). Only now: an explicit ckpt_path naming
             # one has been refused with its name by then, rather than silently deleted. Never the save in flight (one
             # issued from an on_train_start hook) and never what lightning-ft did not write.

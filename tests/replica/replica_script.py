@@ -25,7 +25,7 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader, TensorDataset
@@ -43,6 +43,8 @@ parser.add_argument("--min-replicas", type=int, default=1)
 parser.add_argument("--strategy", choices=("replica", "ddp"), default="replica")
 parser.add_argument("--timeout-s", type=float, default=3.0)
 parser.add_argument("--evict-stragglers", action="store_true")
+parser.add_argument("--ckpt-dir", default=None, help="a ModelCheckpoint(dirpath=...) every --every-n steps (shared)")
+parser.add_argument("--every-n", type=int, default=10)
 args = parser.parse_args()
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
@@ -158,19 +160,23 @@ else:
     )
     strategy = ElasticFT3D(replica_groups=groups)
 batches = Batches()
+callbacks = [batches, Record(batches)]
+if args.evict_stragglers:
+    callbacks.append(StragglerMonitor(interval=4, warmup_steps=2, patience=2, action="evict"))
+if args.ckpt_dir:
+    callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, every_n_train_steps=args.every_n, save_top_k=-1))
 trainer = L.Trainer(
     accelerator="cpu",
     devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
     strategy=strategy,
     max_steps=args.max_steps,
     limit_val_batches=0,
-    enable_checkpointing=False,
+    enable_checkpointing=bool(args.ckpt_dir),
     logger=CSVLogger(str(out), name="csv", version=0),
     enable_progress_bar=False,
     enable_model_summary=False,
     default_root_dir=str(out),
-    callbacks=[batches, Record(batches)]
-    + ([StragglerMonitor(interval=4, warmup_steps=2, patience=2, action="evict")] if args.evict_stragglers else []),
+    callbacks=callbacks,
 )
 trainer.fit(Model())
 torch.save(trainer.lightning_module.state_dict(), out / f"final{trainer.global_rank}.pt")
