@@ -56,9 +56,19 @@ if TYPE_CHECKING:
     from lightning_ft.events import EventLog
     from lightning_ft.replica.replica_groups import ResolvedReplicaGroups
 
-__all__ = ["ReplicaSync"]
+__all__ = ["ReplicaSync", "members_by_rank"]
 
 _log = logging.getLogger(__name__)
+
+
+def members_by_rank(replica_ids: list[str]) -> list[str]:
+    """A quorum's bare replica ids (``"<id>"`` of torchft's ``"<id>:<uuid>"``) in the quorum's own order, which is the
+    order of the replica ranks (``participating_rank``, ``recover_src_replica_rank``, the data deal's
+    ``group_index``). torchft sorts the full strings, so this is not always the order of the bare ids (``"10:..."``
+    comes before ``"1:..."``): never sort them before indexing by a rank."""
+    return [rid.split(":")[0] for rid in replica_ids]
+
+
 _STATE_KEY = "lightning"
 
 
@@ -308,8 +318,7 @@ class ReplicaSync:
         table = torch.zeros(n, len(row), dtype=torch.float64)
         table[slot] = torch.tensor(row, dtype=torch.float64)
         self.manager.allreduce(table, reduce_op=ReduceOp.SUM).wait()
-        # The quorum lists its participants in the order of their replica ranks (torchft's Manager numbers them so).
-        members = [rid.split(":")[0] for rid in self._quorum.replica_ids] if self._quorum is not None else []
+        members = members_by_rank(self._quorum.replica_ids) if self._quorum is not None else []
         if self.manager.errored() is not None or len(members) != n or members[slot] != self.replica_id:
             return None
         return members, slot, table.tolist()
@@ -332,10 +341,7 @@ class ReplicaSync:
         result = self._quorum
         source = None
         if result is not None and result.recover_src_replica_rank is not None:
-            # The quorum lists its participants in replica-rank order (torchft sorts the full "<id>:<uuid>" strings,
-            # which is not always the order of the bare ids: "10:..." before "1:..."), as exchange() and the data
-            # deal's group_index (participating_rank) read it.
-            ids = [rid.split(":")[0] for rid in result.replica_ids]
+            ids = members_by_rank(result.replica_ids)
             if 0 <= result.recover_src_replica_rank < len(ids):
                 source = ids[result.recover_src_replica_rank]
         record = {
