@@ -27,7 +27,8 @@ Metrics, from the per-step records of the workers and the event logs (``lightnin
   interpreter and its imports (process start, from ``/proc``, to ``import lightning`` done), set-up (the rest:
   the strategy, the process group, the quorum, the load) and the heal (``healed.seconds``);
 - throughput during an outage (from the kill until the lost replica commits again) against the ``--before-s``
-  seconds before the kill: samples of new steps per second, every replica's samples counted.
+  seconds before the kill (from the end of the previous outage at the earliest): samples of new steps per second,
+  every replica's samples counted.
 
 Run: ``python benchmarks/replica_recovery.py --duration 600`` (the issue's 10 minutes per mode).
 """
@@ -403,9 +404,12 @@ def _summarize(
 
     step_s = step_time(steps)
     merged = stalls(steps, [k["time"] for k in kills], step_s)
-    outages = [
-        outage_throughput(steps, k["time"], b, args.before_s) for k, b in zip(kills, back, strict=True) if b is not None
-    ]
+    outages, previous = [], t0
+    for k, b in zip(kills, back, strict=True):
+        # Before: the --before-s seconds before the kill, from the end of the previous outage at the earliest.
+        if b is not None and k["time"] - previous >= 5:
+            outages.append(outage_throughput(steps, k["time"], b, min(args.before_s, k["time"] - previous)))
+        previous = max(previous, b if b is not None else k["time"])
     events = [e for d in dirs for e in read_events(d)]
     result: dict[str, Any] = {
         "mode": mode,
