@@ -310,7 +310,7 @@ def run_restart(root: Path, args: argparse.Namespace, schedule: list[tuple[float
     starts = [s for s in _lines(job / "starts.jsonl") if s["rank"] == 0]
     recoveries = []
     for s in starts[1:]:
-        before = [k["time"] for k in kills if k["time"] <= s["process_start"]]
+        before = [k["time"] for k in kills if k["time"] <= s["first_line"]]
         mine = [r["time"] for r in steps if r["pid"] == s["pid"]]
         if before and mine:
             recoveries.append(start_to_commit(max(before), s, min(mine), 0.0))
