@@ -76,7 +76,10 @@ __all__ = [
     "uncount_optimizer_step",
     "load_fit_loop_progress",
     "fit_loop_batches_that_stepped",
+    "resize_training_epoch",
     "restart_training_fetcher",
+    "set_training_epoch_length",
+    "training_fetcher",
 ]
 
 # Lightning is imported where a name is used, never at module level: the checkpoint package imports this module, and
@@ -658,6 +661,48 @@ def loaded_checkpoint(trainer: Any, checkpoint: dict[str, Any]) -> Iterator[Any]
         connector._loaded_checkpoint = {}
 
 
+def resize_training_epoch(trainer: Any) -> int | None:
+    """Size the running epoch anew from the training loader's current ``len()`` (its sampler was dealt over another
+    number of replicas), as ``FitLoop.setup_data`` sized it at the start: the combined loader's per-loader limits,
+    ``trainer.num_training_batches`` and, for a fractional ``val_check_interval``, ``trainer.val_check_batch``; the
+    training iterators are created anew on the way (:func:`restart_training_fetcher` with ``fetched=0``).
+    Returns the new length in batches; ``None`` (nothing changed, nothing restarted) under ``limit_train_batches``
+    (the user's cap stays) or without a sized loader. Lightning 2.6.x: ``FitLoop._combined_loader`` (``flattened``,
+    ``limits``; its ``len()`` is its current iterator's), ``FitLoop.max_batches`` (what ``num_training_batches``
+    reads), ``FitLoop._data_fetcher``."""
+    loop = trainer.fit_loop
+    combined = loop._combined_loader
+    if combined is None or loop._data_fetcher is None or trainer.limit_train_batches != 1.0:
+        return None
+    try:
+        lengths = [len(dl) for dl in combined.flattened]
+    except TypeError:
+        return None
+    combined.limits = lengths
+    restart_training_fetcher(trainer, fetched=0)
+    length = loop._data_fetcher.length
+    if length is None:
+        return None
+    set_training_epoch_length(trainer, length)
+    return length
+
+
+def set_training_epoch_length(trainer: Any, length: int) -> None:
+    """Say that the running epoch is ``length`` batches long: ``trainer.num_training_batches`` and, for a fractional
+    ``val_check_interval``, ``trainer.val_check_batch`` as ``FitLoop.setup_data`` derives it. Lightning 2.6.x:
+    ``FitLoop.max_batches``."""
+    trainer.fit_loop.max_batches = length
+    interval = trainer.val_check_interval
+    if isinstance(interval, float) and trainer.val_check_batch not in (None, float("inf")):
+        trainer.val_check_batch = max(1, int(length * interval))
+
+
+def training_fetcher(trainer: Any) -> Any:
+    """The fit loop's training data fetcher (``FitLoop._data_fetcher``: Lightning 2.6.x), ``None`` outside a fit;
+    its ``done``, ``fetched`` and ``length`` and ``next()`` are used."""
+    return trainer.fit_loop._data_fetcher
+
+
 def restart_training_fetcher(trainer: Any, *, fetched: int) -> None:
     """Create the training DataLoader iterators anew in the middle of an epoch, so that their samplers' state (set
     just before) decides what they serve, and say that ``fetched`` batches of the epoch were fetched already (so that
@@ -670,3 +715,31 @@ def restart_training_fetcher(trainer: Any, *, fetched: int) -> None:
     fetcher.fetched = fetched
     if fetcher.length is not None:
         fetcher.done = fetched >= fetcher.length
+
+
+_LIGHTHOUSE_MEMBER = None
+_LIGHTHOUSE_HEARTBEAT = None
+
+
+def lighthouse_live_members(address: str, *, timeout_s: float) -> dict[str, int] | None:
+    """The members of the lighthouse's last quorum that still heartbeat, as ``{replica id: step}`` (the replica id
+    without the ``:uuid`` suffix torchft's Manager adds); ``None`` when the lighthouse cannot be read. torchft 0.2.0
+    has no query API for this: it is read from the lighthouse's dashboard fragment ``GET /status`` (HTML: the
+    "Previous Quorum" members, ``<b>id</b> <br/> Step: n``, and the heartbeats, ``<li class="heartbeat [old]">id:
+    seen ...``, ``old`` past ``--heartbeat_timeout_ms``)."""
+    import re
+    import urllib.request
+
+    global _LIGHTHOUSE_MEMBER, _LIGHTHOUSE_HEARTBEAT
+    if _LIGHTHOUSE_MEMBER is None:
+        _LIGHTHOUSE_MEMBER = re.compile(r"<b>([^<]+)</b>\s*<br/>\s*Step:\s*(\d+)")
+        _LIGHTHOUSE_HEARTBEAT = re.compile(r'<li class="heartbeat\s*(old)?\s*">\s*([^\s<]+): seen')
+    try:
+        with urllib.request.urlopen(address.rstrip("/") + "/status", timeout=timeout_s) as response:  # noqa: S310
+            page = response.read().decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return None
+    previous = page.split("Previous Quorum", 1)[-1].split("<h2>Heartbeats</h2>", 1)[0]
+    steps = {name: int(step) for name, step in _LIGHTHOUSE_MEMBER.findall(previous)}
+    fresh = {name for old, name in _LIGHTHOUSE_HEARTBEAT.findall(page) if not old}
+    return {name.split(":")[0]: step for name, step in steps.items() if name in fresh}

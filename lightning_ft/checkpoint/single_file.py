@@ -21,6 +21,10 @@ as Lightning loads it, said once. Version-1 files (the record kept the whole sta
 ``"entries"`` indexed like a folder's shards) are still read through :class:`FileReader`. :class:`FileStorage` is the
 storage seam for the format: it writes the file into a save's staging folder (the commit, a rename onto the checkpoint
 path, is :mod:`~lightning_ft.checkpoint.file_commit`'s).
+
+Why one module: it is the format's one definition, both sides of it: what the writer puts in the record (the marker,
+the document, the entries) is exactly what the marker scan, the document parse and the loads (version 1 included)
+read back, and a change to one side must be seen beside the other.
 """
 
 from __future__ import annotations

@@ -230,6 +230,13 @@ class TrainingDataPosition:
         # Why a resume of the training data is not exact: reason -> whether it holds at an epoch boundary too.
         self._inexact: dict[str, bool] = {}
         self._announced_seeding = False
+        # Samplers whose count another part keeps (the replica mode's committed count): advance() leaves them.
+        self._held: weakref.WeakSet[ResumableSampler] = weakref.WeakSet()
+
+    def hold(self, sampler: ResumableSampler) -> None:
+        """From now on :meth:`advance` leaves ``sampler``'s count alone: the replica mode advances it per committed
+        step (lightning_ft/replica/data_deal.py)."""
+        self._held.add(sampler)
 
     def prepare_for(self, trainer: Any, dataloader: Any, *, num_replicas: int, rank: int) -> Any:
         """:meth:`prepare` for the stage ``trainer`` is in (``None``: not attached yet; returned unchanged)."""
@@ -329,7 +336,8 @@ class TrainingDataPosition:
     def advance(self) -> None:
         """One training batch was consumed on every data-parallel rank, from every tracked loader."""
         for sampler, global_batch in list(self._tracked.values()):
-            sampler.mark_consumed(global_batch)
+            if sampler not in self._held:
+                sampler.mark_consumed(global_batch)
 
     def training_starts(self, resume_point: str | None, train_dataloader: Any = None) -> None:
         """Say, on rank 0, which training datasets fetch with seeded RNGs and why (``per_sample_seeds``: once per

@@ -14,11 +14,12 @@ How the replica mode uses it, on every rank of every group:
 
 1. At the start of every step whose quorum differs from the last one, and after every discarded step, it builds a
    :class:`ReplicaMembership` (``live_groups`` from torchft's quorum, ``group_index`` its ``replica_rank``, the
-   accumulation the :class:`~lightning_ft.ElasticPolicy` gives via ``plan_resume`` for ``live_groups x group_size``
-   data-parallel ranks) and calls :func:`reshard_sampler` with the committed count, then restarts the training
-   DataLoader's iterator (the batches it prefetched belong to the old deal).
-2. When a step commits, it advances the committed count with :func:`committed_after`; a discarded step leaves it:
-   the discarded batches are the head of the next deal (with the same membership, the same batches again).
+   trainer's ``accumulate_grad_batches``: the :class:`~lightning_ft.ElasticPolicy` is not applied at a membership
+   change yet) and calls :func:`reshard_sampler` with the committed count, then restarts the training DataLoader's
+   iterator (the batches it prefetched belong to the old deal): lightning_ft/replica/data_deal.py.
+2. When a step commits, it advances the committed count with :func:`committed_after` (by the micro-batches the step
+   trained); a discarded step leaves it: the discarded batches are the head of the next deal (with the same
+   membership, the same batches again).
 3. :func:`group_remainder` (pure; also the reference the tests hold the sampler to) says which samples the rest of the
    epoch repeats or skips, for the event.
 

@@ -14,6 +14,13 @@ lightning-ft launches nothing; torchrun's agents own the membership. :func:`evic
    waiting beyond ``--nnodes`` MAX if there is one; the new world resumes from the newest checkpoint with the
    ``ElasticPolicy``'s batch rules.
 
+With replica groups (``ElasticFT3D(replica_groups=...)``, docs/replica-groups.md, "Eviction") the job is one replica
+group of several, and nothing restarts: the evicted node's workers write its record, leave through their agent and
+exit with :data:`NODE_UNAVAILABLE_EXIT_CODE` without a checkpoint (the live groups hold the state, and a replacement
+heals from them); the group leaves the quorum, and to the other groups it is a lost group (``replica_lost``, the step
+discarded if it was in flight). A group's other nodes, if it spans several, exit with the restart code and come back
+as a joining group that heals. ``--max-restarts=0`` is then allowed (no one needs to restart).
+
 A node that starts while its record says unhealthy and the cooldown has not passed refuses to join
 (:func:`refuse_if_unhealthy`, run in the fault handler's pre-flight;
 :func:`~lightning_ft.fault.health_record.check_record` for ``lightning-ft health-gate``, which a job script runs before
@@ -95,13 +102,27 @@ def agent_pid() -> int:
     return ppid
 
 
-def check_can_evict(owner: str) -> None:
+def replica_sync(trainer: pl.Trainer | None) -> Any:
+    """The fit's replica-group membership (:class:`~lightning_ft.replica.replica_sync.ReplicaSync`: ``replica_id``,
+    ``exchange``) when ``trainer`` runs as one replica group of several and the fit has joined; else ``None``."""
+    return getattr(trainer.strategy, "_replica", None) if trainer is not None else None
+
+
+def in_replica_groups(trainer: pl.Trainer | None) -> bool:
+    """Whether ``trainer`` runs as one replica group of several (``ElasticFT3D(replica_groups=...)``)."""
+    return trainer is not None and getattr(trainer.strategy, "replica_groups", None) is not None
+
+
+def check_can_evict(owner: str, trainer: pl.Trainer | None = None) -> None:
     """Raise ``ValueError`` naming ``owner`` (``"StragglerMonitor(action='evict')"``) where an eviction could not
-    work: not under torchrun, the parent is not the agent, or ``--max-restarts=0`` (the others could not restart)."""
+    work: not under torchrun, the parent is not the agent, or ``--max-restarts=0`` (the others could not restart).
+    With replica groups (``trainer``'s strategy has ``replica_groups``) nobody restarts: ``--max-restarts=0`` is fine."""
     try:
         agent_pid()
     except RuntimeError as err:
         raise ValueError(f"{owner}: {err}; run under torchrun (docs/fault-tolerance.md, 'Eviction')") from None
+    if in_replica_groups(trainer):
+        return
     if os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") == "0":
         raise ValueError(
             f"{owner}: torchrun runs with --max-restarts=0, so the remaining nodes could not restart without the"
@@ -198,7 +219,8 @@ def evict_node(
     cooldown = _cooldown_s(trainer) if cooldown_s is None else float(cooldown_s)
     if not cooldown >= 0:
         raise ValueError(f"evict_node(cooldown_s={cooldown_s!r}): must be >= 0 seconds")
-    agent_pid()  # before the save: a worker that cannot leave must not start an eviction
+    if not in_replica_groups(trainer):
+        agent_pid()  # before the save: a worker that cannot leave must not start an eviction
     leaving = node_ranks(trainer, wanted)
     rank = trainer.global_rank
     me_leaving = rank in leaving
@@ -211,7 +233,7 @@ def evict_node(
     for r in leaving:
         by_host.setdefault(hosts[r], []).append(r)
 
-    def committed(checkpoint: Path) -> None:
+    def committed(checkpoint: Path | None, replica_id: str | None = None) -> None:
         now = time.time()
         if me_leaving and trainer.local_rank == 0:
             host = hosts[rank]
@@ -240,24 +262,58 @@ def evict_node(
                         reason=reason,
                         cooldown_s=cooldown,
                         record_path=str(path),
-                        checkpoint_path=str(checkpoint),
+                        checkpoint_path=None if checkpoint is None else str(checkpoint),
+                        **({} if replica_id is None else {"replica_id": replica_id}),
                     )
                 log.warning(
-                    "lightning-ft: evicting node %r (ranks %s; %s: %s); it stays out for %.0f s (%s); the others"
-                    " restart with code %d",
+                    "lightning-ft: evicting node %r (ranks %s; %s: %s); it stays out for %.0f s (%s); %s",
                     host,
                     its_ranks,
                     source,
                     reason,
                     cooldown,
                     path,
-                    _restart_exit_code(trainer),
+                    f"its replica group {replica_id} leaves the quorum"
+                    if replica_id is not None
+                    else f"the others restart with code {_restart_exit_code(trainer)}",
                 )
         if me_leaving:
-            leave_through_agent(signal_agent=trainer.local_rank == 0)
+            try:
+                leave_through_agent(signal_agent=trainer.local_rank == 0)
+            except RuntimeError as err:  # replica groups outside torchrun: no agent to leave through
+                if replica_id is None:
+                    raise
+                log.info("lightning-ft: %s", err)
 
+    if in_replica_groups(trainer):
+        _leave_replica_groups(trainer, by_host=by_host, me_leaving=me_leaving, folder=folder, write_record_fn=committed)
     exit_code = NODE_UNAVAILABLE_EXIT_CODE if me_leaving else _restart_exit_code(trainer)
     checkpoint_and_stop(trainer, exit_code=exit_code, reason="stopped", on_committed=committed)
+
+
+def _leave_replica_groups(
+    trainer: pl.Trainer,
+    *,
+    by_host: dict[str, list[int]],
+    me_leaving: bool,
+    folder: Path,
+    write_record_fn: Any,
+) -> NoReturn:
+    """:func:`evict_node` with replica groups: no checkpoint and no restart of the other groups (module docstring).
+
+    The record, the ``node_evicted`` event (with this group's ``replica_id``) and the leave through the agent are
+    :func:`evict_node`'s own (``write_record_fn``, called with no checkpoint); the group's ranks then raise
+    :class:`NodeStop`, and the strategy's teardown takes the group out of the quorum."""
+    replica_id = getattr(replica_sync(trainer), "replica_id", None)
+    if replica_id is not None:
+        log.warning("lightning-ft: replica group %s leaves the quorum; the other groups go on without it", replica_id)
+    write_record_fn(None, replica_id=replica_id)
+    hosts = ", ".join(sorted(by_host))
+    if me_leaving:
+        raise NodeStop(NODE_UNAVAILABLE_EXIT_CODE, detail=f"replica group {replica_id}: node(s) {hosts} evicted")
+    raise NodeStop(
+        _restart_exit_code(trainer), detail=f"replica group {replica_id}: node(s) {hosts} evicted; this node rejoins"
+    )
 
 
 def refuse_if_unhealthy(trainer: pl.Trainer) -> None:

@@ -141,7 +141,7 @@ class FaultHandler(Callback):
         if self.policy.refuse_unhealthy_nodes:
             eviction.refuse_if_unhealthy(trainer)
         if self.policy.health_check_action == "evict" and self.policy.health_check_every_n_steps is not None:
-            eviction.check_can_evict("FaultPolicy(health_check_action='evict')")
+            eviction.check_can_evict("FaultPolicy(health_check_action='evict')", trainer)
         self._start_watchdog(trainer)
 
     def preflight(self, trainer: pl.Trainer, *, check_dir: Callable[[str], None]) -> None:

@@ -17,7 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from lightning_ft.fault.eviction import SOURCES, check_can_evict, evict_node
+    from lightning_ft.fault.eviction import SOURCES, check_can_evict, evict_node, replica_sync
     from lightning_ft.fault.fault_handler import FaultHandler, end_attempt
     from lightning_ft.fault.health_record import (
         NODE_UNAVAILABLE_EXIT_CODE,
@@ -41,6 +41,7 @@ _EXPORTS = {
     "check_can_evict": ".eviction",
     "check_record": ".health_record",
     "evict_node": ".eviction",
+    "replica_sync": ".eviction",
     "read_record": ".health_record",
     "record_path": ".health_record",
     "write_record": ".health_record",
@@ -59,6 +60,7 @@ __all__ = [
     "check_can_evict",
     "check_record",
     "evict_node",
+    "replica_sync",
     "read_record",
     "record_path",
     "write_record",

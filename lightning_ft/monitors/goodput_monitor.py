@@ -16,7 +16,8 @@ After a restart, the steps an earlier attempt already reached are trained again;
 
 In the replica mode (docs/replica-groups.md) a lost group restarts nothing: rank 0 reads the replica events its own
 rank appends to the event log (:mod:`~lightning_ft.monitors.replica_goodput`) as they come, counts the survivors'
-stall as lost time and the heals, and logs ``replicas/live_groups`` at every optimizer step once a quorum is known.
+stall as lost time and the heals. The live groups themselves are logged by the strategy (``replica/live_groups``),
+not here: one tag for one thing.
 """
 
 from __future__ import annotations
@@ -116,7 +117,6 @@ class GoodputMonitor(Callback):
         self._replicas: ReplicaTally | None = None
         self._events_path: Any = None
         self._events_offset = 0
-        self._live_logged_step = -1
 
     @property
     @override
@@ -191,7 +191,7 @@ class GoodputMonitor(Callback):
         self._at_boundary()
         if not trainer.is_global_zero:
             return
-        self._log_live_groups(trainer)
+        self._read_replica_events()
         if self._first_step_time is None:
             self._first_step_time = time.time()
             if self._writes_progress:  # under ElasticFT3D the strategy writes first_step and progress itself
@@ -208,18 +208,12 @@ class GoodputMonitor(Callback):
         elif self._writes_progress and now - self._last_progress_time >= PROGRESS_EVERY_S:
             self._write_progress(trainer)
 
-    def _log_live_groups(self, trainer: pl.Trainer) -> None:
-        """Read the replica events written since the last call; log ``replicas/live_groups`` once per step (rank 0)."""
+    def _read_replica_events(self) -> None:
+        """Read the replica events written since the last call into the totals (rank 0)."""
         if self._replicas is None or self._events_path is None:
             return
         lines, self._events_offset = read_new_lines(self._events_path, self._events_offset)
         self._replicas.add(lines)
-        live, step = self._replicas.live_groups, trainer.global_step
-        if live is None or step == self._live_logged_step:
-            return
-        self._live_logged_step = step
-        for logger in trainer.loggers:
-            logger.log_metrics({"replicas/live_groups": float(live)}, step=step)
 
     def _log_at(self, trainer: pl.Trainer, step: int) -> None:
         """Write ``progress`` (where this monitor does) and log the totals at ``step`` (rank 0)."""

@@ -33,7 +33,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_ft.events import get_event_log, open_event_log
-from lightning_ft.fault.internal import check_can_evict, evict_node
+from lightning_ft.fault.internal import check_can_evict, evict_node, replica_sync
 from lightning_ft.monitors._collectives import PendingRows, acquire_group, release_group, start_gather_rows
 from lightning_ft.monitors._replay import replayed_through
 from lightning_ft.monitors._timing import StepClock, percentile, rise_step
@@ -57,6 +57,10 @@ _STEPS = _RISE + 2
 
 _PART_NAMES = {"data": "data wait", "compute": "compute (forward, loss, optimizer step)"}
 
+MIN_GROUPS_COMPARED = 3
+"""Replica groups: the fewest live groups whose step times :class:`StragglerMonitor` compares across groups (with
+two, each is the other's only reference, and a noisy window would evict one of the two)."""
+
 StragglerAction = Callable[["pl.Trainer", int, float], Any]
 
 
@@ -65,7 +69,9 @@ class StragglerMonitor(Callback):
 
     Works with any strategy and without a process group (one rank: it only logs its own times). Collective: every
     ``interval * windows_per_gather`` training batches all ranks join one small ``all_gather`` (on the monitors' own
-    gloo group, in the background).
+    gloo group, in the background). With replica groups (``ElasticFT3D(replica_groups=...)``) every rank of every
+    live group also joins, every ``interval`` committed steps, one exchange of its own time across the groups
+    (torchft's all-reduce, inside the step): every group must run the monitor.
 
     Args:
         interval: training batches per window; one decision per window.
@@ -93,7 +99,9 @@ class StragglerMonitor(Callback):
             ``"evict"`` (the same save, then the named rank's node leaves the job through its torchrun agent with a
             health record that keeps it out for ``FaultPolicy.eviction_cooldown_s``, and the other nodes restart
             without it or with a waiting spare; needs torchrun with ``--max-restarts`` > 0, checked at setup; see
-            docs/fault-tolerance.md), or a callable ``action(trainer, suspect_rank, ratio)`` called on every rank
+            docs/fault-tolerance.md; with replica groups the node's group leaves the quorum instead and nothing
+            restarts, and groups slower than the others are named too: docs/replica-groups.md, "Eviction"), or a
+            callable ``action(trainer, suspect_rank, ratio)`` called on every rank
             with the same arguments.
         log_per_rank: log ``straggler/<field>_ms/rank_<r>`` for every rank (turn off for very large fleets; fleet
             min/median/max are always logged).
@@ -172,12 +180,18 @@ class StragglerMonitor(Callback):
         self._replayed_through = -1
         self._gathers_on_own_group = False
         self._windows: deque[tuple[int, dict[str, list[float]]]] = deque(maxlen=self.config.noise_windows)
+        # Replica groups (docs/replica-groups.md, "Eviction"): this rank's own times since the last exchange across
+        # groups, the groups of the last exchange, their detector, and the ranks of this group to evict after the vote.
+        self._group_own: list[float] = []
+        self._group_members: list[str] = []
+        self.group_detector = StragglerDetector(self.config)
+        self._evict_group: tuple[list[int], str, float] | None = None
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._clock = StepClock(trainer.strategy.root_device, self.clock)
         if stage == "fit" and self.action == "evict":
-            check_can_evict("StragglerMonitor(action='evict')")
+            check_can_evict("StragglerMonitor(action='evict')", trainer)
         if stage == "fit":
             open_event_log(trainer)  # collective: every rank sets up; detections are written from rank 0 only
             if not self._gathers_on_own_group:
@@ -201,6 +215,8 @@ class StragglerMonitor(Callback):
         self.detector = StragglerDetector(self.config)
         self._recovered_lost_s = 0.0
         self._replayed_through = replayed_through(trainer) if trainer.is_global_zero else -1
+        self._group_own, self._group_members, self._evict_group = [], [], None
+        self.group_detector = StragglerDetector(self.config)
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -227,6 +243,11 @@ class StragglerMonitor(Callback):
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
         self._reduced = True
+        step = trainer.global_step
+        replica = replica_sync(trainer)
+        if replica is not None and step > 0 and step % self.interval == 0:
+            # Inside the step, after the quorum and before the vote: every live group is at this committed step.
+            self._compare_groups(trainer, replica, step)
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
@@ -245,6 +266,10 @@ class StragglerMonitor(Callback):
         clock = self._clock_or_new(trainer)
         self._batches += 1
         clock.step_end(keep=self._batches > self.warmup_steps)
+        if self._evict_group is not None:  # after the vote: the step is committed or discarded on every group alike
+            ranks, reason, ratio = self._evict_group
+            self._evict_group = None
+            evict_node(trainer, ranks=ranks, source="straggler", reason=reason, extra={"ratio": ratio, "part": "group"})
         if self._batches % self.interval == 0:
             self._end_window(trainer)
 
@@ -280,6 +305,8 @@ class StragglerMonitor(Callback):
             recent = self._previous_window + samples
             row[_RISE] = rise_step([int(s["at"]) for s in recent], [s["own"] for s in recent])
         self._previous_window, self._previous_median = samples, row[0] if math.isfinite(row[0]) else -math.inf
+        self._group_own.extend(s["own"] for s in samples)
+        del self._group_own[: -4 * self.interval]  # the recent steps only
         row[_COUNT] = float(len(samples))
         for k, sample in enumerate(samples[-self.interval :]):
             row[_STEPS + k] = sample["own"]
@@ -365,6 +392,69 @@ class StragglerMonitor(Callback):
             )
         for d in result.detections:
             self._act(trainer, d.rank, d.ratio, diagnoses[d.rank][0])
+
+    def _compare_groups(self, trainer: pl.Trainer, replica: Any, step: int) -> None:
+        """Replica groups: one row per live group (this rank's median own time since the last exchange, and rank
+        ``r`` of each group compared with rank ``r`` of the others), exchanged through the Manager's all-reduce
+        inside the step; every group runs the same detector on the same rows, reset whenever the live groups change
+        (so a joining group's detector agrees with the others'). A group named a straggler by its own rows leaves
+        with ``action="evict"`` (after the vote of this step, :meth:`on_train_batch_end`); the others only record it.
+
+        Collective across the groups (the exchange) and, with ``action="evict"``, inside the group (which ranks found
+        their group named), on every rank at the same committed step."""
+        own = median(self._group_own) if self._group_own else math.nan
+        self._group_own = []
+        exchanged = replica.exchange([own])
+        named, ratio = False, 0.0
+        if exchanged is not None:
+            members, slot, rows = exchanged
+            if members != self._group_members:
+                self._group_members = members
+                self.group_detector = StragglerDetector(self.config)
+            times = [r[0] for r in rows]
+            # Two groups cannot say which of them is slow (each is the other's only reference): compare three or more.
+            detections = []
+            if len(members) >= MIN_GROUPS_COMPARED:
+                result = self.group_detector.update(times, step=step, steps=self.interval)
+                detections = result.detections
+            for d in detections:
+                if trainer.is_global_zero:
+                    log.warning(
+                        "StragglerMonitor: replica group %s is %.2fx slower than the other groups (%s, %s rule) since"
+                        " step %d",
+                        members[d.rank],
+                        d.ratio,
+                        d.kind,
+                        d.rule,
+                        d.onset_step,
+                    )
+                    get_event_log(trainer).write(
+                        "replica_straggler",
+                        replica_id=members[d.rank],
+                        ratio=d.ratio,
+                        onset_step=d.onset_step,
+                        kind=d.kind,
+                        rule=d.rule,
+                        own_ms=times[d.rank],
+                        groups_median_ms=result.fleet_median_ms,
+                        live_groups=len(members),
+                        evicted=self.action == "evict" and d.rank == slot,
+                    )
+                self.detections.append(
+                    {"step": step, "replica_id": members[d.rank], "ratio": d.ratio, "onset_step": d.onset_step}
+                )
+                if d.rank == slot:
+                    named = True
+                    ratio = d.ratio
+        if self.action != "evict":
+            return
+        gathered = trainer.strategy.all_gather(torch.tensor([1.0 if named else 0.0, ratio], dtype=torch.float64))
+        flags = gathered.reshape(-1, 2).tolist()  # the same on every rank of the group
+        ranks = [r for r, (flag, _) in enumerate(flags) if flag > 0]
+        if ranks:
+            worst = max(x for flag, x in flags if flag > 0)
+            reason = f"replica group {replica.replica_id} {worst:.2f}x the other groups' own step time"
+            self._evict_group = (ranks, reason, worst)
 
     def _diagnose(self, rank: int, onset_step: int, steps: int) -> tuple[str, dict[str, float]]:
         # The windows that end after the onset (the window the onset lies in included); the latest at least.

@@ -131,7 +131,7 @@ class ThermalMonitor(Callback):
         if stage != "fit":
             return
         if self.action == "evict":
-            check_can_evict("ThermalMonitor(action='evict')")
+            check_can_evict("ThermalMonitor(action='evict')", trainer)
         open_event_log(trainer)  # collective: every rank sets up
         local_rank = trainer.local_rank
         if self.devices is not None and local_rank >= len(self.devices):

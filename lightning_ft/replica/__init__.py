@@ -5,7 +5,8 @@ live peer (docs/replica-groups.md). Built on torchft (``pip install lightning-ft
 package are the strategy's parts: :mod:`~lightning_ft.replica.replica_sync` (torchft's Manager behind the seam),
 :mod:`~lightning_ft.replica.gradient_sync` (the DDP communication hook), :mod:`~lightning_ft.replica.step_gate`
 (a discarded step is not applied nor counted), :mod:`~lightning_ft.replica.heal_state` and
-:mod:`~lightning_ft.replica.heal_transport` (copying the live state). Only the configuration imports without torchft.
+:mod:`~lightning_ft.replica.heal_transport` (copying the live state), :mod:`~lightning_ft.replica.checkpoint_owner`
+(which group writes checkpoints; whether a starting group reads one). Only the configuration imports without torchft.
 """
 
 from lightning_ft.replica.replica_groups import ReplicaGroups

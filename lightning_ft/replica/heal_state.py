@@ -50,24 +50,15 @@ def apply_heal_state(trainer: pl.Trainer, state: dict[str, Any]) -> None:
             _compat.load_fit_loop_progress(trainer, checkpoint["loops"]["fit_loop"])
         connector.restore_optimizers_and_schedulers()
     _continue_data(trainer, state.get("sampler"))
-    _compat.set_rng_states(state["rng"])  # after the new DataLoader iterator drew its seed from the old stream
+    _compat.set_rng_states(state["rng"])
 
 
 def _continue_data(trainer: pl.Trainer, sampler_state: dict[str, Any] | None) -> None:
-    """Make this group read on where the source group's part of the data stands.
-
-    The source was between fetching its current batch (the ``k``-th of the epoch) and training it; this group has
-    a batch of its own in hand, which it trains in its place (that one batch is read twice in the epoch). Its
-    sampler takes the source's position past the batch in hand, the training DataLoader iterator is created anew
-    from there, and the sampler's count is put back to the source's, which the end of this batch advances as on
-    every group."""
+    """Take the source group's place in the epoch: its sampler state, whose ``consumed`` is the committed count (the
+    replica mode's data deal keeps it so, lightning_ft/replica/data_deal.py). The quorum that brought the state then
+    deals the rest of the epoch anew over the live groups, this one included, and replaces the batch this group had
+    in hand with the first of its new deal: no batch is trained twice for a heal."""
     sampler = find_resumable_sampler(getattr(trainer, "train_dataloader", None))
-    loader = getattr(trainer, "train_dataloader", None)
-    batch_size = getattr(loader, "batch_size", None)
-    if sampler is None or sampler_state is None or not batch_size:
+    if sampler is None or sampler_state is None:
         return
     sampler.load_state_dict(sampler_state)
-    consumed = sampler.consumed
-    sampler.consumed = consumed + batch_size * sampler.num_replicas  # the batch in hand
-    _compat.restart_training_fetcher(trainer, fetched=trainer.fit_loop.epoch_loop.batch_progress.current.ready)
-    sampler.consumed = consumed

@@ -1,7 +1,15 @@
 """What the strategy uses from the replica package beyond its public configuration (imports torchft)."""
 
+from lightning_ft.replica.checkpoint_owner import checkpoint_writer, live_peers
 from lightning_ft.replica.gradient_sync import GradientSync, replica_comm_hook
 from lightning_ft.replica.replica_groups import ResolvedReplicaGroups
 from lightning_ft.replica.replica_sync import ReplicaSync
 
-__all__ = ["GradientSync", "ReplicaSync", "ResolvedReplicaGroups", "replica_comm_hook"]
+__all__ = [
+    "GradientSync",
+    "ReplicaSync",
+    "ResolvedReplicaGroups",
+    "checkpoint_writer",
+    "live_peers",
+    "replica_comm_hook",
+]

@@ -8,9 +8,11 @@ strategy hook            what happens
 ``setup`` (fit)          the Manager starts (group rank 0: its server, heartbeating to the lighthouse), the heal
                          transport listens, the DDP communication hook is registered, the step gate wraps
                          ``lr_scheduler_step``
-``on_train_batch_start`` first micro-batch of an optimizer step: ``start_quorum`` (blocks until the lighthouse's
-                         quorum; reconfigures the cross-group process group when the membership changed; a joining
-                         group receives the live state here, before its forward pass; a healthy group serves it)
+``batch_to_device``      first micro-batch of an optimizer step (training): ``start_quorum`` (blocks until the
+                         lighthouse's quorum; reconfigures the cross-group process group when the membership changed;
+                         a joining group receives the live state here, before its forward pass; a healthy group
+                         serves it); at a new membership the rest of the epoch is dealt anew and the batch in hand
+                         replaced by the new deal's first (:mod:`~lightning_ft.replica.data_deal`)
 (backward)               :func:`~lightning_ft.replica.gradient_sync.replica_comm_hook`: average in the group, then
                          across the live groups; a failure is recorded, never raised
 ``optimizer_step``       :class:`~lightning_ft.replica.step_gate.StepGate`: ``should_commit()`` (the group's vote,
@@ -27,7 +29,8 @@ The live groups are logged as ``replica/live_groups`` through the trainer's logg
 change and every ``log_every_n_steps``. Events (group rank 0, through the run's event log): ``replica_quorum {step, live_groups}`` when the membership
 changes, ``replica_joined {replica_id, step}``, ``replica_lost {replica_id, step, stall_s, discarded_steps}`` (written
 at the first committed step after the loss, when the stall is known) and, on a joining group, ``healed {replica_id,
-source, bytes, seconds, step}``.
+source, bytes, seconds, step}``; ``replica_data {step, live_groups, group_index, committed, reason, repeated,
+skipped}`` each time the rest of the epoch is dealt anew (:mod:`~lightning_ft.replica.data_deal`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lightning_ft import _compat
+from lightning_ft.replica.data_deal import ReplicaDataDeal
 from lightning_ft.replica.gradient_sync import GradientSync
 from lightning_ft.replica.heal_state import apply_heal_state, heal_state
 from lightning_ft.replica.heal_transport import HealTransport
@@ -52,9 +56,19 @@ if TYPE_CHECKING:
     from lightning_ft.events import EventLog
     from lightning_ft.replica.replica_groups import ResolvedReplicaGroups
 
-__all__ = ["ReplicaSync"]
+__all__ = ["ReplicaSync", "members_by_rank"]
 
 _log = logging.getLogger(__name__)
+
+
+def members_by_rank(replica_ids: list[str]) -> list[str]:
+    """A quorum's bare replica ids (``"<id>"`` of torchft's ``"<id>:<uuid>"``) in the quorum's own order, which is the
+    order of the replica ranks (``participating_rank``, ``recover_src_replica_rank``, the data deal's
+    ``group_index``). torchft sorts the full strings, so this is not always the order of the bare ids (``"10:..."``
+    comes before ``"1:..."``): never sort them before indexing by a rank."""
+    return [rid.split(":")[0] for rid in replica_ids]
+
+
 _STATE_KEY = "lightning"
 
 
@@ -67,6 +81,7 @@ class ReplicaSync:
         group_rank: this process's rank in its group; ``group_world_size`` the group's size.
         group: the group's process group (``None``: the default group).
         event_log: returns the run's event log (or None).
+        hold_sampler: told the training sampler whose count the data deal keeps (the strategy's data position).
 
     Collective over the group: every rank of the group builds one at set-up (rank 0 starts the manager server, the
     others connect to it through the group's TCPStore at ``MASTER_ADDR:MASTER_PORT``).
@@ -81,6 +96,7 @@ class ReplicaSync:
         group_world_size: int,
         group: Any = None,
         event_log: Callable[[], EventLog | None] = lambda: None,
+        hold_sampler: Callable[[Any], None] = lambda sampler: None,
     ) -> None:
         from torchft import Manager, ProcessGroupGloo
 
@@ -112,6 +128,9 @@ class ReplicaSync:
         self._recorder = _compat.quorum_recorder_patch(self.manager, self._record_quorum).install()
         self.gradients = GradientSync(self.manager, group=group, group_size=group_world_size)
         self.gate = StepGate(self._vote)
+        self.data = ReplicaDataDeal(
+            trainer, group_size=group_world_size, local_rank=group_rank, write=self._write, hold=hold_sampler
+        )
         self._step_open = False
         self._quorums = 0
         self._members: list[str] | None = None
@@ -123,20 +142,26 @@ class ReplicaSync:
         self._started = time.monotonic()
         self.heals: list[dict[str, Any]] = []
         """One record per heal of this group: source, bytes, seconds, step."""
+        self.resume_floor: int | None = None
+        """The step of the checkpoint this group left on disk to heal from a live group instead: its first quorum
+        must reach it (replica/checkpoint_owner.py)."""
 
     # ------------------------------------------------------------------ the step
 
-    def start_step(self) -> None:
+    def start_step(self) -> bool:
         """Join the quorum for the next optimizer step (first micro-batch of it; later micro-batches do nothing).
 
         Every rank of the group calls it from the strategy's ``on_train_batch_start``; blocks until the quorum forms
         and, on a joining group, until the live state is loaded.
 
+        Returns whether the rest of the epoch was dealt anew (a new membership, a heal): the batch in hand then
+        belongs to the old deal, and the caller replaces it with :meth:`ReplicaDataDeal.refetch`.
+
         Raises:
             RuntimeError: no quorum of ``min_replicas`` groups formed within the quorum timeout.
         """
         if self._step_open:
-            return
+            return False
         trainer = self._trainer
         first = self._quorums == 0
         if first and self.manager.current_step() != trainer.global_step:
@@ -155,13 +180,26 @@ class ReplicaSync:
             ) from e
         self._quorums += 1
         self._step_open = True
+        if first and self.resume_floor is not None and trainer.global_step < self.resume_floor:
+            raise RuntimeError(
+                f"ReplicaGroups: this group left the checkpoint at step {self.resume_floor} on disk to heal from a live"
+                f" group, but the quorum's newest step is {trainer.global_step} (the groups seen live were gone);"
+                " stopping rather than rewinding: restart the group, it then resumes from the checkpoint"
+            )
         changed = self._after_quorum(trainer.global_step)
         self._log_live_groups(trainer, changed)
+        return self.data.after_quorum(
+            live_groups=self.manager.num_participants(),
+            group_index=self.manager.participating_rank(),
+            members=tuple(self._members or ()),
+            step=trainer.global_step,
+        )
 
     def _vote(self) -> bool:
         """``should_commit`` for this step (the group's ranks, then every group), with its bookkeeping."""
         committed = bool(self.manager.should_commit())
         self._step_open = False
+        self.data.after_vote(committed, step=self._trainer.global_step)
         now = time.monotonic()
         if not committed:
             self._discarded_since_commit += 1
@@ -245,9 +283,50 @@ class ReplicaSync:
             log.write(event, step=step, **fields)
 
     @property
+    def writes_checkpoints(self) -> bool:
+        """Whether this group writes the job's checkpoints: the live group with the lowest replica id in the last
+        quorum (:func:`~lightning_ft.replica.checkpoint_owner.checkpoint_writer`; every group agrees). Before the
+        first quorum every group writes its own (nothing is agreed yet)."""
+        from lightning_ft.replica.checkpoint_owner import checkpoint_writer
+
+        return not self._members or checkpoint_writer(self._members) == self.config.replica_id
+
+    @property
     def live_groups(self) -> int:
         """Groups in the current quorum (0 before the first)."""
         return len(self._members or [])
+
+    # ------------------------------------------------------------------ across groups, for the monitors
+
+    def exchange(self, row: list[float]) -> tuple[list[str], int, list[list[float]]] | None:
+        """Every live group's ``row`` for this step, through the Manager's all-reduce (a sum in which each group fills
+        only its own slot: an all-gather over the quorum's participants).
+
+        Collective across the groups and inside the step: every rank of every live group calls it at the same
+        optimizer step, after the quorum and before the vote (``on_before_optimizer_step``), with rows of one length;
+        rank ``r`` of each group exchanges with rank ``r`` of the others. Returns ``(member ids, this group's slot,
+        rows by slot)``, the ids in the quorum's order (sorted), or ``None`` when this group takes no part in the step
+        or a group failed during it (the manager then discards the step, as for the gradients).
+        """
+        import torch
+        from torch.distributed import ReduceOp
+
+        slot = self.manager.participating_rank()
+        if slot is None or self.manager.errored() is not None:
+            return None
+        n = self.manager.num_participants()
+        table = torch.zeros(n, len(row), dtype=torch.float64)
+        table[slot] = torch.tensor(row, dtype=torch.float64)
+        self.manager.allreduce(table, reduce_op=ReduceOp.SUM).wait()
+        members = members_by_rank(self._quorum.replica_ids) if self._quorum is not None else []
+        if self.manager.errored() is not None or len(members) != n or members[slot] != self.replica_id:
+            return None
+        return members, slot, table.tolist()
+
+    @property
+    def replica_id(self) -> str:
+        """This group's id (``ReplicaGroups.replica_id``)."""
+        return str(self.config.replica_id)
 
     # ------------------------------------------------------------------ heal
 
@@ -257,11 +336,12 @@ class ReplicaSync:
     def _load(self, state: dict[str, Any]) -> None:  # the training thread, inside start_quorum, on a joining group
         started = time.monotonic()
         apply_heal_state(self._trainer, state)
+        self.data.forget_deal()  # the sampler holds the source's committed count: the quorum deals anew from it
         size, fetch_s = self.transport.last_received or (0, 0.0)
         result = self._quorum
         source = None
         if result is not None and result.recover_src_replica_rank is not None:
-            ids = sorted(rid.split(":")[0] for rid in result.replica_ids)
+            ids = members_by_rank(result.replica_ids)
             if 0 <= result.recover_src_replica_rank < len(ids):
                 source = ids[result.recover_src_replica_rank]
         record = {

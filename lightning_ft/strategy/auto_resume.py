@@ -111,6 +111,9 @@ class AutoResume:
         identity: the live model's identity (:func:`~lightning_ft.strategy.run_identity.module_identity`), compared
             with each candidate's; ``None`` compares nothing.
         event_log: the run's event log (where a checkpoint of another run is recorded as ``checkpoint_rejected``).
+        live_peers: replica groups (``ElasticFT3D(replica_groups=...)``): given the newest checkpoint's step on disk
+            (``None``: none), the live groups a starting group heals from instead of reading it (``{replica id:
+            step}``; empty: read it). Rank 0 calls it.
     """
 
     def __init__(
@@ -121,8 +124,15 @@ class AutoResume:
         memory_plan: Callable[[int | None], str | None] | None = None,
         identity: Callable[[], dict[str, Any] | None] | None = None,
         event_log: Callable[[], EventLog | None] | None = None,
+        live_peers: Callable[[int | None], dict[str, int]] | None = None,
     ) -> None:
         self.enabled = enabled
+        self._live_peers = live_peers
+        self.healing_from: dict[str, int] = {}
+        """Replica groups: the live groups this fit heals from instead of reading the checkpoint on disk (set by
+        :meth:`select`; empty when it read the disk)."""
+        self.skipped_step: int | None = None
+        """Replica groups: the step of the checkpoint left on disk for a heal (the step the heal must reach)."""
         self._broadcast = broadcast
         self._memory_plan = memory_plan
         self._identity = identity
@@ -164,6 +174,7 @@ class AutoResume:
         is not a candidate (:meth:`_this_runs`). Collective: every rank calls it; rank 0 first settles the
         replacements a crash interrupted (:func:`~lightning_ft.checkpoint.recover_interrupted_swaps`) in the
         checkpoint folders, then lists the candidates for all."""
+        self.healing_from, self.skipped_step = {}, None
         if ckpt_path is None and not self.enabled:
             return None
         folders = checkpoint_dirpaths(trainer)
@@ -171,7 +182,21 @@ class AutoResume:
             folders.append(Path(ckpt_path).parent)
         names: list[tuple[str, bool, int | None]] | None = None
         live = False
-        if trainer.global_rank == 0:
+        peers: tuple[dict[str, int], int | None] = ({}, None)
+        if trainer.global_rank == 0 and ckpt_path is None and self._live_peers is not None:
+            # Replica groups: a group that starts beside a live quorum heals from it (before touching the folders,
+            # which the writing group owns); only a live group at least as new as the newest checkpoint counts.
+            newest = _candidates_with_steps(checkpoint_dirpaths(trainer))
+            step = newest[0][0] if newest else None
+            found = self._live_peers(step)
+            if found and not trained_in_process(trainer, trainer.lightning_module):
+                peers = (found, step)
+                rank_zero_info(
+                    f"lightning-ft: replica groups {sorted(found)} are training (step {max(found.values())}): this group"
+                    " heals from them at its first step and reads no checkpoint"
+                    + (f" (leaves {newest[0][1].path} at step {step} alone)" if newest else "")
+                )
+        if trainer.global_rank == 0 and not peers[0]:
             for folder in folders:
                 discovery.recover_interrupted_swaps(folder)
             candidates = _candidates_with_steps(checkpoint_dirpaths(trainer)) if ckpt_path is None else []
@@ -184,7 +209,11 @@ class AutoResume:
                 )
             names = [] if live else [(str(c.path), c.ours, step) for step, c in self._this_runs(candidates)]
         # Also the barrier after the recovery: no rank looks at the folders before rank 0 has settled them.
-        names, live = self._broadcast((names, live))
+        names, live, peers = self._broadcast((names, live, peers))
+        self.healing_from, self.skipped_step = peers
+        if peers[0]:
+            self._candidates, self._chosen = [], None
+            return None
         if live:
             self._candidates, self._chosen = [], None
             return None

@@ -49,8 +49,8 @@ hook                    what the collaborators do
 ``on_train_start``      (after the callbacks': elastic resume decides accumulation and LR scale) a foreign
                         checkpoint's sampler positioned, batch progress aligned; rank 0's checkpoint I/O cleans up
                         leftovers of uncommitted saves
-(batch start)           replica groups (``on_train_batch_start``): the quorum for the step (its first micro-batch); a
-                        joining group loads the live state here
+``batch_to_device``     replica groups (training): the quorum for the step (its first micro-batch); a joining group
+                        loads the live state here; a new membership deals the rest of the epoch anew
 ``optimizer_step``      elastic resume applies the LR scale around the mode's optimizer step; replica groups: applied
                         only when every live group commits, else neither applied nor counted
 ``save_checkpoint``     elastic resume's metadata; checkpoint I/O captures the state, then writes in the background
@@ -326,7 +326,7 @@ class ElasticFT3D(DDPStrategy):
         else:
             dp_mesh = self.device_mesh["data_parallel"]
             kwargs = {"num_replicas": dp_mesh.size(), "rank": dp_mesh.get_local_rank()}
-        if self._replica_config is not None:  # replica groups: group i reads part i of num_groups
+        if self._replica_config is not None:  # replica groups: part i of num_groups until the first quorum deals anew
             size, part = kwargs["num_replicas"], self._replica_config.data_part
             kwargs = {"num_replicas": size * self._replica_config.num_groups, "rank": part * size + kwargs["rank"]}
         return kwargs
@@ -479,6 +479,22 @@ class ElasticFT3D(DDPStrategy):
         self.barrier("ElasticFT3D.setup")
         self._restore_order.after_setup()  # DTensor or pipeline: the restore Lightning handed over, before on_fit_start
 
+    def replica_live_peers(self, newest_on_disk: int | None) -> dict[str, int]:
+        """Replica groups: the live groups a starting group heals from instead of reading the checkpoint on disk
+        (:func:`~lightning_ft.replica.checkpoint_owner.live_peers`); empty without replica groups (auto-resume's
+        hook, rank 0)."""
+        if self._replica_config is None:
+            return {}
+        from lightning_ft.replica.internal import live_peers
+
+        config = self._replica_config
+        return live_peers(
+            config.lighthouse,
+            config.replica_id,
+            newest_on_disk=newest_on_disk,
+            timeout_s=config.connect_timeout.total_seconds(),
+        )
+
     def _join_replica_groups(self, trainer: pl.Trainer) -> None:
         """Start this process's part in the replica groups (collective over the group; fit only)."""
         from lightning_ft.replica.internal import ReplicaSync, replica_comm_hook
@@ -499,15 +515,24 @@ class ElasticFT3D(DDPStrategy):
             group_rank=self.global_rank,
             group_world_size=self.world_size,
             event_log=lambda: self.event_log,
+            hold_sampler=self._data_position.hold,
         )
+        if self._auto_resume.healing_from:  # the heal must reach the checkpoint left on disk
+            self._replica.resume_floor = self._auto_resume.skipped_step
         self.model.register_comm_hook(self._replica.gradients, replica_comm_hook)
         self._replica.gate.install(trainer)
 
     @override
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        super().on_train_batch_start(batch, batch_idx)
-        if self._replica is not None:
-            self._replica.start_step()  # the quorum; a joining group loads the live state here
+    def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
+        trainer = self.lightning_module.trainer if self._replica is not None and self.lightning_module else None
+        if trainer is not None and trainer.training:
+            # Replica groups: the quorum for the step (its first micro-batch; a joining group loads the live state
+            # here), before the batch is used: at a new membership the batch in hand belongs to the old deal of the
+            # epoch and is replaced by the new deal's first (lightning_ft/replica/data_deal.py).
+            if self._replica.start_step():
+                batch = self._replica.data.refetch(batch)
+            self._replica.data.count_batch()
+        return super().batch_to_device(batch, device, dataloader_idx)
 
     @override
     def optimizer_step(self, optimizer: Optimizer, closure: Any, model: Any = None, **kwargs: Any) -> Any:
@@ -573,12 +598,17 @@ class ElasticFT3D(DDPStrategy):
         ``trainer.save_checkpoint(...)`` after it returned) the save is committed before this returns."""
         if storage_options is not None:
             raise TypeError("ElasticFT3D.save_checkpoint(..., storage_options=...) is not supported")
+        if self._replica is not None and not self._replica.writes_checkpoints:
+            return  # replica groups: the group with the lowest id in the quorum writes it (replica/checkpoint_owner.py)
         save_for_strategy(self, checkpoint, filepath)
 
     @override
     def remove_checkpoint(self, filepath: _compat.PATH) -> None:
         """Retention (``save_top_k``) goes through here. A checkpoint still being written, or the newest committed
-        one, is never deleted: its removal waits until a newer checkpoint is committed."""
+        one, is never deleted: its removal waits until a newer checkpoint is committed. Replica groups: only the
+        group that writes the checkpoints removes them."""
+        if self._replica is not None and not self._replica.writes_checkpoints:
+            return
         self._checkpoint_manager().remove(Path(filepath))
 
     def checkpoint_wait(self) -> None:
@@ -609,7 +639,7 @@ class ElasticFT3D(DDPStrategy):
             position_sampler(trainer, self._foreign_batches_into_epoch, data_parallel_size=self.data_parallel_size)
             self._foreign_batches_into_epoch = 0
         align_batch_progress(trainer)
-        if self.global_rank == 0:
+        if self.global_rank == 0 and not self._auto_resume.healing_from:  # a healing group leaves the folder alone
             # Leftovers of our saves that never committed (a crash mid-write). Only now: an explicit ckpt_path naming
             # one has been refused with its name by then, rather than silently deleted. Never the save in flight (one
             # issued from an on_train_start hook) and never what lightning-ft did not write.

@@ -75,6 +75,7 @@ class StrategyRun:
                 memory_plan=memory.plan if memory is not None else None,
                 identity=strategy.run_identity,
                 event_log=lambda: strategy.event_log,
+                live_peers=strategy.replica_live_peers,
             ),
             data_position=TrainingDataPosition(per_sample_seeds=strategy.data_randomness == "per_sample"),
             elastic_resume=ElasticResume.of(strategy),

@@ -138,6 +138,11 @@ def test_evicting_outside_torchrun_or_without_restarts_is_refused_before_any_wor
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")
     with pytest.raises(ValueError, match="--max-restarts=0"):
         check_can_evict("StragglerMonitor(action='evict')")
+    # With replica groups nobody restarts: the evicted group leaves, the others keep stepping.
+    replica_trainer = SimpleNamespace(strategy=SimpleNamespace(replica_groups=object()))
+    check_can_evict("StragglerMonitor(action='evict')", replica_trainer)
+    with pytest.raises(ValueError, match="--max-restarts=0"):
+        check_can_evict("StragglerMonitor(action='evict')", SimpleNamespace(strategy=SimpleNamespace()))
 
 
 def _trainer(world_size: int = 4, num_nodes: int = 2) -> SimpleNamespace:
@@ -205,3 +210,28 @@ def test_thermal_monitor_evicts_only_after_repeated_slowdown_readings(monkeypatc
     reading = {"reasons_bits": 0x4}  # SwPowerCap
     assert ThermalMonitor()._row(reading)[column] == 0.0
     assert ThermalMonitor()._row({"reasons_bits": 0x40})[column] == 1.0  # HwThermalSlowdown
+
+
+def test_with_replica_groups_the_evicted_group_leaves_with_its_record_and_no_checkpoint(monkeypatch, tmp_path):
+    """The group's node writes its record and leaves through its agent; no ``preempt-step`` is saved (the trainer
+    here has no ``save_checkpoint``: a save would raise) and nobody is told to restart: the exit is 69, a NodeStop."""
+    left: list[bool] = []
+    monkeypatch.setattr(eviction, "leave_through_agent", lambda *, signal_agent: left.append(signal_agent))
+    trainer = SimpleNamespace(
+        world_size=1,
+        num_nodes=1,
+        global_rank=0,
+        local_rank=0,
+        is_global_zero=True,
+        global_step=28,
+        default_root_dir=str(tmp_path),
+        checkpoint_callback=None,
+        strategy=SimpleNamespace(replica_groups=object(), _replica=SimpleNamespace(replica_id="2"), fault=None),
+    )
+    with pytest.raises(NodeStop) as stop:
+        evict_node(trainer, ranks=[0], source="straggler", reason="replica group 2 11.4x", cooldown_s=60)
+    assert stop.value.code == NODE_UNAVAILABLE_EXIT_CODE and "replica group 2" in stop.value.detail
+    assert left == [True]
+    record = read_record(tmp_path / "checkpoints", eviction.node_name())
+    assert record is not None and not record.healthy and record.step == 28 and record.refuses(time.time())
+    assert not list((tmp_path / "checkpoints").glob("preempt-step=*"))

@@ -5,7 +5,9 @@ After every committed step, rank 0 appends one JSON line to ``<out>/steps.jsonl`
 a fingerprint of each part of the state a heal must copy (weights, optimizer, LR scheduler, torch/numpy/Python RNG,
 a stateful callback, the loop counters). While ``<out>/../hold`` exists each training step sleeps ``--step-sleep``
 seconds, so that the test can kill and replace a group mid-run; without it the run goes at full speed. While
-``<out>/hang`` exists the training step does not return (a hung rank).
+``<out>/hang`` exists the training step does not return (a hung rank). ``REPLICA_TEST_SLOW_STEP_S`` makes every
+training step of this group sleep that long (a straggler group); ``--evict-stragglers`` adds
+``StragglerMonitor(action="evict")`` (tests/replica/test_replica_eviction_e2e.py).
 """
 
 from __future__ import annotations
@@ -23,14 +25,14 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from lightning_ft import ElasticFT3D, ReplicaGroups  # noqa: E402
+from lightning_ft import ElasticFT3D, ReplicaGroups, StragglerMonitor  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -40,10 +42,14 @@ parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--min-replicas", type=int, default=1)
 parser.add_argument("--strategy", choices=("replica", "ddp"), default="replica")
 parser.add_argument("--timeout-s", type=float, default=3.0)
+parser.add_argument("--evict-stragglers", action="store_true")
+parser.add_argument("--ckpt-dir", default=None, help="a ModelCheckpoint(dirpath=...) every --every-n steps (shared)")
+parser.add_argument("--every-n", type=int, default=10)
 args = parser.parse_args()
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
 hold = out.parent / "hold"
+slow_step_s = float(os.environ.get("REPLICA_TEST_SLOW_STEP_S", "0"))
 
 
 def digest(obj) -> str:
@@ -77,6 +83,7 @@ class Model(L.LightningModule):
     def training_step(self, batch, batch_idx):
         if hold.exists():
             time.sleep(args.step_sleep)
+        time.sleep(slow_step_s)
         while (out / "hang").exists():  # a hung rank: the training thread stops, torchft's heartbeat thread goes on
             time.sleep(0.1)
         x, y, _ = batch
@@ -153,18 +160,23 @@ else:
     )
     strategy = ElasticFT3D(replica_groups=groups)
 batches = Batches()
+callbacks = [batches, Record(batches)]
+if args.evict_stragglers:
+    callbacks.append(StragglerMonitor(interval=4, warmup_steps=2, patience=2, action="evict"))
+if args.ckpt_dir:
+    callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, every_n_train_steps=args.every_n, save_top_k=-1))
 trainer = L.Trainer(
     accelerator="cpu",
     devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
     strategy=strategy,
     max_steps=args.max_steps,
     limit_val_batches=0,
-    enable_checkpointing=False,
+    enable_checkpointing=bool(args.ckpt_dir),
     logger=CSVLogger(str(out), name="csv", version=0),
     enable_progress_bar=False,
     enable_model_summary=False,
     default_root_dir=str(out),
-    callbacks=[batches, Record(batches)],
+    callbacks=callbacks,
 )
 trainer.fit(Model())
 torch.save(trainer.lightning_module.state_dict(), out / f"final{trainer.global_rank}.pt")

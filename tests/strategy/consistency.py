@@ -431,16 +431,23 @@ def check_committed(recorder: SaveCallRecorder) -> tuple[int, list[str]]:
 
 
 def run(
-    root: Path, *, hook: str | None, where: str, checkpoint_format: str, **trainer_kwargs: Any
+    root: Path,
+    *,
+    hook: str | None,
+    where: str,
+    checkpoint_format: str,
+    replica_groups: Any = None,
+    **trainer_kwargs: Any,
 ) -> tuple[int, list[str], list[tuple[int, str]]]:
     """One fit where ``where`` ("callback" or "module") writes at ``hook`` after every save; returns what
-    :func:`check_committed` found and the writes applied ``(saves so far, kind)``."""
+    :func:`check_committed` found and the writes applied ``(saves so far, kind)``. ``replica_groups``: the fit is
+    one replica group (``ElasticFT3D(replica_groups=...)``)."""
     from lightning_ft import ElasticFT3D
 
     recorder_ref: list[SaveCallRecorder] = []
     writer = Writer(hook if where == "callback" else None, recorder_ref)
     module = WritingModule(hook if where == "module" else None, recorder_ref)
-    strategy = ElasticFT3D(checkpoint_format=checkpoint_format)
+    strategy = ElasticFT3D(checkpoint_format=checkpoint_format, replica_groups=replica_groups)
     recorder_ref.append(SaveCallRecorder(strategy))
     trainer = trainer_for(root, strategy, [writer, *checkpoint_callbacks(root / "checkpoints")], **trainer_kwargs)
     trainer.fit(module)

@@ -1,0 +1,529 @@
+"""Restart-based recovery against replica groups, under the same fault schedule, in one run.
+
+Both modes train the same model (benchmarks/replica_recovery_worker.py: a small MLP whose steps sleep
+``--step-sleep`` seconds, a stand-in for compute that leaves the shared cores to the recovery) on ``--world``
+data-parallel replicas of one process each, for ``--duration`` seconds from the moment every replica has committed a
+step, and SIGKILL one replica at the seeded times of one schedule (a failure every ``--min-gap``..``--max-gap``
+seconds; the same times and the same victims in both modes):
+
+- ``restart``: ``ElasticFT3D`` without replica groups; the ``--world`` processes are one torchrun job
+  (``--max-restarts``) that restarts all of them after the kill and resumes from the memory tier (a copy every
+  ``--memory-every`` steps; a durable checkpoint every 50). A kill that falls between a worker's exit and torchrun's
+  relaunch waits for the next worker (the delay is printed);
+- ``replica``: ``ElasticFT3D(replica_groups=...)``, one torchrun job of one process per group and a torchft lighthouse
+  on 127.0.0.1 (tests/replica/_lighthouse.py); the victim group's torchrun and worker are SIGKILLed together (a lost
+  node) and a replacement torchrun for the same group id is launched at once; it heals from a live group.
+
+Metrics, from the per-step records of the workers and the event logs (``lightning-ft report``'s functions):
+
+- effective training time ratio: the progress made in the window (steps of the committed history) times the
+  fault-free step time (the median step-to-step time of a process), over the window; and the report's ETTR
+  (:func:`~lightning_ft.monitors.goodput_report.summarize`) for the restart mode's run;
+- stall per failure: the time committed progress stopped around a kill (from the last commit before it to the first
+  commit of a step beyond it) less one fault-free step, kills whose stalls overlap counted once and split among
+  them; in the replica mode also the survivors' ``replica_lost.stall_s`` (:mod:`~lightning_ft.monitors.replica_goodput`);
+- start -> first committed step of every new process (a replica mode replacement; the restart mode's rank 0 after a
+  restart), split into the launcher (torchrun's start, or the kill's detection and torchrun's restart), the
+  interpreter and its imports (process start, from ``/proc``, to ``import lightning`` done), set-up (the rest:
+  the strategy, the process group, the quorum, the load) and the heal (``healed.seconds``);
+- throughput during an outage (from the kill until the lost replica commits again) against the ``--before-s``
+  seconds before the kill (from the end of the previous outage at the earliest): samples of new steps per second,
+  every replica's samples counted.
+
+Run: ``python benchmarks/replica_recovery.py --duration 600`` (the issue's 10 minutes per mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+WORKER = Path(__file__).with_name("replica_recovery_worker.py")
+
+# --------------------------------------------------------------------------------------------------------------------
+# Metrics: pure functions of the records, tested on synthetic logs in tests/test_replica_recovery_benchmark.py.
+# A step record is ``{"step", "time", "pid", "samples"}`` (replica_recovery_worker.py); a kill ``{"time", ...}``.
+
+
+def fault_schedule(seed: int, duration: float, min_gap: float, max_gap: float, targets: int) -> list[tuple[float, int]]:
+    """``(seconds after the start, victim)`` of every failure: gaps uniform in ``[min_gap, max_gap]``, seeded."""
+    if not 0 < min_gap <= max_gap:
+        raise ValueError(f"min_gap={min_gap} and max_gap={max_gap}: need 0 < min_gap <= max_gap")
+    rng = random.Random(seed)
+    out, t = [], 0.0
+    while True:
+        t += rng.uniform(min_gap, max_gap)
+        if t >= duration:
+            return out
+        out.append((t, rng.randrange(targets)))
+
+
+def step_time(records: Iterable[dict[str, Any]]) -> float:
+    """The fault-free step time: the median time between a process's consecutive committed steps."""
+    by_pid: dict[int, list[dict[str, Any]]] = {}
+    for r in records:
+        by_pid.setdefault(r["pid"], []).append(r)
+    gaps = []
+    for rs in by_pid.values():
+        rs.sort(key=lambda r: r["time"])
+        gaps += [b["time"] - a["time"] for a, b in zip(rs, rs[1:], strict=False) if b["step"] == a["step"] + 1]
+    return statistics.median(gaps) if gaps else float("nan")
+
+
+def step_at(records: Sequence[dict[str, Any]], t: float) -> int:
+    """The committed step the run stood at, at time ``t``: that of the latest commit (a restart goes back to its
+    checkpoint, so the latest commit is the run's position, not the highest one). 0 before the first."""
+    before = [r for r in records if r["time"] <= t]
+    return max(before, key=lambda r: r["time"])["step"] if before else 0
+
+
+def ettr(records: Sequence[dict[str, Any]], t0: float, t1: float, step_s: float) -> float:
+    """Effective training time ratio of the window ``[t0, t1]``: its progress times the fault-free step time, over
+    the window's length."""
+    return (step_at(records, t1) - step_at(records, t0)) * step_s / (t1 - t0)
+
+
+def _progress_after(records: Sequence[dict[str, Any]], t: float) -> tuple[float, float] | None:
+    """``(last commit at or before t, first commit after t of a step beyond every step committed by t)``."""
+    before = [r for r in records if r["time"] <= t]
+    if not before:
+        return None
+    top = max(r["step"] for r in before)
+    after = [r["time"] for r in records if r["time"] > t and r["step"] > top]
+    return (max(r["time"] for r in before), min(after)) if after else None
+
+
+def stalls(records: Sequence[dict[str, Any]], kills: Sequence[float], step_s: float) -> list[dict[str, Any]]:
+    """The progress stalls around the kills: one per set of kills whose stalls overlap, ``{kills, start, end,
+    stall_s}``; ``stall_s`` is the time from the last commit before the first kill to the first commit of a new step
+    after the set, less one fault-free step (the step a run without the failure would have spent)."""
+    spans = []
+    for k in sorted(kills):
+        span = _progress_after(records, k)
+        if span is not None:
+            spans.append({"kills": [k], "start": span[0], "end": span[1]})
+    merged: list[dict[str, Any]] = []
+    for s in spans:
+        if merged and s["start"] < merged[-1]["end"]:
+            merged[-1]["kills"] += s["kills"]
+            merged[-1]["end"] = max(merged[-1]["end"], s["end"])
+        else:
+            merged.append(s)
+    for m in merged:
+        m["stall_s"] = max(m["end"] - m["start"] - step_s, 0.0)
+    return merged
+
+
+def stall_per_failure(merged: Sequence[dict[str, Any]]) -> list[float]:
+    """Every kill's share of its stall (a stall that several kills caused is split evenly among them)."""
+    return [m["stall_s"] / len(m["kills"]) for m in merged for _ in m["kills"]]
+
+
+def new_samples_rate(records: Sequence[dict[str, Any]], a: float, b: float) -> float:
+    """Samples per second trained in ``(a, b)`` on steps beyond every step committed by ``a`` (a restart's
+    recomputed steps are no progress), every replica's samples counted."""
+    top = max((r["step"] for r in records if r["time"] <= a), default=-1)
+    return sum(r["samples"] for r in records if a < r["time"] < b and r["step"] > top) / (b - a)
+
+
+def outage_throughput(
+    records: Sequence[dict[str, Any]], kill: float, back: float, before_s: float
+) -> dict[str, float] | None:
+    """Throughput from ``kill`` until the lost replica is back (``back``) against the ``before_s`` seconds before."""
+    if back <= kill or not any(r["time"] <= kill - before_s for r in records):
+        return None
+    during = new_samples_rate(records, kill, back)
+    before = new_samples_rate(records, kill - before_s, kill)
+    return {"before": before, "during": during, "ratio": during / before if before else float("nan")}
+
+
+def start_to_commit(launched: float, start: dict[str, Any], first_commit: float, heal_s: float) -> dict[str, float]:
+    """A new process's way from its launch (torchrun started, or the kill) to its first committed step:
+    ``launcher`` (to the process start), ``imports`` (interpreter start and imports, to ``import lightning`` done),
+    ``setup`` (the rest, less the heal), ``heal``, ``total``."""
+    return {
+        "launcher": start["process_start"] - launched,
+        "imports": start["imported"] - start["process_start"],
+        "setup": first_commit - start["imported"] - heal_s,
+        "heal": heal_s,
+        "total": first_commit - launched,
+    }
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The runs.
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line torn by the kill
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _worker(folder: Path, rank: int) -> int | None:
+    """The live worker of ``rank`` in a job's folder, ``None`` while there is none."""
+    try:
+        pid = int((folder / f"pid_rank{rank}").read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if _alive(pid) else None
+
+
+class Launcher:
+    """Starts torchrun jobs of the worker in their own sessions (so that a kill takes the whole job)."""
+
+    def __init__(self, root: Path, args: argparse.Namespace, **env: str) -> None:
+        from tests.helpers import REPO_ROOT, subprocess_env
+
+        self.root, self.args, self.cwd = root, args, REPO_ROOT
+        self.env = subprocess_env(**env)
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, mode: str, nproc: int, max_restarts: int, **env: str) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1"]
+        cmd += [f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", str(WORKER), "--mode", mode]
+        cmd += ["--out", str(self.root / name), "--stop-file", str(self.root / "stop")]
+        cmd += ["--step-sleep", str(self.args.step_sleep), "--memory-every", str(self.args.memory_every)]
+        log = open(self.root / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
+        self.procs[name] = subprocess.Popen(
+            cmd, cwd=self.cwd, env=self.env | env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        return self.procs[name]
+
+    def kill(self, name: str) -> None:
+        """SIGKILL the job's workers and its torchrun (torchrun starts its workers in sessions of their own, so
+        killing torchrun's process group alone would leave them training)."""
+        for pid_file in (self.root / name).glob("pid_rank*"):
+            try:
+                pid = int(pid_file.read_text())
+            except ValueError:
+                continue  # being written: that worker has not imported anything yet, torchrun's kill ends it
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            os.killpg(self.procs[name].pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.procs[name].wait(timeout=60)
+
+    def kill_all(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is None:
+                self.kill(name)
+
+    def check(self, names: Iterable[str]) -> None:
+        for name in names:
+            code = self.procs[name].poll()
+            if code not in (None, 0):
+                tail = (self.root / f"{name}.log").read_text().splitlines()[-40:]
+                raise RuntimeError(f"{name} exited with {code}:\n" + "\n".join(tail))
+
+
+def _wait(condition: Callable[[], bool], what: str, timeout_s: float, check: Callable[[], None]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        check()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.1)
+
+
+LOAD_SAMPLES: list[float] = []
+"""The 1-minute load average, sampled every 5 s while a mode runs."""
+
+
+def _sleep_until(t: float, check: Callable[[], None]) -> None:
+    while time.time() < t:
+        if not LOAD_SAMPLES or time.time() - _sleep_until.last >= 5:  # type: ignore[attr-defined]
+            LOAD_SAMPLES.append(os.getloadavg()[0])
+            _sleep_until.last = time.time()  # type: ignore[attr-defined]
+        check()
+        time.sleep(min(0.2, max(t - time.time(), 0.0)))
+
+
+def _stop(launcher: Launcher, root: Path, names: Sequence[str], records: Callable[[], list[dict[str, Any]]]) -> None:
+    """Every replica stops at the same step, a few steps on; a job that does not is killed."""
+    (root / "stop").write_text(str(max((r["step"] for r in records()), default=0) + 10))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and any(launcher.procs[n].poll() is None for n in names):
+        time.sleep(0.2)
+    launcher.kill_all()
+
+
+def run_restart(root: Path, args: argparse.Namespace, schedule: list[tuple[float, int]]) -> dict[str, Any]:
+    shm = Path(tempfile.mkdtemp(prefix="lft-replica-bench-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+    launcher = Launcher(root, args, LIGHTNING_FT_MEMORY_DIR=str(shm))
+    job = root / "job"
+    records = lambda: _lines(job / "steps.jsonl")  # noqa: E731
+    check = lambda: launcher.check(["job"])  # noqa: E731
+    kills: list[dict[str, Any]] = []
+    try:
+        launched = time.time()
+        launcher.start("job", "restart", args.world, max_restarts=10_000)
+        _wait(lambda: bool(records()), "the first step", 900, check)
+        t0 = time.time()
+        for offset, victim in schedule:
+            _sleep_until(t0 + offset, check)
+            waited = time.time()
+            _wait(lambda v=victim: _worker(job, v) is not None, "a worker", 600, check)
+            pid = _worker(job, victim)
+            if pid is None:  # it died between the look and the kill: torchrun is restarting the job anyway
+                continue
+            os.kill(pid, signal.SIGKILL)
+            kills.append({"time": time.time(), "victim": victim, "pid": pid, "delayed_s": time.time() - waited})
+            print(f"  restart: t={time.time() - t0:6.1f}s SIGKILL rank {victim} (pid {pid})", flush=True)
+        _sleep_until(t0 + args.duration, check)
+        t1 = time.time()
+        _stop(launcher, root, ["job"], records)
+    finally:
+        launcher.kill_all()
+        shutil.rmtree(shm, ignore_errors=True)
+    steps = [r for r in records() if r["time"] <= t1]
+    starts = [s for s in _lines(job / "starts.jsonl") if s["rank"] == 0]
+    recoveries = []
+    for s in starts[1:]:
+        before = [k["time"] for k in kills if k["time"] <= s["first_line"]]
+        mine = [r["time"] for r in steps if r["pid"] == s["pid"]]
+        if before and mine:
+            recoveries.append(start_to_commit(max(before), s, min(mine), 0.0))
+    return _summarize(
+        "restart", steps, kills, recoveries, t0, t1, launched, args, [job], back=_restart_back(steps, kills)
+    )
+
+
+def _restart_back(steps: list[dict[str, Any]], kills: list[dict[str, Any]]) -> list[float | None]:
+    """The restart mode is back at full width at its first commit of a new step after the kill."""
+    out: list[float | None] = []
+    for k in kills:
+        span = _progress_after(steps, k["time"])
+        out.append(span[1] if span else None)
+    return out
+
+
+def run_replica(root: Path, args: argparse.Namespace, schedule: list[tuple[float, int]]) -> dict[str, Any]:
+    from tests.replica._lighthouse import lighthouse
+
+    kills: list[dict[str, Any]] = []
+    launches: list[dict[str, Any]] = []  # every replacement: {name, group, time}
+    current = {g: f"g{g}" for g in range(args.world)}
+    n = {g: 0 for g in range(args.world)}
+    with lighthouse(heartbeat_timeout_ms=1000, join_timeout_ms=500) as address:
+        launcher = Launcher(root, args, TORCHFT_LIGHTHOUSE=address, NUM_REPLICA_GROUPS=str(args.world))
+
+        def records() -> list[dict[str, Any]]:
+            return [r for name in launcher.procs for r in _lines(root / name / "steps.jsonl")]
+
+        check = lambda: launcher.check(current.values())  # noqa: E731
+        try:
+            launched = time.time()
+            for g, name in current.items():
+                launcher.start(name, "replica", 1, max_restarts=0, REPLICA_GROUP_ID=str(g))
+            _wait(lambda: all(_lines(root / nm / "steps.jsonl") for nm in current.values()), "every group", 900, check)
+            t0 = time.time()
+            for offset, victim in schedule:
+                _sleep_until(t0 + offset, check)
+                old = current[victim]
+                launcher.kill(old)
+                kills.append({"time": time.time(), "victim": victim, "name": old})
+                n[victim] += 1
+                current[victim] = f"g{victim}.{n[victim]}"
+                launches.append({"name": current[victim], "group": victim, "time": time.time()})
+                launcher.start(current[victim], "replica", 1, max_restarts=0, REPLICA_GROUP_ID=str(victim))
+                print(f"  replica: t={time.time() - t0:6.1f}s SIGKILL group {victim} ({old}), relaunched", flush=True)
+            _sleep_until(t0 + args.duration, check)
+            t1 = time.time()
+            for name in current.values():  # a replacement that has not joined yet would train alone from step 0
+                if not _lines(root / name / "steps.jsonl"):
+                    launcher.kill(name)
+            _stop(launcher, root, [nm for nm in current.values() if launcher.procs[nm].poll() is None], records)
+        finally:
+            launcher.kill_all()
+        steps = [r for r in records() if r["time"] <= t1]
+        dirs = [root / name for name in launcher.procs]
+    from lightning_ft.events import read_events
+
+    recoveries, back = [], []
+    for launch in launches:
+        folder = root / launch["name"]
+        mine = _lines(folder / "steps.jsonl")
+        starts = _lines(folder / "starts.jsonl")
+        if not mine or not starts or mine[0]["time"] > t1:
+            back.append(None)
+            continue
+        healed = [e for e in read_events(folder) if e["event"] == "healed"]
+        heal_s = max((float(e.get("seconds") or 0.0) for e in healed), default=0.0)
+        recoveries.append(start_to_commit(launch["time"], starts[0], mine[0]["time"], heal_s))
+        back.append(mine[0]["time"])
+    return _summarize("replica", steps, kills, recoveries, t0, t1, launched, args, dirs, back=back)
+
+
+def _summarize(
+    mode: str,
+    steps: list[dict[str, Any]],
+    kills: list[dict[str, Any]],
+    recoveries: list[dict[str, float]],
+    t0: float,
+    t1: float,
+    launched: float,
+    args: argparse.Namespace,
+    dirs: list[Path],
+    *,
+    back: list[float | None],
+) -> dict[str, Any]:
+    from lightning_ft.events import read_events
+    from lightning_ft.monitors.goodput_report import summarize
+    from lightning_ft.monitors.replica_goodput import replica_summary
+
+    step_s = step_time(steps)
+    merged = stalls(steps, [k["time"] for k in kills], step_s)
+    outages, previous = [], t0
+    for k, b in zip(kills, back, strict=True):
+        # Before: the --before-s seconds before the kill, from the end of the previous outage at the earliest.
+        if b is not None and k["time"] - previous >= 5:
+            outages.append(outage_throughput(steps, k["time"], b, min(args.before_s, k["time"] - previous)))
+        previous = max(previous, b if b is not None else k["time"])
+    events = [e for d in dirs for e in read_events(d)]
+    result: dict[str, Any] = {
+        "mode": mode,
+        "window_s": t1 - t0,
+        "startup_s": t0 - launched,
+        "kills": kills,
+        "step_s": step_s,
+        "steps": step_at(steps, t1) - step_at(steps, t0),
+        "samples": sum(r["samples"] for r in steps if r["time"] > t0),
+        "ettr": ettr(steps, t0, t1, step_s),
+        "stalls": merged,
+        "stall_per_failure": stall_per_failure(merged),
+        "recoveries": recoveries,
+        "outages": [o for o in outages if o is not None],
+    }
+    if mode == "replica":
+        summary = replica_summary(events) or {}
+        result["event_stalls"] = [r["stall_s"] for r in summary.get("lost", []) if r.get("stall_s") is not None]
+        result["discarded_steps"] = summary.get("discarded_steps", 0)
+        result["heals"] = [(h["seconds"], h["bytes"]) for h in summary.get("heals", [])]
+    else:
+        report = summarize(events)
+        result["report_ettr"] = report["ettr"]
+        result["report_restarts"] = len(report["restarts"])
+        from benchmarks.restart_breakdown import breakdown
+
+        result["breakdown"] = breakdown(str(dirs[0]))
+    return result
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The table.
+
+
+def _med(values: Sequence[float], fmt: str = "{:.2f}") -> str:
+    values = [v for v in values if v == v]
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return fmt.format(values[0])
+    return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def table(results: Sequence[dict[str, Any]]) -> str:
+    """The markdown table of the modes side by side: medians, with the range in brackets."""
+    rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("failures (SIGKILL) in the window", lambda r: str(len(r["kills"]))),
+        ("window (s)", lambda r: f"{r['window_s']:.0f}"),
+        ("fault-free step time (s)", lambda r: f"{r['step_s']:.3f}"),
+        ("committed steps in the window", lambda r: str(r["steps"])),
+        ("effective training time ratio (steps x step time / window)", lambda r: f"{r['ettr']:.1%}"),
+        ("report's ETTR (`lightning-ft report`)", lambda r: f"{r['report_ettr']:.1%}" if "report_ettr" in r else "-"),
+        ("stall per failure (s)", lambda r: _med(r["stall_per_failure"])),
+        ("survivors' stall, `replica_lost.stall_s` (s)", lambda r: _med(r.get("event_stalls", []))),
+        ("discarded steps", lambda r: str(r["discarded_steps"]) if "discarded_steps" in r else "-"),
+        ("new process: start -> first committed step (s)", lambda r: _med([x["total"] for x in r["recoveries"]])),
+        (
+            "  launcher (torchrun; for a restart: detection + relaunch)",
+            lambda r: _med([x["launcher"] for x in r["recoveries"]]),
+        ),
+        ("  interpreter + imports (s)", lambda r: _med([x["imports"] for x in r["recoveries"]])),
+        ("  set-up: strategy, process group, quorum, load (s)", lambda r: _med([x["setup"] for x in r["recoveries"]])),
+        ("  heal from a live group (s)", lambda r: _med([x["heal"] for x in r["recoveries"]], "{:.3f}")),
+        ("throughput before a failure (samples/s)", lambda r: _med([o["before"] for o in r["outages"]], "{:.1f}")),
+        ("throughput during the outage (samples/s)", lambda r: _med([o["during"] for o in r["outages"]], "{:.1f}")),
+        ("  during / before", lambda r: _med([o["ratio"] for o in r["outages"]])),
+    ]
+    head = "| | " + " | ".join(r["mode"] for r in results) + " |\n|---|" + "---|" * len(results) + "\n"
+    return head + "\n".join(f"| {name} | " + " | ".join(f(r) for r in results) + " |" for name, f in rows)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--duration", type=float, default=600.0, help="seconds of training per mode (the issue: 600)")
+    p.add_argument("--min-gap", type=float, default=30.0)
+    p.add_argument("--max-gap", type=float, default=60.0)
+    p.add_argument("--world", type=int, default=3, help="replicas: groups of one process, or the restart job's ranks")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--step-sleep", type=float, default=0.1)
+    p.add_argument("--memory-every", type=int, default=5, help="restart mode: a memory-tier copy every N steps")
+    p.add_argument("--before-s", type=float, default=20.0, help="the throughput before a failure: over these seconds")
+    p.add_argument("--modes", nargs="+", choices=("restart", "replica"), default=["restart", "replica"])
+    p.add_argument("--root", type=Path, default=None, help="keep the runs' folders here (default: a temporary one)")
+    p.add_argument("--json", type=Path, default=None, help="write every number here")
+    args = p.parse_args()
+    schedule = fault_schedule(args.seed, args.duration, args.min_gap, args.max_gap, args.world)
+    print(f"fault schedule (s after the start, victim): {[(round(t, 1), v) for t, v in schedule]}", flush=True)
+    tmp = None
+    if args.root is None:
+        tmp = tempfile.TemporaryDirectory(prefix="replica-recovery-")
+        args.root = Path(tmp.name)
+    results = []
+    try:
+        for mode in args.modes:
+            root = args.root / mode
+            root.mkdir(parents=True, exist_ok=True)
+            load_start = os.getloadavg()
+            LOAD_SAMPLES.clear()
+            print(f"{mode}: {args.duration:.0f} s, load average {load_start[0]:.2f}", flush=True)
+            result = (run_restart if mode == "restart" else run_replica)(root, args, schedule)
+            result["load_start"], result["load_end"] = load_start, os.getloadavg()
+            result["load_mean"] = statistics.mean(LOAD_SAMPLES) if LOAD_SAMPLES else float("nan")
+            results.append(result)
+            print(f"{mode}: done, load average {result['load_end'][0]:.2f}", flush=True)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    print()
+    print(table(results))
+    loads = ", ".join(f"{r['mode']}: {r['load_mean']:.1f} (end: {r['load_end'][0]:.1f})" for r in results)
+    print(f"\nload average (1 min), mean of samples every 5 s while each mode ran: {loads}")
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}))
+
+
+if __name__ == "__main__":
+    main()
