@@ -28,9 +28,9 @@ import os
 import signal
 from pathlib import Path
 
-import pytorch_lightning as pl  # what pytorch-tabular imports
 import numpy as np
 import pandas as pd
+import pytorch_lightning as pl  # what pytorch-tabular imports
 import torch
 from pytorch_tabular import TabularModel
 from pytorch_tabular.config import DataConfig, OptimizerConfig, TrainerConfig
@@ -48,7 +48,7 @@ def printed_advice() -> None:
 
     # fmt: off
     if omegaconf.__version__.startswith("2.4"):
-        import _operator, builtins, collections, omegaconf.base, omegaconf.dictconfig, omegaconf.listconfig, omegaconf.nodes, omegaconf.tupleconfig, torch, typing; torch.serialization.add_safe_globals([_operator.getitem, (builtins.Ellipsis, 'builtins.Ellipsis'), builtins.dict, builtins.int, builtins.list, builtins.tuple, collections.defaultdict, omegaconf.base.ContainerMetadata, omegaconf.base.Metadata, omegaconf.dictconfig.DictConfig, omegaconf.listconfig.ListConfig, omegaconf.nodes.AnyNode, omegaconf.tupleconfig.TupleConfig, typing.Any, typing.Tuple])  # noqa: E401, E501, E702, I001
+        import _operator, builtins, collections, omegaconf.base, omegaconf.dictconfig, omegaconf.listconfig, omegaconf.nodes, omegaconf.tupleconfig, torch, typing; torch.serialization.add_safe_globals([_operator.getitem, (builtins.Ellipsis, 'builtins.Ellipsis'), builtins.dict, builtins.int, builtins.list, builtins.tuple, collections.defaultdict, omegaconf.base.ContainerMetadata, omegaconf.base.Metadata, omegaconf.dictconfig.DictConfig, omegaconf.listconfig.ListConfig, omegaconf.nodes.AnyNode, omegaconf.tupleconfig.TupleConfig, typing.Any, typing.Tuple])  # noqa: E401, E501, E702, I001, UP006
     else:  # 2.3.1
         import builtins, collections, omegaconf.base, omegaconf.dictconfig, omegaconf.listconfig, omegaconf.nodes, torch, typing; torch.serialization.add_safe_globals([builtins.dict, builtins.int, builtins.list, collections.defaultdict, omegaconf.base.ContainerMetadata, omegaconf.base.Metadata, omegaconf.dictconfig.DictConfig, omegaconf.listconfig.ListConfig, omegaconf.nodes.AnyNode, typing.Any])  # noqa: E401, E501, E702, I001
     import omegaconf.dictconfig, torch; torch.serialization.add_safe_globals([omegaconf.dictconfig.DictConfig])  # noqa: E401, E702, I001
