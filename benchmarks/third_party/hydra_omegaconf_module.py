@@ -217,7 +217,9 @@ def load(args: argparse.Namespace) -> None:
     for weights_only in (None, False):
         try:
             model = load_from_checkpoint(Regressor, last, weights_only=weights_only)
-            print(f"lightning_ft.load_from_checkpoint(Regressor, last.ckpt, weights_only={weights_only}): {equal(model)}")
+            print(
+                f"lightning_ft.load_from_checkpoint(Regressor, last.ckpt, weights_only={weights_only}): {equal(model)}"
+            )
         except Exception as e:  # noqa: BLE001 - the result is what this script reports
             print(f"lightning_ft.load_from_checkpoint(..., weights_only={weights_only}): {type(e).__name__}: {e}"[:400])
 

@@ -327,7 +327,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--every", type=int, default=4)
     p.add_argument("--kill-at", type=int, default=None)
-    p.add_argument("--weights-only-false", action="store_true", help="no add_safe_globals; fit(..., weights_only=False)")
+    p.add_argument(
+        "--weights-only-false", action="store_true", help="no add_safe_globals; fit(..., weights_only=False)"
+    )
     p = sub.add_parser("compare")
     p.add_argument("a")
     p.add_argument("b")
