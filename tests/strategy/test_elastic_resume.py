@@ -175,7 +175,12 @@ class EvalRegressor(TinyRegressor):
 
 
 def _lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("lightning-ft: ")]
+    """lightning-ft's console lines about the resume (the set-up line naming the checkpoint format left out)."""
+    return [
+        m
+        for r in caplog.records
+        if (m := r.getMessage()).startswith("lightning-ft: ") and not m.startswith("lightning-ft: checkpoints are ")
+    ]
 
 
 def _metadata(**overrides):
