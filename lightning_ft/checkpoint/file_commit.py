@@ -33,7 +33,7 @@ from typing import Any
 from lightning_ft.checkpoint.commit import COMMIT_MARKER
 from lightning_ft.checkpoint.errors import CheckpointError
 from lightning_ft.checkpoint.in_progress import discard, is_ours, is_placeholder, make_durable
-from lightning_ft.checkpoint.sharded_file import holds_dtensors, write_sharded_file
+from lightning_ft.checkpoint.sharded_file import holds_dtensors, rank_payload, write_sharded_file
 from lightning_ft.checkpoint.single_file import STAGED_NAME
 from lightning_ft.checkpoint.snapshot_storage import fsync_dir
 from lightning_ft.checkpoint.swap import make_staging, swap_path
@@ -188,14 +188,9 @@ def write_parallel_file(
     # 2. Every rank's own state to every rank, with the crc32s of its copy of the replicated tensors.
     error, payload = None, None
     try:
-        entries, records = job.capture.entries_and_records(rank)
-        own = [r for r in records if r["key"].startswith("rank_state/")]
-        shared = [r for r in records if not r["key"].startswith("rank_state/")]
+        head, shared, entries = rank_payload(job, rank)
         payload = (
-            [{**r, "entry": f"r{rank}.{r['entry']}"} for r in own],
-            {f"r{rank}.{r['entry']}": entries[r["entry"]].clone() for r in own},
-            {k: v for k, v in job.capture.tensors.items() if k.startswith("rank_state/")},
-            job.capture.rank_state_json,
+            *head,
             # What tells diverged replicas apart: where this rank staged only its share, the crc32 of a sample of each
             # replicated tensor taken at the capture (no rank read every byte); else the crc32 of its whole copy.
             job.capture.samples or {r["key"]: r["crc32"] for r in shared},

@@ -185,16 +185,21 @@ def _file_document(
     return {**document, "tensors": tensors}, placeholders
 
 
-def _write_all(fd: int, data: memoryview, offset: int) -> int:
-    done = 0
-    while done < data.nbytes:
-        done += os.pwrite(fd, data[done:], offset + done)
-    return done
-
-
-def _storage_view(storage: torch.UntypedStorage) -> memoryview:
-    flat = torch.empty(0, dtype=torch.uint8).set_(storage)
-    return memoryview(flat.numpy()).cast("B")
+def rank_payload(job: Any, rank: int) -> tuple[tuple[Any, ...], list[dict[str, Any]], dict[str, torch.Tensor]]:
+    """This rank's part of a file save's first exchange (here and in
+    :func:`~lightning_ft.checkpoint.file_commit.write_parallel_file`): ``(head, shared, entries)``, ``head`` being its
+    own state (records renamed ``r<rank>.<entry>``, their tensors cloned, its ``rank_state/`` tensors, its JSON),
+    ``shared`` the records of the replicated or sharded state, ``entries`` every staged tensor by entry name."""
+    entries, records = job.capture.entries_and_records(rank)
+    own = [r for r in records if r["key"].startswith("rank_state/")]
+    shared = [r for r in records if not r["key"].startswith("rank_state/")]
+    head = (
+        [{**r, "entry": f"r{rank}.{r['entry']}"} for r in own],
+        {f"r{rank}.{r['entry']}": entries[r["entry"]].clone() for r in own},
+        {k: v for k, v in job.capture.tensors.items() if k.startswith("rank_state/")},
+        job.capture.rank_state_json,
+    )
+    return head, shared, entries
 
 
 def write_sharded_file(
@@ -225,16 +230,8 @@ def write_sharded_file(
     error, payload = None, None
     entries: dict[str, torch.Tensor] = {}
     try:
-        entries, records = job.capture.entries_and_records(rank)
-        own = [r for r in records if r["key"].startswith("rank_state/")]
-        shared = [r for r in records if not r["key"].startswith("rank_state/")]
-        payload = (
-            [{**r, "entry": f"r{rank}.{r['entry']}"} for r in own],
-            {f"r{rank}.{r['entry']}": entries[r["entry"]].clone() for r in own},
-            {k: v for k, v in job.capture.tensors.items() if k.startswith("rank_state/")},
-            job.capture.rank_state_json,
-            shared,
-        )
+        head, shared, entries = rank_payload(job, rank)
+        payload = (*head, shared)
     except BaseException as e:  # noqa: BLE001 - every rank must reach the exchange below
         error = e
     gathered = agree(error, payload)
@@ -303,8 +300,8 @@ def write_sharded_file(
                     if name.startswith(_FULL):
                         continue
                     record = plan.layout.records[index]
-                    view = _storage_view(plan.storages[record.name])
-                    _write_all(fd, view, record.data_offset)
+                    view = parallel_file._storage_bytes(plan.storages[record.name])
+                    parallel_file._pwrite_all(fd, view, record.data_offset)
                     pieces.append((index, 0, view.nbytes, crc32(view) if view.nbytes else 0))
             os.fsync(fd)
         finally:
