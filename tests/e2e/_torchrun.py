@@ -66,3 +66,25 @@ def assert_bitwise_equal(a: list[dict[str, torch.Tensor]], b: list[dict[str, tor
         assert wa.keys() == wb.keys()
         for name in wa:
             assert torch.equal(wa[name], wb[name]), name
+
+
+def torchrun_popen(
+    script: Path,
+    *args: str,
+    log: Path,
+    nproc: int = 1,
+    max_restarts: int = 0,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen:
+    """Start ``script`` under real torchrun (standalone, one node) in the background, stdout and stderr to ``log``.
+
+    The caller waits for it or kills it (``Popen.kill`` ends the torchrun agent only: kill its workers by pid)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1"]
+    cmd += [f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", str(script), *args]
+    out = open(log, "w")  # noqa: SIM115 - the child holds it; closed when this process's handle is collected
+    try:
+        return subprocess.Popen(
+            cmd, cwd=REPO_ROOT, env=subprocess_env(**(env or {})), stdout=out, stderr=subprocess.STDOUT
+        )
+    finally:
+        out.close()

@@ -1,0 +1,303 @@
+"""Issue 31's scenario in one run: three replica groups under torchrun, a plain float64 LightningModule, and three
+failures in turn, each replaced later by a new group that heals from a live one:
+
+1. group 2 is a straggler (its steps sleep) and ``StragglerMonitor(action="evict")`` evicts it while three groups are
+   live; its replacement (id 3) starts on another node name (the evicted node's health record refuses it);
+2. group 1's worker is SIGKILLed mid-step, then its torchrun agent (a lost node); its replacement takes id 1;
+3. group 3 (the first replacement) hangs inside a step past ``timeout`` (its heartbeats go on) and is SIGKILLed
+   later, as a supervisor would; its replacement takes id 3.
+
+Group 0 lives through all three. The run: tests/replica/scenario_script.py (``min_replicas=2``,
+``accumulate_grad_batches=2``, ``timeout=3 s``, one epoch of 24000 samples, batches of 4). While ``<tmp>/hold`` exists
+every micro-batch sleeps 0.2 s (the groups overlap in time, the SIGKILL lands mid-step, and the epoch outlasts the
+scenario); the hold is lifted once the last replacement commits and the epoch ends at full speed.
+
+Checked from the event logs and the per-step records: no group restarted (one pid each, one attempt); each failure
+cost the others one ``replica_lost`` with its stall (printed with ``-s``; only generous sanity bounds are asserted: the
+machine is loaded); each healed group is bitwise the others at its first committed step (weights, Adam state, LR
+scheduler, RNG, loop counters) and to the end; every committed step is one optimizer and one scheduler step; every
+sample of the epoch is trained once in the committed history, except exactly the repeats the last ``replica_data``
+event names; every group ends at the same ``global_step`` with the same weights.
+
+The final weights against a run without failures (one process, accumulation 6: the same global batch, the same
+stream) are compared under ``ElasticPolicy(batch="keep_global")`` only (:data:`POLICY`): under ``keep_local``, the
+policy in force at a membership change today, the global batch follows the live groups, so the trained trajectory
+depends on when groups were missing and no tolerance would be honest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lightning_ft.events import read_events
+from tests.e2e._torchrun import torchrun_popen
+from tests.replica._lighthouse import lighthouse
+from tests.replica.test_replica_groups_e2e import _log, _records, _wait
+
+pytest.importorskip("torchft")
+
+SCRIPT = Path(__file__).with_name("scenario_script.py")
+POLICY = os.environ.get("REPLICA_SCENARIO_POLICY", "keep_local")
+"""``ElasticPolicy.batch`` of the scenario; ``keep_global`` adds the comparison with the run without failures."""
+SAMPLES, BATCH, ACCUMULATE, GROUPS = 24000, 4, 2, 3
+STATE = ("weights", "optimizer", "scheduler", "lr", "rng", "loop")  # compared bitwise across groups
+
+
+def _start(tmp: Path, name: str, replica_id: str, address: str, *, node: str | None = None) -> subprocess.Popen:
+    env = {
+        "TORCHFT_LIGHTHOUSE": address,
+        "REPLICA_GROUP_ID": replica_id,
+        "NUM_REPLICA_GROUPS": str(GROUPS),
+        "LIGHTNING_FT_EVENT_LOG": "always",
+    }
+    if node is not None:
+        env["LIGHTNING_FT_NODE_NAME"] = node
+    args = ["--out", str(tmp / name), "--samples", str(SAMPLES), "--batch-size", str(BATCH)]
+    args += ["--accumulate", str(ACCUMULATE), "--policy", POLICY]
+    return torchrun_popen(SCRIPT, *args, log=tmp / f"{name}.log", env=env)
+
+
+def _kill_group(proc: subprocess.Popen, worker: int) -> None:
+    """SIGKILL the group's worker (mid-step), then its torchrun agent: the whole group is gone, no orphan left."""
+    os.kill(worker, signal.SIGKILL)
+    proc.kill()
+    proc.wait(timeout=120)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _last_step(tmp: Path, name: str) -> int:
+    records = _records(tmp, name)
+    return records[-1]["step"] if records else 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_evicted_killed_and_hung_groups_are_replaced_while_the_others_keep_training(tmp_path: Path) -> None:
+    hold = tmp_path / "hold"
+    hold.touch()
+    everything: dict[str, subprocess.Popen] = {}  # every torchrun started, for the clean-up
+    live: dict[str, subprocess.Popen] = {}  # the groups expected to be running (a failure of one fails the test)
+    workers: dict[str, int] = {}
+    timeline: dict[str, float] = {}
+
+    def start(name: str, replica_id: str, *, node: str | None = None) -> None:
+        everything[name] = live[name] = _start(tmp_path, name, replica_id, address, node=node)
+
+    def wait(condition, what: str, timeout_s: float = 400) -> None:
+        _wait(condition, what, timeout_s, live, tmp_path)
+
+    def went_on(names: tuple[str, ...], since: int, steps: int = 5) -> bool:
+        return all(_last_step(tmp_path, n) >= since + steps for n in names)
+
+    try:
+        with lighthouse(min_replicas=2, heartbeat_timeout_ms=1000, join_timeout_ms=500) as address:
+            (tmp_path / "g2").mkdir()
+            (tmp_path / "g2" / "slow").touch()  # group 2 is a straggler from its first step
+            for i in range(3):
+                start(f"g{i}", str(i))
+            # 1. Eviction, while three groups are live (the monitor compares groups only then).
+            straggler = live.pop("g2")
+            try:
+                straggler.wait(timeout=600)
+            except subprocess.TimeoutExpired:
+                pytest.fail("the straggler was not evicted:\n" + "\n".join(_log(tmp_path, n) for n in everything))
+            timeline["evicted"] = time.time()
+            workers["g2"] = _records(tmp_path, "g2")[-1]["pid"]
+            evicted_step = _last_step(tmp_path, "g0")
+            wait(lambda: went_on(("g0", "g1"), evicted_step), "the survivors of the eviction to go on")
+            start("g3", "3", node="node-3")  # another node: the evicted node's record refuses it for the cooldown
+            wait(lambda: len(_records(tmp_path, "g3")) >= 3, "the first replacement to heal and commit")
+
+            # 2. SIGKILL of group 1's worker mid-step (every micro-batch sleeps while held), then its agent.
+            workers["g1"] = _records(tmp_path, "g1")[-1]["pid"]
+            _kill_group(live.pop("g1"), workers["g1"])
+            timeline["killed"] = time.time()
+            killed_step = _last_step(tmp_path, "g0")
+            wait(lambda: went_on(("g0", "g3"), killed_step), "the survivors of the SIGKILL to go on")
+            start("g1b", "1")  # the lost node's id again, as its torchrun or the scheduler would relaunch it
+            wait(lambda: len(_records(tmp_path, "g1b")) >= 3, "the second replacement to heal and commit")
+
+            # 3. Group 3 hangs inside a step, past the timeout; a supervisor SIGKILLs it later.
+            (tmp_path / "g3" / "hang").touch()
+            timeline["hung"] = time.time()
+            hung_step = _last_step(tmp_path, "g0")
+            workers["g3"] = _records(tmp_path, "g3")[-1]["pid"]
+            hung = live.pop("g3")
+            wait(lambda: went_on(("g0", "g1b"), hung_step), "the survivors of the hang to go on")
+            _kill_group(hung, workers["g3"])
+            start("g3b", "3", node="node-3b")
+            wait(lambda: len(_records(tmp_path, "g3b")) >= 3, "the third replacement to heal and commit")
+            hold.unlink()
+            for name in ("g0", "g1b", "g3b"):
+                try:
+                    live[name].wait(timeout=600)
+                except subprocess.TimeoutExpired:
+                    pytest.fail(f"{name} did not finish:\n{_log(tmp_path, name)}")
+                assert live[name].returncode == 0, _log(tmp_path, name)
+    finally:
+        for proc in everything.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for pid in workers.values():
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+    names = ("g0", "g1", "g2", "g3", "g1b", "g3b")
+    runs = {name: _records(tmp_path, name) for name in names}
+    events = {name: read_events(tmp_path / name) for name in names}
+    by_step = {name: {r["step"]: r for r in records} for name, records in runs.items()}
+
+    # No orphan: the killed and the evicted groups' workers are gone.
+    assert not [name for name, pid in workers.items() if _alive(pid)], workers
+
+    # The evicted group left through the monitor, with its record, while three groups were live.
+    evicted = [e for e in events["g2"] if e["event"] == "node_evicted"]
+    assert len(evicted) == 1 and evicted[0]["replica_id"] == "2" and evicted[0]["source"] == "straggler", evicted
+    named = [e for e in events["g2"] if e["event"] == "replica_straggler"]
+    assert named and named[-1]["replica_id"] == "2" and named[-1]["live_groups"] == 3, named
+
+    # No group restarted: one pid through its records and at the end, one attempt; steps counted one by one, each
+    # committed step one optimizer step and one scheduler step (a discarded step is neither).
+    for name, records in runs.items():
+        assert records, f"{name} committed nothing"
+        assert len({r["pid"] for r in records}) == 1, f"{name} restarted"
+        steps = [r["step"] for r in records]
+        assert steps == list(range(steps[0], steps[0] + len(steps))), f"{name}: steps {steps}"
+        for r in records:
+            assert r["adam_steps"] == r["step"] == r["scheduler_steps"] == r["loop"][0], (name, r)
+    for name in ("g0", "g1b", "g3b"):
+        done = json.loads((tmp_path / name / "done.json").read_text())
+        assert done["pid"] == runs[name][0]["pid"], name
+        ends = [e for e in events[name] if e["event"] == "attempt_end"]
+        assert [e["reason"] for e in ends] == ["finished"], (name, ends)
+    assert runs["g0"][0]["step"] == 1  # group 0 was there from the first step to the last
+
+    # Each failure cost the groups live at the time one replica_lost, written with the stall it cost (counted from
+    # the first quorum of all three groups: the groups start seconds apart, and a late one may join, miss the next
+    # quorum while still in its first step and join again).
+    full = min(e["step"] for e in events["g0"] if e["event"] == "replica_quorum" and e["live_groups"] == 3)
+    lost = {n: [e for e in events[n] if e["event"] == "replica_lost" and e["step"] >= full] for n in names}
+    assert [e["replica_id"] for e in lost["g0"]] == ["2", "1", "3"], lost["g0"]
+    assert [e["replica_id"] for e in lost["g1"]] == ["2"], lost["g1"]
+    assert [e["replica_id"] for e in lost["g3"]] == ["1"], lost["g3"]
+    assert [e["replica_id"] for e in lost["g1b"]] == ["3"], lost["g1b"]
+    stalls = {
+        kind: [round(e["stall_s"], 2) for n in names for e in lost[n] if e["replica_id"] == rid]
+        for kind, rid in (("eviction", "2"), ("sigkill", "1"), ("hang", "3"))
+    }
+    discarded = {
+        kind: [e["discarded_steps"] for n in names for e in lost[n] if e["replica_id"] == rid]
+        for kind, rid in (("eviction", "2"), ("sigkill", "1"), ("hang", "3"))
+    }
+    for kind, values in stalls.items():
+        assert all(0 <= s < 60 for s in values), (kind, values)  # sanity only: the machine is loaded
+
+    # Each replacement healed from a live group, bitwise the others at its first committed step and to the end.
+    for name, replica_id in (("g3", "3"), ("g1b", "1"), ("g3b", "3")):
+        healed = [e for e in events[name] if e["event"] == "healed"]
+        assert len(healed) == 1 and healed[0]["replica_id"] == replica_id and healed[0]["bytes"] > 0, healed
+        first = runs[name][0]
+        assert healed[0]["step"] + 1 == first["step"] and healed[0]["source"] != replica_id, (healed, first)
+        peers = [other for other in names if other != name and first["step"] in by_step[other]]
+        assert peers, f"no live group at {name}'s first step {first['step']}"
+        for record in runs[name]:
+            for other in names:
+                theirs = by_step[other].get(record["step"])
+                if other != name and theirs is not None:
+                    assert {k: record[k] for k in STATE} == {k: theirs[k] for k in STATE}, (name, other, record)
+
+    # Every group ends at the same global step with the same weights.
+    import torch
+
+    ends = {
+        name: json.loads((tmp_path / name / "done.json").read_text())["global_step"] for name in ("g0", "g1b", "g3b")
+    }
+    assert len(set(ends.values())) == 1, ends
+    finals = {name: torch.load(tmp_path / name / "final0.pt") for name in ("g0", "g1b", "g3b")}
+    assert all(all(torch.equal(f[k], finals["g0"][k]) for k in f) for f in finals.values())
+
+    _assert_each_sample_once_in_the_committed_history(runs, events["g0"])
+    if POLICY == "keep_global":
+        _assert_final_weights_match_the_run_without_failures(tmp_path, runs, finals["g0"])
+
+    healed = {n: e for n in ("g3", "g1b", "g3b") for e in events[n] if e["event"] == "healed"}
+    print(
+        f"\nreplica scenario ({POLICY}): stall per failure {stalls} s; discarded steps {discarded};"
+        f" heals {[(n, e['source'], e['bytes'], round(e['seconds'], 3)) for n, e in healed.items()]};"
+        f" global_step {ends['g0']}"
+    )
+
+
+def _assert_each_sample_once_in_the_committed_history(runs: dict[str, list[dict[str, Any]]], g0: list[dict]) -> None:
+    """Over every group's committed steps (the failed groups' included), each sample of the epoch is trained exactly
+    once, plus the repeats the last deal's ``replica_data`` event names (the epoch's last steps completed from the
+    stream's head) and minus what it says is skipped; and every committed step trained the same number of
+    micro-batches in each of its groups."""
+    per_step: dict[int, list[dict[str, Any]]] = {}
+    for records in runs.values():
+        for r in records:
+            per_step.setdefault(r["step"], []).append(r)
+    trained = Counter(i for records in per_step.values() for r in records for batch in r["batches"] for i in batch)
+    deals = [e for e in g0 if e["event"] == "replica_data"]
+    assert {e["live_groups"] for e in deals} == {2, 3}, deals
+    last = deals[-1]
+    expected = Counter(range(SAMPLES)) + Counter(last["repeated"])
+    expected -= Counter(last["skipped"])
+    twice = sorted(i for i in trained if trained[i] > expected[i])
+    never = sorted(i for i in expected if trained[i] < expected[i])
+    assert not twice and not never, (
+        f"{len(twice)} samples trained more often than the deal says ({twice[:10]}), {len(never)} less ({never[:10]})"
+    )
+    for step, records in per_step.items():
+        assert len({len(r["batches"]) for r in records}) == 1, (step, [len(r["batches"]) for r in records])
+        assert all(len(batch) == BATCH for r in records for batch in r["batches"][:-1]), step
+
+
+def _assert_final_weights_match_the_run_without_failures(
+    tmp: Path, runs: dict[str, list[dict[str, Any]]], final: dict[str, Any]
+) -> None:
+    """Under ``keep_global`` every committed step trains the same global batch (G = 3 groups x 2 micro-batches of 4:
+    24 consecutive samples of the stream) whatever the live groups, so the scenario is the run without failures: one
+    process with accumulation 6. Checked twice: each committed step trained the reference's step's samples, and the
+    final weights agree to a tolerance (see the comment at the bound)."""
+    import torch
+
+    reference = tmp / "reference"
+    cmd = ["--out", str(reference), "--samples", str(SAMPLES), "--batch-size", str(BATCH)]
+    cmd += ["--accumulate", str(ACCUMULATE * GROUPS), "--policy", POLICY, "--strategy", "reference"]
+    proc = torchrun_popen(SCRIPT, *cmd, log=tmp / "reference.log")
+    assert proc.wait(timeout=600) == 0, _log(tmp, "reference")
+    ref = {r["step"]: r for r in _records(tmp, "reference")}
+    per_step: dict[int, set[int]] = {}
+    for records in runs.values():
+        for r in records:
+            per_step.setdefault(r["step"], set()).update(i for batch in r["batches"] for i in batch)
+    assert per_step.keys() == ref.keys()
+    for step, samples in per_step.items():
+        assert samples == {i for batch in ref[step]["batches"] for i in batch}, step
+    expected = torch.load(reference / "final0.pt")
+    assert final.keys() == expected.keys()
+    worst = max(float((final[k] - expected[k]).abs().max()) for k in expected)
+    # float64: the scenario sums the 24 per-sample gradients of a step in another order (3 groups x 2 micro-batches,
+    # averaged in the group, then across groups, against 6 micro-batches in one process): ~1e-16 relative per step,
+    # which Adam's normalisation carries into the weights at lr 1e-3 over ~1000 steps. Measured: see
+    # docs/replica-groups.md; one sample left out of one step moves the weights by more than 1e-6 (the ablation).
+    print(f"\nreplica scenario: final weights vs the run without failures: max |diff| {worst:.3g}")
+    assert worst < 1e-9, worst
