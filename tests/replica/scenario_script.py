@@ -121,10 +121,14 @@ class Model(L.LightningModule):
 
 class Record(Callback):
     def __init__(self) -> None:
-        self.last = 0  # no record before the first committed step (the optimizer has no state yet)
+        self.last: int | None = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.last is None:  # the step this process starts from (a joining group has healed by now)
+            self.last = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_rank != 0 or trainer.global_step == self.last:
+        if trainer.global_rank != 0 or trainer.global_step == self.last:  # a committed step only
             return
         self.last = trainer.global_step
         optimizer = trainer.optimizers[0]
