@@ -53,6 +53,7 @@ parser.add_argument("--min-replicas", type=int, default=2)
 parser.add_argument("--timeout-s", type=float, default=3.0)
 parser.add_argument("--policy", choices=("keep_local", "keep_global"), default="keep_local")
 parser.add_argument("--strategy", choices=("replica", "reference"), default="replica")
+parser.add_argument("--drop-sample", type=int, default=None, help="an ablation: this dataset index adds no gradient")
 args = parser.parse_args()
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
@@ -101,6 +102,9 @@ class Model(L.LightningModule):
         torch.rand(1)  # the global RNG moves with every micro-batch: a heal must copy it
         x, y, index = batch
         self.pending.append(index.tolist())
+        if args.drop_sample is not None:  # the ablation: one sample of the epoch leaves no trace
+            keep = (index != args.drop_sample).to(x.dtype)[:, None]
+            return (((self.net(x) - y) ** 2) * keep).mean()
         return torch.nn.functional.mse_loss(self.net(x), y)
 
     def on_before_optimizer_step(self, optimizer) -> None:  # every step's last micro-batch, committed or discarded
