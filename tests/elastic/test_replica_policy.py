@@ -158,3 +158,72 @@ def test_lr_scale_ramp_to_from_a_fresh_scale():
     scale = LRScale()
     scale.ramp_to(0.5, step=3, warmup_steps=0)
     assert (scale.at(2), scale.at(3)) == (0.5, 0.5)
+
+
+def _fit(policy: ElasticPolicy, *, accumulate: int = 2, lr: float = 0.03):
+    """The strategy's elastic resume in a replica group of a 3-group job (no resume), at train start."""
+    from types import SimpleNamespace
+
+    from torch.utils.data import DataLoader
+
+    from lightning_ft.strategy.elastic_resume import ElasticResume
+
+    resume = ElasticResume(policy=policy, event_log=lambda: None, sizes=lambda: (1, 1, 1, 1, {}))
+    resume.use_replica_groups(num_groups=3, num_groups_known=True, min_replicas=1, group_size=1)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=lr)
+    trainer = SimpleNamespace(
+        accumulate_grad_batches=accumulate,
+        optimizers=[optimizer],
+        global_step=0,
+        train_dataloader=DataLoader(range(100), batch_size=4),
+    )
+    resume.on_train_start(trainer, None)
+    return resume, trainer, optimizer
+
+
+def test_a_membership_change_sets_the_accumulation_and_the_rates_and_a_healed_group_ends_up_with_the_same():
+    survivor, trainer, optimizer = _fit(ElasticPolicy(batch="keep_local", lr_warmup_steps=4))
+    first = survivor.replica_membership(trainer, 3, 0)
+    assert first is not None and (first["accumulate_grad_batches"], first["lr_scale"]) == (2, 1.0)
+    assert survivor.replica_membership(trainer, 3, 1) is None  # the same membership (a discarded step): nothing
+    lost = survivor.replica_membership(trainer, 2, 5)
+    assert lost is not None and (lost["live_groups"], lost["global_batch"], lost["lr_scale"]) == (2, 16, 2 / 3)
+    assert lost["lr_scale_now"] == 1.0  # ramped over 4 steps from the factor in force
+    for step in (5, 6, 7):  # the optimizer steps (ElasticResume.optimizer_step's apply) while two groups are live
+        survivor.rates.apply(step)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.03 * (1 - (1 / 3) * 2 / 4))  # 2 of the 4 ramp steps
+    # A replacement heals at step 7 (global_step 7 copied with the rest): the state it receives, then the quorum's
+    # change 2 -> 3 on both.
+    joiner, joiner_trainer, joiner_optimizer = _fit(ElasticPolicy(batch="keep_local", lr_warmup_steps=4))
+    joiner_optimizer.load_state_dict(optimizer.state_dict())
+    joiner.load_replica_state(joiner_trainer, survivor.replica_state())
+    for resume, t in ((survivor, trainer), (joiner, joiner_trainer)):
+        assert resume.replica_membership(t, 3, 7) is not None
+        resume.rates.apply(7)
+    assert joiner_optimizer.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"]  # bitwise
+    assert joiner_trainer.accumulate_grad_batches == trainer.accumulate_grad_batches == 2
+    assert joiner.rates.replica.state_dict() == survivor.rates.replica.state_dict()
+
+
+def test_keep_global_sets_the_accumulation_on_the_trainer_and_a_checkpoint_records_the_full_membership():
+    resume, trainer, optimizer = _fit(ElasticPolicy())
+    resume.replica_membership(trainer, 3, 0)
+    assert resume.replica_membership(trainer, 2, 4)["accumulate_grad_batches"] == 3
+    assert trainer.accumulate_grad_batches == 3 and optimizer.param_groups[0]["lr"] == 0.03
+    metadata = resume.metadata()
+    assert metadata["accumulate_grad_batches"] == 2  # the full membership's: what a whole-job restart rescales
+    assert metadata["replica_live_groups"] == 2 and metadata["replica_lr_scale_state"]["target"] == 1.0
+    # Relaunched whole (a whole-job restart): the membership of the save until the first quorum.
+    from pathlib import Path
+
+    restarted, restarted_trainer, _ = _fit(ElasticPolicy())
+    restarted.checkpoint_loaded(Path("ckpt"), metadata, load_start_time=0.0, load_end_time=0.0)
+    restarted._check_replica_policy(restarted_trainer)
+    assert restarted_trainer.accumulate_grad_batches == 3
+    assert restarted.replica_membership(restarted_trainer, 2, 4) is None
+    assert restarted.replica_membership(restarted_trainer, 3, 4)["accumulate_grad_batches"] == 2
+
+
+def test_set_up_refuses_three_groups_of_accumulation_one_under_the_default_policy():
+    with pytest.raises(ValueError, match=r"ElasticPolicy\(batch='keep_global'\).*at 2 live groups"):
+        _fit(ElasticPolicy(), accumulate=1)
