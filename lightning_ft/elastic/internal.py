@@ -6,7 +6,8 @@ imported only by the packages that may import ``elastic`` (tests/test_architectu
 The strategy decides a resume (:func:`plan_resume_from_metadata`), applies its learning-rate scale
 (:class:`ScaledLearningRates`), keeps the data position and swaps in the resumable sampler. The replica mode deals the
 rest of an epoch anew over the live groups at every membership change and discarded step (:func:`reshard_sampler`,
-:func:`committed_after`, :func:`group_remainder`).
+:func:`committed_after`, :func:`group_remainder`) and applies the ``ElasticPolicy`` to the live groups
+(:func:`check_replica_policy`, :func:`plan_replica_batch`).
 """
 
 from lightning_ft.elastic.data_rng import DATA_RANDOMNESS
@@ -25,6 +26,12 @@ from lightning_ft.elastic.replica_data import (
     group_remainder,
     reshard_sampler,
 )
+from lightning_ft.elastic.replica_policy import (
+    ReplicaBatchPlan,
+    check_replica_policy,
+    plan_replica_batch,
+    replica_policy_message,
+)
 from lightning_ft.elastic.rescale import (
     ResumeDecision,
     check_accumulation_scheduler,
@@ -38,19 +45,23 @@ __all__ = [
     "DATA_RANDOMNESS",
     "GroupRemainder",
     "LRScale",
+    "ReplicaBatchPlan",
     "ReplicaMembership",
     "ResumeDecision",
     "ScaledLearningRates",
     "TrainingDataPosition",
     "align_batch_progress",
     "check_accumulation_scheduler",
+    "check_replica_policy",
     "committed_after",
     "find_resumable_sampler",
     "group_remainder",
     "new_rank_rng_states",
+    "plan_replica_batch",
     "plan_resume",
     "plan_resume_from_metadata",
     "previous_world",
+    "replica_policy_message",
     "reshard_sampler",
     "resume_timing",
     "resumed_rng_states",

@@ -58,6 +58,17 @@ class LRScale:
         self.start_scale, self.target = reached, self.target * decision.lr_scale
         self.start_step, self.warmup_steps = int(step), int(decision.lr_warmup_steps)
 
+    def ramp_to(self, target: float, *, step: int, warmup_steps: int) -> None:
+        """Ramp from the factor reached at global ``step`` to ``target`` (an absolute factor, not a product) over
+        ``warmup_steps`` optimizer steps (0: at once). A target already in force changes nothing. The replica mode's
+        factor of the live groups (:mod:`lightning_ft.elastic.replica_policy`) follows it."""
+        target = float(target)
+        if target == self.target:
+            return
+        reached = self.at(step)
+        self.start_scale, self.target = reached, target
+        self.start_step, self.warmup_steps = int(step), int(warmup_steps)
+
     def state_dict(self) -> dict[str, Any]:
         """Plain state: ``start_scale``, ``target``, ``start_step``, ``warmup_steps``."""
         return {key: getattr(self, key) for key in _STATE_KEYS}

@@ -14,8 +14,8 @@ How the replica mode uses it, on every rank of every group:
 
 1. At the start of every step whose quorum differs from the last one, and after every discarded step, it builds a
    :class:`ReplicaMembership` (``live_groups`` from torchft's quorum, ``group_index`` its ``replica_rank``, the
-   trainer's ``accumulate_grad_batches``: the :class:`~lightning_ft.ElasticPolicy` is not applied at a membership
-   change yet) and calls :func:`reshard_sampler` with the committed count, then restarts the training DataLoader's
+   trainer's ``accumulate_grad_batches``, which :mod:`~lightning_ft.elastic.replica_policy` set for the membership
+   just before) and calls :func:`reshard_sampler` with the committed count, then restarts the training DataLoader's
    iterator (the batches it prefetched belong to the old deal): lightning_ft/replica/data_deal.py.
 2. When a step commits, it advances the committed count with :func:`committed_after` (by the micro-batches the step
    trained); a discarded step leaves it: the discarded batches are the head of the next deal (with the same

@@ -58,6 +58,9 @@ class ScaledLearningRates:
     def __init__(self) -> None:
         self.scale = LRScale()
         """The factor as a function of the step (restored from, and saved into, checkpoint metadata)."""
+        self.replica = LRScale()
+        """The replica mode's factor of the live groups (:mod:`lightning_ft.elastic.replica_policy`), relative to the
+        full membership; multiplies :attr:`scale`. 1.0 without replica groups."""
         self.applied = 1.0
         """The factor the optimizers' rates carry now."""
         self._groups: list[_Group] = []
@@ -106,9 +109,30 @@ class ScaledLearningRates:
             if groups:
                 _compat.set_scheduler_last_lr(scheduler, [g.written for g in groups])
 
+    def factor(self, global_step: int) -> float:
+        """The factor on the run's own rates for the optimizer step taken at ``global_step``: the elastic resumes'
+        times the live replica groups'."""
+        return self.scale.at(global_step) * self.replica.at(global_step)
+
+    def unscaled(self) -> list[float]:
+        """The run's own rate of every param group, in the order :meth:`attach` took them."""
+        return [g.read_unscaled() for g in self._groups]
+
+    def rebind(self, optimizers: Iterable[torch.optim.Optimizer], *, unscaled: list[float], applied: float) -> None:
+        """The optimizers' state was replaced in place (a replica group's heal): their rates are another process's,
+        which carried the factor ``applied`` over the run's own rates ``unscaled`` (that process's :meth:`unscaled`,
+        in the same order). Taken as they are, bitwise (no division); the ``lr_scheduler_step`` wrapper stays."""
+        groups = [g for opt in optimizers for g in _compat.unwrap_optimizer(opt).param_groups]
+        if len(groups) != len(unscaled):
+            raise ValueError(
+                f"ScaledLearningRates.rebind: {len(groups)} param groups here, {len(unscaled)} rates received"
+            )
+        self._groups = [_Group(g, float(u)) for g, u in zip(groups, unscaled, strict=True)]
+        self.applied = float(applied)
+
     def apply(self, global_step: int) -> float:
         """Set every rate for the optimizer step taken at ``global_step``; returns the factor."""
-        scale = self.scale.at(global_step)
+        scale = self.factor(global_step)
         for g in self._groups:
             if scale != self.applied or g.group["lr"] != g.written:
                 g.read_unscaled()

@@ -129,6 +129,7 @@ class ReplicaGroups:
             )
         _check_replica_id(replica_id, "replica_id" if self.replica_id else REPLICA_ID_ENV)
         num_groups = self.num_groups
+        known = num_groups is not None or bool(os.environ.get(NUM_GROUPS_ENV))
         if num_groups is None:
             raw = os.environ.get(NUM_GROUPS_ENV)
             try:
@@ -143,6 +144,7 @@ class ReplicaGroups:
             replica_id=replica_id,
             num_groups=num_groups,
             address=self.address,
+            num_groups_known=known,
         )
 
 
@@ -156,6 +158,9 @@ class ResolvedReplicaGroups:
     replica_id: str
     num_groups: int
     address: str | None
+    num_groups_known: bool = True
+    """Whether ``num_groups`` was given (the field or ``NUM_REPLICA_GROUPS``) rather than the default 1: the
+    ``ElasticPolicy`` needs the full membership to scale at a change of the live groups."""
 
     @property
     def quorum_timeout(self) -> timedelta:

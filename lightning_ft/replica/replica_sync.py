@@ -30,7 +30,9 @@ change and every ``log_every_n_steps``. Events (group rank 0, through the run's 
 changes, ``replica_joined {replica_id, step}``, ``replica_lost {replica_id, step, stall_s, discarded_steps}`` (written
 at the first committed step after the loss, when the stall is known) and, on a joining group, ``healed {replica_id,
 source, bytes, seconds, step}``; ``replica_data {step, live_groups, group_index, committed, reason, repeated,
-skipped}`` each time the rest of the epoch is dealt anew (:mod:`~lightning_ft.replica.data_deal`).
+skipped}`` each time the rest of the epoch is dealt anew (:mod:`~lightning_ft.replica.data_deal`);
+``replica_policy {step, live_groups, accumulate_grad_batches, global_batch, lr_scale, ...}`` each time the
+``ElasticPolicy`` was applied to a new number of live groups (lightning_ft/elastic/replica_policy.py).
 """
 
 from __future__ import annotations
@@ -82,6 +84,10 @@ class ReplicaSync:
         group: the group's process group (``None``: the default group).
         event_log: returns the run's event log (or None).
         hold_sampler: told the training sampler whose count the data deal keeps (the strategy's data position).
+        membership: applies the ``ElasticPolicy`` to the live groups of a quorum (``(live_groups, step)``; sets the
+            accumulation and the learning-rate factor), returning the ``replica_policy`` event's fields when it changed
+            something (the strategy's elastic resume, lightning_ft/elastic/replica_policy.py).
+        policy_state: what a joining group copies of it; ``load_policy_state`` puts that in place after a heal.
 
     Collective over the group: every rank of the group builds one at set-up (rank 0 starts the manager server, the
     others connect to it through the group's TCPStore at ``MASTER_ADDR:MASTER_PORT``).
@@ -97,6 +103,9 @@ class ReplicaSync:
         group: Any = None,
         event_log: Callable[[], EventLog | None] = lambda: None,
         hold_sampler: Callable[[Any], None] = lambda sampler: None,
+        membership: Callable[[int, int], dict[str, Any] | None] = lambda live_groups, step: None,
+        policy_state: Callable[[], dict[str, Any] | None] = lambda: None,
+        load_policy_state: Callable[[dict[str, Any]], None] = lambda state: None,
     ) -> None:
         from torchft import Manager, ProcessGroupGloo
 
@@ -128,6 +137,9 @@ class ReplicaSync:
         self._recorder = _compat.quorum_recorder_patch(self.manager, self._record_quorum).install()
         self.gradients = GradientSync(self.manager, group=group, group_size=group_world_size)
         self.gate = StepGate(self._vote)
+        self._membership = membership
+        self._policy_state = policy_state
+        self._load_policy_state = load_policy_state
         self.data = ReplicaDataDeal(
             trainer, group_size=group_world_size, local_rank=group_rank, write=self._write, hold=hold_sampler
         )
@@ -163,6 +175,9 @@ class ReplicaSync:
         if self._step_open:
             return False
         trainer = self._trainer
+        # The batch in hand was counted before the quorum (a heal, a deal): Lightning zeroes the gradients at a step's
+        # first micro-batch only when that count is a multiple of the accumulation, which a new one need not keep.
+        batch_idx = trainer.fit_loop.epoch_loop.batch_progress.current.ready
         first = self._quorums == 0
         if first and self.manager.current_step() != trainer.global_step:
             # A fit resumed from a checkpoint: the quorum's step is Lightning's committed step count.
@@ -188,12 +203,29 @@ class ReplicaSync:
             )
         changed = self._after_quorum(trainer.global_step)
         self._log_live_groups(trainer, changed)
-        return self.data.after_quorum(
-            live_groups=self.manager.num_participants(),
+        live = self.manager.num_participants()
+        # The policy first: the deal reads the accumulation it sets, and sizes the epoch so that its first batch
+        # starts a step of that accumulation.
+        policy = self._membership(live, trainer.global_step) if live >= 1 else None
+        if policy is not None:
+            self._write("replica_policy", step=trainer.global_step, **policy)
+        dealt = self.data.after_quorum(
+            live_groups=live,
             group_index=self.manager.participating_rank(),
             members=tuple(self._members or ()),
             step=trainer.global_step,
         )
+        if batch_idx % max(1, int(trainer.accumulate_grad_batches)):
+            self._zero_grad(trainer, batch_idx)
+        return dealt
+
+    @staticmethod
+    def _zero_grad(trainer: pl.Trainer, batch_idx: int) -> None:
+        """What Lightning does at a step's first micro-batch (the LightningModule's ``optimizer_zero_grad``), for a
+        step whose first micro-batch Lightning takes for a later one: the previous step's gradients must not add up."""
+        module = trainer.lightning_module
+        for optimizer in trainer.optimizers:
+            module.optimizer_zero_grad(trainer.current_epoch, batch_idx, optimizer)
 
     def _vote(self) -> bool:
         """``should_commit`` for this step (the group's ranks, then every group), with its bookkeeping."""
@@ -331,11 +363,13 @@ class ReplicaSync:
     # ------------------------------------------------------------------ heal
 
     def _state(self) -> dict[str, Any]:  # torchft's quorum thread, on a group that serves a joining one
-        return heal_state(self._trainer)
+        return {**heal_state(self._trainer), "elastic": self._policy_state()}
 
     def _load(self, state: dict[str, Any]) -> None:  # the training thread, inside start_quorum, on a joining group
         started = time.monotonic()
         apply_heal_state(self._trainer, state)
+        if state.get("elastic") is not None:  # the source's rates and accumulation, bitwise (its optimizers are here)
+            self._load_policy_state(state["elastic"])
         self.data.forget_deal()  # the sampler holds the source's committed count: the quorum deals anew from it
         size, fetch_s = self.transport.last_received or (0, 0.0)
         result = self._quorum

@@ -138,6 +138,9 @@ def run_metadata(
     lr_scale_state: dict[str, Any] | None = None,
     configured_accumulate_grad_batches: int | None = None,
     identity: dict[str, Any] | None = None,
+    accumulate_grad_batches: int | None = None,
+    replica_lr_scale_state: dict[str, Any] | None = None,
+    replica_live_groups: int | None = None,
 ) -> dict[str, Any]:
     """The metadata of the run that writes ``checkpoint``: what a later resume (on any world) needs to decide.
 
@@ -145,7 +148,10 @@ def run_metadata(
     (:meth:`lightning_ft.elastic.LRScale.state_dict`); ``configured_accumulate_grad_batches`` the Trainer's own
     setting, before an elastic policy replaced it (``accumulate_grad_batches`` is the one in force); ``identity`` the
     model's (:func:`~lightning_ft.strategy.run_identity.module_identity`), which auto-resume compares with the live
-    model's to tell this run's checkpoints from another experiment's."""
+    model's to tell this run's checkpoints from another experiment's. Replica groups: ``accumulate_grad_batches``
+    (given) is the accumulation of the full membership, not the one the live groups' policy put in force, and
+    ``replica_lr_scale_state`` / ``replica_live_groups`` (present only then) the live groups' learning-rate factor and
+    the membership it was applied to (lightning_ft/elastic/replica_policy.py)."""
     return {
         "step": checkpoint.get("global_step"),
         "epoch": checkpoint.get("epoch"),
@@ -155,7 +161,9 @@ def run_metadata(
         "mesh": mesh,
         "parallelized": parallelized,
         "per_device_batch_size": _per_device_batch_size(trainer),
-        "accumulate_grad_batches": trainer.accumulate_grad_batches if trainer is not None else 1,
+        "accumulate_grad_batches": accumulate_grad_batches
+        if accumulate_grad_batches is not None
+        else (trainer.accumulate_grad_batches if trainer is not None else 1),
         "base_lrs": [[float(g.get("initial_lr", g["lr"])) for g in opt.param_groups] for opt in optimizers],
         "lr_scale": lr_scale,
         "lr_scale_state": lr_scale_state,
@@ -163,6 +171,11 @@ def run_metadata(
         "run_id": event_log.run_id if event_log else None,
         "attempt": event_log.attempt if event_log else None,
         "run_identity": identity,
+        **(
+            {"replica_lr_scale_state": replica_lr_scale_state, "replica_live_groups": replica_live_groups}
+            if replica_lr_scale_state is not None
+            else {}
+        ),
     }
 
 

@@ -509,13 +509,23 @@ class ElasticFT3D(DDPStrategy):
                 "ElasticFT3D(replica_groups=...): manual optimization (automatic_optimization=False) is not supported;"
                 " a step discarded across groups must be skipped by the strategy"
             )
+        config, resume = self._replica_config, self._elastic_resume
+        resume.use_replica_groups(
+            num_groups=config.num_groups,
+            num_groups_known=config.num_groups_known,
+            min_replicas=config.min_replicas,
+            group_size=self.world_size,
+        )
         self._replica = ReplicaSync(
-            self._replica_config,
+            config,
             trainer,
             group_rank=self.global_rank,
             group_world_size=self.world_size,
             event_log=lambda: self.event_log,
             hold_sampler=self._data_position.hold,
+            membership=lambda live_groups, step: resume.replica_membership(trainer, live_groups, step),
+            policy_state=resume.replica_state,
+            load_policy_state=lambda state: resume.load_replica_state(trainer, state),
         )
         if self._auto_resume.healing_from:  # the heal must reach the checkpoint left on disk
             self._replica.resume_floor = self._auto_resume.skipped_step

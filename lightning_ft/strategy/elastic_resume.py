@@ -33,10 +33,14 @@ from typing_extensions import override
 from lightning_ft import _compat
 from lightning_ft.elastic import ElasticPolicy
 from lightning_ft.elastic.internal import (
+    ReplicaBatchPlan,
     ResumeDecision,
     ScaledLearningRates,
+    check_replica_policy,
+    plan_replica_batch,
     plan_resume_from_metadata,
     previous_world,
+    replica_policy_message,
     resume_timing,
     resumed_rng_states,
 )
@@ -76,6 +80,10 @@ class ElasticResume(Callback):
         self._pending_event: dict[str, Any] | None = None
         self._last_step: tuple[int, float] | None = None
         self._resumed_written = False
+        self._replica: dict[str, Any] | None = None  # the replica mode's sizes (use_replica_groups)
+        self._replica_accumulate: int | None = None  # the accumulation at the full membership (on_train_start)
+        self._replica_batch: int | None = None  # the per-device batch (on_train_start)
+        self._replica_live: int | None = None  # the live groups the policy was last applied to
 
     @classmethod
     def of(cls, strategy: ElasticFT3D) -> ElasticResume:
@@ -126,6 +134,10 @@ class ElasticResume(Callback):
             # lightning-ft 0.1.0 saved unscaled rates and only the factor of the save's step.
             self.rates.scale.load_constant(float(metadata.get("lr_scale") or 1.0))
             self._saved_scale = 1.0
+        replica = metadata.get("replica_lr_scale_state")
+        if replica:  # a whole-job restart of replica groups: the live groups' factor goes on from the save's
+            self.rates.replica.load_state_dict(replica)
+            self._replica_live = metadata.get("replica_live_groups")
 
     def rng_states(self, saved: dict[str, Any] | None, *, rank: int, saved_rank: int) -> dict[str, Any] | None:
         """The RNG states this rank continues with after the load (see :mod:`lightning_ft.elastic.rank_rng`)."""
@@ -137,11 +149,18 @@ class ElasticResume(Callback):
         rates carry), ``lr_scale_state`` (the ramp, to continue it) and ``configured_accumulate_grad_batches`` (the
         user's own Trainer setting, which the policy may have replaced: a resume compares the new Trainer's with
         it to tell a change the user made from the policy's)."""
-        return {
+        metadata: dict[str, Any] = {
             "lr_scale": self.rates.applied,
             "lr_scale_state": self.rates.scale.state_dict(),
             "configured_accumulate_grad_batches": self._configured_accumulate,
         }
+        if self._replica is not None and self._replica_accumulate is not None:
+            # Replica groups: the accumulation of the full membership (what a resume rescales from; the one in force
+            # follows the live groups) and the live groups' learning-rate factor, apart from the resumes' own.
+            metadata["accumulate_grad_batches"] = self._replica_accumulate
+            metadata["replica_lr_scale_state"] = self.rates.replica.state_dict()
+            metadata["replica_live_groups"] = self._replica_live
+        return metadata
 
     def optimizer_step(self, step: Callable[[], Any], global_step: int) -> Any:
         """Run ``step`` (the optimizer step taken at ``global_step``) with the rates of that step, then set the
@@ -151,6 +170,118 @@ class ElasticResume(Callback):
             return step()
         finally:
             self.rates.apply(global_step + 1)
+
+    # -- replica groups: the policy at a change of the live groups (lightning_ft/elastic/replica_policy.py) --------
+
+    def use_replica_groups(
+        self, *, num_groups: int, num_groups_known: bool, min_replicas: int, group_size: int
+    ) -> None:
+        """This fit is a replica group (the strategy's set-up, every rank): the policy applies at each change of the
+        live groups, relative to ``num_groups`` groups of ``group_size`` ranks."""
+        self._replica = {
+            "num_groups": num_groups,
+            "num_groups_known": num_groups_known,
+            "min_replicas": min_replicas,
+            "group_size": group_size,
+        }
+
+    def _check_replica_policy(self, trainer: pl.Trainer) -> None:
+        """At ``on_train_start``, before any step: the accumulation of the full membership (the Trainer's, or what
+        the resume decided), and the policy checked at every membership from ``min_replicas`` to ``num_groups``."""
+        if self._replica is None:
+            return
+        self._replica_accumulate = int(trainer.accumulate_grad_batches)
+        self._replica_batch = _per_device_batch_size(trainer)
+        check_replica_policy(
+            self.policy,
+            num_groups=self._replica["num_groups"],
+            num_groups_known=self._replica["num_groups_known"],
+            min_replicas=self._replica["min_replicas"],
+            group_size=self._replica["group_size"],
+            device_batch=self._replica_batch,
+            accumulate=self._replica_accumulate,
+        )
+        if self._replica_live is not None:  # a whole-job restart: the membership of the save until the first quorum
+            trainer.accumulate_grad_batches = self._accumulate_set = self._replica_plan(
+                self._replica_live
+            ).accumulate_grad_batches
+
+    def _replica_plan(self, live_groups: int) -> ReplicaBatchPlan:
+        assert self._replica is not None and self._replica_accumulate is not None
+        return plan_replica_batch(
+            self.policy,
+            live_groups=live_groups,
+            num_groups=self._replica["num_groups"],
+            group_size=self._replica["group_size"],
+            device_batch=self._replica_batch or 1,
+            accumulate=self._replica_accumulate,
+        )
+
+    def replica_membership(self, trainer: pl.Trainer, live_groups: int, step: int) -> dict[str, Any] | None:
+        """The quorum of the step at global ``step`` has ``live_groups`` groups: when that changed since the policy
+        was last applied (or at the fit's first quorum), set the accumulation on the trainer and ramp the learning
+        rate's factor of the live groups, say it on the console (group rank 0) and return the ``replica_policy``
+        event's fields; ``None`` when nothing changed.
+
+        Every rank of every group calls it right after the quorum and before the rest of the epoch is dealt anew
+        (the deal reads the accumulation). A healed group calls it after the heal put the source's policy state in
+        place (:meth:`load_replica_state`), so it makes the same change at the same step.
+
+        Raises:
+            ValueError: ``keep_global`` cannot serve ``live_groups`` (more groups live than ``num_groups`` says, with
+                an accumulation that does not divide).
+        """
+        if self._replica is None or self._replica_accumulate is None or live_groups == self._replica_live:
+            return None
+        first = self._replica_live is None
+        before = self._replica_plan(self._replica_live or self._replica["num_groups"])
+        after = self._replica_plan(live_groups)
+        trainer.accumulate_grad_batches = self._accumulate_set = after.accumulate_grad_batches
+        warmup = self.policy.lr_warmup_steps if self.policy is not None else 0
+        self.rates.replica.ramp_to(after.lr_scale, step=step, warmup_steps=warmup)
+        self.rates.apply(step)
+        self._replica_live = live_groups
+        rank_zero_info(replica_policy_message(before, after, first=first, warmup_steps=warmup))
+        return {
+            "live_groups": live_groups,
+            "num_groups": after.num_groups,
+            "batch": self.policy.batch if self.policy is not None else None,
+            "lr_scaling": self.policy.lr_scaling if self.policy is not None else None,
+            "accumulate_grad_batches": after.accumulate_grad_batches,
+            "global_batch": after.global_batch,
+            "reference_global_batch": after.reference_global_batch,
+            "lr_scale": after.lr_scale,
+            "lr_scale_now": self.rates.applied,
+            "lr_warmup_steps": warmup,
+        }
+
+    def replica_state(self) -> dict[str, Any] | None:
+        """What a joining group copies with the rest of the state, so that its rates and accumulation are this
+        group's bitwise: the run's own (unscaled) rates, the factor they carry, both factors' ramps and the live
+        groups the policy was last applied to. Called on torchft's quorum thread while the training thread waits."""
+        if self._replica is None:
+            return None
+        return {
+            "unscaled": self.rates.unscaled(),
+            "applied": self.rates.applied,
+            "scale": self.rates.scale.state_dict(),
+            "replica": self.rates.replica.state_dict(),
+            "live_groups": self._replica_live,
+        }
+
+    def load_replica_state(self, trainer: pl.Trainer, state: dict[str, Any]) -> None:
+        """Put :meth:`replica_state` of the source in place, after the heal loaded the optimizers (their rates are the
+        source's). Every rank of the joining group, on the training thread, inside the quorum."""
+        if self._replica is None:
+            return
+        self.rates.scale.load_state_dict(state["scale"])
+        self.rates.replica.load_state_dict(state["replica"])
+        self.rates.rebind(trainer.optimizers, unscaled=list(state["unscaled"]), applied=float(state["applied"]))
+        self._replica_live = state["live_groups"]
+        if self._replica_live is not None and self._replica_accumulate is not None:
+            trainer.accumulate_grad_batches = self._accumulate_set = self._replica_plan(
+                self._replica_live
+            ).accumulate_grad_batches
 
     # -- hooks ------------------------------------------------------------------------------------------------------
 
@@ -174,6 +305,7 @@ class ElasticResume(Callback):
         if self._loaded is None:
             self.rates.attach(trainer.optimizers, module=pl_module, saved_scale=1.0)
             self.rates.apply(trainer.global_step)
+            self._check_replica_policy(trainer)
             return
         decision = self._decide(trainer)
         trainer.accumulate_grad_batches = self._accumulate_set = decision.accumulate_grad_batches
@@ -185,6 +317,7 @@ class ElasticResume(Callback):
         self.rates.apply(trainer.global_step)
         assert self._pending_event is not None
         self._pending_event.update(lr_scale_now=self.rates.applied, lr_scale_target=self.rates.scale.target)
+        self._check_replica_policy(trainer)
 
     def _decide(self, trainer: pl.Trainer) -> ResumeDecision:
         """The policy's decision for the loaded checkpoint and this Trainer; prepares the ``resumed`` event."""
@@ -260,6 +393,7 @@ class ElasticResume(Callback):
             self.rates.detach()
             self._loaded = None
             self._resumed_written = False
+            self._replica = self._replica_accumulate = self._replica_live = None
 
     def _write_resumed(self, trainer: pl.Trainer, *, first_step_time: float | None) -> None:
         fields, self._pending_event = self._pending_event, None

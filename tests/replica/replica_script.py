@@ -8,6 +8,13 @@ seconds, so that the test can kill and replace a group mid-run; without it the r
 ``<out>/hang`` exists the training step does not return (a hung rank). ``REPLICA_TEST_SLOW_STEP_S`` makes every
 training step of this group sleep that long (a straggler group); ``--evict-stragglers`` adds
 ``StragglerMonitor(action="evict")`` (tests/replica/test_replica_eviction_e2e.py).
+
+``--policy`` chooses ``ElasticFT3D(elastic=...)`` (default: the strategy's own default, ``ElasticPolicy()``);
+``--accumulate`` the Trainer's ``accumulate_grad_batches``; ``--deterministic`` a float64 model (``precision="64-true"``)
+without dropout or noise, trained with SGD, so that runs that see the same samples per step end equal up to the
+rounding of the summation order (tests/replica/test_replica_policy_e2e.py); ``--strategy elastic`` one
+``ElasticFT3D`` job without replica groups (a reference on the same sample stream). Each record also holds
+``accumulate`` (the accumulation in force) and ``step_samples`` (the sample ids of every micro-batch of the step).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from lightning_ft import ElasticFT3D, ReplicaGroups, StragglerMonitor  # noqa: E402
+from lightning_ft import ElasticFT3D, ElasticPolicy, ReplicaGroups, StragglerMonitor  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -40,7 +47,12 @@ parser.add_argument("--max-steps", type=int, default=60)
 parser.add_argument("--step-sleep", type=float, default=0.2)
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--min-replicas", type=int, default=1)
-parser.add_argument("--strategy", choices=("replica", "ddp"), default="replica")
+parser.add_argument("--strategy", choices=("replica", "ddp", "elastic"), default="replica")
+parser.add_argument(
+    "--policy", choices=("default", "keep_global", "keep_local", "keep_local_none", "none"), default="default"
+)
+parser.add_argument("--accumulate", type=int, default=1)
+parser.add_argument("--deterministic", action="store_true")
 parser.add_argument("--timeout-s", type=float, default=3.0)
 parser.add_argument("--evict-stragglers", action="store_true")
 parser.add_argument("--ckpt-dir", default=None, help="a ModelCheckpoint(dirpath=...) every --every-n steps (shared)")
@@ -78,7 +90,10 @@ def digest(obj) -> str:
 class Model(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.1), torch.nn.Linear(32, 4))
+        if args.deterministic:  # no dropout, no noise: the result depends only on the samples of each step
+            self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+        else:
+            self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.1), torch.nn.Linear(32, 4))
 
     def training_step(self, batch, batch_idx):
         if hold.exists():
@@ -87,11 +102,16 @@ class Model(L.LightningModule):
         while (out / "hang").exists():  # a hung rank: the training thread stops, torchft's heartbeat thread goes on
             time.sleep(0.1)
         x, y, _ = batch
+        if args.deterministic:
+            return torch.nn.functional.mse_loss(self.net(x), y)
         noise = torch.randn_like(x) * 0.01  # the RNG is part of the state
         return torch.nn.functional.mse_loss(self.net(x + noise), y)
 
     def configure_optimizers(self):
-        optimizer = torch.optim.Adam(self.parameters(), lr=1e-2)
+        if args.deterministic:
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+        else:
+            optimizer = torch.optim.Adam(self.parameters(), lr=1e-2)
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.9)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -123,15 +143,28 @@ class Record(Callback):
     def __init__(self, batches: Batches) -> None:
         self.batches = batches
         self.last = -1
+        self.micro: list[int] = []  # sample ids of the micro-batches of the running step
+        self.closed: list[int] = []  # ... of the step being voted on
+        self.voted = False  # the running step reached its vote (the closure ran): its last micro-batch ends now
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.micro += batch[2].tolist()
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        assert isinstance(optimizer, torch.optim.Adam), type(optimizer)  # hooks see the user's own optimizer
+        assert isinstance(optimizer, (torch.optim.Adam, torch.optim.SGD)), type(optimizer)  # the user's own optimizer
+        self.closed, self.micro = self.micro, []  # committed or discarded: the next step starts afresh
+        self.voted = True
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_rank != 0 or trainer.global_step == self.last:
+        # At the end of a committed step only: not after a micro-batch that does not step (with accumulation, a heal
+        # moves global_step mid-step, and a batch ends at step 0 with no optimizer state yet: a StopIteration out of
+        # a hook would end Lightning's epoch), nor after a discarded step (global_step did not move).
+        voted, self.voted = self.voted, False
+        if trainer.global_rank != 0 or not voted or trainer.global_step in (self.last, 0):
             return
         self.last = trainer.global_step
         loop = trainer.fit_loop.epoch_loop
+        opt_state = next(iter(trainer.optimizers[0].state.values()))
         record = {
             "step": trainer.global_step,
             "pid": os.getpid(),
@@ -140,25 +173,36 @@ class Record(Callback):
             "optimizer": digest(trainer.optimizers[0].state_dict()),
             "scheduler": digest(trainer.lr_scheduler_configs[0].scheduler.state_dict()),
             "lr": trainer.optimizers[0].param_groups[0]["lr"],
-            "adam_steps": int(next(iter(trainer.optimizers[0].state.values()))["step"]),
+            "adam_steps": int(opt_state["step"]) if "step" in opt_state else None,  # SGD keeps no count
             "scheduler_steps": trainer.lr_scheduler_configs[0].scheduler.last_epoch,
             "rng": digest([torch.get_rng_state(), np.random.get_state()[1], random.getstate()]),
             "callback": self.batches.seen,
             "loop": [trainer.global_step, loop._batches_that_stepped, trainer.current_epoch],
             "samples": batch[2].tolist(),
+            "accumulate": trainer.accumulate_grad_batches,
+            "step_samples": self.closed,
         }
         with open(out / "steps.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
 
 
 L.seed_everything(args.seed)
+policies = {
+    "keep_global": ElasticPolicy(batch="keep_global"),
+    "keep_local": ElasticPolicy(batch="keep_local", lr_scaling="linear"),
+    "keep_local_none": ElasticPolicy(batch="keep_local", lr_scaling="none"),
+    "none": None,
+}
+policy = {} if args.policy == "default" else {"elastic": policies[args.policy]}
 if args.strategy == "ddp":  # the oracle: one torchrun job of several processes
     strategy = DDPStrategy()
+elif args.strategy == "elastic":  # one job without replica groups, on the resumable sampler's stream
+    strategy = ElasticFT3D(**policy)
 else:
     groups = ReplicaGroups(
         address="127.0.0.1", min_replicas=args.min_replicas, timeout=timedelta(seconds=args.timeout_s)
     )
-    strategy = ElasticFT3D(replica_groups=groups)
+    strategy = ElasticFT3D(replica_groups=groups, **policy)
 batches = Batches()
 callbacks = [batches, Record(batches)]
 if args.evict_stragglers:
@@ -170,6 +214,8 @@ trainer = L.Trainer(
     devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
     strategy=strategy,
     max_steps=args.max_steps,
+    accumulate_grad_batches=args.accumulate,
+    precision="64-true" if args.deterministic else "32-true",
     limit_val_batches=0,
     enable_checkpointing=bool(args.ckpt_dir),
     logger=CSVLogger(str(out), name="csv", version=0),

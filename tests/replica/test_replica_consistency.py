@@ -30,7 +30,7 @@ def test_a_write_after_the_save_never_reaches_the_committed_checkpoint_of_a_repl
     try:
         with lighthouse() as address:
             groups = ReplicaGroups(
-                lighthouse=address, replica_id="0", address="127.0.0.1", timeout=timedelta(seconds=5)
+                lighthouse=address, replica_id="0", address="127.0.0.1", timeout=timedelta(seconds=5), num_groups=1
             )
             compared, problems, applied = consistency.run(
                 tmp_path, hook=hook, where=where, checkpoint_format="torchsnapshot", replica_groups=groups, devices=1

@@ -34,7 +34,7 @@ def _start(tmp: Path, name: str, replica_id: str, address: str, *, slow: bool = 
         env["REPLICA_TEST_SLOW_STEP_S"] = str(SLOW_STEP_S)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=1"]
     cmd += ["--max-restarts=0", str(SCRIPT), "--out", str(tmp / name), "--max-steps", str(MAX_STEPS)]
-    cmd += ["--evict-stragglers"]
+    cmd += ["--evict-stragglers", "--policy", "keep_local_none"]  # 3 groups of accumulation 1: no keep_global
     log = open(tmp / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 

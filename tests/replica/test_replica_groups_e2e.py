@@ -33,10 +33,16 @@ MAX_STEPS = 600
 STATE = ("weights", "optimizer", "scheduler", "lr", "rng", "callback", "loop")  # compared bitwise across groups
 
 
-def _start(tmp: Path, name: str, replica_id: str, address: str) -> subprocess.Popen:
+def _start(
+    tmp: Path, name: str, replica_id: str, address: str, *, policy: str = "keep_local_none", args: tuple[str, ...] = ()
+) -> subprocess.Popen:
+    """One group of three (``NUM_REPLICA_GROUPS=3``). ``policy``: replica_script.py's ``--policy``; the default keeps
+    the per-group batch and the learning rate at a membership change (three groups of accumulation 1 cannot keep the
+    global batch at two); ``args``: more of the script's arguments (the last ``--max-steps`` wins)."""
     env = subprocess_env(TORCHFT_LIGHTHOUSE=address, REPLICA_GROUP_ID=replica_id, NUM_REPLICA_GROUPS="3")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=1"]
     cmd += ["--max-restarts=0", str(SCRIPT), "--out", str(tmp / name), "--max-steps", str(MAX_STEPS)]
+    cmd += ["--policy", policy, *args]
     log = open(tmp / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
@@ -208,6 +214,7 @@ def test_a_group_stops_when_fewer_than_min_replicas_stay_live(tmp_path: Path) ->
         env = subprocess_env(TORCHFT_LIGHTHOUSE=address, REPLICA_GROUP_ID="0")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=1"]
         cmd += [str(SCRIPT), "--out", str(tmp_path / "g0"), "--min-replicas", "2", "--timeout-s", "1"]
+        cmd += ["--policy", "keep_local_none"]  # no NUM_REPLICA_GROUPS: a policy that scales would need it
         proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=500)
     assert proc.returncode != 0
     assert (
