@@ -47,8 +47,8 @@ parser.add_argument("--samples", type=int, default=24000)
 parser.add_argument("--batch-size", type=int, default=4)
 parser.add_argument("--accumulate", type=int, default=2)
 parser.add_argument("--max-epochs", type=int, default=1)
-parser.add_argument("--step-sleep", type=float, default=0.2)
-parser.add_argument("--slow-sleep", type=float, default=0.3)
+parser.add_argument("--step-sleep", type=float, default=0.1)
+parser.add_argument("--slow-sleep", type=float, default=0.4)
 parser.add_argument("--min-replicas", type=int, default=2)
 parser.add_argument("--timeout-s", type=float, default=3.0)
 parser.add_argument("--policy", choices=("keep_local", "keep_global"), default="keep_local")
@@ -91,6 +91,7 @@ class Model(L.LightningModule):
             self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).double()
         self.pending: list[list[int]] = []  # this step's micro-batches so far
         self.step_batches: list[list[int]] = []  # the micro-batches of the last step that reached the optimizer
+        self.voted_at: int | None = None
 
     def training_step(self, batch, batch_idx):
         if hold.exists():
@@ -109,6 +110,7 @@ class Model(L.LightningModule):
 
     def on_before_optimizer_step(self, optimizer) -> None:  # every step's last micro-batch, committed or discarded
         self.step_batches, self.pending = self.pending, []
+        self.voted_at = self.trainer.global_step  # committed steps before this one: +1 after it iff it commits
 
     def configure_optimizers(self):
         optimizer = torch.optim.Adam(self.parameters(), lr=1e-3)
@@ -124,17 +126,13 @@ class Model(L.LightningModule):
 
 
 class Record(Callback):
-    def __init__(self) -> None:
-        self.last: int | None = None
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self.last is None:  # the step this process starts from (a joining group has healed by now)
-            self.last = trainer.global_step
+    """One record per committed step, at its last micro-batch: not at a step that was discarded, nor where a heal
+    (a joining group, or a live one that missed a quorum) moved ``global_step`` at the start of a step."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_rank != 0 or trainer.global_step == self.last:  # a committed step only
+        voted_at, pl_module.voted_at = pl_module.voted_at, None
+        if trainer.global_rank != 0 or voted_at is None or trainer.global_step != voted_at + 1:
             return
-        self.last = trainer.global_step
         optimizer = trainer.optimizers[0]
         record = {
             "step": trainer.global_step,
@@ -169,7 +167,7 @@ else:
         address="127.0.0.1", min_replicas=args.min_replicas, timeout=timedelta(seconds=args.timeout_s)
     )
     strategy = ElasticFT3D(elastic=policy, replica_groups=groups)
-    # min_excess_ms: a group must be 50 ms a step slower than the others to be named; the straggler is ~300 ms slower,
+    # min_excess_ms: a group must be 50 ms a step slower than the others to be named; the straggler is ~400 ms slower,
     # a healthy group's jitter on this loaded machine once the hold is lifted a few ms.
     callbacks.append(StragglerMonitor(interval=4, warmup_steps=2, patience=2, min_excess_ms=50, action="evict"))
 trainer = L.Trainer(

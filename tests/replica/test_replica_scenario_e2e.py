@@ -9,7 +9,7 @@ failures in turn, each replaced later by a new group that heals from a live one:
 
 Group 0 lives through all three. The run: tests/replica/scenario_script.py (``min_replicas=2``,
 ``accumulate_grad_batches=2``, ``timeout=3 s``, one epoch of 24000 samples, batches of 4). While ``<tmp>/hold`` exists
-every micro-batch sleeps 0.2 s (the groups overlap in time, the SIGKILL lands mid-step, and the epoch outlasts the
+every micro-batch sleeps 0.1 s (the groups overlap in time, the SIGKILL lands mid-step, and the epoch outlasts the
 scenario); the hold is lifted once the last replacement commits and the epoch ends at full speed.
 
 Checked from the event logs and the per-step records: no group restarted (one pid each, one attempt); each failure
@@ -46,7 +46,7 @@ from tests.replica.test_replica_groups_e2e import _log, _records, _wait
 pytest.importorskip("torchft")
 
 SCRIPT = Path(__file__).with_name("scenario_script.py")
-POLICY = os.environ.get("REPLICA_SCENARIO_POLICY", "keep_local")
+POLICY = os.environ.get("REPLICA_SCENARIO_POLICY", "keep_global")
 """``ElasticPolicy.batch`` of the scenario; ``keep_global`` adds the comparison with the run without failures."""
 SAMPLES, BATCH, ACCUMULATE, GROUPS = 24000, 4, 2, 3
 STATE = ("weights", "optimizer", "scheduler", "lr", "rng", "loop")  # compared bitwise across groups
@@ -178,8 +178,11 @@ def test_evicted_killed_and_hung_groups_are_replaced_while_the_others_keep_train
     for name, records in runs.items():
         assert records, f"{name} committed nothing"
         assert len({r["pid"] for r in records}) == 1, f"{name} restarted"
+        # Steps one by one; a gap only where the group healed (a live group that missed a quorum catches up).
+        healed_at = {e["step"] for e in events[name] if e["event"] == "healed"}
         steps = [r["step"] for r in records]
-        assert steps == list(range(steps[0], steps[0] + len(steps))), f"{name}: steps {steps}"
+        gaps = [(a, b) for a, b in zip(steps, steps[1:], strict=False) if b != a + 1]
+        assert all(a < b and b - 1 in healed_at for a, b in gaps), f"{name}: steps {steps}, heals {healed_at}"
         for r in records:
             assert r["adam_steps"] == r["step"] == r["scheduler_steps"] == r["loop"][0], (name, r)
     for name in ("g0", "g1b", "g3b"):
@@ -187,36 +190,46 @@ def test_evicted_killed_and_hung_groups_are_replaced_while_the_others_keep_train
         assert done["pid"] == runs[name][0]["pid"], name
         ends = [e for e in events[name] if e["event"] == "attempt_end"]
         assert [e["reason"] for e in ends] == ["finished"], (name, ends)
-    assert runs["g0"][0]["step"] == 1  # group 0 was there from the first step to the last
 
-    # Each failure cost the groups live at the time one replica_lost, written with the stall it cost (counted from
-    # the first quorum of all three groups: the groups start seconds apart, and a late one may join, miss the next
-    # quorum while still in its first step and join again).
+    # Each failure cost each group live at the time one replica_lost, written with the stall it cost. Counted from the
+    # first quorum of all three groups (the groups start seconds apart, and a late one may miss the next quorum while
+    # still in its first step). Any other replica_lost is a live group that missed one quorum and comes back at once
+    # (it heals, without a restart: docs/replica-groups.md, "Tested"); the bitwise checks below cover it.
     full = min(e["step"] for e in events["g0"] if e["event"] == "replica_quorum" and e["live_groups"] == 3)
-    lost = {n: [e for e in events[n] if e["event"] == "replica_lost" and e["step"] >= full] for n in names}
-    assert [e["replica_id"] for e in lost["g0"]] == ["2", "1", "3"], lost["g0"]
-    assert [e["replica_id"] for e in lost["g1"]] == ["2"], lost["g1"]
-    assert [e["replica_id"] for e in lost["g3"]] == ["1"], lost["g3"]
-    assert [e["replica_id"] for e in lost["g1b"]] == ["3"], lost["g1b"]
-    stalls = {
-        kind: [round(e["stall_s"], 2) for n in names for e in lost[n] if e["replica_id"] == rid]
-        for kind, rid in (("eviction", "2"), ("sigkill", "1"), ("hang", "3"))
-    }
-    discarded = {
-        kind: [e["discarded_steps"] for n in names for e in lost[n] if e["replica_id"] == rid]
-        for kind, rid in (("eviction", "2"), ("sigkill", "1"), ("hang", "3"))
-    }
+    assert runs["g0"][0]["step"] <= full + 1  # group 0 was there from the first full quorum to the end
+    kinds, fault_steps = {"2": "eviction", "1": "sigkill", "3": "hang"}, {"2": full, "1": killed_step, "3": hung_step}
+    failures: dict[str, list[tuple[str, dict[str, Any]]]] = {rid: [] for rid in kinds}
+    churn = []
+    for name in names:
+        seen = set()
+        for e in events[name]:
+            if e["event"] != "replica_lost" or e["step"] < full:
+                continue
+            rid = e["replica_id"]
+            if rid in kinds and rid not in seen and e["step"] >= fault_steps[rid]:
+                seen.add(rid)
+                failures[rid].append((name, e))
+                continue
+            churn.append((name, rid, e["step"]))
+            back = [j for j in events[name] if j["event"] == "replica_joined" and j["replica_id"] == rid]
+            assert any(e["step"] <= j["step"] <= e["step"] + 3 for j in back), (name, e, back)
+    assert sorted(n for n, _ in failures["2"]) == ["g0", "g1"], failures["2"]
+    assert sorted(n for n, _ in failures["1"]) == ["g0", "g3"], failures["1"]
+    assert sorted(n for n, _ in failures["3"]) == ["g0", "g1b"], failures["3"]
+    stalls = {kinds[rid]: [round(e["stall_s"], 2) for _, e in failures[rid]] for rid in kinds}
+    discarded = {kinds[rid]: [e["discarded_steps"] for _, e in failures[rid]] for rid in kinds}
     for kind, values in stalls.items():
         assert all(0 <= s < 60 for s in values), (kind, values)  # sanity only: the machine is loaded
 
-    # Each replacement healed from a live group, bitwise the others at its first committed step and to the end.
+    # Each replacement healed from a live group at its first step, and is bitwise the others at its first committed
+    # step and at every step after (so is every group: a group that missed a quorum and healed included).
     for name, replica_id in (("g3", "3"), ("g1b", "1"), ("g3b", "3")):
         healed = [e for e in events[name] if e["event"] == "healed"]
-        assert len(healed) == 1 and healed[0]["replica_id"] == replica_id and healed[0]["bytes"] > 0, healed
+        assert healed and healed[0]["replica_id"] == replica_id and healed[0]["bytes"] > 0, healed
         first = runs[name][0]
         assert healed[0]["step"] + 1 == first["step"] and healed[0]["source"] != replica_id, (healed, first)
-        peers = [other for other in names if other != name and first["step"] in by_step[other]]
-        assert peers, f"no live group at {name}'s first step {first['step']}"
+        assert any(first["step"] in by_step[other] for other in names if other != name), f"{name}: no peer"
+    for name in names:
         for record in runs[name]:
             for other in names:
                 theirs = by_step[other].get(record["step"])
@@ -237,10 +250,15 @@ def test_evicted_killed_and_hung_groups_are_replaced_while_the_others_keep_train
     if POLICY == "keep_global":
         _assert_final_weights_match_the_run_without_failures(tmp_path, runs, finals["g0"])
 
-    healed = {n: e for n in ("g3", "g1b", "g3b") for e in events[n] if e["event"] == "healed"}
+    heals = [
+        (n, e["step"], e["source"], e["bytes"], round(e["seconds"], 3))
+        for n in names
+        for e in events[n]
+        if e["event"] == "healed"
+    ]
     print(
-        f"\nreplica scenario ({POLICY}): stall per failure {stalls} s; discarded steps {discarded};"
-        f" heals {[(n, e['source'], e['bytes'], round(e['seconds'], 3)) for n, e in healed.items()]};"
+        f"\nreplica scenario ({POLICY}): stall per failure {stalls} s; discarded steps {discarded}; heals (group,"
+        f" step, source, bytes, s) {[h for h in heals if h[1] >= full]}; a live group missing one quorum {churn};"
         f" global_step {ends['g0']}"
     )
 
