@@ -82,6 +82,8 @@ class ReplicaSync:
         group: the group's process group (``None``: the default group).
         event_log: returns the run's event log (or None).
         hold_sampler: told the training sampler whose count the data deal keeps (the strategy's data position).
+        on_heal: called with the healed step once a heal's state is in place (the memory tier drops its copies of the
+            state the heal replaced).
 
     Collective over the group: every rank of the group builds one at set-up (rank 0 starts the manager server, the
     others connect to it through the group's TCPStore at ``MASTER_ADDR:MASTER_PORT``).
@@ -97,6 +99,7 @@ class ReplicaSync:
         group: Any = None,
         event_log: Callable[[], EventLog | None] = lambda: None,
         hold_sampler: Callable[[Any], None] = lambda sampler: None,
+        on_heal: Callable[[int], None] = lambda step: None,
     ) -> None:
         from torchft import Manager, ProcessGroupGloo
 
@@ -104,6 +107,7 @@ class ReplicaSync:
         self._trainer = trainer
         self._group_rank = group_rank
         self._event_log = event_log
+        self._on_heal = on_heal
         self.transport = HealTransport(address=config.address, timeout=config.timeout)
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=config.timeout),
@@ -352,6 +356,7 @@ class ReplicaSync:
             "step": self._trainer.global_step,
         }
         self.heals.append(record)
+        self._on_heal(self._trainer.global_step)
         self._write("healed", **record)
 
     # ------------------------------------------------------------------ end

@@ -102,8 +102,17 @@ class RunPart:
         setattr(strategy._run, self.part, value)
 
 
-def attach_to_trainer(trainer: pl.Trainer, *, callbacks: list[Any], run_id: str, keep_versions: bool = True) -> None:
-    """Put ``callbacks`` first in ``trainer.callbacks`` (in this order; those already there stay where they are),
+def attach_to_trainer(
+    trainer: pl.Trainer,
+    *,
+    callbacks: list[Any],
+    run_id: str,
+    keep_versions: bool = True,
+    last: list[Any] | None = None,
+) -> None:
+    """Put ``callbacks`` first in ``trainer.callbacks`` (in this order; those already there stay where they are) and
+    ``last`` at its end, after ``ModelCheckpoint`` (a save there captures the state every other callback's hook of the
+    same batch left, as ``ModelCheckpoint``'s does; Lightning orders the callbacks before the strategy's set-up),
     keep every ``TensorBoardLogger``'s version the same across the attempts of one run (:func:`keep_logger_versions`),
     and warn about a ``ModelCheckpoint`` without a ``dirpath``.
 
@@ -114,6 +123,10 @@ def attach_to_trainer(trainer: pl.Trainer, *, callbacks: list[Any], run_id: str,
     for position, callback in enumerate(callbacks):
         if callback not in trainer.callbacks:
             trainer.callbacks.insert(position, callback)
+    for callback in last or []:
+        if callback in trainer.callbacks:
+            trainer.callbacks.remove(callback)
+        trainer.callbacks.append(callback)
     if keep_versions:  # a run that keeps no records on disk (a plain one-process run) numbers them as Lightning does
         keep_logger_versions(trainer, run_id)
     for cb in trainer.checkpoint_callbacks:
