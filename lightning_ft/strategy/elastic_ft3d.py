@@ -648,8 +648,12 @@ class ElasticFT3D(DDPStrategy):
         if self.global_rank == 0 and not self._auto_resume.healing_from:  # a healing group leaves the folder alone
             # Leftovers of our saves that never committed (a crash mid-write). Only now: an explicit ckpt_path naming
             # one has been refused with its name by then, rather than silently deleted. Never the save in flight (one
-            # issued from an on_train_start hook) and never what lightning-ft did not write.
-            self._checkpoint_manager().cleanup_leftovers(checkpoint_dirpaths(trainer))
+            # issued from an on_train_start hook) and never what lightning-ft did not write. Replica groups: the groups
+            # share the folder, and in a whole-job restart another group may already train (min_replicas=1) and have a
+            # save in flight there: only what was last modified before this process started is a leftover of the
+            # failure (every writer of the previous attempt was dead by then).
+            older_than = self._attempt_start_time if self._replica_config is not None else None
+            self._checkpoint_manager().cleanup_leftovers(checkpoint_dirpaths(trainer), older_than=older_than)
 
     @override
     def process_dataloader(self, dataloader: object) -> object:
