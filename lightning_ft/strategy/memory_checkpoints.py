@@ -21,6 +21,8 @@ a run meets them:
   writes this rank's copy, swaps copies with the partner, and, once every rank reports its copy committed (one small
   all-reduce on the tier's group), deletes the older step. A failed write (a full ``/dev/shm``) fails that memory save
   only: a warning once, a ``checkpoint_failed`` event; every rank still runs the same exchanges.
+- ``superseded`` (replica groups, every rank of a group that healed from a live group): removes the copies of the
+  state the heal replaced. Each group keeps its own copies: the folder's name and every copy hold its replica id.
 - ``close`` (teardown): waits for the save in flight; after a ``fit`` that returned normally, removes this rank's
   copies (the run's memory folder goes once empty).
 
