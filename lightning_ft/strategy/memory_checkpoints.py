@@ -527,6 +527,18 @@ class MemoryCheckpoints(Callback):
         if stale:
             log.info("lightning-ft: memory copies of step(s) %s removed: this group healed at step %s", stale, step)
 
+    def newest_own_step(self) -> int | None:
+        """The step of this rank's newest own copy that passes its checks (marker, metadata, run, layout; the shards
+        are not read): the newest step a memory restore could reach. Not collective (replica groups: rank 0 asks it
+        before the live-group check of auto-resume)."""
+        if self._run_dir is None or self._layout is None:
+            return None
+        layout, expected = self._layout, self._expected()
+        for copy in list_copies(self._run_dir, local_rank=layout.local_rank, local_world_size=layout.local_world_size):
+            if copy.rank == layout.rank and not copy.peer and check_copy(copy, expected, read_shards=False) is None:
+                return copy.step
+        return None
+
     def plan(self, durable_step: int | None) -> str | None:
         """Every rank, collective: the path (rank 0's source) to resume from when the memory tier has a step newer than
         ``durable_step`` that every rank can restore; else ``None`` (the durable tier is used)."""

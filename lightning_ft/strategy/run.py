@@ -76,6 +76,7 @@ class StrategyRun:
                 identity=strategy.run_identity,
                 event_log=lambda: strategy.event_log,
                 live_peers=strategy.replica_live_peers,
+                memory_newest=memory.newest_own_step if memory is not None else None,
             ),
             data_position=TrainingDataPosition(per_sample_seeds=strategy.data_randomness == "per_sample"),
             elastic_resume=ElasticResume.of(strategy),

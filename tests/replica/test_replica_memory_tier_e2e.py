@@ -171,3 +171,66 @@ def test_a_group_that_heals_from_a_live_group_drops_its_older_memory_copies(tmp_
     assert _events(tmp_path, "g1", "resumed") == []  # no checkpoint read, no memory copy either
     assert 10 not in stale, f"group 1 still holds its memory copy of step 10 after healing at step {step}: {stale}"
     assert _same(_weights(tmp_path / "g0" / "final0.pt"), _weights(tmp_path / "g1" / "final0.pt"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_group_never_gives_up_a_newer_memory_copy_to_heal_from_an_older_live_group(tmp_path: Path) -> None:
+    """A whole-job restart with ``min_replicas=1``, the groups relaunched apart: group 1's node lost its memory copy,
+    so it resumes from the durable checkpoint of step 15 and trains alone (slowly here: 6 s a step, so that it is
+    still below step 18); group 0, relaunched then with its memory copy of step 18, resumes it rather than heal from
+    the live group 1 (which is older), and group 1 heals from group 0 at the next quorum: the job goes on from step
+    18, not from group 1's older step."""
+    env = _memory_env(tmp_path)
+    extra = ("--memory-every", str(MEMORY_EVERY))
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        with lighthouse(min_replicas=2, heartbeat_timeout_ms=1000, join_timeout_ms=500) as address:  # in step
+            for i in range(2):
+                procs[f"g{i}"] = _start(
+                    tmp_path, f"g{i}", str(i), address, extra=(*extra, "--pause-at", str(PAUSE_AT)), env=env
+                )
+            _wait(lambda: all((tmp_path / n / "paused").exists() for n in procs), "the pause", 300, procs, tmp_path)
+            for name in list(procs):
+                _kill(procs, tmp_path, name)
+        # The relaunch: a group may train alone (min_replicas=1).
+        with lighthouse(min_replicas=1, heartbeat_timeout_ms=1000, join_timeout_ms=500) as address:
+            shutil.rmtree(_memory_copy(tmp_path, "g1", PAUSE_AT))  # group 1's node lost its memory
+            hold = tmp_path / "hold"
+            hold.touch()  # while it exists, each step sleeps --step-sleep
+            extra = (*extra, "--step-sleep", "6")
+            procs = {"g1": _start(tmp_path, "g1", "1", address, extra=extra, env=env)}
+            _wait(  # (its `resumed` event comes with its first committed step)
+                lambda: any(q["attempt"] == 1 for q in _events(tmp_path, "g1", "replica_quorum")),
+                "group 1 in a quorum after its resume",
+                300,
+                procs,
+                tmp_path,
+            )
+            procs["g0"] = _start(tmp_path, "g0", "0", address, extra=extra, env=env)
+            first_pid = _records(tmp_path, "g0")[0]["pid"]
+            _wait(
+                lambda: any(r["pid"] != first_pid for r in _records(tmp_path, "g0")),
+                "group 0's first step after its relaunch",
+                300,
+                procs,
+                tmp_path,
+            )
+            hold.unlink()
+            _finish(procs, tmp_path)
+    finally:
+        _stop_all(procs)
+
+    [resumed1] = _events(tmp_path, "g1", "resumed")
+    assert (resumed1["step"], resumed1["tier"]) == (15, "durable"), resumed1
+    [resumed0] = _events(tmp_path, "g0", "resumed")
+    assert (resumed0["step"], resumed0["tier"]) == (PAUSE_AT, "local"), resumed0
+    after = [r for r in _records(tmp_path, "g0") if r["pid"] != first_pid]
+    assert after[0]["step"] == PAUSE_AT + 1, after[0]  # no rewind to step 15
+    assert [e for e in _events(tmp_path, "g0", "healed") if e["attempt"] == 1] == []
+    healed = [e for e in _events(tmp_path, "g1", "healed") if e["attempt"] == 1]
+    assert healed and healed[0]["source"] == "0" and healed[0]["step"] >= PAUSE_AT, healed
+    g1 = _records(tmp_path, "g1")
+    before = [r["step"] for r in g1 if r["pid"] != g1[0]["pid"] and r["time"] < healed[0]["time"]]
+    assert before and all(step < PAUSE_AT for step in before), before  # group 1 trained alone, below step 18
+    assert _same(_weights(tmp_path / "g0" / "final0.pt"), _weights(tmp_path / "g1" / "final0.pt"))
