@@ -211,9 +211,15 @@ def _report_foreign(dirpath: Path, foreign: list[Path]) -> None:
     )
 
 
-def cleanup_uncommitted(dirpath: str | os.PathLike, *, keep: Iterable[str | os.PathLike] = ()) -> list[Path]:
+def cleanup_uncommitted(
+    dirpath: str | os.PathLike, *, keep: Iterable[str | os.PathLike] = (), older_than: float | None = None
+) -> list[Path]:
     """Settle interrupted replacements (:func:`recover_interrupted_swaps`), then remove the saves of ours under
     ``dirpath`` that never finished: folders holding our in-progress record and no commit marker.
+
+    ``older_than`` (a ``time.time()``; replica groups, where another process of the job may write into the same
+    folder): only a folder in which nothing was modified at or after it is removed; a newer one may be a save another
+    group has in flight, and is left alone (an object store's folders are then all left alone).
 
     Rank 0 only. Never touches a save in flight: those in ``keep`` (with their staging folders) and every save in
     flight in this process. Never touches what lightning-ft cannot prove it wrote: links, files, and folders without
@@ -222,6 +228,8 @@ def cleanup_uncommitted(dirpath: str | os.PathLike, *, keep: Iterable[str | os.P
     Returns the removed paths.
     """
     if is_remote(dirpath):
+        if older_than is not None:
+            return []
         kept_urls = [as_url(p) for p in (*keep, *in_flight_paths()) if is_remote(p)]
         return [Path(url) for url in ObjectStore().cleanup_uncommitted(dirpath, keep=kept_urls)]
     dirpath = Path(dirpath)
@@ -235,12 +243,29 @@ def cleanup_uncommitted(dirpath: str | os.PathLike, *, keep: Iterable[str | os.P
             continue
         if not has_record(child):
             foreign.append(child)
-        elif Path(os.path.abspath(swap_target(child))) not in kept:
+        elif Path(os.path.abspath(swap_target(child))) not in kept and (
+            older_than is None or _last_modified(child) < older_than
+        ):
             discard(child)
             removed.append(child)
     if foreign:
         _report_foreign(dirpath, foreign)
     return removed
+
+
+def _last_modified(folder: Path) -> float:
+    """The newest modification time of ``folder`` and of everything under it (``inf`` when it cannot be read: kept)."""
+    try:
+        newest = folder.stat().st_mtime
+        for root, dirs, files in os.walk(folder):
+            for name in (*dirs, *files):
+                try:
+                    newest = max(newest, os.lstat(os.path.join(root, name)).st_mtime)
+                except FileNotFoundError:
+                    continue
+    except OSError:
+        return float("inf")
+    return newest
 
 
 def repoint_last(dirpath: str | os.PathLike, target: str | os.PathLike, name: str = "last") -> Path:

@@ -8,8 +8,9 @@ atomic); the next save is written by the new lowest id.
 
 A group that starts while a live quorum trains (a replacement) does not read the disk: it heals from a live group at
 its first step (docs/replica-groups.md). Whether one exists is asked of the lighthouse before the checkpoint is chosen
-(:func:`live_peers`); a live group counts only when its committed step is at least the newest checkpoint's on disk,
-so that skipping the disk can never rewind. Every group of a whole-job restart finds none and resumes from the
+(:func:`live_peers`); a live group counts only when its committed step is at least the newest checkpoint's on disk
+(and the group's own memory-tier copy's: auto-resume passes the newer of the two), so that skipping them can never
+rewind. Every group of a whole-job restart finds none and resumes from the
 newest committed checkpoint; the groups then agree at the first quorum (a group behind the newest heals).
 """
 

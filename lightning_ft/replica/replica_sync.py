@@ -88,6 +88,8 @@ class ReplicaSync:
             accumulation and the learning-rate factor), returning the ``replica_policy`` event's fields when it changed
             something (the strategy's elastic resume, lightning_ft/elastic/replica_policy.py).
         policy_state: what a joining group copies of it; ``load_policy_state`` puts that in place after a heal.
+        on_heal: called with the healed step once a heal's state is in place (the memory tier drops its copies of the
+            state the heal replaced).
 
     Collective over the group: every rank of the group builds one at set-up (rank 0 starts the manager server, the
     others connect to it through the group's TCPStore at ``MASTER_ADDR:MASTER_PORT``).
@@ -106,6 +108,7 @@ class ReplicaSync:
         membership: Callable[[int, int], dict[str, Any] | None] = lambda live_groups, step: None,
         policy_state: Callable[[], dict[str, Any] | None] = lambda: None,
         load_policy_state: Callable[[dict[str, Any]], None] = lambda state: None,
+        on_heal: Callable[[int], None] = lambda step: None,
     ) -> None:
         from torchft import Manager, ProcessGroupGloo
 
@@ -113,6 +116,7 @@ class ReplicaSync:
         self._trainer = trainer
         self._group_rank = group_rank
         self._event_log = event_log
+        self._on_heal = on_heal
         self.transport = HealTransport(address=config.address, timeout=config.timeout)
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=config.timeout),
@@ -386,6 +390,7 @@ class ReplicaSync:
             "step": self._trainer.global_step,
         }
         self.heals.append(record)
+        self._on_heal(self._trainer.global_step)
         self._write("healed", **record)
 
     # ------------------------------------------------------------------ end

@@ -114,6 +114,8 @@ class AutoResume:
         live_peers: replica groups (``ElasticFT3D(replica_groups=...)``): given the newest checkpoint's step on disk
             (``None``: none), the live groups a starting group heals from instead of reading it (``{replica id:
             step}``; empty: read it). Rank 0 calls it.
+        memory_newest: the memory tier's newest own copy on rank 0's node (its step, or ``None``); with
+            ``live_peers``, a live group counts only when it is at least as new as this too. Rank 0 calls it.
     """
 
     def __init__(
@@ -125,9 +127,11 @@ class AutoResume:
         identity: Callable[[], dict[str, Any] | None] | None = None,
         event_log: Callable[[], EventLog | None] | None = None,
         live_peers: Callable[[int | None], dict[str, int]] | None = None,
+        memory_newest: Callable[[], int | None] | None = None,
     ) -> None:
         self.enabled = enabled
         self._live_peers = live_peers
+        self._memory_newest = memory_newest
         self.healing_from: dict[str, int] = {}
         """Replica groups: the live groups this fit heals from instead of reading the checkpoint on disk (set by
         :meth:`select`; empty when it read the disk)."""
@@ -188,13 +192,18 @@ class AutoResume:
             # which the writing group owns); only a live group at least as new as the newest checkpoint counts.
             newest = _candidates_with_steps(checkpoint_dirpaths(trainer))
             step = newest[0][0] if newest else None
+            # The memory tier's copy on this node counts as a checkpoint too: a live group older than it is not
+            # healed from (this group resumes the copy; the older group heals from it at the first quorum).
+            held = self._memory_newest() if self._memory_newest is not None else None
+            if held is not None and (step is None or held > step):
+                step = held
             found = self._live_peers(step)
             if found and not trained_in_process(trainer, trainer.lightning_module):
                 peers = (found, step)
                 rank_zero_info(
                     f"lightning-ft: replica groups {sorted(found)} are training (step {max(found.values())}): this group"
                     " heals from them at its first step and reads no checkpoint"
-                    + (f" (leaves {newest[0][1].path} at step {step} alone)" if newest else "")
+                    + (f" (leaves its checkpoint of step {step} alone)" if step is not None else "")
                 )
         if trainer.global_rank == 0 and not peers[0]:
             for folder in folders:

@@ -431,14 +431,16 @@ class StrategyCheckpoints:
         if self._rank() == 0:
             self.retention.remove(path)
 
-    def cleanup_leftovers(self, dirpaths: list[Path]) -> list[Path]:
+    def cleanup_leftovers(self, dirpaths: list[Path], *, older_than: float | None = None) -> list[Path]:
         """Rank 0, at train start: settle replacements a crash interrupted and remove the saves of ours that never
-        committed under ``dirpaths``; never the save in flight, never a folder lightning-ft did not write. Returns the
-        removed paths."""
+        committed under ``dirpaths``; never the save in flight, never a folder lightning-ft did not write, and with
+        ``older_than`` never a folder modified since then (:func:`~lightning_ft.checkpoint.cleanup_uncommitted`).
+        Returns the removed paths."""
         in_flight = self._in_flight()
         removed: list[Path] = []
         for dirpath in dirpaths:
-            removed += discovery.cleanup_uncommitted(dirpath, keep=[in_flight] if in_flight is not None else [])
+            keep = [in_flight] if in_flight is not None else []
+            removed += discovery.cleanup_uncommitted(dirpath, keep=keep, older_than=older_than)
         return removed
 
     def _on_commit(self, info: CommitInfo) -> None:

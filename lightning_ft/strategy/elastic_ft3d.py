@@ -23,8 +23,8 @@ hook                    what the collaborators do
 ``setup_environment``   (every rank) torchrun world, ``ParallelConfig``, process group, mesh; event log opened; fault
                         handler installs signal handlers and watchdog hooks; checkpoint I/O opened and the loggers'
                         ``after_save_checkpoint`` patched (called once the save it announces is committed); tracker
-                        built; tracker and elastic resume (and the memory tier, when on) put first in
-                        ``trainer.callbacks``; auto-resume patches the checkpoint connector; the restore order patches
+                        built; tracker and elastic resume put first in ``trainer.callbacks``, the memory tier (when
+                        on) last, after ``ModelCheckpoint``; auto-resume patches the checkpoint connector; the restore order patches
                         its restore of module and callback state (``restore_checkpoint_after_setup`` is False in every
                         mode)
 ``_prepare``            (Lightning hands that restore over, after ``configure_model``) checkpoint folders checked; the
@@ -403,9 +403,14 @@ class ElasticFT3D(DDPStrategy):
             )
         if self._fault is not None:  # a hang ends the process from the watchdog's thread: the steps so far first
             self._fault.before_hang_exit = lambda: self._tracker.write_pending(trainer) if self._tracker else None
-        callbacks = [self._tracker, self._elastic_resume] + ([self._memory] if self._memory is not None else [])
+        # The memory tier saves after every other callback's on_train_batch_end, as ModelCheckpoint does (last): a
+        # memory copy of step N holds what a durable checkpoint of step N holds (a callback's count of that batch).
         attach_to_trainer(
-            trainer, callbacks=callbacks, run_id=self.event_log.run_id, keep_versions=self.event_log.on_disk
+            trainer,
+            callbacks=[self._tracker, self._elastic_resume],
+            run_id=self.event_log.run_id,
+            keep_versions=self.event_log.on_disk,
+            last=[self._memory] if self._memory is not None else [],
         )
         self._auto_resume.install(trainer)
         self._prepared = False
@@ -526,6 +531,7 @@ class ElasticFT3D(DDPStrategy):
             membership=lambda live_groups, step: resume.replica_membership(trainer, live_groups, step),
             policy_state=resume.replica_state,
             load_policy_state=lambda state: resume.load_replica_state(trainer, state),
+            on_heal=self._memory.superseded if self._memory is not None else lambda step: None,
         )
         if self._auto_resume.healing_from:  # the heal must reach the checkpoint left on disk
             self._replica.resume_floor = self._auto_resume.skipped_step
@@ -652,8 +658,12 @@ class ElasticFT3D(DDPStrategy):
         if self.global_rank == 0 and not self._auto_resume.healing_from:  # a healing group leaves the folder alone
             # Leftovers of our saves that never committed (a crash mid-write). Only now: an explicit ckpt_path naming
             # one has been refused with its name by then, rather than silently deleted. Never the save in flight (one
-            # issued from an on_train_start hook) and never what lightning-ft did not write.
-            self._checkpoint_manager().cleanup_leftovers(checkpoint_dirpaths(trainer))
+            # issued from an on_train_start hook) and never what lightning-ft did not write. Replica groups: the groups
+            # share the folder, and in a whole-job restart another group may already train (min_replicas=1) and have a
+            # save in flight there: only what was last modified before this process started is a leftover of the
+            # failure (every writer of the previous attempt was dead by then).
+            older_than = self._attempt_start_time if self._replica_config is not None else None
+            self._checkpoint_manager().cleanup_leftovers(checkpoint_dirpaths(trainer), older_than=older_than)
 
     @override
     def process_dataloader(self, dataloader: object) -> object:

@@ -21,6 +21,8 @@ a run meets them:
   writes this rank's copy, swaps copies with the partner, and, once every rank reports its copy committed (one small
   all-reduce on the tier's group), deletes the older step. A failed write (a full ``/dev/shm``) fails that memory save
   only: a warning once, a ``checkpoint_failed`` event; every rank still runs the same exchanges.
+- ``superseded`` (replica groups, every rank of a group that healed from a live group): removes the copies of the
+  state the heal replaced. Each group keeps its own copies: the folder's name and every copy hold its replica id.
 - ``close`` (teardown): waits for the save in flight; after a ``fit`` that returned normally, removes this rank's
   copies (the run's memory folder goes once empty).
 
@@ -369,6 +371,7 @@ class MemoryCheckpoints(Callback):
             memory_rank=self.layout.rank,
             memory_world_size=self.layout.world_size,
             node_layout=self.layout.describe(),
+            **self._replica(),
         )
         capture = capture_own(state, rank_state, self._stager)  # every tensor copied here
         job = _Job(step, capture, metadata, started, time.perf_counter() - started)
@@ -498,7 +501,43 @@ class MemoryCheckpoints(Callback):
             "mesh": strategy.mesh_shape(),
             "node_layout": self.layout.describe(),
             "memory_world_size": self.layout.world_size,
+            **self._replica(),
         }
+
+    def _replica(self) -> dict[str, str]:
+        """Replica groups: ``{"replica_id": <this group's id>}``, recorded in every copy and checked at resume (a
+        group restores only copies it wrote); empty without replica groups."""
+        replica_id = replica_group_id(self._strategy)
+        return {} if replica_id is None else {"replica_id": replica_id}
+
+    def superseded(self, step: int) -> None:
+        """Replica groups: this group's state was replaced by a live group's at ``step`` (a heal): the copies this
+        rank's lane holds are of the state it had before, so they are removed (after the save in flight, which every
+        rank of the group waits for alike: the group heals as one). A whole-job restart then never resumes the
+        pre-heal state from this node; the next memory save holds the healed one. Every rank of the group calls it."""
+        self._wait_current()
+        if self._run_dir is None or self._layout is None:
+            return
+        layout = self._layout
+        stale = [
+            c.step
+            for c in list_copies(self._run_dir, local_rank=layout.local_rank, local_world_size=layout.local_world_size)
+        ]
+        remove_others(self._run_dir, [], local_rank=layout.local_rank, local_world_size=layout.local_world_size)
+        if stale:
+            log.info("lightning-ft: memory copies of step(s) %s removed: this group healed at step %s", stale, step)
+
+    def newest_own_step(self) -> int | None:
+        """The step of this rank's newest own copy that passes its checks (marker, metadata, run, layout; the shards
+        are not read): the newest step a memory restore could reach. Not collective (replica groups: rank 0 asks it
+        before the live-group check of auto-resume)."""
+        if self._run_dir is None or self._layout is None:
+            return None
+        layout, expected = self._layout, self._expected()
+        for copy in list_copies(self._run_dir, local_rank=layout.local_rank, local_world_size=layout.local_world_size):
+            if copy.rank == layout.rank and not copy.peer and check_copy(copy, expected, read_shards=False) is None:
+                return copy.step
+        return None
 
     def plan(self, durable_step: int | None) -> str | None:
         """Every rank, collective: the path (rank 0's source) to resume from when the memory tier has a step newer than
@@ -664,8 +703,22 @@ def memory_run_name(trainer: pl.Trainer | None, strategy: ElasticFT3D) -> str:
     # ModelCheckpoint made local dirpaths absolute.
     folders = sorted(str(p) for p in checkpoint_dirpaths(trainer)) if trainer is not None else []
     identity = {k: v for k, v in (strategy.run_identity() or {}).items() if k != "hparams"}  # as auto-resume compares
-    key = json.dumps({"dirpaths": folders, "identity": identity}, sort_keys=True)
+    fields: dict[str, Any] = {"dirpaths": folders, "identity": identity}
+    replica_id = replica_group_id(strategy)
+    if replica_id is not None:
+        # Replica groups: each group keeps its own copies. Groups of one job share the run id (LIGHTNING_FT_RUN_ID)
+        # and the checkpoint folder; two of them on one node (or one /dev/shm) would otherwise write the same
+        # rank<r>/step=<N> folders and remove each other's.
+        fields["replica_id"] = replica_id
+    key = json.dumps(fields, sort_keys=True)
     return f"{strategy.event_log.run_id}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def replica_group_id(strategy: Any) -> str | None:
+    """The replica group id of ``strategy``'s fit (``ElasticFT3D(replica_groups=...)``, resolved at set-up), else
+    ``None``."""
+    config = getattr(strategy, "_replica_config", None)
+    return None if config is None else str(config.replica_id)
 
 
 def _agree_on_step(gathered: list[tuple[list, list]], *, world_size: int) -> MemoryPlan | None:

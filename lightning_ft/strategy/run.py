@@ -76,6 +76,7 @@ class StrategyRun:
                 identity=strategy.run_identity,
                 event_log=lambda: strategy.event_log,
                 live_peers=strategy.replica_live_peers,
+                memory_newest=memory.newest_own_step if memory is not None else None,
             ),
             data_position=TrainingDataPosition(per_sample_seeds=strategy.data_randomness == "per_sample"),
             elastic_resume=ElasticResume.of(strategy),
@@ -102,8 +103,17 @@ class RunPart:
         setattr(strategy._run, self.part, value)
 
 
-def attach_to_trainer(trainer: pl.Trainer, *, callbacks: list[Any], run_id: str, keep_versions: bool = True) -> None:
-    """Put ``callbacks`` first in ``trainer.callbacks`` (in this order; those already there stay where they are),
+def attach_to_trainer(
+    trainer: pl.Trainer,
+    *,
+    callbacks: list[Any],
+    run_id: str,
+    keep_versions: bool = True,
+    last: list[Any] | None = None,
+) -> None:
+    """Put ``callbacks`` first in ``trainer.callbacks`` (in this order; those already there stay where they are) and
+    ``last`` at its end, after ``ModelCheckpoint`` (a save there captures the state every other callback's hook of the
+    same batch left, as ``ModelCheckpoint``'s does; Lightning orders the callbacks before the strategy's set-up),
     keep every ``TensorBoardLogger``'s version the same across the attempts of one run (:func:`keep_logger_versions`),
     and warn about a ``ModelCheckpoint`` without a ``dirpath``.
 
@@ -114,6 +124,10 @@ def attach_to_trainer(trainer: pl.Trainer, *, callbacks: list[Any], run_id: str,
     for position, callback in enumerate(callbacks):
         if callback not in trainer.callbacks:
             trainer.callbacks.insert(position, callback)
+    for callback in last or []:
+        if callback in trainer.callbacks:
+            trainer.callbacks.remove(callback)
+        trainer.callbacks.append(callback)
     if keep_versions:  # a run that keeps no records on disk (a plain one-process run) numbers them as Lightning does
         keep_logger_versions(trainer, run_id)
     for cb in trainer.checkpoint_callbacks:

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from lightning_ft import ElasticFT3D  # noqa: E402
+from lightning_ft import ElasticFT3D, ReplicaGroups  # noqa: E402
 
 
 class Augmented(Dataset):
@@ -66,6 +66,16 @@ class HardExitAt(Callback):
             os._exit(17)
 
 
+def replica_groups(min_replicas: int) -> ReplicaGroups | None:
+    """As train_script.py's: ``ReplicaGroups(min_replicas=...)`` bound to 127.0.0.1 (the lighthouse and the id from
+    the environment), or ``None`` for 0."""
+    if not min_replicas:
+        return None
+    from datetime import timedelta
+
+    return ReplicaGroups(address="127.0.0.1", min_replicas=min_replicas, timeout=timedelta(seconds=5))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--root", required=True)
@@ -75,6 +85,9 @@ def main() -> None:
     p.add_argument("--kill-at-step", type=int, default=0)
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--data-randomness", default="ddp", help="ElasticFT3D(data_randomness=...)")
+    p.add_argument(
+        "--replica-groups", type=int, default=0, help="N: the fit is a replica group, min_replicas=N (train_script.py)"
+    )
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -88,7 +101,7 @@ def main() -> None:
     trainer = L.Trainer(
         accelerator="cpu",
         devices=int(os.environ["LOCAL_WORLD_SIZE"]),
-        strategy=ElasticFT3D(data_randomness=args.data_randomness),
+        strategy=ElasticFT3D(data_randomness=args.data_randomness, replica_groups=replica_groups(args.replica_groups)),
         max_steps=args.max_steps,
         default_root_dir=root,
         logger=False,

@@ -51,6 +51,23 @@ class SettleMemoryAt(Callback):
             memory.wait()
 
 
+class CountBatches(Callback):
+    """A stateful callback that counts the batches in ``on_train_batch_end`` (as a user's metric or EMA would): a
+    restored run must count each committed batch once, so its count at the end is the uninterrupted run's."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        self.seen += 1
+
+    def state_dict(self):
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state_dict) -> None:
+        self.seen = state_dict["seen"]
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--root", required=True)
@@ -81,6 +98,7 @@ def main() -> None:
             SettleMemoryAt(args.settle_at),
             injector,
             HoldAfter(args.hold_file, args.hold_step),
+            counter := CountBatches(),
         ],
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -96,6 +114,7 @@ def main() -> None:
     torch.save(
         {k: v.detach().clone() for k, v in model.state_dict().items()}, out / f"weights_rank{trainer.global_rank}.pt"
     )
+    (out / f"batches_rank{trainer.global_rank}.txt").write_text(str(counter.seen))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -23,11 +24,17 @@ def _load(out: Path, rank: int) -> tuple[dict[str, torch.Tensor], dict[str, floa
 
 @pytest.mark.timeout(900)  # three torchrun runs, with DataLoader workers
 @pytest.mark.parametrize(
-    ("num_workers", "data_randomness"),
-    [(0, "ddp"), pytest.param(1, "per_sample", marks=pytest.mark.extended)],
+    ("num_workers", "data_randomness", "replica"),
+    [
+        (0, "ddp", False),
+        pytest.param(1, "per_sample", False, marks=pytest.mark.extended),
+        # The killed and the resumed run as one replica group of the two processes (ElasticFT3D(replica_groups=...),
+        # a lighthouse on 127.0.0.1), against the reference without replica groups.
+        pytest.param(0, "ddp", True, id="0-ddp-replica-group"),
+    ],
 )
 def test_every_rank_resumes_bitwise_with_batchnorm_data_randomness_and_two_loaders(
-    tmp_path, num_workers, data_randomness
+    tmp_path, num_workers, data_randomness, replica
 ):
     # Randomness drawn in DataLoader workers resumes exactly mid-epoch only with per-sample seeding.
     common = ["--num-workers", str(num_workers), "--max-steps", "14", "--ckpt-every", "4"]
@@ -36,10 +43,22 @@ def test_every_rank_resumes_bitwise_with_batchnorm_data_randomness_and_two_loade
     assert_ok(torchrun("--root", str(ref), "--out", str(ref / "out"), *common, script=SCRIPT))
     run = tmp_path / "run"
     args = ["--root", str(run), "--out", str(run / "out"), *common]
-    killed = torchrun(*args, "--kill-at-step", "9", script=SCRIPT)
-    assert killed.returncode != 0, "the injected hard exit did not happen"
-    assert_ok(torchrun(*args, script=SCRIPT))
+    with contextlib.ExitStack() as stack:
+        env = None
+        if replica:
+            pytest.importorskip("torchft")
+            from tests.replica._lighthouse import lighthouse
+
+            address = stack.enter_context(lighthouse())
+            env = {"TORCHFT_LIGHTHOUSE": address, "REPLICA_GROUP_ID": "0", "NUM_REPLICA_GROUPS": "1"}
+            args += ["--replica-groups", "1"]
+        killed = torchrun(*args, "--kill-at-step", "9", script=SCRIPT, env=env)
+        assert killed.returncode != 0, "the injected hard exit did not happen"
+        assert_ok(torchrun(*args, script=SCRIPT, env=env))
     assert [e["step"] for e in read_events(run) if e["event"] == "resumed"] == [8]
+    # With replica groups on, each attempt joined the lighthouse's quorum (the mode really ran).
+    quorums = {e["attempt"] for e in read_events(run) if e["event"] == "replica_quorum"}
+    assert sorted(quorums) == ([0, 1] if replica else []), quorums
 
     states = []
     for rank in (0, 1):

@@ -49,6 +49,9 @@ def test_a_sigkilled_worker_resumes_from_the_local_memory_tier_bitwise(tmp_path,
     assert_ok(proc)
     assert "[fault] SIGKILL" in proc.stdout
     assert_bitwise_equal(rank_weights(tmp_path / "out"), uninterrupted)
+    # A callback's state is the one its hooks of the restored step left, as in a durable checkpoint of that step:
+    # every committed batch counted once (the memory tier saves after the other callbacks' on_train_batch_end).
+    assert [(tmp_path / "out" / f"batches_rank{r}.txt").read_text() for r in range(2)] == ["14", "14"]
     found = read_events(tmp_path)
     (resumed,) = [e for e in found if e["event"] == "resumed"]
     assert resumed["tier"] == "local" and resumed["restored_from"] == {"local": 2, "peer": 0, "durable": 0}

@@ -168,6 +168,18 @@ class RecordLosses(Callback):
         self.losses[trainer.global_step] = float(outputs["loss"])
 
 
+def replica_groups(min_replicas: int):
+    """``ReplicaGroups(min_replicas=...)`` bound to 127.0.0.1 (the lighthouse and the id from the environment), or
+    ``None`` for 0."""
+    if not min_replicas:
+        return None
+    from datetime import timedelta
+
+    from lightning_ft import ReplicaGroups
+
+    return ReplicaGroups(address="127.0.0.1", min_replicas=min_replicas, timeout=timedelta(seconds=5))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--root", required=True)
@@ -197,6 +209,14 @@ def main() -> None:
     p.add_argument("--slow-ms", type=float, default=300.0)
     p.add_argument("--cooldown-s", type=float, default=3600.0, help="FaultPolicy(eviction_cooldown_s=...)")
     p.add_argument("--checkpoint-format", default="auto", help="ElasticFT3D(checkpoint_format=...)")
+    p.add_argument(
+        "--replica-groups",
+        type=int,
+        default=0,
+        help="N: the fit is a replica group (ElasticFT3D(replica_groups=ReplicaGroups(min_replicas=N)); the lighthouse"
+        " and the group's id from TORCHFT_LIGHTHOUSE and REPLICA_GROUP_ID); 0: off",
+    )
+    p.add_argument("--ckpt-dir", default="", help="the ModelCheckpoint folder (default: <root>/ckpt)")
     p.add_argument("--out", required=True, help="folder for losses.json and weights.pt (rank 0)")
     args = p.parse_args()
 
@@ -221,7 +241,9 @@ def main() -> None:
             )
         )
     if args.ckpt_every:
-        callbacks.append(ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=args.ckpt_every, save_top_k=-1))
+        callbacks.append(
+            ModelCheckpoint(dirpath=args.ckpt_dir or root / "ckpt", every_n_train_steps=args.ckpt_every, save_top_k=-1)
+        )
     if args.kill_at_step:
         callbacks.append(HardExitAt(args.kill_at_step))
     recorder = RecordLosses()
@@ -251,6 +273,7 @@ def main() -> None:
             pipeline_schedule=args.schedule,
             elastic=ElasticPolicy(batch=args.batch_policy, lr_warmup_steps=args.lr_warmup),
             checkpoint_format=args.checkpoint_format,
+            replica_groups=replica_groups(args.replica_groups),
         )
     else:
         strategy = "ddp"

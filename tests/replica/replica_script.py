@@ -39,7 +39,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from lightning_ft import ElasticFT3D, ElasticPolicy, ReplicaGroups, StragglerMonitor  # noqa: E402
+from lightning_ft import ElasticFT3D, ElasticPolicy, MemoryTier, ReplicaGroups, StragglerMonitor  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -57,6 +57,12 @@ parser.add_argument("--timeout-s", type=float, default=3.0)
 parser.add_argument("--evict-stragglers", action="store_true")
 parser.add_argument("--ckpt-dir", default=None, help="a ModelCheckpoint(dirpath=...) every --every-n steps (shared)")
 parser.add_argument("--every-n", type=int, default=10)
+parser.add_argument(
+    "--memory-every", type=int, default=0, help="ElasticFT3D(memory_tier=MemoryTier(every_n_train_steps=N))"
+)
+parser.add_argument(
+    "--pause-at", type=int, default=0, help="at this committed step: wait for both tiers' saves, then stop stepping"
+)
 args = parser.parse_args()
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
@@ -186,6 +192,28 @@ class Record(Callback):
             f.write(json.dumps(record) + "\n")
 
 
+class PauseAt(Callback):
+    """At committed step ``step``: wait until the durable and the memory tier's saves in flight are committed, write
+    ``<out>/paused`` and stop stepping (the heartbeats go on) until the test kills the group: a whole-job failure at a
+    known step."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step != self.step:
+            return
+        trainer.strategy.checkpoint_wait()
+        memory = trainer.strategy._memory  # the memory tier's callback (a test script reaches in)
+        if memory is not None:
+            # Its hook may come after this one: issue the step's save now (it saves a step once), then wait for it.
+            memory.on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            memory.wait()
+        (out / "paused").write_text(str(self.step))
+        while True:
+            time.sleep(1)
+
+
 L.seed_everything(args.seed)
 policies = {
     "keep_global": ElasticPolicy(batch="keep_global"),
@@ -202,11 +230,14 @@ else:
     groups = ReplicaGroups(
         address="127.0.0.1", min_replicas=args.min_replicas, timeout=timedelta(seconds=args.timeout_s)
     )
-    strategy = ElasticFT3D(replica_groups=groups, **policy)
+    memory = MemoryTier(every_n_train_steps=args.memory_every) if args.memory_every else None
+    strategy = ElasticFT3D(replica_groups=groups, memory_tier=memory, **policy)
 batches = Batches()
 callbacks = [batches, Record(batches)]
 if args.evict_stragglers:
     callbacks.append(StragglerMonitor(interval=4, warmup_steps=2, patience=2, action="evict"))
+if args.pause_at:
+    callbacks.append(PauseAt(args.pause_at))
 if args.ckpt_dir:
     callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, every_n_train_steps=args.every_n, save_top_k=-1))
 trainer = L.Trainer(

@@ -34,11 +34,22 @@ MAX_STEPS = 40
 EVERY_N = 5
 
 
-def _start(tmp: Path, name: str, replica_id: str, address: str, *, max_steps: int = MAX_STEPS) -> subprocess.Popen:
-    env = subprocess_env(TORCHFT_LIGHTHOUSE=address, REPLICA_GROUP_ID=replica_id, NUM_REPLICA_GROUPS="2")
+def _start(
+    tmp: Path,
+    name: str,
+    replica_id: str,
+    address: str,
+    *,
+    max_steps: int = MAX_STEPS,
+    extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen:
+    """Launch group ``replica_id`` (torchrun, one process) of replica_script.py into ``tmp/name``; ``extra``: more
+    arguments of the script, ``env``: more environment variables."""
+    env = subprocess_env(TORCHFT_LIGHTHOUSE=address, REPLICA_GROUP_ID=replica_id, NUM_REPLICA_GROUPS="2", **(env or {}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=1"]
     cmd += ["--max-restarts=0", str(SCRIPT), "--out", str(tmp / name), "--max-steps", str(max_steps)]
-    cmd += ["--ckpt-dir", str(tmp / "ckpt"), "--every-n", str(EVERY_N)]
+    cmd += ["--ckpt-dir", str(tmp / "ckpt"), "--every-n", str(EVERY_N), *extra]
     log = open(tmp / f"{name}.log", "a")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
