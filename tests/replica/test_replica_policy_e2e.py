@@ -185,3 +185,18 @@ def test_keep_local_scales_the_learning_rate_by_the_live_groups_on_survivors_and
         assert [(e["live_groups"], e["lr_scale"]) for e in events][-2:] == [(2, 2 / 3), (3, 1.0)], events
         assert all(e["accumulate_grad_batches"] == 2 for e in events)
         assert "global batch 48 -> 32, LR x1.00 -> x0.67" in (tmp_path / f"{name}.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_three_groups_of_accumulation_one_under_keep_global_stop_at_set_up_before_any_step(tmp_path: Path) -> None:
+    with lighthouse(heartbeat_timeout_ms=1000, join_timeout_ms=500) as address:
+        env = subprocess_env(TORCHFT_LIGHTHOUSE=address, REPLICA_GROUP_ID="0", NUM_REPLICA_GROUPS="3")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=1"]
+        cmd += [str(SCRIPT), "--out", str(tmp_path / "g0"), "--policy", "keep_global", "--max-steps", "5"]
+        done = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=500)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "ValueError: ElasticPolicy(batch='keep_global') keeps the global batch of the full membership, 24" in out
+    assert "ReplicaGroups(min_replicas=3)" in out and "ElasticPolicy(batch='keep_local')" in out
+    assert _records(tmp_path, "g0") == []
