@@ -11,8 +11,10 @@ strategy hook            what happens
 ``batch_to_device``      first micro-batch of an optimizer step (training): ``start_quorum`` (blocks until the
                          lighthouse's quorum; reconfigures the cross-group process group when the membership changed;
                          a joining group receives the live state here, before its forward pass; a healthy group
-                         serves it); at a new membership the rest of the epoch is dealt anew and the batch in hand
-                         replaced by the new deal's first (:mod:`~lightning_ft.replica.data_deal`)
+                         serves it); at a new membership the ``ElasticPolicy`` sets the accumulation and the
+                         learning-rate factor (:mod:`~lightning_ft.elastic.replica_policy`), then the rest of the
+                         epoch is dealt anew and the batch in hand replaced by the new deal's first
+                         (:mod:`~lightning_ft.replica.data_deal`)
 (backward)               :func:`~lightning_ft.replica.gradient_sync.replica_comm_hook`: average in the group, then
                          across the live groups; a failure is recorded, never raised
 ``optimizer_step``       :class:`~lightning_ft.replica.step_gate.StepGate`: ``should_commit()`` (the group's vote,

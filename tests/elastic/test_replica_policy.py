@@ -227,3 +227,50 @@ def test_keep_global_sets_the_accumulation_on_the_trainer_and_a_checkpoint_recor
 def test_set_up_refuses_three_groups_of_accumulation_one_under_the_default_policy():
     with pytest.raises(ValueError, match=r"ElasticPolicy\(batch='keep_global'\).*at 2 live groups"):
         _fit(ElasticPolicy(), accumulate=1)
+
+
+def test_a_whole_job_restart_that_also_rescales_multiplies_the_resume_s_factor_and_the_live_groups():
+    """Saved by a group of 1 rank while 2 of 3 groups were live under keep_local + linear (the rates carry 2/3);
+    relaunched whole with groups of 2 ranks: the resume doubles the full membership's global batch (x2), and the live
+    groups' factor goes on from the save's membership (x2/3) until the first quorum brings back three (x1)."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from torch.utils.data import DataLoader
+
+    from lightning_ft.strategy.elastic_resume import ElasticResume
+
+    policy = ElasticPolicy(batch="keep_local", lr_scaling="linear")
+    saved_replica = LRScale()
+    saved_replica.ramp_to(2 / 3, step=4, warmup_steps=0)
+    metadata = {
+        "step": 10,
+        "world_size": 1,
+        "mesh": {"data_parallel": 1},
+        "per_device_batch_size": 4,
+        "accumulate_grad_batches": 2,
+        "configured_accumulate_grad_batches": 2,
+        "lr_scale": 2 / 3,
+        "lr_scale_state": LRScale().state_dict(),
+        "replica_lr_scale_state": saved_replica.state_dict(),
+        "replica_live_groups": 2,
+    }
+    resume = ElasticResume(policy=policy, event_log=lambda: None, sizes=lambda: (2, 2, 1, 1, {"data_parallel": 2}))
+    resume.use_replica_groups(num_groups=3, num_groups_known=True, min_replicas=1, group_size=2)
+    resume.checkpoint_loaded(Path("ckpt"), metadata, load_start_time=0.0, load_end_time=0.0)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.03 * (2 / 3))  # as saved
+    trainer = SimpleNamespace(
+        accumulate_grad_batches=2,
+        optimizers=[optimizer],
+        global_step=10,
+        max_steps=100,
+        checkpoint_callbacks=[],
+        train_dataloader=DataLoader(range(100), batch_size=4),
+    )
+    resume.on_train_start(trainer, None)
+    assert trainer.accumulate_grad_batches == 2
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.03 * 2 * (2 / 3), rel=1e-12)
+    assert resume.replica_membership(trainer, 3, 10)["lr_scale_now"] == pytest.approx(2.0)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.03 * 2, rel=1e-12)
+    assert resume.metadata()["lr_scale_state"]["target"] == pytest.approx(2.0)  # the resume's part, saved apart
+    assert resume.metadata()["replica_lr_scale_state"]["target"] == 1.0

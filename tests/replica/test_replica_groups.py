@@ -27,6 +27,12 @@ def test_defaults_come_from_torchft_s_environment_variables(monkeypatch: pytest.
         2,
         0,
     )
+    assert resolved.num_groups_known and given.num_groups_known
+    # Neither given nor in the environment: 1 for the data, and the ElasticPolicy knows it is a default (it needs the
+    # full membership to scale, tests/elastic/test_replica_policy.py).
+    monkeypatch.delenv("NUM_REPLICA_GROUPS")
+    unknown = ReplicaGroups().resolved()
+    assert (unknown.num_groups, unknown.num_groups_known) == (1, False)
 
 
 def test_one_timeout_sets_the_others() -> None:
