@@ -91,6 +91,8 @@ INCIDENT_EVENTS = (
     "node_evicted",
     "join_refused",
     "replica_lost",
+    "replica_duplicate",
+    "replica_orphaned",
 )
 """The events ``lightning-ft report`` lists as incidents."""
 _KEPT_ON_DISK = frozenset(INCIDENT_EVENTS) | {"health_check_failed", "fault_injected"}

@@ -34,6 +34,9 @@ def live_peers(lighthouse: str, replica_id: str, *, newest_on_disk: int | None, 
     """The other groups of the lighthouse's last quorum that still heartbeat and whose committed step is at least
     ``newest_on_disk`` (the newest checkpoint's step; ``None``: no checkpoint), as ``{replica id: step}``. Empty when
     the lighthouse cannot be read (the group then reads its checkpoint, as without replica groups)."""
-    members = _compat.lighthouse_live_members(lighthouse, timeout_s=timeout_s) or {}
+    try:
+        members = _compat.lighthouse_live_members(lighthouse, timeout_s=timeout_s) or {}
+    except _compat.LighthouseStatusError:
+        members = {}
     floor = newest_on_disk or 0
     return {rid: step for rid, step in members.items() if rid != replica_id and step >= floor}

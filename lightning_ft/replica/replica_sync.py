@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_ft import _compat
 from lightning_ft.replica.data_deal import ReplicaDataDeal
+from lightning_ft.replica.duplicate_id import AgentWatch, duplicates_in_quorum
 from lightning_ft.replica.gradient_sync import GradientSync
 from lightning_ft.replica.heal_state import apply_heal_state, heal_state
 from lightning_ft.replica.heal_transport import HealTransport
@@ -82,6 +83,8 @@ class ReplicaSync:
         group: the group's process group (``None``: the default group).
         event_log: returns the run's event log (or None).
         hold_sampler: told the training sampler whose count the data deal keeps (the strategy's data position).
+        agent_pid: this worker's torchrun agent: when it is gone, the worker stops (an
+            :class:`~lightning_ft.replica.duplicate_id.AgentWatch`); ``None``: not a torchrun worker, nothing watched.
 
     Collective over the group: every rank of the group builds one at set-up (rank 0 starts the manager server, the
     others connect to it through the group's TCPStore at ``MASTER_ADDR:MASTER_PORT``).
@@ -97,6 +100,7 @@ class ReplicaSync:
         group: Any = None,
         event_log: Callable[[], EventLog | None] = lambda: None,
         hold_sampler: Callable[[Any], None] = lambda sampler: None,
+        agent_pid: int | None = None,
     ) -> None:
         from torchft import Manager, ProcessGroupGloo
 
@@ -145,6 +149,11 @@ class ReplicaSync:
         self.resume_floor: int | None = None
         """The step of the checkpoint this group left on disk to heal from a live group instead: its first quorum
         must reach it (replica/checkpoint_owner.py)."""
+        self._duplicates: list[str] = []  # other live processes with this group's id (replica/duplicate_id.py)
+        self._own_full_id: str | None = None
+        self._agent_watch = (
+            AgentWatch(agent_pid, config.replica_id, on_orphaned=self._orphaned) if agent_pid is not None else None
+        )
 
     # ------------------------------------------------------------------ the step
 
@@ -252,6 +261,7 @@ class ReplicaSync:
         result = self._quorum
         if result is None:
             return False
+        self._check_duplicates(result)
         members = sorted(rid.split(":")[0] for rid in result.replica_ids)
         if members == self._members:
             return False
@@ -266,6 +276,23 @@ class ReplicaSync:
         for replica_id in sorted(set(members) - set(previous)):
             self._write("replica_joined", replica_id=replica_id, step=step)
         return True
+
+    def _check_duplicates(self, result: Any) -> None:
+        """Refuse (first quorum) or record another participant with this group's id (replica/duplicate_id.py)."""
+        self._own_full_id = result.replica_ids[result.replica_rank]
+        others = duplicates_in_quorum(list(result.replica_ids), result.replica_rank, first_quorum=self._quorums == 1)
+        if others and others != self._duplicates:
+            _log.warning(
+                "lightning-ft: another process with REPLICA_GROUP_ID=%s joined the quorum (%s); it is told to stop;"
+                " this group trains on",
+                self.config.replica_id,
+                ", ".join(others),
+            )
+            self._write("replica_duplicate", step=self._trainer.global_step, replica_id=self.replica_id, others=others)
+        self._duplicates = others
+
+    def _orphaned(self, parent: int) -> None:  # the agent watch's thread, just before the process exits
+        self._write("replica_orphaned", step=self._trainer.global_step, replica_id=self.replica_id, parent_pid=parent)
 
     def _log_live_groups(self, trainer: pl.Trainer, changed: bool) -> None:
         """``replica/live_groups`` through the trainer's loggers (global rank 0 of each group), at each change and
@@ -289,7 +316,10 @@ class ReplicaSync:
         first quorum every group writes its own (nothing is agreed yet)."""
         from lightning_ft.replica.checkpoint_owner import checkpoint_writer
 
-        return not self._members or checkpoint_writer(self._members) == self.config.replica_id
+        if not self._members or checkpoint_writer(self._members) != self.config.replica_id:
+            return not self._members
+        # Another process with this id in the quorum (replica/duplicate_id.py): one of the two writes.
+        return self._own_full_id is None or all(self._own_full_id < other for other in self._duplicates)
 
     @property
     def live_groups(self) -> int:
@@ -358,6 +388,8 @@ class ReplicaSync:
 
     def close(self) -> None:
         """Leave the quorum: undo the gate and the recorder, shut the manager and the heal server down."""
+        if self._agent_watch is not None:
+            self._agent_watch.stop()
         self.gate.uninstall()
         self._recorder.undo()
         self.manager.shutdown(wait=False)

@@ -390,6 +390,18 @@ class ElasticFT3D(DDPStrategy):
         self._exception = None
         if self.replica_groups is not None:
             self._replica_config = self.replica_groups.resolved()  # a missing lighthouse or id: before any step
+            if trainer.state.fn == TrainerFn.FITTING and self.global_rank == 0:
+                # Before auto-resume looks at the folders and before this group heartbeats: a live process with this
+                # id (a second launch, a killed torchrun's worker) makes this one refuse (replica/duplicate_id.py).
+                from lightning_ft.replica.internal import refuse_a_live_duplicate
+
+                config = self._replica_config
+                refuse_a_live_duplicate(
+                    config.lighthouse,
+                    config.replica_id,
+                    timeout=config.timeout,
+                    connect_timeout_s=config.connect_timeout.total_seconds(),
+                )
         if self._fault is not None:
             self._fault.install(trainer, self.event_log)  # fit only: signal handlers, watchdog hooks
         self._checkpoint_manager().open(storage=checkpoint_storage(trainer))
@@ -516,6 +528,7 @@ class ElasticFT3D(DDPStrategy):
             group_world_size=self.world_size,
             event_log=lambda: self.event_log,
             hold_sampler=self._data_position.hold,
+            agent_pid=_torchrun_agent(),
         )
         if self._auto_resume.healing_from:  # the heal must reach the checkpoint left on disk
             self._replica.resume_floor = self._auto_resume.skipped_step
@@ -749,3 +762,13 @@ def _check_arguments(
             f"ElasticFT3D(data_randomness={data_randomness!r}): must be one of {', '.join(map(repr, DATA_RANDOMNESS))}"
             " ('ddp' draws what DDPStrategy draws; 'per_sample' seeds every training sample from its place)"
         )
+
+
+def _torchrun_agent() -> int | None:
+    """This worker's torchrun agent (its verified parent), or ``None`` when it is not a torchrun worker."""
+    from lightning_ft.fault.internal import agent_pid
+
+    try:
+        return agent_pid()
+    except RuntimeError:
+        return None
