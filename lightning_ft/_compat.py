@@ -625,6 +625,17 @@ def load_fit_loop_progress(trainer: Any, state: dict[str, Any]) -> None:
     trainer.fit_loop._combined_loader_states_to_load = []
 
 
+def manager_timeouts(manager: Any) -> dict[str, Any]:
+    """The timeouts a torchft ``Manager`` applies (``timeout``: collectives, the commit vote, the heal;
+    ``quorum_timeout``; ``connect_timeout``), as ``timedelta``. torchft 0.2.0: ``Manager._timeout``,
+    ``_quorum_timeout``, ``_connect_timeout`` (set in its constructor, environment variables first)."""
+    return {
+        "timeout": manager._timeout,
+        "quorum_timeout": manager._quorum_timeout,
+        "connect_timeout": manager._connect_timeout,
+    }
+
+
 class _QuorumRecorder:
     """Stands in for a torchft ``ManagerClient``: forwards every call and hands each quorum result to a callback."""
 

@@ -36,11 +36,14 @@ skipped}`` each time the rest of the epoch is dealt anew (:mod:`~lightning_ft.re
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import statistics
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from lightning_ft import _compat
@@ -52,12 +55,15 @@ from lightning_ft.replica.heal_transport import HealTransport
 from lightning_ft.replica.step_gate import StepGate
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     import lightning.pytorch as pl
+    from torchft import Manager
 
     from lightning_ft.events import EventLog
     from lightning_ft.replica.replica_groups import ResolvedReplicaGroups
 
-__all__ = ["ReplicaSync", "members_by_rank"]
+__all__ = ["ReplicaSync", "members_by_rank", "replica_manager"]
 
 _log = logging.getLogger(__name__)
 
@@ -71,6 +77,64 @@ def members_by_rank(replica_ids: list[str]) -> list[str]:
 
 
 _STATE_KEY = "lightning"
+
+
+def replica_manager(
+    config: ResolvedReplicaGroups, *, group_rank: int, group_world_size: int, transport: HealTransport
+) -> Manager:
+    """This process's torchft ``Manager``, its timeouts all from ``ReplicaGroups.timeout``.
+
+    torchft's own environment variables for its timeouts (``TORCHFT_TIMEOUT_SEC``, ``TORCHFT_QUORUM_TIMEOUT_SEC``,
+    ``TORCHFT_CONNECT_TIMEOUT_SEC``) would win over what is passed to the Manager, but only for some of its waits
+    (not the process group's, the heal server's or the heartbeat's), in whole seconds: ``ReplicaGroups.timeout`` is
+    the one setting, so they are ignored here, and group rank 0 warns, naming each variable and what is in force.
+    Collective over the group (every rank builds its Manager; rank 0 starts the manager server).
+    """
+    from torchft import Manager, ProcessGroupGloo
+    from torchft.manager import CONNECT_TIMEOUT_SEC_ENV, QUORUM_TIMEOUT_SEC_ENV, TIMEOUT_SEC_ENV
+
+    names = (TIMEOUT_SEC_ENV, QUORUM_TIMEOUT_SEC_ENV, CONNECT_TIMEOUT_SEC_ENV)
+    ignored = {name: os.environ[name] for name in names if name in os.environ}
+    if ignored and group_rank == 0:
+        warnings.warn(
+            f"lightning-ft: {', '.join(f'{k}={v}' for k, v in ignored.items())} ignored: ReplicaGroups(timeout="
+            f"{config.timeout!r}) sets torchft's timeouts (collectives, the commit vote and the heal"
+            f" {config.timeout.total_seconds():g} s, the quorum {config.quorum_timeout.total_seconds():g} s,"
+            f" connections {config.connect_timeout.total_seconds():g} s): change ReplicaGroups(timeout=...) instead,"
+            " or unset the variable",
+            UserWarning,
+            stacklevel=2,
+        )
+    with _environment_without(ignored):
+        return Manager(
+            pg=ProcessGroupGloo(timeout=config.timeout),
+            load_state_dict=None,
+            state_dict=None,
+            min_replica_size=config.min_replicas,
+            use_async_quorum=False,  # a joining group loads the state before its forward pass
+            timeout=config.timeout,
+            quorum_timeout=config.quorum_timeout,
+            connect_timeout=config.connect_timeout,
+            rank=group_rank,
+            world_size=group_world_size,
+            lighthouse_addr=config.lighthouse,
+            replica_id=config.replica_id,
+            hostname=config.address or socket.gethostname(),
+            heartbeat_interval=config.heartbeat_interval,
+            checkpoint_transport=transport,
+            init_sync=True,  # the first step copies one group's initial state to all: weights agree whatever the seed
+        )
+
+
+@contextmanager
+def _environment_without(names: dict[str, str]) -> Iterator[None]:
+    """The process environment without ``names`` (torchft's Manager reads them in its constructor only)."""
+    for name in names:
+        os.environ.pop(name, None)
+    try:
+        yield
+    finally:
+        os.environ.update(names)
 
 
 class ReplicaSync:
@@ -102,30 +166,13 @@ class ReplicaSync:
         hold_sampler: Callable[[Any], None] = lambda sampler: None,
         agent_pid: int | None = None,
     ) -> None:
-        from torchft import Manager, ProcessGroupGloo
-
         self.config = config
         self._trainer = trainer
         self._group_rank = group_rank
         self._event_log = event_log
         self.transport = HealTransport(address=config.address, timeout=config.timeout)
-        self.manager = Manager(
-            pg=ProcessGroupGloo(timeout=config.timeout),
-            load_state_dict=None,
-            state_dict=None,
-            min_replica_size=config.min_replicas,
-            use_async_quorum=False,  # a joining group loads the state before its forward pass
-            timeout=config.timeout,
-            quorum_timeout=config.quorum_timeout,
-            connect_timeout=config.connect_timeout,
-            rank=group_rank,
-            world_size=group_world_size,
-            lighthouse_addr=config.lighthouse,
-            replica_id=config.replica_id,
-            hostname=config.address or socket.gethostname(),
-            heartbeat_interval=config.heartbeat_interval,
-            checkpoint_transport=self.transport,
-            init_sync=True,  # the first step copies one group's initial state to all: weights agree whatever the seed
+        self.manager = replica_manager(
+            config, group_rank=group_rank, group_world_size=group_world_size, transport=self.transport
         )
         self.manager.register_state_dict_fn(_STATE_KEY, self._load, self._state)
         self._quorum: Any = None
