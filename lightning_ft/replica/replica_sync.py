@@ -47,6 +47,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from lightning_ft import _compat
+from lightning_ft.replica.checkpoint_owner import WriterView
 from lightning_ft.replica.data_deal import ReplicaDataDeal
 from lightning_ft.replica.duplicate_id import AgentWatch, duplicates_in_quorum
 from lightning_ft.replica.gradient_sync import GradientSync
@@ -147,6 +148,8 @@ class ReplicaSync:
         group: the group's process group (``None``: the default group).
         event_log: returns the run's event log (or None).
         hold_sampler: told the training sampler whose count the data deal keeps (the strategy's data position).
+        checkpoint_folders: the ``ModelCheckpoint`` folders (local ones are listed at each quorum while this group does
+            not write: :class:`~lightning_ft.replica.checkpoint_owner.WriterView`).
         agent_pid: this worker's torchrun agent: when it is gone, the worker stops (an
             :class:`~lightning_ft.replica.duplicate_id.AgentWatch`); ``None``: not a torchrun worker, nothing watched.
 
@@ -165,6 +168,7 @@ class ReplicaSync:
         event_log: Callable[[], EventLog | None] = lambda: None,
         hold_sampler: Callable[[Any], None] = lambda sampler: None,
         agent_pid: int | None = None,
+        checkpoint_folders: Callable[[], list[Any]] = list,
     ) -> None:
         self.config = config
         self._trainer = trainer
@@ -196,6 +200,10 @@ class ReplicaSync:
         self.resume_floor: int | None = None
         """The step of the checkpoint this group left on disk to heal from a live group instead: its first quorum
         must reach it (replica/checkpoint_owner.py)."""
+        self._checkpoint_folders = checkpoint_folders
+        self.names = WriterView()
+        """The checkpoint folders as the writer sees them, for ``ModelCheckpoint``'s names on a non-writing group."""
+        self.names.install(trainer.checkpoint_callbacks)
         self._duplicates: list[str] = []  # other live processes with this group's id (replica/duplicate_id.py)
         self._own_full_id: str | None = None
         self._agent_watch = (
@@ -243,6 +251,10 @@ class ReplicaSync:
                 " stopping rather than rewinding: restart the group, it then resumes from the checkpoint"
             )
         changed = self._after_quorum(trainer.global_step)
+        if self.writes_checkpoints:
+            self.names.clear()
+        else:  # no group has started a save of this step yet: the folders as the writer will see them
+            self.names.refresh(self._checkpoint_folders())
         self._log_live_groups(trainer, changed)
         return self.data.after_quorum(
             live_groups=self.manager.num_participants(),
@@ -437,6 +449,7 @@ class ReplicaSync:
         """Leave the quorum: undo the gate and the recorder, shut the manager and the heal server down."""
         if self._agent_watch is not None:
             self._agent_watch.stop()
+        self.names.uninstall()
         self.gate.uninstall()
         self._recorder.undo()
         self.manager.shutdown(wait=False)

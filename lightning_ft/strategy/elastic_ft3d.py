@@ -529,6 +529,7 @@ class ElasticFT3D(DDPStrategy):
             event_log=lambda: self.event_log,
             hold_sampler=self._data_position.hold,
             agent_pid=_torchrun_agent(),
+            checkpoint_folders=lambda: [p for p in checkpoint_dirpaths(trainer) if not is_remote(str(p))],
         )
         if self._auto_resume.healing_from:  # the heal must reach the checkpoint left on disk
             self._replica.resume_floor = self._auto_resume.skipped_step
@@ -612,7 +613,10 @@ class ElasticFT3D(DDPStrategy):
         if storage_options is not None:
             raise TypeError("ElasticFT3D.save_checkpoint(..., storage_options=...) is not supported")
         if self._replica is not None and not self._replica.writes_checkpoints:
-            return  # replica groups: the group with the lowest id in the quorum writes it (replica/checkpoint_owner.py)
+            # Replica groups: the group with the lowest id in the quorum writes it (replica/checkpoint_owner.py); its
+            # path is taken from now on, as on the writer (ModelCheckpoint's version counter asks).
+            self._replica.names.saved(filepath)
+            return
         save_for_strategy(self, checkpoint, filepath)
 
     @override

@@ -45,11 +45,15 @@ parser.add_argument("--timeout-s", type=float, default=3.0)
 parser.add_argument("--evict-stragglers", action="store_true")
 parser.add_argument("--ckpt-dir", default=None, help="a ModelCheckpoint(dirpath=...) every --every-n steps (shared)")
 parser.add_argument("--every-n", type=int, default=10)
+parser.add_argument("--top-k", type=int, default=-1, help="ModelCheckpoint(save_top_k=...)")
+parser.add_argument("--monitor-step", action="store_true", help="ModelCheckpoint(monitor='step', mode='max')")
+parser.add_argument("--save-last", action="store_true", help="ModelCheckpoint(save_last=True)")
 args = parser.parse_args()
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
 hold = out.parent / "hold"
 slow_step_s = float(os.environ.get("REPLICA_TEST_SLOW_STEP_S", "0"))
+save_delay_s = float(os.environ.get("REPLICA_TEST_SAVE_DELAY_S", "0"))  # before ModelCheckpoint's save of a step
 
 
 def digest(obj) -> str:
@@ -119,6 +123,15 @@ class Batches(Callback):
         self.seen = state_dict["seen"]
 
 
+class SaveDelay(Callback):
+    """``REPLICA_TEST_SAVE_DELAY_S``: wait that long before ``ModelCheckpoint`` (always the last callback) saves at a
+    step, so that this group names its save after the writer's file of the step is there."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if save_delay_s and trainer.global_step % args.every_n == 0:
+            time.sleep(save_delay_s)
+
+
 class Record(Callback):
     def __init__(self, batches: Batches) -> None:
         self.batches = batches
@@ -164,7 +177,16 @@ callbacks = [batches, Record(batches)]
 if args.evict_stragglers:
     callbacks.append(StragglerMonitor(interval=4, warmup_steps=2, patience=2, action="evict"))
 if args.ckpt_dir:
-    callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, every_n_train_steps=args.every_n, save_top_k=-1))
+    callbacks.append(SaveDelay())
+    checkpoint = ModelCheckpoint(
+        dirpath=args.ckpt_dir,
+        every_n_train_steps=args.every_n,
+        save_top_k=args.top_k,
+        monitor="step" if args.monitor_step else None,  # the same in every group (a loss is each group's own)
+        mode="max",
+        save_last=args.save_last or None,
+    )
+    callbacks.append(checkpoint)
 trainer = L.Trainer(
     accelerator="cpu",
     devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
@@ -180,5 +202,7 @@ trainer = L.Trainer(
 )
 trainer.fit(Model())
 torch.save(trainer.lightning_module.state_dict(), out / f"final{trainer.global_rank}.pt")
+if trainer.global_rank == 0 and args.ckpt_dir:  # what each group's ModelCheckpoint holds (a heal copies it)
+    (out / "checkpoint_state.json").write_text(json.dumps(checkpoint.state_dict(), default=str))
 if trainer.global_rank == 0:
     (out / "done.json").write_text(json.dumps({"global_step": trainer.global_step, "pid": os.getpid()}))
