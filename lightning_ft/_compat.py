@@ -827,7 +827,8 @@ def lighthouse_status(address: str, *, timeout_s: float) -> LighthouseStatus | N
             torchft_version = "unknown"
         raise LighthouseStatusError(
             f"the torchft lighthouse at {address} answered GET /status with a page lightning-ft cannot read ({e});"
-            f" it reads torchft 0.2.0's (installed: torchft {torchft_version})"
+            f" it reads torchft 0.2.0's (installed: torchft {torchft_version}). Install torchft==0.2.0: without the page"
+            " a starting replica group cannot tell whether live groups hold a newer state or its id"
         ) from None
 
 

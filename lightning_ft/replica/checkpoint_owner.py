@@ -42,11 +42,15 @@ def checkpoint_writer(replica_ids: Iterable[str]) -> str | None:
 def live_peers(lighthouse: str, replica_id: str, *, newest_on_disk: int | None, timeout_s: float) -> dict[str, int]:
     """The other groups of the lighthouse's last quorum that still heartbeat and whose committed step is at least
     ``newest_on_disk`` (the newest checkpoint's step; ``None``: no checkpoint), as ``{replica id: step}``. Empty when
-    the lighthouse cannot be read (the group then reads its checkpoint, as without replica groups)."""
-    try:
-        members = _compat.lighthouse_live_members(lighthouse, timeout_s=timeout_s) or {}
-    except _compat.LighthouseStatusError:
-        members = {}
+    the lighthouse cannot be reached (the group then reads its checkpoint, as without replica groups; its Manager
+    cannot join a quorum either).
+
+    Raises:
+        LighthouseStatusError: the lighthouse answered with a status page lightning-ft cannot read (a torchft other
+            than 0.2.0): reading the checkpoint beside groups that may be live could remove the writer's save in flight
+            (leftovers are cleaned at train start), so the group stops and says why instead.
+    """
+    members = _compat.lighthouse_live_members(lighthouse, timeout_s=timeout_s) or {}
     floor = newest_on_disk or 0
     return {rid: step for rid, step in members.items() if rid != replica_id and step >= floor}
 

@@ -79,8 +79,9 @@ def refuse_a_live_duplicate(
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
     """Raise :class:`DuplicateReplicaError` when another process with ``replica_id`` heartbeats to the lighthouse and
-    goes on doing so for ``timeout``; return when none does, or when the lighthouse cannot be read (the quorum's check
-    remains). Call it before this process's torchft Manager starts (its own heartbeats would count).
+    goes on doing so for ``timeout``; return when none does, or when the lighthouse cannot be reached (the quorum's
+    check remains; the Manager cannot join either). A status page lightning-ft cannot read raises
+    :class:`~lightning_ft._compat.LighthouseStatusError` (a torchft other than 0.2.0). Call it before this process's torchft Manager starts (its own heartbeats would count).
 
     A heartbeat renewed between two reads ``poll_s`` apart (more than a Manager's heartbeat interval: at most 1 s
     under lightning-ft, 0.1 s by torchft's default) is a live process; one that ages by the time between the reads
@@ -112,11 +113,7 @@ def refuse_a_live_duplicate(
 
 
 def _status(lighthouse: str, timeout_s: float) -> _compat.LighthouseStatus | None:
-    try:
-        return _compat.lighthouse_status(lighthouse, timeout_s=timeout_s)
-    except _compat.LighthouseStatusError as e:
-        _log.warning("lightning-ft: %s; a live process with this group's id is checked at the quorum only", e)
-        return None
+    return _compat.lighthouse_status(lighthouse, timeout_s=timeout_s)  # an unreadable page raises (docs)
 
 
 def _same_id(status: _compat.LighthouseStatus | None, replica_id: str) -> dict[str, tuple[float, bool]]:
