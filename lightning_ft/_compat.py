@@ -636,6 +636,18 @@ def manager_timeouts(manager: Any) -> dict[str, Any]:
     }
 
 
+def manager_checkpoint_metadata(address: str, *, rank: int, timeout_s: float) -> str:
+    """What rank ``rank`` of the group whose torchft manager server is at ``address`` last gave as its checkpoint
+    transport's metadata (for lightning-ft's heal transport: its server's URL). torchft 0.2.0:
+    ``ManagerClient._checkpoint_metadata`` (what a healing Manager asks its source)."""
+    from datetime import timedelta
+
+    from torchft.coordination import ManagerClient
+
+    timeout = timedelta(seconds=timeout_s)
+    return ManagerClient(address, connect_timeout=timeout)._checkpoint_metadata(rank, timeout=timeout)
+
+
 class _QuorumRecorder:
     """Stands in for a torchft ``ManagerClient``: forwards every call and hands each quorum result to a callback."""
 

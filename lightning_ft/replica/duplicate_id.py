@@ -55,6 +55,9 @@ def _refusal(replica_id: str, others: list[str], status: _compat.LighthouseStatu
         parts = [f"torchft id {other}"]
         if manager:
             parts.append(f"manager {manager}")
+        process = _process_of(manager) if manager else None
+        if process:
+            parts.append(f"pid {process.get('pid')} on host {process.get('host')}")
         if step is not None:
             parts.append(f"at step {step}")
         if age is not None:
@@ -67,6 +70,18 @@ def _refusal(replica_id: str, others: list[str], status: _compat.LighthouseStatu
         " was killed (torchrun starts its workers in their own session, so they outlive a SIGKILLed agent; lightning-ft"
         " stops such a worker within a second: relaunch this group then)"
     )
+
+
+def _process_of(manager: str) -> dict[str, object] | None:
+    """The pid and host of group rank 0 of the group whose manager server is at ``manager`` (asked through its heal
+    server, best effort: ``None`` when either cannot be asked)."""
+    from lightning_ft.replica.heal_transport import serving_process
+
+    try:
+        metadata = _compat.manager_checkpoint_metadata(manager, rank=0, timeout_s=2)
+    except Exception:  # noqa: BLE001 - only a detail of an error message
+        return None
+    return serving_process(metadata, timeout_s=2)
 
 
 def refuse_a_live_duplicate(
@@ -108,7 +123,12 @@ def refuse_a_live_duplicate(
             return
         if time.monotonic() >= deadline:
             raise DuplicateReplicaError(
-                _refusal(replica_id, sorted(live), status, f"at lighthouse {lighthouse}, renewed for {timeout}")
+                _refusal(
+                    replica_id,
+                    sorted(live),
+                    status,
+                    f"at lighthouse {lighthouse}, renewed for {timeout.total_seconds():g} s",
+                )
             )
 
 
