@@ -28,7 +28,7 @@ from typing import Any
 
 from lightning_ft import _compat
 
-__all__ = ["WriterView", "checkpoint_writer", "live_peers"]
+__all__ = ["WriterView", "checkpoint_writer", "live_peers", "writing_process"]
 
 
 def checkpoint_writer(replica_ids: Iterable[str]) -> str | None:
@@ -37,6 +37,15 @@ def checkpoint_writer(replica_ids: Iterable[str]) -> str | None:
     if not ids:
         return None
     return min(ids, key=lambda rid: (0, int(rid), rid) if rid.isdigit() else (1, 0, rid))
+
+
+def writing_process(full_ids: Iterable[str]) -> str | None:
+    """Of a quorum's participants (torchft's full ids, ``"<replica id>:<uuid>"``), the one that writes: the lowest
+    replica id (:func:`checkpoint_writer`) and, should two processes have that id (replica/duplicate_id.py), the lower
+    full id, so that they never both write. ``None`` for none."""
+    ids = list(full_ids)
+    writer = checkpoint_writer(rid.split(":")[0] for rid in ids)
+    return min((rid for rid in ids if rid.split(":")[0] == writer), default=None)
 
 
 def live_peers(lighthouse: str, replica_id: str, *, newest_on_disk: int | None, timeout_s: float) -> dict[str, int]:

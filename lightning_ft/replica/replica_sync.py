@@ -5,19 +5,23 @@ The strategy drives it from three hooks (docs/replica-groups.md):
 =======================  ===========================================================================================
 strategy hook            what happens
 =======================  ===========================================================================================
-``setup`` (fit)          the Manager starts (group rank 0: its server, heartbeating to the lighthouse), the heal
-                         transport listens, the DDP communication hook is registered, the step gate wraps
-                         ``lr_scheduler_step``
+``setup`` (fit)          the Manager starts (group rank 0: its server, heartbeating to the lighthouse; torchft's
+                         timeout variables ignored, with a warning), the heal transport listens, the torchrun agent is
+                         watched (:class:`~lightning_ft.replica.duplicate_id.AgentWatch`), ``ModelCheckpoint``'s name
+                         check is answered from a :class:`~lightning_ft.replica.checkpoint_owner.WriterView`, the DDP
+                         communication hook is registered, the step gate wraps ``lr_scheduler_step``
 ``batch_to_device``      first micro-batch of an optimizer step (training): ``start_quorum`` (blocks until the
                          lighthouse's quorum; reconfigures the cross-group process group when the membership changed;
                          a joining group receives the live state here, before its forward pass; a healthy group
                          serves it); at a new membership the rest of the epoch is dealt anew and the batch in hand
-                         replaced by the new deal's first (:mod:`~lightning_ft.replica.data_deal`)
+                         replaced by the new deal's first (:mod:`~lightning_ft.replica.data_deal`); another
+                         participant with this group's id refuses this one in its first quorum; a non-writing group
+                         lists the checkpoint folders (what the writer sees when it names the step's saves)
 (backward)               :func:`~lightning_ft.replica.gradient_sync.replica_comm_hook`: average in the group, then
                          across the live groups; a failure is recorded, never raised
 ``optimizer_step``       :class:`~lightning_ft.replica.step_gate.StepGate`: ``should_commit()`` (the group's vote,
                          then all groups'), the step applied or discarded and uncounted
-``teardown``             gate undone, Manager and transport shut down
+``teardown``             agent watch stopped, name check and gate undone, Manager and transport shut down
 =======================  ===========================================================================================
 
 What crosses groups: only the gradient all-reduce (the Manager's own process group, gloo), the quorum and the commit
@@ -47,7 +51,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from lightning_ft import _compat
-from lightning_ft.replica.checkpoint_owner import WriterView
+from lightning_ft.replica.checkpoint_owner import WriterView, checkpoint_writer, writing_process
 from lightning_ft.replica.data_deal import ReplicaDataDeal
 from lightning_ft.replica.duplicate_id import AgentWatch, duplicates_in_quorum
 from lightning_ft.replica.gradient_sync import GradientSync
@@ -206,6 +210,7 @@ class ReplicaSync:
         self.names.install(trainer.checkpoint_callbacks)
         self._duplicates: list[str] = []  # other live processes with this group's id (replica/duplicate_id.py)
         self._own_full_id: str | None = None
+        self._full_ids: list[str] = []
         self._agent_watch = (
             AgentWatch(agent_pid, config.replica_id, on_orphaned=self._orphaned) if agent_pid is not None else None
         )
@@ -338,6 +343,7 @@ class ReplicaSync:
 
     def _check_duplicates(self, result: Any) -> None:
         """Refuse (first quorum) or record another participant with this group's id (replica/duplicate_id.py)."""
+        self._full_ids = list(result.replica_ids)
         self._own_full_id = result.replica_ids[result.replica_rank]
         others = duplicates_in_quorum(list(result.replica_ids), result.replica_rank, first_quorum=self._quorums == 1)
         if others and others != self._duplicates:
@@ -373,12 +379,12 @@ class ReplicaSync:
         """Whether this group writes the job's checkpoints: the live group with the lowest replica id in the last
         quorum (:func:`~lightning_ft.replica.checkpoint_owner.checkpoint_writer`; every group agrees). Before the
         first quorum every group writes its own (nothing is agreed yet)."""
-        from lightning_ft.replica.checkpoint_owner import checkpoint_writer
-
-        if not self._members or checkpoint_writer(self._members) != self.config.replica_id:
-            return not self._members
-        # Another process with this id in the quorum (replica/duplicate_id.py): one of the two writes.
-        return self._own_full_id is None or all(self._own_full_id < other for other in self._duplicates)
+        if not self._members:
+            return True
+        if self._own_full_id is None:
+            return checkpoint_writer(self._members) == self.config.replica_id
+        # By full id: should another process with this id be in the quorum (replica/duplicate_id.py), one writes.
+        return writing_process(self._full_ids) == self._own_full_id
 
     @property
     def live_groups(self) -> int:

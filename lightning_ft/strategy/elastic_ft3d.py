@@ -26,7 +26,8 @@ hook                    what the collaborators do
                         built; tracker and elastic resume (and the memory tier, when on) put first in
                         ``trainer.callbacks``; auto-resume patches the checkpoint connector; the restore order patches
                         its restore of module and callback state (``restore_checkpoint_after_setup`` is False in every
-                        mode)
+                        mode); replica groups (fit, rank 0): a live process with this group's id makes it refuse
+                        (lightning_ft/replica/duplicate_id.py)
 ``_prepare``            (Lightning hands that restore over, after ``configure_model``) checkpoint folders checked; the
                         parallel mode chosen (DDP, DTensor or pipeline); the memory tier's group and folder (fit,
                         collective); fault handler's start: a node in its cooldown refused, the watchdog started
@@ -38,8 +39,9 @@ hook                    what the collaborators do
                         at (before the training iterator, before its first fetch, or at the next batch)
 (Lightning)             the module's ``on_load_checkpoint`` and weights, the datamodule's and the callbacks' state
 ``setup``               the mode set up (DDP wrap; or DTensor materialized or pipeline stage cut); optimizers; replica
-                        groups (fit): torchft's Manager started, the DDP comm hook across groups registered, the step
-                        gate installed (lightning_ft/replica/replica_sync.py); the
+                        groups (fit): torchft's Manager started, the torchrun agent watched, ``ModelCheckpoint``'s
+                        name check answered as the writer sees it on a non-writing group, the DDP comm hook across
+                        groups registered, the step gate installed (lightning_ft/replica/replica_sync.py); the
                         memory tier's budget check (fit, collective); fault handler's pre-flight health checks
                         (collective); DTensor or pipeline: the kept restore (the load, in place into the sharded
                         module and optimizers, then the rows above), still before ``on_fit_start``
