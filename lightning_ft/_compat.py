@@ -625,6 +625,29 @@ def load_fit_loop_progress(trainer: Any, state: dict[str, Any]) -> None:
     trainer.fit_loop._combined_loader_states_to_load = []
 
 
+def manager_timeouts(manager: Any) -> dict[str, Any]:
+    """The timeouts a torchft ``Manager`` applies (``timeout``: collectives, the commit vote, the heal;
+    ``quorum_timeout``; ``connect_timeout``), as ``timedelta``. torchft 0.2.0: ``Manager._timeout``,
+    ``_quorum_timeout``, ``_connect_timeout`` (set in its constructor, environment variables first)."""
+    return {
+        "timeout": manager._timeout,
+        "quorum_timeout": manager._quorum_timeout,
+        "connect_timeout": manager._connect_timeout,
+    }
+
+
+def manager_checkpoint_metadata(address: str, *, rank: int, timeout_s: float) -> str:
+    """What rank ``rank`` of the group whose torchft manager server is at ``address`` last gave as its checkpoint
+    transport's metadata (for lightning-ft's heal transport: its server's URL). torchft 0.2.0:
+    ``ManagerClient._checkpoint_metadata`` (what a healing Manager asks its source)."""
+    from datetime import timedelta
+
+    from torchft.coordination import ManagerClient
+
+    timeout = timedelta(seconds=timeout_s)
+    return ManagerClient(address, connect_timeout=timeout)._checkpoint_metadata(rank, timeout=timeout)
+
+
 class _QuorumRecorder:
     """Stands in for a torchft ``ManagerClient``: forwards every call and hands each quorum result to a callback."""
 
@@ -717,29 +740,116 @@ def restart_training_fetcher(trainer: Any, *, fetched: int) -> None:
         fetcher.done = fetched >= fetcher.length
 
 
-_LIGHTHOUSE_MEMBER = None
-_LIGHTHOUSE_HEARTBEAT = None
+class LighthouseStatus:
+    """What torchft's lighthouse shows on its status page (:func:`lighthouse_status`).
+
+    ``members``: the lighthouse's previous (last formed) quorum, ``{full replica id: (committed step, manager
+    address)}``; ``heartbeats``: every replica that heartbeats or did, ``{full replica id: (seconds since its last
+    heartbeat, stale)}``, stale past the lighthouse's ``--heartbeat_timeout_ms``. A full replica id is
+    ``"<REPLICA_GROUP_ID>:<uuid>"`` (torchft's Manager adds a uuid per process)."""
+
+    def __init__(self, members: dict[str, tuple[int, str | None]], heartbeats: dict[str, tuple[float, bool]]) -> None:
+        self.members = members
+        self.heartbeats = heartbeats
+
+    def __repr__(self) -> str:
+        return f"LighthouseStatus(members={self.members!r}, heartbeats={self.heartbeats!r})"
 
 
-def lighthouse_live_members(address: str, *, timeout_s: float) -> dict[str, int] | None:
-    """The members of the lighthouse's last quorum that still heartbeat, as ``{replica id: step}`` (the replica id
-    without the ``:uuid`` suffix torchft's Manager adds); ``None`` when the lighthouse cannot be read. torchft 0.2.0
-    has no query API for this: it is read from the lighthouse's dashboard fragment ``GET /status`` (HTML: the
-    "Previous Quorum" members, ``<b>id</b> <br/> Step: n``, and the heartbeats, ``<li class="heartbeat [old]">id:
-    seen ...``, ``old`` past ``--heartbeat_timeout_ms``)."""
+class LighthouseStatusError(RuntimeError):
+    """The lighthouse answered, but its status page is not the one lightning-ft reads (another torchft version)."""
+
+
+_LIGHTHOUSE_PATTERNS: dict[str, Any] = {}
+
+
+def _lighthouse_patterns() -> dict[str, Any]:
     import re
+
+    if not _LIGHTHOUSE_PATTERNS:
+        _LIGHTHOUSE_PATTERNS.update(
+            member=re.compile(
+                r'<div class="member[^"]*">\s*<b>([^<]+)</b>\s*<br/>\s*Step:\s*(\d+)\s*<br/>'
+                r"(?:\s*Manager:\s*([^<\s]+)\s*<br/>)?"
+            ),
+            heartbeat=re.compile(
+                r'<li class="heartbeat\s*(old)?\s*">\s*([^\s<]+): seen\s+([0-9.]+(?:e[-+]?\d+)?)\s*(ns|µs|us|ms|s)\s+ago'
+            ),
+            heartbeat_item=re.compile(r'<li class="heartbeat'),
+        )
+    return _LIGHTHOUSE_PATTERNS
+
+
+_DURATION_UNITS = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def parse_lighthouse_status(page: str) -> LighthouseStatus:
+    """Read torchft's lighthouse status page (``GET /status``, an HTML fragment of its dashboard: torchft 0.2.0 has
+    no query API for it). Its layout, torchft 0.2.0: a "Previous Quorum" section of ``<div class="member
+    [recovering]"><b>id</b> <br/> Step: n <br/> Manager: address <br/> ...`` blocks, then ``<h2>Heartbeats</h2>`` and
+    ``<li class="heartbeat [old]">id: seen 0.3s ago</li>`` items (a Rust ``Duration``'s debug form: ``ns``, ``µs``,
+    ``ms`` or ``s``).
+
+    Raises:
+        LighthouseStatusError: the page does not have that layout (no heartbeat section, or an item of it that does
+            not read as one), so that a torchft whose page changed fails loudly instead of reading as "no group live".
+    """
+    patterns = _lighthouse_patterns()
+    if "<h2>Heartbeats</h2>" not in page:
+        raise LighthouseStatusError("no '<h2>Heartbeats</h2>' section")
+    quorum, heartbeats_part = page.split("<h2>Heartbeats</h2>", 1)
+    members: dict[str, tuple[int, str | None]] = {}
+    if "Previous Quorum" in quorum:
+        previous = quorum.split("Previous Quorum", 1)[1]
+        for name, step, manager in patterns["member"].findall(previous):
+            members[name.strip()] = (int(step), manager or None)
+        if previous.count('<div class="member') != len(members):
+            raise LighthouseStatusError("a quorum member that does not read as '<b>id</b> <br/> Step: n'")
+    heartbeats: dict[str, tuple[float, bool]] = {}
+    for old, name, value, unit in patterns["heartbeat"].findall(heartbeats_part):
+        heartbeats[name] = (float(value) * _DURATION_UNITS[unit], bool(old))
+    if len(patterns["heartbeat_item"].findall(heartbeats_part)) != len(heartbeats):
+        raise LighthouseStatusError("a heartbeat that does not read as '<id>: seen <duration> ago'")
+    return LighthouseStatus(members, heartbeats)
+
+
+def lighthouse_status(address: str, *, timeout_s: float) -> LighthouseStatus | None:
+    """The lighthouse's status (:func:`parse_lighthouse_status`); ``None`` when it cannot be reached (not running,
+    a network error, a timeout: the caller goes on as without the information).
+
+    Raises:
+        LighthouseStatusError: the lighthouse answered with a page lightning-ft cannot read (a torchft other than
+            0.2.0 whose dashboard changed); the message names the address and torchft's version.
+    """
     import urllib.request
 
-    global _LIGHTHOUSE_MEMBER, _LIGHTHOUSE_HEARTBEAT
-    if _LIGHTHOUSE_MEMBER is None:
-        _LIGHTHOUSE_MEMBER = re.compile(r"<b>([^<]+)</b>\s*<br/>\s*Step:\s*(\d+)")
-        _LIGHTHOUSE_HEARTBEAT = re.compile(r'<li class="heartbeat\s*(old)?\s*">\s*([^\s<]+): seen')
     try:
         with urllib.request.urlopen(address.rstrip("/") + "/status", timeout=timeout_s) as response:  # noqa: S310
             page = response.read().decode("utf-8", "replace")
     except (OSError, ValueError):
         return None
-    previous = page.split("Previous Quorum", 1)[-1].split("<h2>Heartbeats</h2>", 1)[0]
-    steps = {name: int(step) for name, step in _LIGHTHOUSE_MEMBER.findall(previous)}
-    fresh = {name for old, name in _LIGHTHOUSE_HEARTBEAT.findall(page) if not old}
-    return {name.split(":")[0]: step for name, step in steps.items() if name in fresh}
+    try:
+        return parse_lighthouse_status(page)
+    except LighthouseStatusError as e:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            torchft_version = version("torchft")
+        except PackageNotFoundError:
+            torchft_version = "unknown"
+        raise LighthouseStatusError(
+            f"the torchft lighthouse at {address} answered GET /status with a page lightning-ft cannot read ({e});"
+            f" it reads torchft 0.2.0's (installed: torchft {torchft_version}). Install torchft==0.2.0: without the page"
+            " a starting replica group cannot tell whether live groups hold a newer state or its id"
+        ) from None
+
+
+def lighthouse_live_members(address: str, *, timeout_s: float) -> dict[str, int] | None:
+    """The members of the lighthouse's last quorum that still heartbeat, as ``{replica id: step}`` (the replica id
+    without the ``:uuid`` suffix torchft's Manager adds); ``None`` when the lighthouse cannot be reached
+    (:func:`lighthouse_status`, whose :class:`LighthouseStatusError` it raises)."""
+    status = lighthouse_status(address, timeout_s=timeout_s)
+    if status is None:
+        return None
+    fresh = {name for name, (_, old) in status.heartbeats.items() if not old}
+    return {name.split(":")[0]: step for name, (step, _) in status.members.items() if name in fresh}

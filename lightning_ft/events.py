@@ -91,6 +91,8 @@ INCIDENT_EVENTS = (
     "node_evicted",
     "join_refused",
     "replica_lost",
+    "replica_duplicate",
+    "replica_orphaned",
 )
 """The events ``lightning-ft report`` lists as incidents."""
 _KEPT_ON_DISK = frozenset(INCIDENT_EVENTS) | {"health_check_failed", "fault_injected"}
@@ -113,15 +115,18 @@ def is_incident(event: str, fields: dict[str, Any]) -> bool:
 
 
 def process_start_time() -> float:
-    """Unix time at which this process started (from ``/proc`` where it exists, else this module's import time)."""
+    """Unix time at which this process started (from ``/proc`` where it exists, else this module's import time).
+
+    ``/proc/self/stat``'s ``starttime`` counts clock ticks (``SC_CLK_TCK``, 1/100 s) since boot on the clock that
+    ``CLOCK_BOOTTIME`` reads, so the start is now minus the time since then on that clock: within a tick. (The boot
+    time in ``/proc/stat``, ``btime``, is whole seconds and made every start up to a second early.)"""
     try:
         with open("/proc/self/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         start_ticks = int(fields[19])
-        with open("/proc/stat") as f:
-            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-        return btime + start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        since_boot, now = time.clock_gettime(time.CLOCK_BOOTTIME), time.time()
+        return now - (since_boot - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
         return _IMPORT_TIME
 
 

@@ -17,7 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from lightning_ft.fault.eviction import SOURCES, check_can_evict, evict_node, replica_sync
+    from lightning_ft.fault.eviction import SOURCES, agent_pid, check_can_evict, evict_node, replica_sync
     from lightning_ft.fault.fault_handler import FaultHandler, end_attempt
     from lightning_ft.fault.health_record import (
         NODE_UNAVAILABLE_EXIT_CODE,
@@ -37,6 +37,7 @@ _EXPORTS = {
     "HANG_EXIT_CODE": ".watchdog",
     "NODE_UNAVAILABLE_EXIT_CODE": ".health_record",
     "SOURCES": ".eviction",
+    "agent_pid": ".eviction",
     "HealthRecord": ".health_record",
     "check_can_evict": ".eviction",
     "check_record": ".health_record",
@@ -57,6 +58,7 @@ __all__ = [
     "NODE_UNAVAILABLE_EXIT_CODE",
     "SOURCES",
     "HealthRecord",
+    "agent_pid",
     "check_can_evict",
     "check_record",
     "evict_node",

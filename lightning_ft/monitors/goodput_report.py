@@ -385,6 +385,8 @@ def _incident_detail(e: dict[str, Any]) -> dict[str, Any]:
         "node_evicted": ("host", "ranks", "source", "reason", "cooldown_s", "record_path"),
         "join_refused": ("host", "reason", "until", "exit_code"),
         "replica_lost": ("replica_id", "stall_s", "discarded_steps"),
+        "replica_duplicate": ("replica_id", "others"),
+        "replica_orphaned": ("replica_id", "parent_pid"),
     }[e["event"]]
     detail = {k: e.get(k) for k in keys}
     if "tier" in detail:
@@ -402,6 +404,8 @@ _COLOURS = {
     "node_evicted": "tab:pink",
     "join_refused": "tab:cyan",
     "replica_lost": "tab:blue",
+    "replica_duplicate": "tab:gray",
+    "replica_orphaned": "black",
 }
 
 

@@ -15,7 +15,9 @@ stops it serving at the commit vote) and differs in three ways:
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -28,7 +30,10 @@ from torchft.checkpointing import CheckpointTransport
 
 from lightning_ft.checkpoint.internal import load_pickled, pickled_bytes
 
-__all__ = ["HealTransport"]
+__all__ = ["IDENTITY_PATH", "HealTransport", "serving_process"]
+
+IDENTITY_PATH = "/identity"
+"""``GET`` it on a group's heal server: ``{"pid": ..., "host": ...}`` of the process that serves."""
 
 _log = logging.getLogger(__name__)
 _WHERE = "the state a replica group sent to heal this one"
@@ -64,6 +69,14 @@ class HealTransport(CheckpointTransport[dict[str, Any]]):
             timeout = request_timeout_s
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                if self.path.rstrip("/") == IDENTITY_PATH:  # who serves: named when another process takes the id
+                    body = json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
                 parts = self.path.strip("/").split("/")
                 if len(parts) != 2 or parts[0] != "checkpoint" or not parts[1].isdigit():
                     self.send_error(400, f"expected /checkpoint/<step>, got {self.path}")
@@ -136,3 +149,17 @@ def _is_ipv6(host: str) -> bool:
         return isinstance(ipaddress.ip_address(host.strip("[]")), ipaddress.IPv6Address)
     except ValueError:
         return False
+
+
+def serving_process(metadata: str, *, timeout_s: float) -> dict[str, Any] | None:
+    """``{"pid", "host"}`` of the process whose heal server ``metadata`` (:meth:`HealTransport.metadata`) names;
+    ``None`` when it cannot be asked (another transport, gone, a timeout)."""
+    if not metadata.startswith("http") or not metadata.rstrip("/").endswith("/checkpoint"):
+        return None
+    url = metadata.rstrip("/").removesuffix("/checkpoint") + IDENTITY_PATH
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310
+            found = json.loads(response.read())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None

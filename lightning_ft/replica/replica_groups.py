@@ -71,7 +71,9 @@ class ReplicaGroups:
     waits up to 12 x ``timeout`` (the first quorum of a process up to 10 minutes, while the other groups start);
     the group's manager heartbeats every ``timeout / 20`` (0.1 s to 1 s). A dead group (SIGKILL, node loss) is
     noticed at once by the all-reduce and dropped when the lighthouse misses its heartbeats
-    (``--heartbeat_timeout_ms``, which should be at most ``timeout``). Default 5 seconds."""
+    (``--heartbeat_timeout_ms``, which should be at most ``timeout``). Default 5 seconds. torchft's environment
+    variables ``TORCHFT_TIMEOUT_SEC``, ``TORCHFT_QUORUM_TIMEOUT_SEC`` and ``TORCHFT_CONNECT_TIMEOUT_SEC`` are ignored
+    (with a warning at set-up): this is the one setting."""
 
     replica_id: str | None = None
     """This group's id, the same on every rank of the group and unique in the job; a replacement for a lost group

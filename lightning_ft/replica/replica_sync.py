@@ -5,21 +5,25 @@ The strategy drives it from three hooks (docs/replica-groups.md):
 =======================  ===========================================================================================
 strategy hook            what happens
 =======================  ===========================================================================================
-``setup`` (fit)          the Manager starts (group rank 0: its server, heartbeating to the lighthouse), the heal
-                         transport listens, the DDP communication hook is registered, the step gate wraps
-                         ``lr_scheduler_step``
+``setup`` (fit)          the Manager starts (group rank 0: its server, heartbeating to the lighthouse; torchft's
+                         timeout variables ignored, with a warning), the heal transport listens, the torchrun agent is
+                         watched (:class:`~lightning_ft.replica.duplicate_id.AgentWatch`), ``ModelCheckpoint``'s name
+                         check is answered from a :class:`~lightning_ft.replica.checkpoint_owner.WriterView`, the DDP
+                         communication hook is registered, the step gate wraps ``lr_scheduler_step``
 ``batch_to_device``      first micro-batch of an optimizer step (training): ``start_quorum`` (blocks until the
                          lighthouse's quorum; reconfigures the cross-group process group when the membership changed;
                          a joining group receives the live state here, before its forward pass; a healthy group
                          serves it); at a new membership the ``ElasticPolicy`` sets the accumulation and the
                          learning-rate factor (:mod:`~lightning_ft.elastic.replica_policy`), then the rest of the
                          epoch is dealt anew and the batch in hand replaced by the new deal's first
-                         (:mod:`~lightning_ft.replica.data_deal`)
+                         (:mod:`~lightning_ft.replica.data_deal`); another
+                         participant with this group's id refuses this one in its first quorum; a non-writing group
+                         lists the checkpoint folders (what the writer sees when it names the step's saves)
 (backward)               :func:`~lightning_ft.replica.gradient_sync.replica_comm_hook`: average in the group, then
                          across the live groups; a failure is recorded, never raised
 ``optimizer_step``       :class:`~lightning_ft.replica.step_gate.StepGate`: ``should_commit()`` (the group's vote,
                          then all groups'), the step applied or discarded and uncounted
-``teardown``             gate undone, Manager and transport shut down
+``teardown``             agent watch stopped, name check and gate undone, Manager and transport shut down
 =======================  ===========================================================================================
 
 What crosses groups: only the gradient all-reduce (the Manager's own process group, gloo), the quorum and the commit
@@ -40,27 +44,35 @@ skipped}`` each time the rest of the epoch is dealt anew (:mod:`~lightning_ft.re
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import statistics
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from lightning_ft import _compat
+from lightning_ft.replica.checkpoint_owner import WriterView, checkpoint_writer, writing_process
 from lightning_ft.replica.data_deal import ReplicaDataDeal
+from lightning_ft.replica.duplicate_id import AgentWatch, duplicates_in_quorum
 from lightning_ft.replica.gradient_sync import GradientSync
 from lightning_ft.replica.heal_state import apply_heal_state, heal_state
 from lightning_ft.replica.heal_transport import HealTransport
 from lightning_ft.replica.step_gate import StepGate
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     import lightning.pytorch as pl
+    from torchft import Manager
 
     from lightning_ft.events import EventLog
     from lightning_ft.replica.replica_groups import ResolvedReplicaGroups
 
-__all__ = ["ReplicaSync", "members_by_rank"]
+__all__ = ["ReplicaSync", "members_by_rank", "replica_manager"]
 
 _log = logging.getLogger(__name__)
 
@@ -74,6 +86,64 @@ def members_by_rank(replica_ids: list[str]) -> list[str]:
 
 
 _STATE_KEY = "lightning"
+
+
+def replica_manager(
+    config: ResolvedReplicaGroups, *, group_rank: int, group_world_size: int, transport: HealTransport
+) -> Manager:
+    """This process's torchft ``Manager``, its timeouts all from ``ReplicaGroups.timeout``.
+
+    torchft's own environment variables for its timeouts (``TORCHFT_TIMEOUT_SEC``, ``TORCHFT_QUORUM_TIMEOUT_SEC``,
+    ``TORCHFT_CONNECT_TIMEOUT_SEC``) would win over what is passed to the Manager, but only for some of its waits
+    (not the process group's, the heal server's or the heartbeat's), in whole seconds: ``ReplicaGroups.timeout`` is
+    the one setting, so they are ignored here, and group rank 0 warns, naming each variable and what is in force.
+    Collective over the group (every rank builds its Manager; rank 0 starts the manager server).
+    """
+    from torchft import Manager, ProcessGroupGloo
+    from torchft.manager import CONNECT_TIMEOUT_SEC_ENV, QUORUM_TIMEOUT_SEC_ENV, TIMEOUT_SEC_ENV
+
+    names = (TIMEOUT_SEC_ENV, QUORUM_TIMEOUT_SEC_ENV, CONNECT_TIMEOUT_SEC_ENV)
+    ignored = {name: os.environ[name] for name in names if name in os.environ}
+    if ignored and group_rank == 0:
+        warnings.warn(
+            f"lightning-ft: {', '.join(f'{k}={v}' for k, v in ignored.items())} ignored: ReplicaGroups(timeout="
+            f"{config.timeout!r}) sets torchft's timeouts (collectives, the commit vote and the heal"
+            f" {config.timeout.total_seconds():g} s, the quorum {config.quorum_timeout.total_seconds():g} s,"
+            f" connections {config.connect_timeout.total_seconds():g} s): change ReplicaGroups(timeout=...) instead,"
+            " or unset the variable",
+            UserWarning,
+            stacklevel=2,
+        )
+    with _environment_without(ignored):
+        return Manager(
+            pg=ProcessGroupGloo(timeout=config.timeout),
+            load_state_dict=None,
+            state_dict=None,
+            min_replica_size=config.min_replicas,
+            use_async_quorum=False,  # a joining group loads the state before its forward pass
+            timeout=config.timeout,
+            quorum_timeout=config.quorum_timeout,
+            connect_timeout=config.connect_timeout,
+            rank=group_rank,
+            world_size=group_world_size,
+            lighthouse_addr=config.lighthouse,
+            replica_id=config.replica_id,
+            hostname=config.address or socket.gethostname(),
+            heartbeat_interval=config.heartbeat_interval,
+            checkpoint_transport=transport,
+            init_sync=True,  # the first step copies one group's initial state to all: weights agree whatever the seed
+        )
+
+
+@contextmanager
+def _environment_without(names: dict[str, str]) -> Iterator[None]:
+    """The process environment without ``names`` (torchft's Manager reads them in its constructor only)."""
+    for name in names:
+        os.environ.pop(name, None)
+    try:
+        yield
+    finally:
+        os.environ.update(names)
 
 
 class ReplicaSync:
@@ -92,6 +162,10 @@ class ReplicaSync:
         policy_state: what a joining group copies of it; ``load_policy_state`` puts that in place after a heal.
         on_heal: called with the healed step once a heal's state is in place (the memory tier drops its copies of the
             state the heal replaced).
+        checkpoint_folders: the ``ModelCheckpoint`` folders (local ones are listed at each quorum while this group does
+            not write: :class:`~lightning_ft.replica.checkpoint_owner.WriterView`).
+        agent_pid: this worker's torchrun agent: when it is gone, the worker stops (an
+            :class:`~lightning_ft.replica.duplicate_id.AgentWatch`); ``None``: not a torchrun worker, nothing watched.
 
     Collective over the group: every rank of the group builds one at set-up (rank 0 starts the manager server, the
     others connect to it through the group's TCPStore at ``MASTER_ADDR:MASTER_PORT``).
@@ -111,32 +185,17 @@ class ReplicaSync:
         policy_state: Callable[[], dict[str, Any] | None] = lambda: None,
         load_policy_state: Callable[[dict[str, Any]], None] = lambda state: None,
         on_heal: Callable[[int], None] = lambda step: None,
+        agent_pid: int | None = None,
+        checkpoint_folders: Callable[[], list[Any]] = list,
     ) -> None:
-        from torchft import Manager, ProcessGroupGloo
-
         self.config = config
         self._trainer = trainer
         self._group_rank = group_rank
         self._event_log = event_log
         self._on_heal = on_heal
         self.transport = HealTransport(address=config.address, timeout=config.timeout)
-        self.manager = Manager(
-            pg=ProcessGroupGloo(timeout=config.timeout),
-            load_state_dict=None,
-            state_dict=None,
-            min_replica_size=config.min_replicas,
-            use_async_quorum=False,  # a joining group loads the state before its forward pass
-            timeout=config.timeout,
-            quorum_timeout=config.quorum_timeout,
-            connect_timeout=config.connect_timeout,
-            rank=group_rank,
-            world_size=group_world_size,
-            lighthouse_addr=config.lighthouse,
-            replica_id=config.replica_id,
-            hostname=config.address or socket.gethostname(),
-            heartbeat_interval=config.heartbeat_interval,
-            checkpoint_transport=self.transport,
-            init_sync=True,  # the first step copies one group's initial state to all: weights agree whatever the seed
+        self.manager = replica_manager(
+            config, group_rank=group_rank, group_world_size=group_world_size, transport=self.transport
         )
         self.manager.register_state_dict_fn(_STATE_KEY, self._load, self._state)
         self._quorum: Any = None
@@ -163,6 +222,16 @@ class ReplicaSync:
         self.resume_floor: int | None = None
         """The step of the checkpoint this group left on disk to heal from a live group instead: its first quorum
         must reach it (replica/checkpoint_owner.py)."""
+        self._checkpoint_folders = checkpoint_folders
+        self.names = WriterView()
+        """The checkpoint folders as the writer sees them, for ``ModelCheckpoint``'s names on a non-writing group."""
+        self.names.install(trainer.checkpoint_callbacks)
+        self._duplicates: list[str] = []  # other live processes with this group's id (replica/duplicate_id.py)
+        self._own_full_id: str | None = None
+        self._full_ids: list[str] = []
+        self._agent_watch = (
+            AgentWatch(agent_pid, config.replica_id, on_orphaned=self._orphaned) if agent_pid is not None else None
+        )
 
     # ------------------------------------------------------------------ the step
 
@@ -208,6 +277,10 @@ class ReplicaSync:
                 " stopping rather than rewinding: restart the group, it then resumes from the checkpoint"
             )
         changed = self._after_quorum(trainer.global_step)
+        if self.writes_checkpoints:
+            self.names.clear()
+        else:  # no group has started a save of this step yet: the folders as the writer will see them
+            self.names.refresh(self._checkpoint_folders())
         self._log_live_groups(trainer, changed)
         live = self.manager.num_participants()
         # The policy first: the deal reads the accumulation it sets, and sizes the epoch so that its first batch
@@ -290,6 +363,7 @@ class ReplicaSync:
         result = self._quorum
         if result is None:
             return False
+        self._check_duplicates(result)
         members = sorted(rid.split(":")[0] for rid in result.replica_ids)
         if members == self._members:
             return False
@@ -304,6 +378,24 @@ class ReplicaSync:
         for replica_id in sorted(set(members) - set(previous)):
             self._write("replica_joined", replica_id=replica_id, step=step)
         return True
+
+    def _check_duplicates(self, result: Any) -> None:
+        """Refuse (first quorum) or record another participant with this group's id (replica/duplicate_id.py)."""
+        self._full_ids = list(result.replica_ids)
+        self._own_full_id = result.replica_ids[result.replica_rank]
+        others = duplicates_in_quorum(list(result.replica_ids), result.replica_rank, first_quorum=self._quorums == 1)
+        if others and others != self._duplicates:
+            _log.warning(
+                "lightning-ft: another process with REPLICA_GROUP_ID=%s joined the quorum (%s); it is told to stop;"
+                " this group trains on",
+                self.config.replica_id,
+                ", ".join(others),
+            )
+            self._write("replica_duplicate", step=self._trainer.global_step, replica_id=self.replica_id, others=others)
+        self._duplicates = others
+
+    def _orphaned(self, parent: int) -> None:  # the agent watch's thread, just before the process exits
+        self._write("replica_orphaned", step=self._trainer.global_step, replica_id=self.replica_id, parent_pid=parent)
 
     def _log_live_groups(self, trainer: pl.Trainer, changed: bool) -> None:
         """``replica/live_groups`` through the trainer's loggers (global rank 0 of each group), at each change and
@@ -325,9 +417,12 @@ class ReplicaSync:
         """Whether this group writes the job's checkpoints: the live group with the lowest replica id in the last
         quorum (:func:`~lightning_ft.replica.checkpoint_owner.checkpoint_writer`; every group agrees). Before the
         first quorum every group writes its own (nothing is agreed yet)."""
-        from lightning_ft.replica.checkpoint_owner import checkpoint_writer
-
-        return not self._members or checkpoint_writer(self._members) == self.config.replica_id
+        if not self._members:
+            return True
+        if self._own_full_id is None:
+            return checkpoint_writer(self._members) == self.config.replica_id
+        # By full id: should another process with this id be in the quorum (replica/duplicate_id.py), one writes.
+        return writing_process(self._full_ids) == self._own_full_id
 
     @property
     def live_groups(self) -> int:
@@ -399,6 +494,9 @@ class ReplicaSync:
 
     def close(self) -> None:
         """Leave the quorum: undo the gate and the recorder, shut the manager and the heal server down."""
+        if self._agent_watch is not None:
+            self._agent_watch.stop()
+        self.names.uninstall()
         self.gate.uninstall()
         self._recorder.undo()
         self.manager.shutdown(wait=False)

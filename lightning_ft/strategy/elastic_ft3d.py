@@ -26,7 +26,8 @@ hook                    what the collaborators do
                         built; tracker and elastic resume put first in ``trainer.callbacks``, the memory tier (when
                         on) last, after ``ModelCheckpoint``; auto-resume patches the checkpoint connector; the restore order patches
                         its restore of module and callback state (``restore_checkpoint_after_setup`` is False in every
-                        mode)
+                        mode); replica groups (fit, rank 0): a live process with this group's id makes it refuse
+                        (lightning_ft/replica/duplicate_id.py)
 ``_prepare``            (Lightning hands that restore over, after ``configure_model``) checkpoint folders checked; the
                         parallel mode chosen (DDP, DTensor or pipeline); the memory tier's group and folder (fit,
                         collective); fault handler's start: a node in its cooldown refused, the watchdog started
@@ -38,8 +39,9 @@ hook                    what the collaborators do
                         at (before the training iterator, before its first fetch, or at the next batch)
 (Lightning)             the module's ``on_load_checkpoint`` and weights, the datamodule's and the callbacks' state
 ``setup``               the mode set up (DDP wrap; or DTensor materialized or pipeline stage cut); optimizers; replica
-                        groups (fit): torchft's Manager started, the DDP comm hook across groups registered, the step
-                        gate installed (lightning_ft/replica/replica_sync.py); the
+                        groups (fit): torchft's Manager started, the torchrun agent watched, ``ModelCheckpoint``'s
+                        name check answered as the writer sees it on a non-writing group, the DDP comm hook across
+                        groups registered, the step gate installed (lightning_ft/replica/replica_sync.py); the
                         memory tier's budget check (fit, collective); fault handler's pre-flight health checks
                         (collective); DTensor or pipeline: the kept restore (the load, in place into the sharded
                         module and optimizers, then the rows above), still before ``on_fit_start``
@@ -390,6 +392,18 @@ class ElasticFT3D(DDPStrategy):
         self._exception = None
         if self.replica_groups is not None:
             self._replica_config = self.replica_groups.resolved()  # a missing lighthouse or id: before any step
+            if trainer.state.fn == TrainerFn.FITTING and self.global_rank == 0:
+                # Before auto-resume looks at the folders and before this group heartbeats: a live process with this
+                # id (a second launch, a killed torchrun's worker) makes this one refuse (replica/duplicate_id.py).
+                from lightning_ft.replica.internal import refuse_a_live_duplicate
+
+                config = self._replica_config
+                refuse_a_live_duplicate(
+                    config.lighthouse,
+                    config.replica_id,
+                    timeout=config.timeout,
+                    connect_timeout_s=config.connect_timeout.total_seconds(),
+                )
         if self._fault is not None:
             self._fault.install(trainer, self.event_log)  # fit only: signal handlers, watchdog hooks
         self._checkpoint_manager().open(storage=checkpoint_storage(trainer))
@@ -532,6 +546,8 @@ class ElasticFT3D(DDPStrategy):
             policy_state=resume.replica_state,
             load_policy_state=lambda state: resume.load_replica_state(trainer, state),
             on_heal=self._memory.superseded if self._memory is not None else lambda step: None,
+            agent_pid=_torchrun_agent(),
+            checkpoint_folders=lambda: [p for p in checkpoint_dirpaths(trainer) if not is_remote(str(p))],
         )
         if self._auto_resume.healing_from:  # the heal must reach the checkpoint left on disk
             self._replica.resume_floor = self._auto_resume.skipped_step
@@ -615,7 +631,10 @@ class ElasticFT3D(DDPStrategy):
         if storage_options is not None:
             raise TypeError("ElasticFT3D.save_checkpoint(..., storage_options=...) is not supported")
         if self._replica is not None and not self._replica.writes_checkpoints:
-            return  # replica groups: the group with the lowest id in the quorum writes it (replica/checkpoint_owner.py)
+            # Replica groups: the group with the lowest id in the quorum writes it (replica/checkpoint_owner.py); its
+            # path is taken from now on, as on the writer (ModelCheckpoint's version counter asks).
+            self._replica.names.saved(filepath)
+            return
         save_for_strategy(self, checkpoint, filepath)
 
     @override
@@ -769,3 +788,13 @@ def _check_arguments(
             f"ElasticFT3D(data_randomness={data_randomness!r}): must be one of {', '.join(map(repr, DATA_RANDOMNESS))}"
             " ('ddp' draws what DDPStrategy draws; 'per_sample' seeds every training sample from its place)"
         )
+
+
+def _torchrun_agent() -> int | None:
+    """This worker's torchrun agent (its verified parent), or ``None`` when it is not a torchrun worker."""
+    from lightning_ft.fault.internal import agent_pid
+
+    try:
+        return agent_pid()
+    except RuntimeError:
+        return None

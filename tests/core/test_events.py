@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -397,3 +399,17 @@ def test_a_root_is_free_for_a_relaunch_once_the_attempt_of_a_live_process_ended(
     events_module.release_root(tmp_path)
     assert other_process_claims() == "True"
     events_module.release_root(tmp_path)  # nothing held: no error
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_process_start_time_is_when_the_process_started_within_a_tenth_of_a_second() -> None:
+    """A process started between two readings of the clock says it started between them (give or take the 1/100 s
+    tick of ``/proc``'s start time; the boot time of ``/proc/stat`` alone was whole seconds)."""
+    code = "from lightning_ft.events import process_start_time; print(repr(process_start_time()))"
+    for _ in range(3):
+        before = time.time()
+        proc = subprocess.Popen([sys.executable, "-c", code], env=subprocess_env(), stdout=subprocess.PIPE, text=True)
+        after = time.time()
+        out, _ = proc.communicate(timeout=120)
+        started = float(out)
+        assert before - 0.1 <= started <= after + 0.1, (before, started, after)

@@ -174,3 +174,21 @@ def test_the_timeline_marks_the_lost_group():
         assert "replica_lost" in fig.axes[0].get_legend_handles_labels()[1]
     finally:
         plt.close(fig)
+
+
+def test_a_duplicate_id_and_an_orphaned_worker_are_incidents_in_the_report():
+    from lightning_ft.events import read_events
+    from lightning_ft.monitors.goodput_report import summarize
+
+    events = read_events(HISTORIES / "replicas")
+    end = max(e["time"] for e in events)
+    base = {"run_id": events[0]["run_id"], "attempt": 0, "rank": 0}
+    events += [
+        base | {"time": end + 1, "event": "replica_duplicate", "step": 30, "replica_id": "g0", "others": ["g0:u2"]},
+        base | {"time": end + 2, "event": "replica_orphaned", "step": 31, "replica_id": "g1", "parent_pid": 1},
+    ]
+    incidents = {i["event"]: i for i in summarize(events)["incidents"]}
+    assert incidents["replica_duplicate"]["others"] == ["g0:u2"]
+    assert incidents["replica_orphaned"]["parent_pid"] == 1
+    assert is_incident("replica_orphaned", {}) and is_incident("replica_duplicate", {})
+    assert "1 replica_duplicate" in format_report(summarize(events))

@@ -63,11 +63,15 @@ parser.add_argument(
 parser.add_argument(
     "--pause-at", type=int, default=0, help="at this committed step: wait for both tiers' saves, then stop stepping"
 )
+parser.add_argument("--top-k", type=int, default=-1, help="ModelCheckpoint(save_top_k=...)")
+parser.add_argument("--monitor-step", action="store_true", help="ModelCheckpoint(monitor='step', mode='max')")
+parser.add_argument("--save-last", action="store_true", help="ModelCheckpoint(save_last=True)")
 args = parser.parse_args()
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
 hold = out.parent / "hold"
 slow_step_s = float(os.environ.get("REPLICA_TEST_SLOW_STEP_S", "0"))
+save_delay_s = float(os.environ.get("REPLICA_TEST_SAVE_DELAY_S", "0"))  # before ModelCheckpoint's save of a step
 
 
 def digest(obj) -> str:
@@ -143,6 +147,15 @@ class Batches(Callback):
 
     def load_state_dict(self, state_dict) -> None:
         self.seen = state_dict["seen"]
+
+
+class SaveDelay(Callback):
+    """``REPLICA_TEST_SAVE_DELAY_S``: wait that long before ``ModelCheckpoint`` (always the last callback) saves at a
+    step, so that this group names its save after the writer's file of the step is there."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if save_delay_s and trainer.global_step % args.every_n == 0:
+            time.sleep(save_delay_s)
 
 
 class Record(Callback):
@@ -239,7 +252,16 @@ if args.evict_stragglers:
 if args.pause_at:
     callbacks.append(PauseAt(args.pause_at))
 if args.ckpt_dir:
-    callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, every_n_train_steps=args.every_n, save_top_k=-1))
+    callbacks.append(SaveDelay())
+    checkpoint = ModelCheckpoint(
+        dirpath=args.ckpt_dir,
+        every_n_train_steps=args.every_n,
+        save_top_k=args.top_k,
+        monitor="step" if args.monitor_step else None,  # the same in every group (a loss is each group's own)
+        mode="max",
+        save_last=args.save_last or None,
+    )
+    callbacks.append(checkpoint)
 trainer = L.Trainer(
     accelerator="cpu",
     devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
@@ -257,5 +279,7 @@ trainer = L.Trainer(
 )
 trainer.fit(Model())
 torch.save(trainer.lightning_module.state_dict(), out / f"final{trainer.global_rank}.pt")
+if trainer.global_rank == 0 and args.ckpt_dir:  # what each group's ModelCheckpoint holds (a heal copies it)
+    (out / "checkpoint_state.json").write_text(json.dumps(checkpoint.state_dict(), default=str))
 if trainer.global_rank == 0:
     (out / "done.json").write_text(json.dumps({"global_step": trainer.global_step, "pid": os.getpid()}))

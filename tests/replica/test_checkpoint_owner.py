@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from lightning_ft.replica.checkpoint_owner import checkpoint_writer, live_peers
+from lightning_ft.replica.checkpoint_owner import checkpoint_writer, live_peers, writing_process
 from tests.replica._lighthouse import lighthouse
 
 pytest.importorskip("torchft")
@@ -20,6 +20,13 @@ def test_the_writer_is_the_lowest_replica_id_numbers_by_value() -> None:
     assert checkpoint_writer(["b", "a", "3"]) == "3"
     assert checkpoint_writer(["b", "a"]) == "a"
     assert checkpoint_writer([]) is None
+
+
+def test_of_two_processes_with_the_writers_id_only_one_writes() -> None:
+    """A process and an orphan (or a second launch) with the lowest id, in one quorum: the lower full id writes."""
+    assert writing_process(["1:b", "0:z", "0:a", "10:c"]) == "0:a"
+    assert writing_process(["1:b", "10:c"]) == "1:b"
+    assert writing_process([]) is None
 
 
 def test_live_peers_are_the_last_quorums_members_that_still_heartbeat_and_are_not_behind_the_disk() -> None:
