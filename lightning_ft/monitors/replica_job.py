@@ -267,11 +267,14 @@ def _group(run: dict[str, Any], summary: dict[str, Any], start: float) -> dict[s
         within = [e for e in events if int(e.get("attempt", 0) or 0) == a["attempt"]]
         evicted = next((e for e in within if e.get("event") == "node_evicted"), None)
         refused = any(e.get("event") == "join_refused" for e in within)
-        ended = (
-            f"evicted ({evicted.get('source')})"
-            if evicted is not None
-            else ("refused to join (its node's cooldown)" if refused else a["end_reason"])
-        )
+        if evicted is not None:
+            ended = f"evicted ({evicted.get('source')})"
+        elif refused:
+            ended = "refused to join (its node's cooldown)"
+        elif a["end_reason"] in ("unknown", "killed"):
+            ended = "its log ends without a record (killed, or its node went away)"
+        else:
+            ended = a["end_reason"]
         first = next((e["step"] for e in within if e.get("event") == "first_step"), None)
         attempts.append(
             {

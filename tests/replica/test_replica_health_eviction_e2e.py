@@ -136,10 +136,49 @@ def test_a_sick_device_evicts_its_group_and_the_others_keep_stepping_without_a_r
         (failed,) = [e for e in events if e["event"] == "health_check_failed"]
         assert failed["periodic"] and failed["action"] == "evict" and failed["ranks"] == [0], failed
         assert "2 uncorrected ECC errors" in failed["checks"][0]["detail"], failed
+        # The record and the event say what happens in this mode: no checkpoint, the group leaves the quorum.
+        reason = next(e for e in events if e["event"] == "node_evicted")["reason"]
+        assert "its replica group leaves the quorum" in reason and "preempt-step" not in reason, reason
     else:
         named = [e for e in events if e["event"] == "thermal" and e["throttled"]]
         assert named and {e["rank"] for e in named} == {group_size - 1}, named  # the sick rank only
         assert "HwThermalSlowdown" in named[0]["reasons"], named
         evicted = next(e for e in events if e["event"] == "node_evicted")
         assert evicted["ranks"] == list(range(group_size)), evicted  # its node leaves: the whole group
-    print(f"\nreplica eviction by {kind}: {measured}")
+    job = assert_job_report(tmp_path, source)
+    print(
+        f"\nreplica eviction by {kind}: {measured}; the job's report: ETTR {job['ettr']:.3f}, wall {job['wall_s']:.1f} s"
+    )
+
+
+def assert_job_report(tmp: Path, source: str) -> dict:
+    """``lightning-ft report <tmp>`` (the folder of the three groups' folders) reports the job: the eviction once,
+    with the survivors' longest stall, the live groups 3 -> 2, every committed step once, each group's attempts."""
+    cmd = [sys.executable, "-m", "lightning_ft.cli", "report", str(tmp), "--json"]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    job = json.loads(proc.stdout)
+    (failure,) = job["failures"]
+    assert failure["replica_id"] == "2" and failure["how"] == "evicted", failure
+    assert failure["detail"].startswith(f"{source}: "), failure
+    survivors = {name[1]: read_events(tmp / name) for name in ("g0", "g1")}
+    lost = {g: next(e for e in evs if e["event"] == "replica_lost") for g, evs in survivors.items()}
+    assert failure["stall_by_group"] == {g: e["stall_s"] for g, e in lost.items()}, failure
+    assert failure["stall_s"] == max(e["stall_s"] for e in lost.values()) == job["stall_s"]
+    assert failure["discarded_steps"] == max(e["discarded_steps"] for e in lost.values()) == job["discarded_steps"]
+    live = [c["live_groups"] for c in job["live_groups"]]
+    assert max(live) == 3 and live[-1] == 2, job["live_groups"]
+    assert job["committed_steps"] == MAX_STEPS, job  # steps 1..MAX_STEPS, each once, whichever groups trained them
+    assert 0 < job["ettr"] < 1, job
+    groups = {g["replica_id"]: g for g in job["groups"]}
+    assert sorted(groups) == ["0", "1", "2"], groups
+    assert [a["ended"] for a in groups["2"]["attempts"]] == [
+        f"evicted ({source})",
+        "refused to join (its node's cooldown)",
+    ]
+    assert all([a["ended"] for a in groups[g]["attempts"]] == ["finished"] for g in ("0", "1")), groups
+    healed = {h["replica_id"] for h in job["heals"]}
+    assert healed == {
+        e["replica_id"] for g in ("g0", "g1", "g2") for e in read_events(tmp / g) if e["event"] == "healed"
+    }
+    return job
