@@ -195,14 +195,15 @@ def test_how_each_group_left_comes_from_its_own_log():
 
 
 def test_steps_trained_side_by_side_count_once_and_a_healed_group_counts_from_its_heal():
-    """Groups 0 and 1 train steps 1..100 together at 0.5 s a step (progress every 50 steps); group 2 heals at step
-    80 and trains 81..100 at 0.7 s a step: the job trained 100 steps, 50 s of them."""
-    a, b = "r0", "r1"
+    """Groups 0 and 1 train steps 1..100 together, at 0.5 and 0.6 s a step by their records (progress every 50
+    steps); group 2 heals at step 80 and trains 81..100 at 0.7 s a step: the job trained 100 steps, steps 1..80 at
+    the median 0.55 s and 81..100 at the median 0.6 s (a group's first step is the one after its heal)."""
     runs = []
-    for replica_id, run in (("0", a), ("1", b)):
+    for replica_id, per_50 in (("0", 25.0), ("1", 30.0)):
+        run = f"r{replica_id}"
         events = [_event("attempt_start", 0.0, run, world_size=1, process_start_time=0.0)]
-        events += [_event("progress", 30.0, run, step=50, productive_s=25.0)]
-        events += [_event("progress", 60.0, run, step=100, productive_s=25.0)]
+        events += [_event("progress", 30.0, run, step=50, productive_s=per_50)]
+        events += [_event("progress", 60.0, run, step=100, productive_s=per_50)]
         events += [_event("attempt_end", 60.0, run, step=100, exit_code=0)]
         runs.append(_group(replica_id, run, events))
     late = [_event("attempt_start", 40.0, "r2", world_size=1, process_start_time=40.0)]
@@ -211,9 +212,8 @@ def test_steps_trained_side_by_side_count_once_and_a_healed_group_counts_from_it
     runs.append(_group("2", "r2", late))
     job = summarize_job(runs)
     assert job["committed_steps"] == 100
-    # steps 81..100: the median of 0.5, 0.5 and 0.7 s
-    assert job["step_s"] == pytest.approx(100 * 0.5)
-    assert job["wall_s"] == 60.0 and job["ettr"] == pytest.approx(50 / 60)
+    assert job["step_s"] == pytest.approx(80 * 0.55 + 20 * 0.6)
+    assert job["wall_s"] == 60.0 and job["ettr"] == pytest.approx(56 / 60)
 
 
 def test_a_membership_seen_by_several_groups_is_one_change():
