@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -240,3 +242,20 @@ def test_a_membership_seen_by_several_groups_is_one_change():
 def test_summarize_job_of_nothing_is_a_value_error():
     with pytest.raises(ValueError, match=r"summarize_job\(runs=\[\]\)"):
         summarize_job([])
+
+
+def test_the_job_report_imports_neither_lightning_nor_torch():
+    from tests.cli.test_report import _REPORT
+    from tests.helpers import REPO_ROOT, subprocess_env
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _REPORT, str(KILLED)],
+        cwd=REPO_ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("replica job (lighthouse http://127.0.0.1:38863): 4 group run(s)")
+    assert proc.stdout.strip().splitlines()[-1] == "[]"

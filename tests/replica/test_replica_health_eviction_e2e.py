@@ -22,7 +22,10 @@ tests/cli/test_job_report.py's e2e part reads (``lightning-ft report`` of the wh
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -53,7 +56,8 @@ def start_group(
     cmd += ["--max-restarts=0", str(SCRIPT), "--out", str(tmp / name), "--max-steps", str(MAX_STEPS)]
     cmd += ["--evict-on", kind, "--sick-from", str(SICK_FROM), "--step-sleep", "0.2"]
     log = open(tmp / f"{name}.log", "a")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    # Its own session: a test that gives up kills the agent and its workers together (killpg), leaving no orphan.
+    return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def run_job(tmp: Path, kind: str, *, group_size: int = 1) -> tuple[float, int, int]:
@@ -82,9 +86,9 @@ def run_job(tmp: Path, kind: str, *, group_size: int = 1) -> tuple[float, int, i
             relaunch = procs["g2b"].wait(timeout=300)
     finally:
         for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the workers too, whether the agent is still there or not
+            proc.wait()
     return left_at, code, relaunch
 
 
