@@ -7,6 +7,13 @@ of positive GPU counts, a ``--mttf-hours-at`` that is not ``GPUS=HOURS,...`` (or
 and a ``--durable-fraction`` outside [0, 1] are usage errors (exit code 2), found before anything is printed.
 Reading the events imports neither torch nor Lightning.
 
+Replica groups (docs/replica-groups.md): each group is its own run with its own event log. On a folder that holds no
+run of its own but replica groups' runs below it (each group's ``default_root_dir`` inside it), or with ``--job``
+(groups sharing one ``default_root_dir`` are its runs), the report is the whole job's, one per lighthouse
+(:mod:`lightning_ft.monitors.replica_job`); ``--png`` and the projection options are for one run and are usage errors
+there. A folder with a run of its own is reported as before: ``--job`` is the one way to ask for the job there, so
+that the single-run report of a group's folder stays what it was.
+
 ``--project`` takes an optional value (``--project`` alone projects to 1024, 4096 and 16384 GPUs, ``--project
 2048,8192`` to those): the common question is "what would this run give at the usual scales", so the flag alone
 answers it, and the comma list keeps one flag for one question instead of repeating it per scale.
@@ -34,6 +41,12 @@ def register(subparsers: Any) -> None:
     )
     report.add_argument("logdir", help="the trainer's default_root_dir (or its lightning-ft/events folder)")
     report.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    report.add_argument(
+        "--job",
+        action="store_true",
+        help="replica groups: one report of the whole job from every group's run under LOGDIR (the default when"
+        " LOGDIR holds no run of its own but groups' runs below it)",
+    )
     report.add_argument("--png", default=None, help="also draw a timeline to this file (needs matplotlib)")
     report.add_argument(
         "--mtbf-hours",
@@ -97,6 +110,10 @@ def run_report(args: argparse.Namespace) -> int:
     from lightning_ft.monitors.internal import format_report, plot_timeline, summarize
 
     events = read_events(logdir)
+    if getattr(args, "job", False) or (not events and not concurrent_runs(logdir)):
+        runs = _job_runs(logdir, forced=getattr(args, "job", False))
+        if runs:
+            return _print_job(runs, args)
     # The other runs of this folder (other experiments started from it, runs started while another was live) keep
     # their logs apart: named, reported on their own.
     others = concurrent_runs(logdir)
@@ -129,6 +146,51 @@ def run_report(args: argparse.Namespace) -> int:
     if args.png:
         plot_timeline(events, args.png)
         print(f"wrote {args.png}")
+    return EXIT_OK
+
+
+def _job_runs(logdir: Any, *, forced: bool) -> list[dict[str, Any]]:
+    """The replica groups' runs under ``logdir``; with ``--job`` none is a usage error."""
+    from lightning_ft.monitors.internal import find_group_runs
+
+    runs = find_group_runs(logdir)
+    if forced and not runs:
+        raise CLIError(
+            f"--job: no replica group's event log under {logdir} (a group's log holds replica_group or replica events;"
+            " pass the folder that holds the groups' default_root_dir)"
+        )
+    return runs
+
+
+def _print_job(runs: list[dict[str, Any]], args: argparse.Namespace) -> int:
+    """Print the job report of each job (lighthouse) among ``runs``. Returns 0."""
+    from lightning_ft.monitors.internal import format_job_report, summarize_job
+
+    one_run = [
+        flag
+        for flag, value in (
+            ("--png", args.png),
+            ("--project", getattr(args, "project", None)),
+            ("--mttf-hours-at", getattr(args, "mttf_hours_at", None)),
+            ("--mtbf-hours", getattr(args, "mtbf_hours", None)),
+            ("--durable-fraction", getattr(args, "durable_fraction", None)),
+        )
+        if value is not None
+    ]
+    if one_run:
+        folders = sorted({r["folder"] for r in runs})
+        raise CLIError(
+            f"{', '.join(one_run)}: for one run, not a job of replica groups; pass one group's folder instead (one of"
+            f" {', '.join(folders)})"
+        )
+    jobs: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        jobs.setdefault(run["job"], []).append(run)
+    summaries = [summarize_job(group_runs) for group_runs in jobs.values()]
+    if args.json:
+        print(json.dumps(summaries if len(summaries) > 1 else summaries[0], indent=2, default=str))
+    else:
+        print("\n\n".join(format_job_report(s) for s in summaries))
     return EXIT_OK
 
 

@@ -301,8 +301,11 @@ class FaultHandler(Callback):
                 f"every rank saves {preempt_checkpoint_path(trainer)} and exits with code {self.policy.exit_code}"
             ),
             "evict": (
-                f"every rank saves {preempt_checkpoint_path(trainer)}; the node of each failing rank leaves the job and"
-                " the others restart without it (FaultPolicy.health_check_action='evict')"
+                "the node of each failing rank leaves the job, its replica group leaves the quorum without a checkpoint"
+                " (the live groups hold the state) and the other groups go on (FaultPolicy.health_check_action='evict')"
+                if action == "evict" and eviction.in_replica_groups(trainer)
+                else f"every rank saves {preempt_checkpoint_path(trainer)}; the node of each failing rank leaves the"
+                " job and the others restart without it (FaultPolicy.health_check_action='evict')"
             ),
         }[action]
         message = health.describe(

@@ -32,7 +32,8 @@ and torchmetrics do through the strategy (``sync_dist``, ``reduce_boolean_decisi
 collectives, ``all_gather``) stays inside the group, so none of it can wait on a dead group.
 
 The live groups are logged as ``replica/live_groups`` through the trainer's loggers (TensorBoard, CSV, ...) at each
-change and every ``log_every_n_steps``. Events (group rank 0, through the run's event log): ``replica_quorum {step, live_groups}`` when the membership
+change and every ``log_every_n_steps``. Events (group rank 0, through the run's event log): ``replica_group {step, replica_id, lighthouse, group_size,
+num_groups}`` once, before the first quorum (which group of which job this run is), ``replica_quorum {step, live_groups}`` when the membership
 changes, ``replica_joined {replica_id, step}``, ``replica_lost {replica_id, step, stall_s, discarded_steps}`` (written
 at the first committed step after the loss, when the stall is known) and, on a joining group, ``healed {replica_id,
 source, bytes, seconds, step}``; ``replica_data {step, live_groups, group_index, committed, reason, repeated,
@@ -191,6 +192,7 @@ class ReplicaSync:
         self.config = config
         self._trainer = trainer
         self._group_rank = group_rank
+        self._group_world_size = group_world_size
         self._event_log = event_log
         self._on_heal = on_heal
         self.transport = HealTransport(address=config.address, timeout=config.timeout)
@@ -258,6 +260,15 @@ class ReplicaSync:
             # A fit resumed from a checkpoint: the quorum's step is Lightning's committed step count.
             self.manager.load_state_dict(
                 {"step": trainer.global_step, "batches_committed": self.manager.batches_committed()}
+            )
+        if first:  # which group of which job this run is: the whole-job report joins the groups' logs by it
+            self._write(
+                "replica_group",
+                step=trainer.global_step,
+                replica_id=self.config.replica_id,
+                lighthouse=self.config.lighthouse,
+                group_size=self._group_world_size,
+                num_groups=self.config.num_groups,
             )
         self.gate.begin_step()
         timeout = self.config.first_quorum_timeout if first else self.config.quorum_timeout

@@ -235,3 +235,33 @@ def test_with_replica_groups_the_evicted_group_leaves_with_its_record_and_no_che
     record = read_record(tmp_path / "checkpoints", eviction.node_name())
     assert record is not None and not record.healthy and record.step == 28 and record.refuses(time.time())
     assert not list((tmp_path / "checkpoints").glob("preempt-step=*"))
+
+
+@pytest.mark.parametrize("replica_groups", [False, True])
+def test_a_failed_periodic_check_s_eviction_line_says_what_happens_in_each_mode(monkeypatch, tmp_path, replica_groups):
+    """Without replica groups every rank saves ``preempt-step=<N>`` and the others restart; with them nothing is saved
+    and the group leaves the quorum while the others go on: the line (the warning, ``node_evicted``'s reason, the
+    health record's) says which."""
+    from lightning_ft.fault import fault_handler
+    from lightning_ft.fault.health import Failure
+
+    calls = []
+    monkeypatch.setattr(fault_handler.eviction, "evict_node", lambda trainer, **kw: calls.append(kw))
+    trainer = SimpleNamespace(
+        world_size=1,
+        global_rank=0,
+        global_step=15,
+        is_global_zero=True,
+        default_root_dir=str(tmp_path),
+        checkpoint_callback=None,
+        strategy=SimpleNamespace(replica_groups=object() if replica_groups else None),
+    )
+    handler = fault_handler.FaultHandler(FaultPolicy(health_check_action="evict"))
+    handler._health_check_failed(trainer, [Failure(0, "gpu", "2 uncorrected ECC errors")])
+    (call,) = calls
+    assert call["ranks"] == [0] and call["source"] == "health_check"
+    if replica_groups:
+        assert "its replica group leaves the quorum without a checkpoint" in call["reason"], call
+        assert "preempt-step" not in call["reason"] and "restart" not in call["reason"], call
+    else:
+        assert "every rank saves" in call["reason"] and "preempt-step=15" in call["reason"], call

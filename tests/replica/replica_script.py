@@ -15,6 +15,12 @@ without dropout or noise, trained with SGD, so that runs that see the same sampl
 rounding of the summation order (tests/replica/test_replica_policy_e2e.py); ``--strategy elastic`` one
 ``ElasticFT3D`` job without replica groups (a reference on the same sample stream). Each record also holds
 ``accumulate`` (the accumulation in force) and ``step_samples`` (the sample ids of every micro-batch of the step).
+``--evict-on health_check`` adds the periodic health checks every ``--health-every`` steps with ``FaultPolicy(health_check_action="evict")``,
+``--evict-on thermal`` adds ``ThermalMonitor(action="evict")``; both read a ``FakeNVML`` (a CPU has no NVML: the
+seam the non-replica eviction tests use, tests/fault/fault_script.py and tests/fault/test_eviction.py), and on the
+ranks named by ``REPLICA_TEST_SICK_RANKS`` (a comma list of group ranks) its device turns sick from the start of
+step ``--sick-from`` on: 2 uncorrected ECC errors (health checks) or a hardware thermal slowdown (thermal)
+(tests/replica/test_replica_health_eviction_e2e.py).
 """
 
 from __future__ import annotations
@@ -39,7 +45,16 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from lightning_ft import ElasticFT3D, ElasticPolicy, MemoryTier, ReplicaGroups, StragglerMonitor  # noqa: E402
+from lightning_ft import (  # noqa: E402
+    ElasticFT3D,
+    ElasticPolicy,
+    FaultPolicy,
+    MemoryTier,
+    ReplicaGroups,
+    StragglerMonitor,
+    ThermalMonitor,
+)
+from lightning_ft.nvml import FakeNVML  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -66,6 +81,9 @@ parser.add_argument(
 parser.add_argument("--top-k", type=int, default=-1, help="ModelCheckpoint(save_top_k=...)")
 parser.add_argument("--monitor-step", action="store_true", help="ModelCheckpoint(monitor='step', mode='max')")
 parser.add_argument("--save-last", action="store_true", help="ModelCheckpoint(save_last=True)")
+parser.add_argument("--evict-on", choices=("health_check", "thermal"), default=None)
+parser.add_argument("--health-every", type=int, default=5, help="FaultPolicy.health_check_every_n_steps")
+parser.add_argument("--sick-from", type=int, default=10, help="the sick ranks' device is sick from this step on")
 args = parser.parse_args()
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
@@ -158,6 +176,26 @@ class SaveDelay(Callback):
             time.sleep(save_delay_s)
 
 
+class SickDevice(Callback):
+    """From the start of step ``step`` on, on the ranks named by ``REPLICA_TEST_SICK_RANKS``, the fake NVML device
+    reads 2 uncorrected ECC errors (``"health_check"``) or a hardware thermal slowdown (``"thermal"``)."""
+
+    def __init__(self, nvml: FakeNVML, kind: str, step: int) -> None:
+        self.nvml, self.kind, self.step = nvml, kind, step
+        self.ranks = {int(r) for r in os.environ.get("REPLICA_TEST_SICK_RANKS", "").split(",") if r.strip()}
+        self.sick = False
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.sick or trainer.global_rank not in self.ranks or trainer.global_step < self.step:
+            return
+        self.sick = True
+        print(f"[fault] rank {trainer.global_rank}: NVML reports {self.kind} at step {trainer.global_step}", flush=True)
+        if self.kind == "health_check":
+            self.nvml.set(0, ecc_uncorrected=2.0)
+        else:
+            self.nvml.throttle(0, "HwThermalSlowdown", temperature_c=95.0, sm_clock_mhz=900.0)
+
+
 class Record(Callback):
     def __init__(self, batches: Batches) -> None:
         self.batches = batches
@@ -245,8 +283,19 @@ else:
     )
     memory = MemoryTier(every_n_train_steps=args.memory_every) if args.memory_every else None
     strategy = ElasticFT3D(replica_groups=groups, memory_tier=memory, **policy)
+    fault = FaultPolicy()  # the strategy's default
+    if args.evict_on == "health_check":
+        fault = FaultPolicy(health_check_every_n_steps=args.health_every, health_check_action="evict")
+    strategy = ElasticFT3D(replica_groups=groups, fault=fault)
 batches = Batches()
 callbacks = [batches, Record(batches)]
+if args.evict_on:
+    nvml = FakeNVML(device_count=1)
+    callbacks.append(SickDevice(nvml, args.evict_on, args.sick_from))
+    if args.evict_on == "health_check":
+        strategy._fault.nvml = nvml  # the health checks' NVML seam (tests/fault/fault_script.py does the same)
+    else:
+        callbacks.append(ThermalMonitor(interval=2, evict_after=2, nvml=nvml, devices=[0] * 8, action="evict"))
 if args.evict_stragglers:
     callbacks.append(StragglerMonitor(interval=4, warmup_steps=2, patience=2, action="evict"))
 if args.pause_at:
