@@ -9,7 +9,8 @@ seconds, so that the test can kill and replace a group mid-run; without it the r
 training step of this group sleep that long (a straggler group); ``--evict-stragglers`` adds
 ``StragglerMonitor(action="evict")`` (tests/replica/test_replica_eviction_e2e.py).
 
-``--policy`` chooses ``ElasticFT3D(elastic=...)`` (default: the strategy's own default, ``ElasticPolicy()``);
+``--policy`` chooses ``ElasticFT3D(elastic=...)`` (default ``keep_local_none``: the per-group batch and the LR kept;
+``default``: the strategy's own default, ``ElasticPolicy()``);
 ``--accumulate`` the Trainer's ``accumulate_grad_batches``; ``--deterministic`` a float64 model (``precision="64-true"``)
 without dropout or noise, trained with SGD, so that runs that see the same samples per step end equal up to the
 rounding of the summation order (tests/replica/test_replica_policy_e2e.py); ``--strategy elastic`` one
@@ -64,7 +65,9 @@ parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--min-replicas", type=int, default=1)
 parser.add_argument("--strategy", choices=("replica", "ddp", "elastic"), default="replica")
 parser.add_argument(
-    "--policy", choices=("default", "keep_global", "keep_local", "keep_local_none", "none"), default="default"
+    "--policy",
+    choices=("default", "keep_global", "keep_local", "keep_local_none", "none"),
+    default="keep_local_none",  # most cases run 3 groups of accumulation 1, which keep_global refuses at set-up
 )
 parser.add_argument("--accumulate", type=int, default=1)
 parser.add_argument("--deterministic", action="store_true")
@@ -282,11 +285,10 @@ else:
         address="127.0.0.1", min_replicas=args.min_replicas, timeout=timedelta(seconds=args.timeout_s)
     )
     memory = MemoryTier(every_n_train_steps=args.memory_every) if args.memory_every else None
-    strategy = ElasticFT3D(replica_groups=groups, memory_tier=memory, **policy)
     fault = FaultPolicy()  # the strategy's default
     if args.evict_on == "health_check":
         fault = FaultPolicy(health_check_every_n_steps=args.health_every, health_check_action="evict")
-    strategy = ElasticFT3D(replica_groups=groups, fault=fault)
+    strategy = ElasticFT3D(replica_groups=groups, memory_tier=memory, fault=fault, **policy)
 batches = Batches()
 callbacks = [batches, Record(batches)]
 if args.evict_on:
