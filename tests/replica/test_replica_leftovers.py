@@ -76,7 +76,7 @@ def test_a_replica_group_s_train_start_never_removes_a_save_another_group_has_in
     try:
         with lighthouse() as address:
             groups = ReplicaGroups(
-                lighthouse=address, replica_id="0", address="127.0.0.1", timeout=timedelta(seconds=5)
+                lighthouse=address, replica_id="0", num_groups=1, address="127.0.0.1", timeout=timedelta(seconds=5)
             )
             strategy = ElasticFT3D(replica_groups=groups)  # this process's attempt starts
 
