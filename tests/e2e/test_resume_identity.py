@@ -107,7 +107,7 @@ def _python(root: Path, *args: str, env: dict[str, str]) -> subprocess.Popen:
 
 
 def test_two_runs_started_at_once_from_one_folder_share_neither_a_memory_copy_nor_an_event_log(tmp_path):
-    """A sweep: run 1 holds after step 2 while run 2 (another checkpoint folder, another lr) runs start to end from the
+    """A sweep: run 1 holds after step 3 while run 2 (another checkpoint folder, another lr) runs start to end from the
     same working folder. Run 2 gets its own run id and event log (lightning-ft/runs/<id>/events), its memory copies
     are its own, and neither resumes anything; run 2 relaunched while run 1 still lives is run 2's attempt 1;
     ``lightning-ft report`` names the second run."""
@@ -127,7 +127,7 @@ def test_two_runs_started_at_once_from_one_folder_share_neither_a_memory_copy_no
         "--hold-file",
         str(hold),
         "--hold-step",
-        "2",
+        "3",  # the memory tier copies after every other callback: step 2's copy is there before the hold at 3
         env=env,
     )
     try:
