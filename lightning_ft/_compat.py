@@ -21,6 +21,7 @@ import contextvars
 import functools
 import inspect
 import random
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -760,24 +761,14 @@ class LighthouseStatusError(RuntimeError):
     """The lighthouse answered, but its status page is not the one lightning-ft reads (another torchft version)."""
 
 
-_LIGHTHOUSE_PATTERNS: dict[str, Any] = {}
-
-
-def _lighthouse_patterns() -> dict[str, Any]:
-    import re
-
-    if not _LIGHTHOUSE_PATTERNS:
-        _LIGHTHOUSE_PATTERNS.update(
-            member=re.compile(
-                r'<div class="member[^"]*">\s*<b>([^<]+)</b>\s*<br/>\s*Step:\s*(\d+)\s*<br/>'
-                r"(?:\s*Manager:\s*([^<\s]+)\s*<br/>)?"
-            ),
-            heartbeat=re.compile(
-                r'<li class="heartbeat\s*(old)?\s*">\s*([^\s<]+): seen\s+([0-9.]+(?:e[-+]?\d+)?)\s*(ns|µs|us|ms|s)\s+ago'
-            ),
-            heartbeat_item=re.compile(r'<li class="heartbeat'),
-        )
-    return _LIGHTHOUSE_PATTERNS
+_LIGHTHOUSE_MEMBER = re.compile(
+    r'<div class="member[^"]*">\s*<b>([^<]+)</b>\s*<br/>\s*Step:\s*(\d+)\s*<br/>'
+    r"(?:\s*Manager:\s*([^<\s]+)\s*<br/>)?"
+)
+_LIGHTHOUSE_HEARTBEAT = re.compile(
+    r'<li class="heartbeat\s*(old)?\s*">\s*([^\s<]+): seen\s+([0-9.]+(?:e[-+]?\d+)?)\s*(ns|µs|us|ms|s)\s+ago'
+)
+_LIGHTHOUSE_HEARTBEAT_ITEM = re.compile(r'<li class="heartbeat')
 
 
 _DURATION_UNITS = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
@@ -794,21 +785,20 @@ def parse_lighthouse_status(page: str) -> LighthouseStatus:
         LighthouseStatusError: the page does not have that layout (no heartbeat section, or an item of it that does
             not read as one), so that a torchft whose page changed fails loudly instead of reading as "no group live".
     """
-    patterns = _lighthouse_patterns()
     if "<h2>Heartbeats</h2>" not in page:
         raise LighthouseStatusError("no '<h2>Heartbeats</h2>' section")
     quorum, heartbeats_part = page.split("<h2>Heartbeats</h2>", 1)
     members: dict[str, tuple[int, str | None]] = {}
     if "Previous Quorum" in quorum:
         previous = quorum.split("Previous Quorum", 1)[1]
-        for name, step, manager in patterns["member"].findall(previous):
+        for name, step, manager in _LIGHTHOUSE_MEMBER.findall(previous):
             members[name.strip()] = (int(step), manager or None)
         if previous.count('<div class="member') != len(members):
             raise LighthouseStatusError("a quorum member that does not read as '<b>id</b> <br/> Step: n'")
     heartbeats: dict[str, tuple[float, bool]] = {}
-    for old, name, value, unit in patterns["heartbeat"].findall(heartbeats_part):
+    for old, name, value, unit in _LIGHTHOUSE_HEARTBEAT.findall(heartbeats_part):
         heartbeats[name] = (float(value) * _DURATION_UNITS[unit], bool(old))
-    if len(patterns["heartbeat_item"].findall(heartbeats_part)) != len(heartbeats):
+    if len(_LIGHTHOUSE_HEARTBEAT_ITEM.findall(heartbeats_part)) != len(heartbeats):
         raise LighthouseStatusError("a heartbeat that does not read as '<id>: seen <duration> ago'")
     return LighthouseStatus(members, heartbeats)
 
