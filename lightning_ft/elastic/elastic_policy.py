@@ -7,6 +7,7 @@ gradient accumulation and learning-rate scale the strategy applies. ``elastic=No
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -62,3 +63,10 @@ class ElasticPolicy:
             raise TypeError(f"ElasticPolicy(lr_warmup_steps={self.lr_warmup_steps!r}): must be an int")
         if self.lr_warmup_steps < 0:
             raise ValueError(f"ElasticPolicy(lr_warmup_steps={self.lr_warmup_steps}): must be >= 0 (0 means no ramp)")
+
+    def lr_factor(self, ratio: float) -> float:
+        """The factor on the learning rates for a global batch ``ratio`` times the reference's: 1.0 under
+        ``keep_global`` (the global batch is kept), else ``lr_scaling``'s rule of ``ratio``."""
+        if self.batch == "keep_global":
+            return 1.0
+        return {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[self.lr_scaling]

@@ -56,12 +56,6 @@ class ReplicaBatchPlan:
     """Factor on the learning rates relative to the full membership (1.0 under ``keep_global``)."""
 
 
-def _rule(policy: ElasticPolicy | None) -> str:
-    if policy is None:
-        return "none"
-    return "none" if policy.batch == "keep_global" else policy.lr_scaling
-
-
 def needs_num_groups(policy: ElasticPolicy | None) -> bool:
     """Whether ``policy`` changes anything at a membership change (so the full membership must be known)."""
     return policy is not None and (policy.batch == "keep_global" or policy.lr_scaling != "none")
@@ -103,9 +97,7 @@ def plan_replica_batch(
         acc = reference // per_batch
     else:
         acc = accumulate
-    ratio = live_groups / num_groups
-    rule = _rule(policy)
-    lr_scale = ratio if rule == "linear" else math.sqrt(ratio) if rule == "sqrt" else 1.0
+    lr_scale = policy.lr_factor(live_groups / num_groups) if policy is not None else 1.0
     return ReplicaBatchPlan(
         live_groups=live_groups,
         num_groups=num_groups,

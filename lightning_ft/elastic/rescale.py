@@ -7,7 +7,6 @@ communication, so every rank computes the same :class:`ResumeDecision`. The stra
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,11 +159,7 @@ def plan_resume(
         accumulate = user_accumulate
     after = new_per_device_batch * new_dp_size * accumulate
     ratio = after / before
-    lr_scale = (
-        1.0
-        if policy.batch == "keep_global"
-        else {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[policy.lr_scaling]
-    )
+    lr_scale = policy.lr_factor(ratio)
     return ResumeDecision(
         accumulate_grad_batches=accumulate,
         lr_scale=lr_scale,
