@@ -208,7 +208,7 @@ def test_sharded_groups_survive_a_sigkilled_group_and_heal_it_rank_by_rank_bitwi
                 assert {k: r[k] for k in STATE} == {k: expected[r["step"]][k] for k in STATE}, (rank, r["step"])
     ranks = data_ranks(model)
     trained_by_step: dict[int, list[int]] = {}
-    for name, by_rank in runs.items():
+    for by_rank in runs.values():
         for rank in ranks:
             for r in by_rank[rank]:
                 trained_by_step.setdefault(r["step"], []).extend(r["step_samples"])
