@@ -40,6 +40,7 @@ pytest.importorskip("torchft")
 SCRIPT = Path(__file__).with_name("sharded_script.py")
 STATE = ("weights", "optimizer", "scheduler", "lr", "rng", "loop", "accumulate")
 MAX_STEPS = 80
+EVERY_N = 10
 BATCH = 4  # sharded_script.py's per-device batch
 RTOL, ATOL = 1e-9, 1e-12
 
@@ -86,15 +87,20 @@ def finish(procs: dict[str, subprocess.Popen], names: tuple[str, ...], tmp: Path
         assert procs[name].returncode == 0, log_tail(tmp, name)
 
 
-def run_groups(tmp: Path, model: str, *, kill: bool) -> dict[str, dict[int, list[dict[str, Any]]]]:
+def run_groups(tmp: Path, model: str, *, kill: bool, ckpt: bool = False) -> dict[str, dict[int, list[dict[str, Any]]]]:
     """Two groups that share their first quorum (a start gate), ``MAX_STEPS`` steps. ``kill``: once both committed a
     few steps, group 1 is SIGKILLed (its two workers, then its agent), the survivor trains on alone for a while, and a
-    relaunch of group 1 (``g1b``) heals and trains to the end. Returns the records by group and rank."""
+    relaunch of group 1 (``g1b``) heals and trains to the end. ``ckpt``: a ``ModelCheckpoint`` every ``EVERY_N`` steps
+    into ``<tmp>/ckpt``. Returns the records by group and rank."""
     tmp.mkdir(parents=True, exist_ok=True)
     hold, gate = tmp / "hold", tmp / "go"
     if kill:
         hold.touch()
-    args = ("--max-steps", str(MAX_STEPS))
+    args = (
+        "--max-steps",
+        str(MAX_STEPS),
+        *(("--ckpt-dir", str(tmp / "ckpt"), "--every-n", str(EVERY_N)) if ckpt else ()),
+    )
     procs: dict[str, subprocess.Popen] = {}
     try:
         # A join timeout of 3 s: on a loaded machine a group a little late for a quorum still makes it.
@@ -151,19 +157,37 @@ def data_ranks(model: str) -> tuple[int, ...]:
     return (0, 1) if model == "fsdp2" else (0,)
 
 
+@pytest.fixture(scope="module")
+def without_a_failure(tmp_path_factory: pytest.TempPathFactory):
+    """The two groups without a failure, writing a checkpoint every ``EVERY_N`` steps, once per model: ``(folder,
+    records, seconds)``."""
+    runs: dict[str, tuple[Path, dict[str, dict[int, list[dict[str, Any]]]], float]] = {}
+
+    def get(model: str) -> tuple[Path, dict[str, dict[int, list[dict[str, Any]]]], float]:
+        if model not in runs:
+            tmp = tmp_path_factory.mktemp(f"without-a-failure-{model}")
+            started = time.monotonic()
+            found = run_groups(tmp, model, kill=False, ckpt=True)
+            runs[model] = (tmp, found, time.monotonic() - started)
+        return runs[model]
+
+    return get
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(
     "model", ["fsdp2", pytest.param("tp", marks=pytest.mark.extended)], ids=["fsdp2", "tensor-parallel"]
 )
-def test_sharded_groups_survive_a_sigkilled_group_and_heal_it_rank_by_rank_bitwise(tmp_path: Path, model: str) -> None:
+def test_sharded_groups_survive_a_sigkilled_group_and_heal_it_rank_by_rank_bitwise(
+    tmp_path: Path, model: str, without_a_failure
+) -> None:
     import torch
 
     started = time.monotonic()
     runs = run_groups(tmp_path / "fault", model, kill=True)
     fault_s = time.monotonic() - started
-    reference = run_groups(tmp_path / "reference", model, kill=False)
-    reference_s = time.monotonic() - started - fault_s
+    reference_dir, reference, reference_s = without_a_failure(model)
     fault = tmp_path / "fault"
 
     # The survivor never restarted; every group counts its committed steps one by one, one optimizer step each.
@@ -227,7 +251,7 @@ def test_sharded_groups_survive_a_sigkilled_group_and_heal_it_rank_by_rank_bitwi
     worst = 0.0
     for rank in range(2):
         got = torch.load(fault / "g0" / f"final{rank}.pt")
-        want = torch.load(tmp_path / "reference" / "g0" / f"final{rank}.pt")
+        want = torch.load(reference_dir / "g0" / f"final{rank}.pt")
         for key, value in want.items():
             if not value.is_floating_point():
                 assert torch.equal(got[key], value), key
@@ -236,6 +260,14 @@ def test_sharded_groups_survive_a_sigkilled_group_and_heal_it_rank_by_rank_bitwi
             assert torch.allclose(got[key], value, rtol=RTOL, atol=ATOL), (key, (got[key] - value).abs().max())
             worst = max(worst, float(((got[key] - value).abs() / value.abs().clamp_min(1e-3)).max()))
 
+    # The run without a failure wrote each checkpoint once, from the writer group (the lowest id), none from the other.
+    saved = [e["step"] for e in read_events(reference_dir / "g0") if e["event"] == "checkpoint_committed"]
+    assert saved == list(range(EVERY_N, MAX_STEPS + 1, EVERY_N)), saved
+    assert [e for e in read_events(reference_dir / "g1") if e["event"] == "checkpoint_committed"] == []
+    assert sorted(p.name for p in (reference_dir / "ckpt").iterdir()) == sorted(
+        f"epoch=0-step={s}.ckpt" for s in range(EVERY_N, MAX_STEPS + 1, EVERY_N)
+    )
+
     lost = [e for e in read_events(fault / "g0") if e["event"] == "replica_lost"]
     print(
         f"\nsharded groups ({model}): killed at step {step_at_kill}, relaunched group's first step"
@@ -243,3 +275,79 @@ def test_sharded_groups_survive_a_sigkilled_group_and_heal_it_rank_by_rank_bitwi
         f" {healed[0]['bytes']} bytes in {healed[0]['seconds']:.3f} s; largest relative difference to the run"
         f" without a failure {worst:.1e}; fault run {fault_s:.0f} s, reference {reference_s:.0f} s"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("model", ["fsdp2", "tp"], ids=["fsdp2", "tensor-parallel"])
+def test_a_whole_job_of_sharded_groups_killed_and_relaunched_resumes_from_the_checkpoint_exactly(
+    tmp_path: Path, model: str, without_a_failure
+) -> None:
+    """Both groups SIGKILLed past the checkpoint of step ``2 x EVERY_N`` (a whole-job failure) and relaunched: each
+    reads the writer group's checkpoint (each rank its own shards), and every rank of both groups goes on bitwise as the
+    run without a failure, to the end."""
+    import torch
+
+    reference_dir, reference, _ = without_a_failure(model)
+    hold, gate = tmp_path / "hold", tmp_path / "go"
+    hold.touch()
+    args = ("--max-steps", str(MAX_STEPS), "--ckpt-dir", str(tmp_path / "ckpt"), "--every-n", str(EVERY_N))
+    ready = [tmp_path / f"g{i}" / f"ready{r}" for i in range(2) for r in range(2)]
+    procs: dict[str, subprocess.Popen] = {}
+
+    def launch() -> None:
+        for i in range(2):
+            procs[f"g{i}"] = start_group(tmp_path, f"g{i}", str(i), address, model, *args, "--start-gate", str(gate))
+        wait_for(lambda: all(p.exists() for p in ready), "both groups to start", 300, procs, tmp_path)
+        gate.touch()
+
+    def committed() -> list[int]:
+        return [e["step"] for e in read_events(tmp_path / "g0") if e["event"] == "checkpoint_committed"]
+
+    try:
+        with lighthouse(heartbeat_timeout_ms=1000, join_timeout_ms=3000) as address:
+            launch()
+            wait_for(
+                lambda: 2 * EVERY_N in committed() and records(tmp_path, "g0", 0)[-1]["step"] >= 2 * EVERY_N + 2,
+                f"the checkpoint of step {2 * EVERY_N}",
+                300,
+                procs,
+                tmp_path,
+            )
+            for name in ("g0", "g1"):
+                for r in range(2):
+                    os.kill(records(tmp_path, name, r)[-1]["pid"], signal.SIGKILL)
+                procs[name].kill()
+                procs[name].wait(timeout=60)
+            killed_at = max(records(tmp_path, n, r)[-1]["step"] for n in ("g0", "g1") for r in range(2))
+            newest = max(committed())
+            for path in (*ready, gate, hold):
+                path.unlink()
+            launch()  # the same ids and folders: a whole-job restart
+            finish(procs, ("g0", "g1"), tmp_path)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    for name in ("g0", "g1"):
+        resumed = [e for e in read_events(tmp_path / name) if e["event"] == "resumed"]
+        assert len(resumed) == 1, f"{name} resumed {len(resumed)} times"
+        # The newest checkpoint whose commit event was written, or the next one if its commit landed as the kill came.
+        resumed_from = resumed[0]["step"]
+        assert resumed_from in (newest, newest + EVERY_N) and resumed_from < killed_at, (resumed_from, newest)
+        assert [e for e in read_events(tmp_path / name) if e["event"] == "healed" and e["step"] > 0] == [], name
+        for rank in range(2):
+            expected = {r["step"]: r for r in reference[name][rank]}
+            rs = records(tmp_path, name, rank)
+            after = [r for r in rs if r["pid"] != rs[0]["pid"]]
+            assert after[0]["step"] == resumed_from + 1 and after[-1]["step"] == MAX_STEPS, (name, rank)
+            for r in after:
+                assert {k: r[k] for k in STATE} == {k: expected[r["step"]][k] for k in STATE}, (name, rank, r["step"])
+            got = torch.load(tmp_path / name / f"final{rank}.pt")
+            want = torch.load(reference_dir / name / f"final{rank}.pt")
+            assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), (name, rank)
+    saved = tmp_path / "ckpt" / f"epoch=0-step={resumed_from}.ckpt"
+    print(f"\nsharded groups ({model}): resumed from step {resumed_from} ({'folder' if saved.is_dir() else 'file'})")
