@@ -101,7 +101,7 @@ def replica_manager(
     the one setting, so they are ignored here, and group rank 0 warns, naming each variable and what is in force.
     Collective over the group (every rank builds its Manager; rank 0 starts the manager server).
     """
-    from torchft import Manager, ProcessGroupGloo
+    from torchft import Manager
     from torchft.manager import CONNECT_TIMEOUT_SEC_ENV, QUORUM_TIMEOUT_SEC_ENV, TIMEOUT_SEC_ENV
 
     names = (TIMEOUT_SEC_ENV, QUORUM_TIMEOUT_SEC_ENV, CONNECT_TIMEOUT_SEC_ENV)
@@ -118,7 +118,7 @@ def replica_manager(
         )
     with _environment_without(ignored):
         return Manager(
-            pg=ProcessGroupGloo(timeout=config.timeout),
+            pg=cross_group_process_group(config),
             load_state_dict=None,
             state_dict=None,
             min_replica_size=config.min_replicas,
@@ -135,6 +135,14 @@ def replica_manager(
             checkpoint_transport=transport,
             init_sync=True,  # the first step copies one group's initial state to all: weights agree whatever the seed
         )
+
+
+def cross_group_process_group(config: ResolvedReplicaGroups) -> Any:
+    """torchft's process group that ``ReplicaGroups.process_group`` names, its timeout ``ReplicaGroups.timeout``."""
+    import torchft
+
+    names = {"gloo": "ProcessGroupGloo", "nccl": "ProcessGroupNCCL", "baby_nccl": "ProcessGroupBabyNCCL"}
+    return getattr(torchft, names[config.process_group])(timeout=config.timeout)
 
 
 @contextmanager

@@ -392,6 +392,11 @@ class ElasticFT3D(DDPStrategy):
         self._exception = None
         if self.replica_groups is not None:
             self._replica_config = self.replica_groups.resolved()  # a missing lighthouse or id: before any step
+            if self._replica_config.process_group != "gloo" and self.root_device.type != "cuda":
+                raise ValueError(
+                    f"ReplicaGroups(process_group={self._replica_config.process_group!r}): NCCL needs a CUDA device on"
+                    f" every rank, this run's is {self.root_device.type!r}; use process_group='gloo'"
+                )
             if trainer.state.fn == TrainerFn.FITTING and self.global_rank == 0:
                 # Before auto-resume looks at the folders and before this group heartbeats: a live process with this
                 # id (a second launch, a killed torchrun's worker) makes this one refuse (replica/duplicate_id.py).

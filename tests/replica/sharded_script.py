@@ -14,7 +14,8 @@ step. While ``<out>/../hold`` exists each training step sleeps the seconds it ho
 the test can kill and replace a group mid-run; ``--start-gate`` holds the first step until the test has seen every
 group start. At the end each rank saves its local shards to ``<out>/final<r>.pt``.
 
-``--strategy elastic`` runs one ``ElasticFT3D`` job without replica groups (the same model, sharding and sample
+``--accelerator cuda --process-group nccl`` runs it on GPUs, the groups joined over NCCL
+(tests/replica/test_replica_sharded_gpu.py). ``--strategy elastic`` runs one ``ElasticFT3D`` job without replica groups (the same model, sharding and sample
 stream): the reference. ``--ckpt-dir`` adds ``ModelCheckpoint(every_n_train_steps=--every-n)``; ``--pause-at N`` stops
 stepping at committed step N once that step's checkpoint is committed (a whole job killed at a known step).
 """
@@ -56,6 +57,8 @@ parser.add_argument("--min-replicas", type=int, default=1)
 parser.add_argument("--ckpt-dir", default=None)
 parser.add_argument("--every-n", type=int, default=5)
 parser.add_argument("--pause-at", type=int, default=0)
+parser.add_argument("--accelerator", default="cpu")
+parser.add_argument("--process-group", default="gloo", help="ReplicaGroups(process_group=...)")
 parser.add_argument("--start-gate", default=None, help="at on_train_start: write <out>/ready<r>, wait for this file")
 args = parser.parse_args()
 out = Path(args.out)
@@ -256,7 +259,10 @@ if args.strategy == "elastic":
     strategy = ElasticFT3D(tensor_parallel_size=tp, elastic=policy)
 else:
     groups = ReplicaGroups(
-        address="127.0.0.1", min_replicas=args.min_replicas, timeout=timedelta(seconds=args.timeout_s)
+        address="127.0.0.1",
+        min_replicas=args.min_replicas,
+        timeout=timedelta(seconds=args.timeout_s),
+        process_group=args.process_group,
     )
     strategy = ElasticFT3D(tensor_parallel_size=tp, elastic=policy, replica_groups=groups)
 callbacks: list[Callback] = [Record()]
@@ -267,7 +273,7 @@ if args.pause_at:
 if args.ckpt_dir:
     callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, every_n_train_steps=args.every_n, save_top_k=-1))
 trainer = L.Trainer(
-    accelerator="cpu",
+    accelerator=args.accelerator,
     devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
     strategy=strategy,
     max_steps=args.max_steps,
@@ -282,7 +288,7 @@ trainer = L.Trainer(
     callbacks=callbacks,
 )
 trainer.fit(FSDP2Model() if args.model == "fsdp2" else Llama3())
-shards = {k: local(v).detach().clone() for k, v in trainer.lightning_module.state_dict().items()}
+shards = {k: local(v).detach().cpu().clone() for k, v in trainer.lightning_module.state_dict().items()}
 torch.save(shards, out / f"final{trainer.global_rank}.pt")
 if trainer.global_rank == 0:
     (out / "done.json").write_text(json.dumps({"global_step": trainer.global_step, "pid": os.getpid()}))

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +46,25 @@ BATCH = 4  # sharded_script.py's per-device batch
 RTOL, ATOL = 1e-9, 1e-12
 
 
-def start_group(tmp: Path, name: str, replica_id: str, address: str, model: str, *args: str) -> subprocess.Popen:
-    """One group of two (``NUM_REPLICA_GROUPS=2``): a torchrun job of 2 processes running sharded_script.py."""
-    env = subprocess_env(TORCHFT_LIGHTHOUSE=address, REPLICA_GROUP_ID=replica_id, NUM_REPLICA_GROUPS="2")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=2"]
+def start_group(
+    tmp: Path,
+    name: str,
+    replica_id: str,
+    address: str,
+    model: str,
+    *args: str,
+    nproc: int = 2,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen:
+    """One group of two (``NUM_REPLICA_GROUPS=2``): a torchrun job of ``nproc`` processes running sharded_script.py;
+    ``env``: more environment variables."""
+    environment = subprocess_env(
+        TORCHFT_LIGHTHOUSE=address, REPLICA_GROUP_ID=replica_id, NUM_REPLICA_GROUPS="2", **(env or {})
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", f"--nproc-per-node={nproc}"]
     cmd += ["--max-restarts=0", str(SCRIPT), "--out", str(tmp / name), "--model", model, *args]
     log = open(tmp / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(cmd, cwd=REPO_ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT)
 
 
 def records(tmp: Path, name: str, rank: int) -> list[dict[str, Any]]:
@@ -87,45 +100,58 @@ def finish(procs: dict[str, subprocess.Popen], names: tuple[str, ...], tmp: Path
         assert procs[name].returncode == 0, log_tail(tmp, name)
 
 
-def run_groups(tmp: Path, model: str, *, kill: bool, ckpt: bool = False) -> dict[str, dict[int, list[dict[str, Any]]]]:
+def run_groups(
+    tmp: Path,
+    model: str,
+    *,
+    kill: bool,
+    ckpt: bool = False,
+    nproc: int = 2,
+    extra: tuple[str, ...] = (),
+    env: Callable[[str], dict[str, str]] = lambda replica_id: {},
+) -> dict[str, dict[int, list[dict[str, Any]]]]:
     """Two groups that share their first quorum (a start gate), ``MAX_STEPS`` steps. ``kill``: once both committed a
-    few steps, group 1 is SIGKILLed (its two workers, then its agent), the survivor trains on alone for a while, and a
+    few steps, group 1 is SIGKILLed (its workers, then its agent), the survivor trains on alone for a while, and a
     relaunch of group 1 (``g1b``) heals and trains to the end. ``ckpt``: a ``ModelCheckpoint`` every ``EVERY_N`` steps
-    into ``<tmp>/ckpt``. Returns the records by group and rank."""
+    into ``<tmp>/ckpt``; ``nproc`` processes per group; ``extra`` more arguments of the script; ``env`` more
+    environment variables of a group by its id. Returns the records by group and rank."""
     tmp.mkdir(parents=True, exist_ok=True)
     hold, gate = tmp / "hold", tmp / "go"
     if kill:
         hold.touch()
-    args = (
-        "--max-steps",
-        str(MAX_STEPS),
-        *(("--ckpt-dir", str(tmp / "ckpt"), "--every-n", str(EVERY_N)) if ckpt else ()),
-    )
+    args = ("--max-steps", str(MAX_STEPS), *extra)
+    if ckpt:
+        args += ("--ckpt-dir", str(tmp / "ckpt"), "--every-n", str(EVERY_N))
+    ranks = range(nproc)
+
+    def launch(name: str, replica_id: str, *more: str) -> subprocess.Popen:
+        return start_group(tmp, name, replica_id, address, model, *args, *more, nproc=nproc, env=env(replica_id))
+
     procs: dict[str, subprocess.Popen] = {}
     try:
         # A join timeout of 3 s: on a loaded machine a group a little late for a quorum still makes it.
         with lighthouse(heartbeat_timeout_ms=1000, join_timeout_ms=3000) as address:
             for i in range(2):
-                procs[f"g{i}"] = start_group(tmp, f"g{i}", str(i), address, model, *args, "--start-gate", str(gate))
-            ready = [tmp / f"g{i}" / f"ready{r}" for i in range(2) for r in range(2)]
+                procs[f"g{i}"] = launch(f"g{i}", str(i), "--start-gate", str(gate))
+            ready = [tmp / f"g{i}" / f"ready{r}" for i in range(2) for r in ranks]
             wait_for(lambda: all(p.exists() for p in ready), "both groups to start", 300, procs, tmp)
             gate.touch()
             if not kill:
                 finish(procs, ("g0", "g1"), tmp)
-                return {name: {r: records(tmp, name, r) for r in range(2)} for name in ("g0", "g1")}
+                return {name: {r: records(tmp, name, r) for r in ranks} for name in ("g0", "g1")}
 
             def in_one_quorum() -> bool:
-                newest = [records(tmp, n, r) for n in ("g0", "g1") for r in range(2)]
+                newest = [records(tmp, n, r) for n in ("g0", "g1") for r in ranks]
                 return all(len(rs) >= 4 for rs in newest) and len({rs[-1]["step"] for rs in newest}) == 1
 
             wait_for(in_one_quorum, "both groups to commit steps together", 300, procs, tmp)
-            for r in range(2):  # both workers, mid-step (steps sleep while held), then the agent: a lost node
+            for r in ranks:  # every worker, mid-step (steps sleep while held), then the agent: a lost node
                 os.kill(records(tmp, "g1", r)[-1]["pid"], signal.SIGKILL)
             procs["g1"].kill()
             procs["g1"].wait(timeout=60)
             step_at_kill = records(tmp, "g0", 0)[-1]["step"]
             wait_for(
-                lambda: all(records(tmp, "g0", r)[-1]["step"] >= step_at_kill + 3 for r in range(2)),
+                lambda: all(records(tmp, "g0", r)[-1]["step"] >= step_at_kill + 3 for r in ranks),
                 "the survivor to go on",
                 120,
                 procs,
@@ -133,9 +159,9 @@ def run_groups(tmp: Path, model: str, *, kill: bool, ckpt: bool = False) -> dict
                 dead=("g1",),
             )
             hold.write_text("1.0")  # fewer survivor steps while the relaunched group starts (tens of seconds)
-            procs["g1b"] = start_group(tmp, "g1b", "1", address, model, *args)
+            procs["g1b"] = launch("g1b", "1")
             wait_for(
-                lambda: all(len(records(tmp, "g1b", r)) >= 2 for r in range(2)),
+                lambda: all(len(records(tmp, "g1b", r)) >= 2 for r in ranks),
                 "the relaunched group to heal and commit steps",
                 300,
                 procs,
@@ -149,12 +175,50 @@ def run_groups(tmp: Path, model: str, *, kill: bool, ckpt: bool = False) -> dict
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    return {name: {r: records(tmp, name, r) for r in range(2)} for name in ("g0", "g1", "g1b")}
+    return {name: {r: records(tmp, name, r) for r in ranks} for name in ("g0", "g1", "g1b")}
 
 
 def data_ranks(model: str) -> tuple[int, ...]:
     """The ranks that read distinct data: both under FSDP2 (2 data-parallel ranks), rank 0 under tp=2."""
     return (0, 1) if model == "fsdp2" else (0,)
+
+
+def assert_one_model(runs: dict[str, dict[int, list[dict[str, Any]]]], fault: Path) -> dict[str, Any]:
+    """What a SIGKILL and a heal must leave (:func:`run_groups` with ``kill``): the survivor never restarted, every
+    group counts its committed steps one by one, the groups are bitwise one model per rank at every shared committed
+    step and at the end, and the relaunched group healed once from the survivor. Returns the heal's event."""
+    import torch
+
+    ranks = sorted(runs["g0"])
+    # The survivor never restarted; every group counts its committed steps one by one, one optimizer step each.
+    for name, by_rank in runs.items():
+        for rank, rs in by_rank.items():
+            steps = [r["step"] for r in rs]
+            assert steps == list(range(steps[0], steps[0] + len(steps))), (name, rank, steps)
+            assert all(r["adam_steps"] == r["step"] for r in rs), (name, rank)
+            if name == "g0":
+                assert len({r["pid"] for r in rs}) == 1, f"the survivor's rank {rank} restarted"
+    # Every group is the other, bitwise, at every shared committed step: rank r's shards against rank r's.
+    step_at_kill = runs["g1"][0][-1]["step"]
+    for rank in ranks:
+        survivor = {r["step"]: r for r in runs["g0"][rank]}
+        for name in ("g1", "g1b"):
+            for r in runs[name][rank]:
+                assert {k: r[k] for k in STATE} == {k: survivor[r["step"]][k] for k in STATE}, (name, rank, r["step"])
+        alone = [r for r in runs["g0"][rank] if step_at_kill < r["step"] < runs["g1b"][rank][0]["step"]]
+        assert len(alone) >= 3 and all(r["accumulate"] == 2 for r in alone), (rank, len(alone))
+    for rank in ranks:  # ... and at the end
+        ends = [torch.load(fault / name / f"final{rank}.pt") for name in ("g0", "g1b")]
+        assert ends[0].keys() == ends[1].keys()
+        assert all(torch.equal(ends[0][k], ends[1][k]) for k in ends[0]), rank
+    assert {json.loads((fault / n / "done.json").read_text())["global_step"] for n in ("g0", "g1b")} == {MAX_STEPS}
+
+    # The relaunched group healed once, from the live group, before its first committed step.
+    healed = [e for e in read_events(fault / "g1b") if e["event"] == "healed"]
+    assert len(healed) == 1 and healed[0]["source"] == "0" and healed[0]["bytes"] > 0, healed
+    assert healed[0]["step"] + 1 == runs["g1b"][0][0]["step"]
+
+    return healed[0]
 
 
 @pytest.fixture(scope="module")
@@ -190,39 +254,14 @@ def test_sharded_groups_survive_a_sigkilled_group_and_heal_it_rank_by_rank_bitwi
     reference_dir, reference, reference_s = without_a_failure(model)
     fault = tmp_path / "fault"
 
-    # The survivor never restarted; every group counts its committed steps one by one, one optimizer step each.
-    for name, by_rank in runs.items():
-        for rank, rs in by_rank.items():
-            steps = [r["step"] for r in rs]
-            assert steps == list(range(steps[0], steps[0] + len(steps))), (name, rank, steps)
-            assert all(r["adam_steps"] == r["step"] for r in rs), (name, rank)
-            if name == "g0":
-                assert len({r["pid"] for r in rs}) == 1, f"the survivor's rank {rank} restarted"
     # The reference is what it should be: both groups in every quorum, one micro-batch each.
     for name, by_rank in reference.items():
         for rank, rs in by_rank.items():
             assert [r["step"] for r in rs] == list(range(1, MAX_STEPS + 1)), (name, rank)
             assert {r["accumulate"] for r in rs} == {1}, (name, rank)
 
-    # Every group is the other, bitwise, at every shared committed step: rank r's shards against rank r's.
+    healed = assert_one_model(runs, fault)
     step_at_kill = runs["g1"][0][-1]["step"]
-    for rank in range(2):
-        survivor = {r["step"]: r for r in runs["g0"][rank]}
-        for name in ("g1", "g1b"):
-            for r in runs[name][rank]:
-                assert {k: r[k] for k in STATE} == {k: survivor[r["step"]][k] for k in STATE}, (name, rank, r["step"])
-        alone = [r for r in runs["g0"][rank] if step_at_kill < r["step"] < runs["g1b"][rank][0]["step"]]
-        assert len(alone) >= 3 and all(r["accumulate"] == 2 for r in alone), (rank, len(alone))
-    for rank in range(2):  # ... and at the end
-        ends = [torch.load(fault / name / f"final{rank}.pt") for name in ("g0", "g1b")]
-        assert ends[0].keys() == ends[1].keys()
-        assert all(torch.equal(ends[0][k], ends[1][k]) for k in ends[0]), rank
-    assert {json.loads((fault / n / "done.json").read_text())["global_step"] for n in ("g0", "g1b")} == {MAX_STEPS}
-
-    # The relaunched group healed once, from the live group, before its first committed step.
-    healed = [e for e in read_events(fault / "g1b") if e["event"] == "healed"]
-    assert len(healed) == 1 and healed[0]["source"] == "0" and healed[0]["bytes"] > 0, healed
-    assert healed[0]["step"] + 1 == runs["g1b"][0][0]["step"]
 
     # Against the same run without a failure: bitwise before the kill, the same samples in every committed step.
     for rank in range(2):
@@ -231,6 +270,13 @@ def test_sharded_groups_survive_a_sigkilled_group_and_heal_it_rank_by_rank_bitwi
             if r["step"] <= step_at_kill:
                 assert {k: r[k] for k in STATE} == {k: expected[r["step"]][k] for k in STATE}, (rank, r["step"])
     ranks = data_ranks(model)
+    if model == "tp":  # the tensor-parallel ranks of a group read the same batches
+        for by_rank in runs.values():
+            assert [r["step_samples"] for r in by_rank[0]] == [r["step_samples"] for r in by_rank[1]]
+    # The ElasticPolicy counts the group's data-parallel ranks: the global batch is 2 groups x dp x 4 at every change.
+    policy = [e for e in read_events(fault / "g0") if e["event"] == "replica_policy"]
+    assert [(e["live_groups"], e["accumulate_grad_batches"]) for e in policy] == [(2, 1), (1, 2), (2, 1)], policy
+    assert {(e["global_batch"], e["reference_global_batch"]) for e in policy} == {(2 * len(ranks) * BATCH,) * 2}
     trained_by_step: dict[int, list[int]] = {}
     for by_rank in runs.values():
         for rank in ranks:
@@ -272,7 +318,7 @@ def test_sharded_groups_survive_a_sigkilled_group_and_heal_it_rank_by_rank_bitwi
     print(
         f"\nsharded groups ({model}): killed at step {step_at_kill}, relaunched group's first step"
         f" {runs['g1b'][0][0]['step']}; stall {[round(e['stall_s'], 2) for e in lost]} s; heal"
-        f" {healed[0]['bytes']} bytes in {healed[0]['seconds']:.3f} s; largest relative difference to the run"
+        f" {healed['bytes']} bytes in {healed['seconds']:.3f} s; largest relative difference to the run"
         f" without a failure {worst:.1e}; fault run {fault_s:.0f} s, reference {reference_s:.0f} s"
     )
 
