@@ -20,7 +20,9 @@ strategy hook            what happens
                          participant with this group's id refuses this one in its first quorum; a non-writing group
                          lists the checkpoint folders (what the writer sees when it names the step's saves)
 (backward)               :func:`~lightning_ft.replica.gradient_sync.replica_comm_hook`: average in the group, then
-                         across the live groups; a failure is recorded, never raised
+                         across the live groups; a failure is recorded, never raised. A sharded model (FSDP2, tensor
+                         parallel): :class:`~lightning_ft.replica.sharded_sync.ShardedSync` averages each rank's
+                         shards with the same rank of the others after the step's last backward, and heals per rank
 ``optimizer_step``       :class:`~lightning_ft.replica.step_gate.StepGate`: ``should_commit()`` (the group's vote,
                          then all groups'), the step applied or discarded and uncounted
 ``teardown``             agent watch stopped, name check and gate undone, Manager and transport shut down

@@ -36,8 +36,6 @@ from lightning_ft.replica.heal_state import heal_state
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-    from lightning_ft.strategy.parallel_modes import DTensorMode
-
 __all__ = ["BUCKET_BYTES", "ShardedSync"]
 
 BUCKET_BYTES = 64 * 1024 * 1024
@@ -66,12 +64,13 @@ class ShardedSync:
     """What a replica group of a sharded model does per rank (see the module docstring); one per fit and process.
 
     Args:
-        mode: the strategy's DTensor mode (its module, optimizers, load template and in-place load).
+        mode: the strategy's DTensor mode (lightning_ft/strategy/parallel_modes.py): its ``strategy`` (module and
+            optimizers), ``module_state_dict()`` and ``optimizer_template(optimizer)``.
         manager: this rank's torchft ``Manager``.
         bucket_bytes: the largest flat buffer averaged in one all-reduce (:data:`BUCKET_BYTES`).
     """
 
-    def __init__(self, mode: DTensorMode, manager: Any, *, bucket_bytes: int = BUCKET_BYTES) -> None:
+    def __init__(self, mode: Any, manager: Any, *, bucket_bytes: int = BUCKET_BYTES) -> None:
         self.mode = mode
         self.manager = manager
         self.bucket_bytes = bucket_bytes
@@ -174,14 +173,12 @@ class ShardedSync:
         Raises:
             ValueError: a received shard's shape differs from this rank's (the groups' layouts differ).
         """
-        from lightning_ft.strategy.parallel_modes import copy_into
-
         mode = self.mode
         optimizers = [_compat.unwrap_optimizer(opt) for opt in mode.strategy.optimizers]
         received_optimizers = list(checkpoint.get("optimizer_states", []))
         template = {"state_dict": mode.module_state_dict()}
         _check_shapes(template["state_dict"], checkpoint["state_dict"])
-        checkpoint["state_dict"] = copy_into(template["state_dict"], checkpoint["state_dict"])
+        checkpoint["state_dict"] = _copy_into(template["state_dict"], checkpoint["state_dict"])
         stepped = [bool(saved.get("state")) for saved in received_optimizers]
         loaded: list[Any] = []
         for opt, saved, has_state in zip(optimizers, received_optimizers, stepped, strict=True):
@@ -191,7 +188,7 @@ class ShardedSync:
                 continue
             own = mode.optimizer_template(opt)
             _check_shapes(own.get("state", {}), saved["state"])
-            loaded.append(copy_into(own, saved))
+            loaded.append(_copy_into(own, saved))
         checkpoint["optimizer_states"] = loaded
         _load_in_place(mode, checkpoint, optimizers, stepped)
 
@@ -218,7 +215,7 @@ def _lazy_optimizer_state_kept(optimizers: list[torch.optim.Optimizer]) -> Itera
 
 
 def _load_in_place(
-    mode: DTensorMode, checkpoint: dict[str, Any], optimizers: list[torch.optim.Optimizer], stepped: list[bool]
+    mode: Any, checkpoint: dict[str, Any], optimizers: list[torch.optim.Optimizer], stepped: list[bool]
 ) -> None:
     """The mode's in-place load for the stepped optimizers; an unstepped one takes only its hyperparameters."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
@@ -231,6 +228,20 @@ def _load_in_place(
             continue
         for group, saved_group in zip(opt.param_groups, saved.get("param_groups", []), strict=True):
             group.update({k: v for k, v in saved_group.items() if k != "params"})
+
+
+def _copy_into(own: Any, received: Any) -> Any:
+    """``received`` with each tensor copied in place into ``own``'s (its local shard for a DTensor) and ``own``'s
+    tensor in its place; values ``own`` lacks are taken as received."""
+    if isinstance(own, torch.Tensor):
+        with torch.no_grad():
+            _local(own).copy_(_local(received))
+        return own
+    if isinstance(own, dict) and isinstance(received, dict):
+        return {k: _copy_into(own[k], v) if k in own else v for k, v in received.items()}
+    if isinstance(own, (list, tuple)) and isinstance(received, (list, tuple)) and len(own) == len(received):
+        return type(own)(_copy_into(o, r) for o, r in zip(own, received, strict=True))
+    return received
 
 
 def _check_shapes(own: Any, received: Any, where: str = "") -> None:

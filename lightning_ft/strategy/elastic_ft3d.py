@@ -41,7 +41,7 @@ hook                    what the collaborators do
 ``setup``               the mode set up (DDP wrap; or DTensor materialized or pipeline stage cut); optimizers; replica
                         groups (fit): torchft's Manager started, the torchrun agent watched, ``ModelCheckpoint``'s
                         name check answered as the writer sees it on a non-writing group, the DDP comm hook across
-                        groups registered, the step gate installed (lightning_ft/replica/replica_sync.py); the
+                        groups registered (a sharded model: its per-rank average and heal), the step gate installed (lightning_ft/replica/replica_sync.py); the
                         memory tier's budget check (fit, collective); fault handler's pre-flight health checks
                         (collective); DTensor or pipeline: the kept restore (the load, in place into the sharded
                         module and optimizers, then the rows above), still before ``on_fit_start``
