@@ -186,10 +186,10 @@ class Llama3(Sleepy):
 
 class Record(Callback):
     def __init__(self) -> None:
-        self.last = -1
         self.micro: list[int] = []
         self.closed: list[int] = []
         self.voted = False
+        self.before = -1
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.micro += batch[-1].tolist()
@@ -197,12 +197,14 @@ class Record(Callback):
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         self.closed, self.micro = self.micro, []
         self.voted = True
+        self.before = trainer.global_step  # after any heal of this step (at its quorum), before the vote
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        # Only where the step was committed: it counted one more step (a discarded one, the first step of a healed
+        # group's included, leaves the count where the vote found it).
         voted, self.voted = self.voted, False
-        if not voted or trainer.global_step in (self.last, 0):
+        if not voted or trainer.global_step != self.before + 1:
             return
-        self.last = trainer.global_step
         optimizer = trainer.optimizers[0]
         opt_state = next(iter(optimizer.state.values()))
         record = {
