@@ -20,7 +20,9 @@ strategy hook            what happens
                          participant with this group's id refuses this one in its first quorum; a non-writing group
                          lists the checkpoint folders (what the writer sees when it names the step's saves)
 (backward)               :func:`~lightning_ft.replica.gradient_sync.replica_comm_hook`: average in the group, then
-                         across the live groups; a failure is recorded, never raised
+                         across the live groups; a failure is recorded, never raised. A sharded model (FSDP2, tensor
+                         parallel): :class:`~lightning_ft.replica.sharded_sync.ShardedSync` averages each rank's
+                         shards with the same rank of the others after the step's last backward, and heals per rank
 ``optimizer_step``       :class:`~lightning_ft.replica.step_gate.StepGate`: ``should_commit()`` (the group's vote,
                          then all groups'), the step applied or discarded and uncounted
 ``teardown``             agent watch stopped, name check and gate undone, Manager and transport shut down
@@ -72,6 +74,7 @@ if TYPE_CHECKING:
 
     from lightning_ft.events import EventLog
     from lightning_ft.replica.replica_groups import ResolvedReplicaGroups
+    from lightning_ft.replica.sharded_sync import ShardedSync
 
 __all__ = ["ReplicaSync", "members_by_rank", "replica_manager"]
 
@@ -100,7 +103,7 @@ def replica_manager(
     the one setting, so they are ignored here, and group rank 0 warns, naming each variable and what is in force.
     Collective over the group (every rank builds its Manager; rank 0 starts the manager server).
     """
-    from torchft import Manager, ProcessGroupGloo
+    from torchft import Manager
     from torchft.manager import CONNECT_TIMEOUT_SEC_ENV, QUORUM_TIMEOUT_SEC_ENV, TIMEOUT_SEC_ENV
 
     names = (TIMEOUT_SEC_ENV, QUORUM_TIMEOUT_SEC_ENV, CONNECT_TIMEOUT_SEC_ENV)
@@ -117,7 +120,7 @@ def replica_manager(
         )
     with _environment_without(ignored):
         return Manager(
-            pg=ProcessGroupGloo(timeout=config.timeout),
+            pg=cross_group_process_group(config),
             load_state_dict=None,
             state_dict=None,
             min_replica_size=config.min_replicas,
@@ -134,6 +137,14 @@ def replica_manager(
             checkpoint_transport=transport,
             init_sync=True,  # the first step copies one group's initial state to all: weights agree whatever the seed
         )
+
+
+def cross_group_process_group(config: ResolvedReplicaGroups) -> Any:
+    """torchft's process group that ``ReplicaGroups.process_group`` names, its timeout ``ReplicaGroups.timeout``."""
+    import torchft
+
+    names = {"gloo": "ProcessGroupGloo", "nccl": "ProcessGroupNCCL", "baby_nccl": "ProcessGroupBabyNCCL"}
+    return getattr(torchft, names[config.process_group])(timeout=config.timeout)
 
 
 @contextmanager
@@ -167,6 +178,8 @@ class ReplicaSync:
             not write: :class:`~lightning_ft.replica.checkpoint_owner.WriterView`).
         agent_pid: this worker's torchrun agent: when it is gone, the worker stops (an
             :class:`~lightning_ft.replica.duplicate_id.AgentWatch`); ``None``: not a torchrun worker, nothing watched.
+        data_parallel: ``(size, rank)`` of the group's data-parallel axis and this process's place in it (tensor
+            parallel ranks read the same data); ``None``: every process of the group is a data-parallel rank.
 
     Collective over the group: every rank of the group builds one at set-up (rank 0 starts the manager server, the
     others connect to it through the group's TCPStore at ``MASTER_ADDR:MASTER_PORT``).
@@ -188,6 +201,7 @@ class ReplicaSync:
         on_heal: Callable[[int], None] = lambda step: None,
         agent_pid: int | None = None,
         checkpoint_folders: Callable[[], list[Any]] = list,
+        data_parallel: tuple[int, int] | None = None,
     ) -> None:
         self.config = config
         self._trainer = trainer
@@ -203,12 +217,15 @@ class ReplicaSync:
         self._quorum: Any = None
         self._recorder = _compat.quorum_recorder_patch(self.manager, self._record_quorum).install()
         self.gradients = GradientSync(self.manager, group=group, group_size=group_world_size)
+        self.sharded: ShardedSync | None = None
+        """A sharded model's per-rank gradient average and heal (set by the strategy for FSDP2 or tensor parallel)."""
         self.gate = StepGate(self._vote)
         self._membership = membership
         self._policy_state = policy_state
         self._load_policy_state = load_policy_state
+        dp_size, dp_rank = data_parallel or (group_world_size, group_rank)
         self.data = ReplicaDataDeal(
-            trainer, group_size=group_world_size, local_rank=group_rank, write=self._write, hold=hold_sampler
+            trainer, group_size=dp_size, local_rank=dp_rank, write=self._write, hold=hold_sampler
         )
         self._step_open = False
         self._quorums = 0
@@ -475,11 +492,14 @@ class ReplicaSync:
     # ------------------------------------------------------------------ heal
 
     def _state(self) -> dict[str, Any]:  # torchft's quorum thread, on a group that serves a joining one
-        return {**heal_state(self._trainer), "elastic": self._policy_state()}
+        state = heal_state(self._trainer) if self.sharded is None else self.sharded.heal_state(self._trainer)
+        return {**state, "elastic": self._policy_state()}
 
     def _load(self, state: dict[str, Any]) -> None:  # the training thread, inside start_quorum, on a joining group
         started = time.monotonic()
-        apply_heal_state(self._trainer, state)
+        apply_heal_state(
+            self._trainer, state, load_in_place=self.sharded.load_heal_state if self.sharded is not None else None
+        )
         if state.get("elastic") is not None:  # the source's rates and accumulation, bitwise (its optimizers are here)
             self._load_policy_state(state["elastic"])
         self.data.forget_deal()  # the sampler holds the source's committed count: the quorum deals anew from it

@@ -41,7 +41,7 @@ hook                    what the collaborators do
 ``setup``               the mode set up (DDP wrap; or DTensor materialized or pipeline stage cut); optimizers; replica
                         groups (fit): torchft's Manager started, the torchrun agent watched, ``ModelCheckpoint``'s
                         name check answered as the writer sees it on a non-writing group, the DDP comm hook across
-                        groups registered, the step gate installed (lightning_ft/replica/replica_sync.py); the
+                        groups registered (a sharded model: its per-rank average and heal), the step gate installed (lightning_ft/replica/replica_sync.py); the
                         memory tier's budget check (fit, collective); fault handler's pre-flight health checks
                         (collective); DTensor or pipeline: the kept restore (the load, in place into the sharded
                         module and optimizers, then the rows above), still before ``on_fit_start``
@@ -199,11 +199,11 @@ class ElasticFT3D(DDPStrategy):
             raise TypeError(f"ElasticFT3D(memory_tier={memory_tier!r}): must be a MemoryTier or None")
         if replica_groups is not None and not isinstance(replica_groups, ReplicaGroups):
             raise TypeError(f"ElasticFT3D(replica_groups={replica_groups!r}): must be a ReplicaGroups or None")
-        if replica_groups is not None and (tensor_parallel_size != 1 or pipeline_parallel_size != 1):
+        if replica_groups is not None and pipeline_parallel_size != 1:
             raise ValueError(
-                f"ElasticFT3D(replica_groups=..., tensor_parallel_size={tensor_parallel_size},"
-                f" pipeline_parallel_size={pipeline_parallel_size}): replica groups support data parallel inside a"
-                " group only (tensor_parallel_size=1, pipeline_parallel_size=1)"
+                f"ElasticFT3D(replica_groups=..., pipeline_parallel_size={pipeline_parallel_size}): replica groups"
+                " support data parallel, FSDP2 and tensor parallel inside a group, not pipeline parallel"
+                " (pipeline_parallel_size=1)"
             )
         _check_arguments(
             data_parallel_size=data_parallel_size,
@@ -392,6 +392,11 @@ class ElasticFT3D(DDPStrategy):
         self._exception = None
         if self.replica_groups is not None:
             self._replica_config = self.replica_groups.resolved()  # a missing lighthouse or id: before any step
+            if self._replica_config.process_group != "gloo" and self.root_device.type != "cuda":
+                raise ValueError(
+                    f"ReplicaGroups(process_group={self._replica_config.process_group!r}): NCCL needs a CUDA device on"
+                    f" every rank, this run's is {self.root_device.type!r}; use process_group='gloo'"
+                )
             if trainer.state.fn == TrainerFn.FITTING and self.global_rank == 0:
                 # Before auto-resume looks at the folders and before this group heartbeats: a live process with this
                 # id (a second launch, a killed torchrun's worker) makes this one refuse (replica/duplicate_id.py).
@@ -518,10 +523,10 @@ class ElasticFT3D(DDPStrategy):
         """Start this process's part in the replica groups (collective over the group; fit only)."""
         from lightning_ft.replica.internal import ReplicaSync, replica_comm_hook
 
-        if self._mode.name != "data_parallel":
+        if self._mode.name not in ("data_parallel", "dtensor"):
             raise ValueError(
-                "ElasticFT3D(replica_groups=...): the model's parameters are DTensors after configure_model(); replica"
-                " groups support plain data parallel inside a group only"
+                f"ElasticFT3D(replica_groups=...): the {self._mode.name} mode is not supported with replica groups;"
+                " data parallel, FSDP2 and tensor parallel are (pipeline_parallel_size=1)"
             )
         if not self.lightning_module.automatic_optimization:
             raise ValueError(
@@ -529,11 +534,12 @@ class ElasticFT3D(DDPStrategy):
                 " a step discarded across groups must be skipped by the strategy"
             )
         config, resume = self._replica_config, self._elastic_resume
+        dp_mesh = self.device_mesh["data_parallel"]  # tensor-parallel ranks read the same data: the group's data ranks
         resume.use_replica_groups(
             num_groups=config.num_groups,
             num_groups_known=config.num_groups_known,
             min_replicas=config.min_replicas,
-            group_size=self.world_size,
+            group_size=dp_mesh.size(),
         )
         self._replica = ReplicaSync(
             config,
@@ -548,10 +554,16 @@ class ElasticFT3D(DDPStrategy):
             on_heal=self._memory.superseded if self._memory is not None else lambda step: None,
             agent_pid=_torchrun_agent(),
             checkpoint_folders=lambda: [p for p in checkpoint_dirpaths(trainer) if not is_remote(str(p))],
+            data_parallel=(dp_mesh.size(), dp_mesh.get_local_rank()),
         )
         if self._auto_resume.healing_from:  # the heal must reach the checkpoint left on disk
             self._replica.resume_floor = self._auto_resume.skipped_step
-        self.model.register_comm_hook(self._replica.gradients, replica_comm_hook)
+        if self._mode.name == "dtensor":  # each rank's shards, averaged and healed with the same rank of the others
+            from lightning_ft.replica.internal import ShardedSync
+
+            self._replica.sharded = ShardedSync(self._mode, self._replica.manager)
+        else:
+            self.model.register_comm_hook(self._replica.gradients, replica_comm_hook)
         self._replica.gate.install(trainer)
 
     @override
@@ -572,6 +584,8 @@ class ElasticFT3D(DDPStrategy):
         trainer = self.lightning_module.trainer if self.lightning_module else None
         step = trainer.global_step if trainer is not None else 0
         if self._replica is not None:  # applied only when every live group commits (replica/step_gate.py)
+            if self._replica.sharded is not None:  # the shards' gradients averaged across groups, before clipping
+                closure = self._replica.sharded.after_backward(closure)
             return self._replica.gate.optimizer_step(
                 trainer,
                 optimizer,
