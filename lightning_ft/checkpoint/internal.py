@@ -45,7 +45,14 @@ from lightning_ft.checkpoint.memory_copies import (
 from lightning_ft.checkpoint.memory_tier import MEMORY_DIR_ENV, MemoryTier
 from lightning_ft.checkpoint.rank_state import read_rank_state
 from lightning_ft.checkpoint.retention import Retention
-from lightning_ft.checkpoint.safe_load import load_pickled, load_torch_file, pickled_bytes, resolve_weights_only
+from lightning_ft.checkpoint.safe_load import (
+    file_reader_scope,
+    load_checkpoint_file,
+    load_pickled,
+    load_torch_file,
+    pickled_bytes,
+    resolve_weights_only,
+)
 from lightning_ft.checkpoint.sharded_file import file_refusal
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 from lightning_ft.checkpoint.staging import Stager
@@ -102,6 +109,7 @@ __all__ = [
     "export_state_dict",
     "format_choice",
     "existing_ancestor",
+    "file_reader_scope",
     "file_refusal",
     "exported_checkpoint",
     "format_description",
@@ -115,6 +123,7 @@ __all__ = [
     "listed",
     "load_copy",
     "load_dcp",
+    "load_checkpoint_file",
     "load_torch_file",
     "load_pickled",
     "pickled_bytes",
