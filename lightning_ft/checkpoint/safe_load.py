@@ -18,9 +18,8 @@ The same rule loads the objects that a lightning-ft checkpoint stores pickled (:
 ``torch.save`` and read back with ``torch.load(weights_only=True)``, torch's restricted unpickler, which admits only
 the allowed globals; a payload that needs any other global (a tampered one calling ``os.system``, say) is refused.
 
-A user's own ``CheckpointIO`` plugin (``Trainer(plugins=[...])``) reads checkpoint files instead, as under
-``DDPStrategy``: the strategy names its ``load_checkpoint`` for one load (:func:`file_reader_scope`), and
-:func:`load_checkpoint_file` calls it for the file at the checkpoint path; what it admits is the plugin's rule.
+A user's own ``CheckpointIO`` plugin reads checkpoint files instead where the Trainer has one
+(:mod:`~lightning_ft.checkpoint.file_reader`).
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ import pickle
 import re
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -52,8 +51,6 @@ __all__ = [
     "allow_code",
     "default_safe_globals",
     "globals_to_allow",
-    "file_reader_scope",
-    "load_checkpoint_file",
     "load_pickled",
     "load_torch_file",
     "pickled_bytes",
@@ -387,50 +384,6 @@ def load_torch_file(path: str | os.PathLike, *, mmap: bool = False, weights_only
                 raise _refusal_whatever_is_allowed(path, str(e)) from e
             raise _unreadable(path, e) from e
         raise _refusal(path, globals_to_allow(path, [found])) from e
-
-
-_file_reader: contextvars.ContextVar[Callable[[Path], Any] | None] = contextvars.ContextVar(
-    "lightning_ft_file_reader", default=None
-)
-
-
-@contextmanager
-def file_reader_scope(read: Callable[[Path], Any] | None) -> Iterator[None]:
-    """Within it, :func:`load_checkpoint_file` reads a checkpoint file with ``read(path)``: the user's
-    ``CheckpointIO.load_checkpoint``, called as ``DDPStrategy`` calls it. ``None``: lightning-ft's own rule
-    (:func:`load_torch_file`)."""
-    token = _file_reader.set(read)
-    try:
-        yield
-    finally:
-        _file_reader.reset(token)
-
-
-def load_checkpoint_file(path: str | os.PathLike, *, mmap: bool = False, weights_only: bool | None = True) -> Any:
-    """The checkpoint file at ``path`` (the path Lightning asked to load, a lightning-ft file or another strategy's
-    ``.ckpt``), read as the run's ``Trainer`` reads one: by the user's ``CheckpointIO`` plugin within a
-    :func:`file_reader_scope`, else by :func:`load_torch_file` (``mmap`` and ``weights_only`` are for that one; the
-    plugin was told Lightning's ``weights_only`` by the scope's owner).
-
-    Raises:
-        CorruptCheckpointError: the plugin failed and the file's bytes fail the zip's CRC32.
-        Exception: the plugin's own error, as it raised it, for an intact file.
-        UnsafeCheckpointError: as :func:`load_torch_file`, without a plugin.
-    """
-    read = _file_reader.get()
-    if read is None:
-        return load_torch_file(path, mmap=mmap, weights_only=weights_only)
-    path = Path(path)
-    try:
-        return read(path)
-    except Exception as e:
-        damaged = damaged_records(path)
-        if damaged:
-            raise CorruptCheckpointError(
-                f"{path} is not a readable torch.save file: {', '.join(damaged)} fail(s) the zip's CRC32"
-                f" ({type(e).__name__}: {e})"
-            ) from e
-        raise
 
 
 def _stored_refusal_whatever_is_allowed(where: str, reason: str) -> UnsafeCheckpointError:

@@ -244,9 +244,9 @@ def _say_once(kind: str, path: Path, message: str) -> None:
 
 def _torch_load(path: Path, weights_only: bool) -> Any:
     """Lightning's own load of the file (``torch.load``, memory-mapped) under Lightning's ``weights_only`` rule, or
-    the user's ``CheckpointIO`` plugin's (:func:`~lightning_ft.checkpoint.safe_load.load_checkpoint_file`); a file
+    the user's ``CheckpointIO`` plugin's (:func:`~lightning_ft.checkpoint.file_reader.load_checkpoint_file`); a file
     that cannot be read is corrupt only where its bytes fail the zip's CRC32."""
-    from lightning_ft.checkpoint.safe_load import load_checkpoint_file
+    from lightning_ft.checkpoint.file_reader import load_checkpoint_file
 
     return load_checkpoint_file(path, mmap=True, weights_only=weights_only)
 
