@@ -86,7 +86,7 @@ def make_model(args: argparse.Namespace) -> NBEATSModel:
         force_reset=True,
         pl_trainer_kwargs={
             "accelerator": "cpu",
-            "devices": int(os.environ.get("WORLD_SIZE", "1")),
+            "devices": args.devices or int(os.environ.get("WORLD_SIZE", "1")),
             "strategy": args.strategy,
             "enable_progress_bar": False,
             "default_root_dir": str(args.dir),  # lightning-ft's event log goes under it
@@ -163,6 +163,7 @@ def main() -> None:
     p.add_argument("--kill-at", type=int, default=None)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--predict-error-rank", type=int, default=None)
+    p.add_argument("--devices", type=int, default=None, help="launch by Lightning itself (no torchrun)")
     p = sub.add_parser("compare")
     p.add_argument("a")
     p.add_argument("b")
