@@ -113,6 +113,12 @@ def fit(args: argparse.Namespace) -> None:
     if rank == 0:
         weights = {k: v.detach().clone() for k, v in model.model.state_dict().items()}
         torch.save(weights, directory / "final_weights.pt")
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1 and args.predict_error_rank is None:
+        # darts' predict of one series fails on rank 1 at 2 ranks (Lightning's sampler gets no sample there), under
+        # DDPStrategy too.
+        (directory / f"report-rank{rank}.json").write_text(json.dumps(report))
+        return
     if args.predict_error_rank is not None and rank == args.predict_error_rank:
         model.trainer_params["callbacks"].append(_RaiseInPredict())
     start = time.perf_counter()
@@ -148,9 +154,8 @@ def compare(args: argparse.Namespace) -> None:
     same = [s for s in la if s in lb and la[s] == lb[s]]
     print(f"losses: {len(same)}/{len(la)} steps equal; first differing: {[s for s in la if la[s] != lb.get(s)][:3]}")
     ra, rb = (json.loads((Path(d) / "report-rank0.json").read_text()) for d in (args.a, args.b))
-    print(
-        f"epochs trained: {ra['epochs_trained']} and {rb['epochs_trained']}; predict equal: {ra['predict'] == rb['predict']}"
-    )
+    same = ra.get("predict") == rb.get("predict")
+    print(f"epochs trained: {ra['epochs_trained']} and {rb['epochs_trained']}; predict equal: {same}")
 
 
 def main() -> None:
