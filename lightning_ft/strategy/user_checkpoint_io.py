@@ -19,18 +19,24 @@ ElasticFT3D writes its checkpoints itself (in the background, committed, with ch
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_ft import _compat
 from lightning_ft.checkpoint.internal import file_reader_scope
 
 __all__ = ["file_reader", "reading_through", "warn_unused_writes"]
+
+
+# How DDPStrategy of the installed Lightning calls the plugin: with `weights_only` from Lightning 2.6 on.
+_STRATEGY_PASSES_WEIGHTS_ONLY = "weights_only" in inspect.signature(Strategy.load_checkpoint).parameters
 
 
 def _innermost(plugin: Any) -> Any:
@@ -57,6 +63,8 @@ def file_reader(strategy: Any, weights_only: bool | None) -> Callable[[Path], An
         return None
 
     def read(path: Path) -> Any:
+        if not _STRATEGY_PASSES_WEIGHTS_ONLY:  # Lightning 2.5: plugins written for it may not take the argument
+            return plugin.load_checkpoint(path)
         return plugin.load_checkpoint(path, weights_only=weights_only)
 
     return read
@@ -81,13 +89,12 @@ def warn_unused_writes(strategy: Any) -> None:
         return
     _said.add(type(plugin))
     name = type(plugin).__qualname__
+    methods = " and ".join(f"{name}.{m}" for m in own)
+    reads = ""
+    if _own(plugin, "load_checkpoint"):
+        reads = f" {name}.load_checkpoint still reads every checkpoint file, as under DDPStrategy."
     rank_zero_warn(
-        f"lightning-ft: ElasticFT3D writes and removes its checkpoints itself, so {name}."
-        f"{' and '.join(own)} is not called. Each checkpoint file is the torch.save file TorchCheckpointIO writes,"
-        " plus lightning-ft's record."
-        + (
-            f" {name}.load_checkpoint still reads every checkpoint file, as under DDPStrategy."
-            if _own(plugin, "load_checkpoint")
-            else ""
-        )
+        f"lightning-ft: ElasticFT3D writes and removes its checkpoints itself, so {methods}"
+        f" {'are' if len(own) > 1 else 'is'} not called. Each checkpoint file is the torch.save file"
+        f" TorchCheckpointIO writes, plus lightning-ft's record.{reads}"
     )
