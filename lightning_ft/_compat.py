@@ -54,6 +54,7 @@ __all__ = [
     "ckpt_path_parser_patch",
     "restore_modules_and_callbacks_patch",
     "checkpoint_connector",
+    "wrapped_checkpoint_io",
     "collect_rng_states",
     "compute_local_shape_and_global_offset",
     "dcp_metadata_globals",
@@ -208,6 +209,14 @@ def train_loader_iterators(trainer: Any) -> list[tuple[Any, Any]]:
     if iterator is None:
         return []
     return list(zip(getattr(iterator, "iterables", []), getattr(iterator, "iterators", []), strict=False))
+
+
+def wrapped_checkpoint_io(plugin: Any) -> Any:
+    """The plugin a wrapping ``CheckpointIO`` (Lightning's ``_WrappingCheckpointIO``: ``AsyncCheckpointIO``) passes its
+    calls to, or ``None`` when ``plugin`` is no such wrapper (Lightning 2.5.0, 2.6.6)."""
+    from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
+
+    return plugin.checkpoint_io if isinstance(plugin, _WrappingCheckpointIO) else None
 
 
 def checkpoint_connector(trainer: Any) -> Any:

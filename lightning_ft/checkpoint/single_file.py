@@ -243,13 +243,12 @@ def _say_once(kind: str, path: Path, message: str) -> None:
 
 
 def _torch_load(path: Path, weights_only: bool) -> Any:
-    """Lightning's own load of the file (``torch.load``, memory-mapped) under Lightning's ``weights_only`` rule; a
-    file that cannot be read is corrupt only where its bytes fail the zip's CRC32."""
-    from lightning_ft.checkpoint.safe_load import load_torch_file, unrestricted_load
+    """Lightning's own load of the file (``torch.load``, memory-mapped) under Lightning's ``weights_only`` rule, or
+    the user's ``CheckpointIO`` plugin's (:func:`~lightning_ft.checkpoint.file_reader.load_checkpoint_file`); a file
+    that cannot be read is corrupt only where its bytes fail the zip's CRC32."""
+    from lightning_ft.checkpoint.file_reader import load_checkpoint_file
 
-    if not weights_only:
-        return unrestricted_load(path, mmap=True)
-    return load_torch_file(path, mmap=True)
+    return load_checkpoint_file(path, mmap=True, weights_only=weights_only)
 
 
 def load_file(

@@ -27,7 +27,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_ft.checkpoint import CheckpointError
-from lightning_ft.checkpoint.internal import load_torch_file
+from lightning_ft.checkpoint.internal import load_checkpoint_file
 from lightning_ft.strategy import per_rank_state
 from lightning_ft.strategy.checkpoint_io import run_metadata, split_checkpoint
 from lightning_ft.strategy.elastic_resume import loaded_message
@@ -143,7 +143,7 @@ def _load_outside_stage(strategy: ElasticFT3D, checkpoint_path: Any, *, weights_
     location = strategy._auto_resume.location_for(os.fspath(checkpoint_path))
     if location.kind == "lightning_file":
         # As an import in a stage reads it: weights_only plus Lightning's types, or unrestricted as Lightning's load
-        return load_torch_file(location.path, weights_only=weights_only)
+        return load_checkpoint_file(location.path, weights_only=weights_only)
     if not location.ours:
         raise CheckpointError(
             f"ckpt_path={str(checkpoint_path)!r} is a distributed checkpoint of another strategy: it is imported into"

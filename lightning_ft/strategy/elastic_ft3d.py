@@ -113,6 +113,7 @@ from lightning_ft.strategy.run_identity import mark_trained, module_identity
 from lightning_ft.strategy.teardown import TeardownSteps, attached_trainer, remove_callback
 from lightning_ft.strategy.torchrun_world import follow_torchrun
 from lightning_ft.strategy.tracker import TrainingTracker
+from lightning_ft.strategy.user_checkpoint_io import reading_through, warn_unused_writes
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -453,6 +454,7 @@ class ElasticFT3D(DDPStrategy):
             self._parallelized = has_dtensor_parameters(self.model)
             self._mode = mode_for(self, self.model)
             self._checkpoint_manager().use_format(self._checkpoint_format_for_state(trainer))
+            warn_unused_writes(self)
             if self._memory is not None and trainer.state.fn == TrainerFn.FITTING:
                 self._memory.open_tier(trainer)  # collective: its gloo group (a resume's plan and load use it)
             if self._fault is not None:  # collective: a node in its cooldown refused; the watchdog guards the load
@@ -669,9 +671,13 @@ class ElasticFT3D(DDPStrategy):
 
     @override
     def load_checkpoint(self, checkpoint_path: _compat.PATH, weights_only: bool | None = None) -> dict[str, Any]:
+        """Every rank calls it (collective). A checkpoint file is read by the ``CheckpointIO`` plugin the Trainer was
+        given, where it loads its own way (``Trainer(plugins=[...])``, as ``DDPStrategy`` reads it), inside
+        lightning-ft's checks (:mod:`~lightning_ft.strategy.user_checkpoint_io`)."""
         if weights_only is None:  # Lightning drops fit(..., weights_only=...) on this path; DDPStrategy's keeps it
             weights_only = _compat.stage_weights_only()
-        return load_for_strategy(self, checkpoint_path, weights_only=weights_only)
+        with reading_through(self, weights_only):
+            return load_for_strategy(self, checkpoint_path, weights_only=weights_only)
 
     def run_identity(self) -> dict[str, Any] | None:
         """The identity of this run's model that checkpoints record and auto-resume compares

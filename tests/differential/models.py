@@ -15,6 +15,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 
@@ -130,6 +131,23 @@ class EncoderModel(DiffModel):
     def __init__(self, encoder: Encoder | None = None, hidden: int = 8, lr: float = 0.05) -> None:
         super().__init__(hidden=hidden, lr=lr)
         self.save_hyperparameters()
+
+
+class AllowingCheckpointIO(TorchCheckpointIO):
+    """A library's own ``CheckpointIO``, given to the Trainer with ``plugins=[...]`` (darts gives its Trainer one): it
+    allows the library's classes for the duration of each load, as torch's docs say to, and keeps the paths and
+    ``weights_only`` values it was asked to load with."""
+
+    def __init__(self, allowed: list[Any]) -> None:
+        self.allowed = allowed
+        self.calls: list[tuple[str, Any]] = []
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        self.calls.append((str(path), weights_only))
+        if weights_only is False:
+            return super().load_checkpoint(path, map_location=map_location, weights_only=False)
+        with torch.serialization.safe_globals(self.allowed):
+            return super().load_checkpoint(path, map_location=map_location, weights_only=True)
 
 
 Pair = namedtuple("Pair", ["step", "tag"])

@@ -24,6 +24,7 @@ from lightning.pytorch.callbacks import BackboneFinetuning, Callback, ModelCheck
 
 from tests.differential.models import (
     SAFE_GLOBALS,
+    AllowingCheckpointIO,
     DiffModel,
     Encoder,
     EncoderModel,
@@ -357,6 +358,33 @@ def resume_with_weights_only_false(folder: Path, strategy: str) -> Observation:
     L.seed_everything(0, verbose=False)
     t.fit(model, ckpt_path=folder / "ckpt" / "step=4.ckpt", weights_only=False)
     obs["resumed"] = {"start_step": model.fit_start_step, "start_weights": model.train_start_weights}
+    obs["weights"] = weights(model)
+    return obs
+
+
+@scenario
+def resume_through_user_checkpoint_io(folder: Path, strategy: str) -> Observation:
+    """``Trainer(plugins=[CheckpointIO])`` whose ``load_checkpoint`` allows the classes the checkpoint holds (darts'
+    plugin does): the resume reads the file through it, with ``weights_only`` as Lightning gives it."""
+    obs = observation()
+    mc = ModelCheckpoint(dirpath=folder / "ckpt", every_n_train_steps=4, save_top_k=-1, filename="{step}")
+    model = seeded(lambda: EncoderModel(encoder=Encoder(["a", "b"])))
+    fit_steps(folder, strategy, 4, [mc], model=model, plugins=[AllowingCheckpointIO([Encoder])])
+    plugin = AllowingCheckpointIO([Encoder])
+    model = seeded(lambda: EncoderModel(encoder=Encoder(["a", "b"])))
+    fit_steps(
+        folder,
+        strategy,
+        6,
+        [],
+        model=model,
+        ckpt_path=folder / "ckpt" / "step=4.ckpt",
+        enable_checkpointing=False,
+        plugins=[plugin],
+    )
+    obs["plugin_loads"] = [(rel(folder, path), weights_only) for path, weights_only in plugin.calls]
+    obs["resumed"] = {"start_step": model.fit_start_step, "start_weights": model.train_start_weights}
+    obs["encoder"] = repr(model.hparams.encoder)
     obs["weights"] = weights(model)
     return obs
 

@@ -42,6 +42,8 @@ CASES = [
     pytest.param("surgery_in_place", 1),
     pytest.param("slim_last_then_resume", 1),
     pytest.param("resume_with_weights_only_false", 1),
+    pytest.param("resume_through_user_checkpoint_io", 1),
+    pytest.param("resume_through_user_checkpoint_io", 2, marks=TWO),
     pytest.param("restored_types", 1),
     pytest.param("restored_types", 2, marks=TWO),
     pytest.param("second_fit_same_trainer", 1),

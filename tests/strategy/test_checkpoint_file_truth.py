@@ -152,7 +152,8 @@ def test_weights_only_false_resumes_an_object_that_is_not_allowed_and_true_refus
             _, path = _train(root, kind, checkpoint_format=checkpoint_format, model=WithOpaqueHparam(Opaque(3.0)))
         for weights_only in (True, None):
             trainer = make_trainer(root / "refused", strategy=_strategy(kind), max_steps=3)
-            with pytest.raises((pickle.UnpicklingError, UnsafeCheckpointError)) as refused:
+            # What code written for DDPStrategy catches (torch.load's error) catches lightning-ft's refusal too.
+            with pytest.raises(pickle.UnpicklingError) as refused:
                 trainer.fit(WithOpaqueHparam(Opaque(1.0)), ckpt_path=str(path), weights_only=weights_only)
             assert "Opaque" in str(refused.value)
         resumed = WithOpaqueHparam(Opaque(1.0))
