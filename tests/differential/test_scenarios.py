@@ -41,6 +41,7 @@ CASES = [
     pytest.param("logger_upload_every_save", 1),
     pytest.param("logger_upload_every_save", 2, marks=TWO),
     pytest.param("logger_upload_with_last", 1),
+    pytest.param("logger_upload_with_last", 2, marks=TWO),
     pytest.param("logger_upload_with_last_link", 1),
     pytest.param("surgery_on_a_copy", 1),
     pytest.param("surgery_in_place", 1),
