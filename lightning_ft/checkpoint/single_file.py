@@ -314,7 +314,7 @@ def load_file(
             ),
         )
     if document is None:
-        return loaded, {"callbacks": loaded.pop("callbacks", {})}, {}, True
+        return loaded, ({"callbacks": loaded.pop("callbacks")} if "callbacks" in loaded else {}), {}, True
     typed: dict[str, torch.Tensor] = {}
     for key in document.get("tensors", {}):
         tensor = entries.get(key)
@@ -329,15 +329,15 @@ def load_file(
 
     others = document.get("other_rank_states") or []
     saved_rank = rank % (1 + len(others))
-    callbacks = loaded.pop("callbacks", {})
+    callbacks = loaded.pop("callbacks", None)
     if saved_rank == 0:
         own = json_codec.decode(document.get("rank_state"), tensor_of)
         rank_state = dict(own) if isinstance(own, dict) else {}
-        rank_state["callbacks"] = callbacks
+        if callbacks is not None:  # a weights-only save has no callbacks
+            rank_state["callbacks"] = callbacks
     else:
         own = json_codec.decode(others[saved_rank - 1], tensor_of)
         rank_state = dict(own) if isinstance(own, dict) else {}
-        rank_state.setdefault("callbacks", {})
     if "loops" in loaded:
         positions = [(int(i), json_codec.decode(s)) for i, s in document.get("samplers", [])]
         loaded["loops"] = with_sampler_states(loaded["loops"], positions)

@@ -158,5 +158,6 @@ def _lightning_dict(loaded: Any, *, world_size: int) -> dict[str, Any]:
     tensors (rank 0's on another world size) and its callback states at the top level, where Lightning keeps them."""
     same_world = loaded.metadata.get("world_size") == world_size
     checkpoint = per_rank_state.restore_own(dict(loaded.state), loaded.rank_state, same_world=same_world)
-    checkpoint["callbacks"] = loaded.rank_state.get("callbacks", {})
+    if "callbacks" in loaded.rank_state:  # a weights-only checkpoint has none, as Lightning's has none
+        checkpoint["callbacks"] = loaded.rank_state["callbacks"]
     return checkpoint

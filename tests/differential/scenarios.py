@@ -29,6 +29,7 @@ from tests.differential.models import (
     Encoder,
     EncoderModel,
     HookOrder,
+    ReplicaStateModel,
     TypedStateCallback,
     TypedStateModel,
     UploadViewLogger,
@@ -280,6 +281,47 @@ def logger_upload_view(folder: Path, strategy: str) -> Observation:
     return obs
 
 
+@scenario
+def logger_upload_every_save(folder: Path, strategy: str) -> Observation:
+    """``WandbLogger(log_model="all")`` with ``save_top_k=-1`` and no monitor: every save is uploaded at its call."""
+    obs = observation()
+    logger = UploadViewLogger(folder)
+    mc = ModelCheckpoint(dirpath=folder / "ckpt", every_n_train_steps=2, save_top_k=-1)
+    _, model = fit_steps(folder, strategy, 8, [mc], logger=logger)
+    obs["uploads_per_save"] = logger.calls
+    obs["checkpoint"] = checkpoint_state(obs, folder, mc)
+    obs["weights"] = weights(model)
+    return obs
+
+
+@scenario
+def logger_upload_with_last(folder: Path, strategy: str) -> Observation:
+    """An uploading logger with ``save_last=True``: the top-k save's call sees ``last.ckpt`` as the previous step left
+    it; the ``last`` save's own call sees the new one."""
+    obs = observation()
+    logger = UploadViewLogger(folder)
+    mc = ModelCheckpoint(dirpath=folder / "ckpt", monitor="score", save_top_k=2, every_n_train_steps=2, save_last=True)
+    _, model = fit_steps(folder, strategy, 8, [mc], logger=logger)
+    obs["uploads_per_save"] = logger.calls
+    obs["checkpoint"] = checkpoint_state(obs, folder, mc)
+    obs["weights"] = weights(model)
+    return obs
+
+
+@scenario
+def logger_upload_with_last_link(folder: Path, strategy: str) -> Observation:
+    """An uploading logger with ``save_last="link"``: each save's call sees ``last.ckpt`` still pointing at the
+    previous save (Lightning moves the link right after the call)."""
+    obs = observation()
+    logger = UploadViewLogger(folder)
+    mc = ModelCheckpoint(dirpath=folder / "ckpt", every_n_train_steps=2, save_top_k=-1, save_last="link")
+    _, model = fit_steps(folder, strategy, 8, [mc], logger=logger)
+    obs["uploads_per_save"] = logger.calls
+    obs["checkpoint"] = checkpoint_state(obs, folder, mc)
+    obs["weights"] = weights(model)
+    return obs
+
+
 # -- a user's edits of a checkpoint -----------------------------------------------------------------------------------
 
 
@@ -315,6 +357,66 @@ def surgery_in_place(folder: Path, strategy: str) -> Observation:
     on_rank_zero_then_wait(lambda: _edit(path, path))
     _, model = fit_steps(folder, strategy, 6, [], enable_checkpointing=False, ckpt_path=path)
     obs["resumed"] = {"start_step": model.fit_start_step, "start_weights": model.train_start_weights}
+    obs["weights"] = weights(model)
+    return obs
+
+
+def _edit_replica_state(src: Path, dst: Path) -> None:
+    """The edits users make to a checkpoint of a model whose replicas differ: BatchNorm statistics, a memory bank and a
+    weight, saved under a new name."""
+    ckpt = torch.load(src, map_location="cpu")
+    state = ckpt["state_dict"]
+    state["backbone.1.running_mean"] = torch.full_like(state["backbone.1.running_mean"], 5.0)
+    state["bank"] = torch.full_like(state["bank"], 7.0)
+    state["head.weight"] = torch.full_like(state["head.weight"], 0.25)
+    torch.save(ckpt, dst)
+
+
+@scenario
+def edited_replica_state(folder: Path, strategy: str) -> Observation:
+    """Edits of tensors whose replicas differ between ranks (BatchNorm statistics, a memory bank) reach every rank at
+    ``validate(ckpt_path=...)`` and ``fit(ckpt_path=...)``, with the module versions of ``state_dict._metadata``."""
+    obs = observation()
+    mc = ModelCheckpoint(dirpath=folder / "ckpt", every_n_train_steps=4, save_top_k=-1, filename="{step}")
+    fit_steps(folder, strategy, 4, [mc], model=seeded(ReplicaStateModel), limit_val_batches=0)
+    obs["files"]["ckpt/step=4.ckpt"] = "ReplicaStateModel"
+    on_rank_zero_then_wait(lambda: _edit_replica_state(folder / "ckpt" / "step=4.ckpt", folder / "edited.ckpt"))
+    obs["files"]["edited.ckpt"] = "ReplicaStateModel"
+    model = seeded(ReplicaStateModel)
+    trainer(folder, strategy, enable_checkpointing=False).validate(model, ckpt_path=folder / "edited.ckpt")
+    obs["validate"] = {
+        "start": model.validation_start,
+        "state_dict_type": model.loaded_state_dict_type,
+        "norm_versions": model.backbone[1].versions_seen,
+    }
+    model = seeded(ReplicaStateModel)
+    _, model = fit_steps(
+        folder,
+        strategy,
+        6,
+        [],
+        model=model,
+        enable_checkpointing=False,
+        limit_val_batches=0,
+        ckpt_path=folder / "edited.ckpt",
+    )
+    obs["resumed"] = {
+        "start_step": model.fit_start_step,
+        "start_weights": model.train_start_weights,
+        "state_dict_type": model.loaded_state_dict_type,
+        "norm_versions": model.backbone[1].versions_seen,
+    }
+    obs["weights"] = weights(model)
+    return obs
+
+
+@scenario
+def weights_only_files(folder: Path, strategy: str) -> Observation:
+    """``ModelCheckpoint(save_weights_only=True)``: the files hold the weights and the loop's counters, no callbacks."""
+    obs = observation()
+    mc = ModelCheckpoint(dirpath=folder / "ckpt", every_n_train_steps=2, save_top_k=-1, save_weights_only=True)
+    _, model = fit_steps(folder, strategy, 4, [mc])
+    obs["checkpoint"] = checkpoint_state(obs, folder, mc)
     obs["weights"] = weights(model)
     return obs
 
