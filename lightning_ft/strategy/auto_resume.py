@@ -9,8 +9,10 @@ lightning-ft folder without its commit marker): the path is classified once ther
 (:meth:`AutoResume.location_for`).
 
 Auto-resume resumes this run only (:mod:`lightning_ft.strategy.run_identity`): never in a ``fit`` whose model or
-Trainer already trained in this process (it continues from the live state, as Lightning does), and never from a
-checkpoint that records another model's identity (named in one message, left alone).
+Trainer already trained in this process (it continues from the live state, as Lightning does), never from a folder
+this process already saved the same model's checkpoints into or trained it over (a restart is a new process), and
+never from a checkpoint that records another model's identity (named in one message, left alone). After a fallback,
+Lightning's connector is told the path that was read (:meth:`AutoResume.fell_back_to`).
 """
 
 from __future__ import annotations
@@ -192,8 +194,9 @@ class AutoResume:
         """The checkpoint to resume from: the user's (checked), else the memory tier's agreed step when it is newer
         than the durable tier's newest, else the newest committed one of this run with the full training state, else
         ``None``. Nothing is resumed by itself in a ``fit`` whose model or Trainer already trained in this process
-        (it continues from the live state, as Lightning does), and a checkpoint that records another model's identity
-        is not a candidate (:meth:`_this_runs`). Collective: every rank calls it; rank 0 first settles the
+        (it continues from the live state, as Lightning does), nor from a folder this process already saved this
+        model's checkpoints into or trained it over (:meth:`_not_this_process`; nor from the memory tier then), and a
+        checkpoint that records another model's identity is not a candidate (:meth:`_this_runs`). Collective: every rank calls it; rank 0 first settles the
         replacements a crash interrupted (:func:`~lightning_ft.checkpoint.recover_interrupted_swaps`) in the
         checkpoint folders, then lists the candidates for all."""
         self.healing_from, self.skipped_step = {}, None
@@ -241,7 +244,7 @@ class AutoResume:
                 candidates = self._not_this_process(candidates, used)
             names = [] if live else [(str(c.path), c.ours, step) for step, c in self._this_runs(candidates, identity)]
         # Also the barrier after the recovery: no rank looks at the folders before rank 0 has settled them.
-        names, live, peers = self._broadcast((names, live, peers))
+        names, live, peers, used = self._broadcast((names, live, peers, used))
         self.healing_from, self.skipped_step = peers
         if peers[0]:
             self._candidates, self._chosen = [], None

@@ -509,13 +509,22 @@ def wider_layer_same_folder(folder: Path, strategy: str) -> Observation:
     return obs
 
 
-def _trials(folder: Path, strategy: str, elasticft: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """A hyperparameter loop in one process: a fresh model and Trainer per trial, one checkpoint folder."""
+def _trials(
+    folder: Path, strategy: str, elasticft: dict[str, Any] | None = None, crash_first_at: int | None = None
+) -> list[dict[str, Any]]:
+    """A hyperparameter loop in one process: a fresh model and Trainer per trial, one checkpoint folder; a trial that
+    raises (``crash_first_at``: the first one, after that step) is recorded and the loop goes on."""
     trials = []
-    for lr, max_steps in ((0.05, 10), (0.02, 8)):
+    for trial, (lr, max_steps) in enumerate(((0.05, 10), (0.02, 8))):
         mc = ModelCheckpoint(dirpath=folder / "ckpt", every_n_train_steps=5, save_top_k=-1)
+        crash = [_CrashAfter(crash_first_at)] if trial == 0 and crash_first_at is not None else []
         model = seeded(lambda lr=lr: DiffModel(lr=lr))
-        t, model = fit_steps(folder, strategy, max_steps, [mc], model=model, elasticft=elasticft)
+        t = trainer(folder, strategy, elasticft=elasticft, max_steps=max_steps, callbacks=[mc, *crash])
+        L.seed_everything(0, verbose=False)
+        try:
+            t.fit(model)
+        except _Crash as e:
+            trials.append({"crashed": str(e)})
         trials.append(
             {
                 "start_step": model.fit_start_step,
@@ -539,14 +548,15 @@ def hyperparameter_loop(folder: Path, strategy: str) -> Observation:
 
 @scenario
 def hyperparameter_loop_memory_tier(folder: Path, strategy: str) -> Observation:
-    """Issue 37 (5) with ElasticFT3D's memory tier: the previous trial's memory copies are not resumed either."""
+    """Issue 37 (5) with ElasticFT3D's memory tier (every 2 steps): the first trial fails after step 7, leaving a
+    memory copy of step 6 newer than its step-5 checkpoint; the next trial resumes neither."""
     obs = observation()
     tier = None
     if strategy == "elasticft":  # the oracle's process never imports lightning_ft
         from lightning_ft import MemoryTier
 
         tier = {"memory_tier": MemoryTier(every_n_train_steps=2, dirpath=folder / "node-memory")}
-    obs["trials"] = _trials(folder, strategy, tier)
+    obs["trials"] = _trials(folder, strategy, tier, crash_first_at=7)
     return obs
 
 

@@ -10,11 +10,13 @@ saved at dp2 x tp2 and resumed at dp1 x tp2, is tests/e2e/test_tensor_parallel_e
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -30,10 +32,26 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from lightning_ft.strategy.run_identity import checkpoint_mismatch, module_identity, state_dict_index
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e" / "tensor_parallel_example"))
 
-from model import ModelArgs, Transformer  # noqa: E402
-from parallelism import parallelize  # noqa: E402
+def _example_modules() -> tuple[Any, Any]:
+    """The example's ``model`` and ``parallelism`` modules (``parallelism`` imports ``model`` by that name), imported
+    from their folder without leaving it on ``sys.path`` or their short names in ``sys.modules``."""
+    folder = str(Path(__file__).resolve().parents[1] / "e2e" / "tensor_parallel_example")
+    names = ("model", "parallelism")
+    saved = {name: sys.modules.pop(name, None) for name in names}
+    sys.path.insert(0, folder)
+    try:
+        return tuple(importlib.import_module(name) for name in names)  # type: ignore[return-value]
+    finally:
+        sys.path.remove(folder)
+        for name in names:
+            sys.modules.pop(name, None)
+            if saved[name] is not None:
+                sys.modules[name] = saved[name]
+
+
+_model, _parallelism = _example_modules()
+ModelArgs, Transformer, parallelize = _model.ModelArgs, _model.Transformer, _parallelism.parallelize
 
 
 class Llama3(L.LightningModule):
