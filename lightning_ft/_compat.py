@@ -218,7 +218,8 @@ def checkpoint_connector(trainer: Any) -> Any:
 
 
 def state_dict_names(module: torch.nn.Module, name: str, *, distributed: bool) -> list[str]:
-    """The names the checkpoint's state dict gives parameter ``name`` (from ``module.named_parameters()``).
+    """The names the checkpoint's state dict gives ``name``: a parameter's name in ``module.named_parameters()``, or a
+    key of ``module.state_dict()``.
 
     ``distributed=False`` (``Module.state_dict()``, what Lightning saves in data parallel): without activation
     checkpointing's ``_checkpoint_wrapped_module.``, which its wrapper's state-dict hook removes

@@ -16,9 +16,11 @@ Auto-resume (:mod:`lightning_ft.strategy.auto_resume`) resumes a checkpoint only
   and resumes; ``fit(ckpt_path=...)`` loads what it names; a retry after a fit that failed before its first step
   resumes as that fit would have.
 - **The same model.** Every checkpoint records :func:`module_identity` (``run_identity`` in its metadata): the
-  LightningModule's class name, a digest of its parameters' names, global shapes and dtypes, and (recorded, not
+  LightningModule's class name, a digest of its parameters' names in the checkpoint's state dict (not the module's
+  attribute paths: a layout's wrappers do not make another model), global shapes and dtypes, and (recorded, not
   compared) a digest of its hyperparameters. A checkpoint whose class or parameters differ from the live module's is
-  another experiment's (:func:`identity_mismatch`): it is named in one message and left alone, unless
+  another experiment's (:func:`identity_mismatch`; of the same class, compared by its own state dict first:
+  :func:`checkpoint_mismatch`): it is named in one message and left alone, unless
   ``LIGHTNING_FT_RUN_ID`` names the run the checkpoint recorded (the user says it is this run). A checkpoint without
   an identity (an older release's, another strategy's file) stays a candidate.
 
@@ -148,9 +150,9 @@ def module_identity(module: pl.LightningModule | None, *, parameters: bool = Tru
     """The identity of ``module`` a checkpoint records: ``{"module": class qualname, "hparams": digest or None,
     "parameters": digest or None}``. The parameter digest covers each parameter's name in the checkpoint's state dict
     (:func:`~lightning_ft._compat.state_dict_names`: ``torch.distributed.checkpoint``'s names for DTensor models,
-    ``Module.state_dict()``'s otherwise), global shape (a DTensor's full shape) and dtype; ``parameters=False`` (pipeline stages, whose parameters per rank depend on the layout) or a
-    parameter not yet materialized (a lazy module before its first forward) leaves it out. ``None`` without a
-    module."""
+    ``Module.state_dict()``'s otherwise), global shape (a DTensor's full shape) and dtype; ``parameters=False``
+    (pipeline stages, whose parameters per rank depend on the layout) or a parameter not yet materialized (a lazy
+    module before its first forward) leaves it out. ``None`` without a module."""
     if module is None:
         return None
     cls = type(module)
