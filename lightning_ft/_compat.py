@@ -52,6 +52,8 @@ __all__ = [
     "call_resume_start",
     "torch_default_safe_globals",
     "ckpt_path_parser_patch",
+    "state_dict_names",
+    "name_restored_checkpoint",
     "restore_modules_and_callbacks_patch",
     "checkpoint_connector",
     "wrapped_checkpoint_io",
@@ -222,6 +224,36 @@ def wrapped_checkpoint_io(plugin: Any) -> Any:
 def checkpoint_connector(trainer: Any) -> Any:
     """The trainer's checkpoint connector (``Trainer._checkpoint_connector``: Lightning 2.5.0, 2.6.6)."""
     return trainer._checkpoint_connector
+
+
+def state_dict_names(module: torch.nn.Module, name: str, *, distributed: bool) -> list[str]:
+    """The names the checkpoint's state dict gives ``name``: a parameter's name in ``module.named_parameters()``, or a
+    key of ``module.state_dict()``.
+
+    ``distributed=False`` (``Module.state_dict()``, what Lightning saves in data parallel): without activation
+    checkpointing's ``_checkpoint_wrapped_module.``, which its wrapper's state-dict hook removes
+    (``torch.distributed.algorithms._checkpoint.checkpoint_wrapper._CHECKPOINT_PREFIX``). ``distributed=True``
+    (``torch.distributed.checkpoint.state_dict``, what DTensor models save): its fully qualified names, also without
+    ``torch.compile``'s ``_orig_mod.`` and FSDP's wrappers, an FSDP flat parameter named by every parameter it holds
+    (``torch.distributed.checkpoint.state_dict._get_fqns``). Checked against torch 2.13.0."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
+
+    if not distributed:
+        return [name.replace(_CHECKPOINT_PREFIX, "")]
+    from torch.distributed.checkpoint.state_dict import _get_fqns
+
+    try:
+        return sorted(_get_fqns(module, name))
+    except (AssertionError, AttributeError):  # a module layout its walk does not know: the name as it is
+        return [name.replace(_CHECKPOINT_PREFIX, "")]
+
+
+def name_restored_checkpoint(trainer: Any, path: str) -> None:
+    """Make ``path`` the checkpoint the running stage restored: the connector's ``_ckpt_path``, which
+    ``trainer.ckpt_path`` returns and ``resume_end`` names ("Restored all states from the checkpoint at ...";
+    Lightning 2.5.0, 2.6.6). Not the ``trainer.ckpt_path`` setter: that marks the path user-managed, and the next
+    ``fit`` would load it again."""
+    trainer._checkpoint_connector._ckpt_path = path
 
 
 def ckpt_path_parser_patch(trainer: Any, wrapper: Callable[..., Any], *, name: str) -> Patch:

@@ -165,7 +165,7 @@ def _resumable_replacement(
         new = ResumableSampler(
             sampler.dataset_len, shuffle=sampler.shuffle, seed=sampler.seed, drop_last=sampler.drop_last, **batching
         )
-        new.load_state_dict(sampler.state_dict())
+        new._load(sampler.state_dict(), announce=False)  # the same run's sampler, rebuilt: nothing to say
         return new
     # Exact types only: a subclass may change the order, and reproducing it is its author's business.
     if kind is DistributedSampler:

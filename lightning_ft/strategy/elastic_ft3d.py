@@ -109,7 +109,7 @@ from lightning_ft.strategy.foreign_import import position_sampler
 from lightning_ft.strategy.parallel_modes import DataParallelMode, has_dtensor_parameters, mode_for
 from lightning_ft.strategy.registry import register_strategy_names
 from lightning_ft.strategy.run import RunPart, StrategyRun, attach_to_trainer
-from lightning_ft.strategy.run_identity import mark_trained, module_identity
+from lightning_ft.strategy.run_identity import mark_folders_used, mark_trained, module_identity
 from lightning_ft.strategy.teardown import TeardownSteps, attached_trainer, remove_callback
 from lightning_ft.strategy.torchrun_world import follow_torchrun
 from lightning_ft.strategy.tracker import TrainingTracker
@@ -759,7 +759,9 @@ class ElasticFT3D(DDPStrategy):
             # The live model holds this fit's state (trained, or resumed): a later fit of it (or of this Trainer) in
             # this process continues from it, as under Lightning, rather than auto-resuming an older checkpoint. Not
             # after a fit that never reached a step (a failed set-up; the Tuner, which restores the initial state).
+            # Nor does a later fit of a new object of the same model over these checkpoint folders.
             mark_trained(trainer, self.lightning_module)
+            mark_folders_used(checkpoint_dirpaths(trainer), self.run_identity())
         if trainer is not None:
             steps.run(lambda: self._elastic_resume.finish(trainer), "recording the resume")
         steps.run(

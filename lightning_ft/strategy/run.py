@@ -28,6 +28,7 @@ from lightning_ft.strategy.checkpoint_io import check_checkpoint_callback
 from lightning_ft.strategy.elastic_resume import ElasticResume
 from lightning_ft.strategy.memory_checkpoints import MemoryCheckpoints
 from lightning_ft.strategy.restore_order import RestoreOrder
+from lightning_ft.strategy.run_identity import state_dict_index
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -77,6 +78,7 @@ class StrategyRun:
                 event_log=lambda: strategy.event_log,
                 live_peers=strategy.replica_live_peers,
                 memory_newest=memory.newest_own_step if memory is not None else None,
+                state_index=lambda: state_dict_index(strategy.lightning_module),
             ),
             data_position=TrainingDataPosition(per_sample_seeds=strategy.data_randomness == "per_sample"),
             elastic_resume=ElasticResume.of(strategy),

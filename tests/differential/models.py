@@ -117,6 +117,13 @@ class DiffModel(L.LightningModule):
         return DataLoader(Vectors(n=16, seed=1), batch_size=8)
 
 
+class ShuffledModel(DiffModel):
+    """A shuffled DataLoader: the order of each epoch comes from the run's seed (Lightning's ``PL_GLOBAL_SEED``)."""
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(Vectors(), batch_size=4, shuffle=True)
+
+
 class Encoder:
     """A user object kept in hyperparameters (a fitted encoder, a metric), not on torch's weights-only allowlist."""
 

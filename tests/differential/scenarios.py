@@ -30,6 +30,7 @@ from tests.differential.models import (
     EncoderModel,
     HookOrder,
     ReplicaStateModel,
+    ShuffledModel,
     TypedStateCallback,
     TypedStateModel,
     UploadViewLogger,
@@ -492,6 +493,23 @@ def resume_through_user_checkpoint_io(folder: Path, strategy: str) -> Observatio
 
 
 @scenario
+def resume_with_another_seed(folder: Path, strategy: str) -> Observation:
+    """Issue 37 (6): a shuffled run saved at the end of epoch 0 with seed 0 is resumed after ``seed_everything(2)``:
+    it resumes, and epoch 1's order follows seed 2, as DDPStrategy's sampler does."""
+    obs = observation()
+    mc = ModelCheckpoint(dirpath=folder / "ckpt", every_n_train_steps=4, save_top_k=-1, filename="{step}")
+    fit_steps(folder, strategy, 4, [mc], model=seeded(ShuffledModel))
+    model = seeded(ShuffledModel)
+    t = trainer(folder, strategy, max_steps=8, enable_checkpointing=False)
+    L.seed_everything(2, verbose=False)
+    t.fit(model, ckpt_path=folder / "ckpt" / "step=4.ckpt")
+    obs["resumed"] = {"start_step": model.fit_start_step, "start_weights": model.train_start_weights}
+    obs["step"] = t.global_step
+    obs["weights"] = weights(model)
+    return obs
+
+
+@scenario
 def restored_types(folder: Path, strategy: str) -> Observation:
     """A Counter, an OrderedDict and a frozenset in a callback's state, a namedtuple saved by the module, all allowed
     with ``torch.serialization.add_safe_globals``: after resume, each comes back as its own type."""
@@ -618,6 +636,57 @@ def wider_layer_same_folder(folder: Path, strategy: str) -> Observation:
     }
     obs["checkpoint"] = checkpoint_state(obs, folder, mc)
     obs["weights"] = weights(model)
+    return obs
+
+
+def _trials(
+    folder: Path, strategy: str, elasticft: dict[str, Any] | None = None, crash_first_at: int | None = None
+) -> list[dict[str, Any]]:
+    """A hyperparameter loop in one process: a fresh model and Trainer per trial, one checkpoint folder; a trial that
+    raises (``crash_first_at``: the first one, after that step) is recorded and the loop goes on."""
+    trials = []
+    for trial, (lr, max_steps) in enumerate(((0.05, 10), (0.02, 8))):
+        mc = ModelCheckpoint(dirpath=folder / "ckpt", every_n_train_steps=5, save_top_k=-1)
+        crash = [_CrashAfter(crash_first_at)] if trial == 0 and crash_first_at is not None else []
+        model = seeded(lambda lr=lr: DiffModel(lr=lr))
+        t = trainer(folder, strategy, elasticft=elasticft, max_steps=max_steps, callbacks=[mc, *crash])
+        L.seed_everything(0, verbose=False)
+        try:
+            t.fit(model)
+        except _Crash as e:
+            trials.append({"crashed": str(e)})
+        trials.append(
+            {
+                "start_step": model.fit_start_step,
+                "start_weights": model.train_start_weights,
+                "step": t.global_step,
+                "weights": weights(model),
+                "checkpoint": checkpoint_state(current(), folder, mc),
+            }
+        )
+    return trials
+
+
+@scenario
+def hyperparameter_loop(folder: Path, strategy: str) -> Observation:
+    """Issue 37 (5): each trial of an in-process loop trains from its own initial weights; none resumes the previous
+    trial's checkpoint."""
+    obs = observation()
+    obs["trials"] = _trials(folder, strategy)
+    return obs
+
+
+@scenario
+def hyperparameter_loop_memory_tier(folder: Path, strategy: str) -> Observation:
+    """Issue 37 (5) with ElasticFT3D's memory tier (every 2 steps): the first trial fails after step 7, leaving a
+    memory copy of step 6 newer than its step-5 checkpoint; the next trial resumes neither."""
+    obs = observation()
+    tier = None
+    if strategy == "elasticft":  # the oracle's process never imports lightning_ft
+        from lightning_ft import MemoryTier
+
+        tier = {"memory_tier": MemoryTier(every_n_train_steps=2, dirpath=folder / "node-memory")}
+    obs["trials"] = _trials(folder, strategy, tier, crash_first_at=7)
     return obs
 
 

@@ -13,10 +13,12 @@ import lightning_ft.checkpoint as lft_checkpoint
 from lightning_ft import GoodputMonitor
 from lightning_ft.events import get_event_log, read_events
 from tests.checkpoint.support import flip_a_byte_of
+from tests.helpers import as_a_new_process
 from tests.strategy.models import TinyRegressor, make_trainer
 
 
 def _fit(root, *, callbacks=(), max_steps=4, **kwargs):
+    as_a_new_process()  # each call stands for a launch
     ckpt = ModelCheckpoint(dirpath=root, every_n_train_steps=2, save_top_k=-1)
     trainer = make_trainer(root, callbacks=[ckpt, *callbacks], max_steps=max_steps, **kwargs)
     trainer.fit(TinyRegressor())
@@ -93,6 +95,7 @@ def test_a_crash_of_user_code_in_a_plain_run_is_on_record_and_the_relaunch_is_a_
     assert (end["attempt"], end["reason"], end["step"]) == (0, "crashed", 7)
     assert "RuntimeError: a bug in training_step at step 7" in end["error"]
 
+    as_a_new_process()  # the relaunch
     again = fit(_CrashesAtStep(None), 10)  # the relaunch: resumes from step 6 and counts itself attempt 1
     assert again.global_step == 10
     events = read_events(tmp_path)
