@@ -53,7 +53,7 @@ class ReplicaGroups:
     Raises:
         TypeError: a field of the wrong type.
         ValueError: a malformed address or id, ``min_replicas`` or ``num_groups`` below 1, ``min_replicas`` above
-            ``num_groups``, or a ``timeout`` that is not positive.
+            ``num_groups``, or a ``timeout`` or ``lighthouse_wait`` that is not positive.
     """
 
     lighthouse: str | None = None
@@ -89,6 +89,14 @@ class ReplicaGroups:
     """Host name or IP this group's manager and its state server advertise to the others, and that the state server
     binds. ``None``: this machine's host name, the server listening on every interface (torchft's behaviour)."""
 
+    lighthouse_wait: timedelta = timedelta(minutes=5)
+    """How long the groups wait for a lighthouse that does not answer (killed, its node lost, restarting) before
+    they stop. Within it, a lighthouse restarted at the same address costs the time it was down: the groups resume
+    at the next quorum. Past it, the group that writes checkpoints commits ``preempt-step=<N>``, and every group
+    stops with one message naming the lighthouse (exit code ``FaultPolicy.exit_code``, 75 by default); a relaunch
+    resumes from that checkpoint. A starting group waits as long for the lighthouse to answer. Default 5 minutes:
+    long enough for a scheduler to restart the lighthouse (docs/replica-groups.md, "When the lighthouse dies")."""
+
     def __post_init__(self) -> None:
         if self.lighthouse is not None:
             _check_lighthouse(self.lighthouse, "lighthouse")
@@ -104,6 +112,12 @@ class ReplicaGroups:
             raise TypeError(f"ReplicaGroups(timeout={self.timeout!r}): must be a datetime.timedelta")
         if self.timeout <= timedelta(0):
             raise ValueError(f"ReplicaGroups(timeout={self.timeout!r}): must be positive (e.g. timedelta(seconds=5))")
+        if not isinstance(self.lighthouse_wait, timedelta):
+            raise TypeError(f"ReplicaGroups(lighthouse_wait={self.lighthouse_wait!r}): must be a datetime.timedelta")
+        if self.lighthouse_wait <= timedelta(0):
+            raise ValueError(
+                f"ReplicaGroups(lighthouse_wait={self.lighthouse_wait!r}): must be positive (e.g. timedelta(minutes=5))"
+            )
         if self.replica_id is not None:
             _check_replica_id(self.replica_id, "replica_id")
         if self.address is not None and (not isinstance(self.address, str) or not self.address.strip()):
@@ -147,6 +161,7 @@ class ReplicaGroups:
             num_groups=num_groups,
             address=self.address,
             num_groups_known=known,
+            lighthouse_wait=self.lighthouse_wait,
         )
 
 
@@ -163,6 +178,7 @@ class ResolvedReplicaGroups:
     num_groups_known: bool = True
     """Whether ``num_groups`` was given (the field or ``NUM_REPLICA_GROUPS``) rather than the default 1: the
     ``ElasticPolicy`` needs the full membership to scale at a change of the live groups."""
+    lighthouse_wait: timedelta = timedelta(minutes=5)
 
     @property
     def quorum_timeout(self) -> timedelta:

@@ -45,6 +45,7 @@ skipped}`` each time the rest of the epoch is dealt anew (:mod:`~lightning_ft.re
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import statistics
@@ -53,7 +54,8 @@ import warnings
 from collections import deque
 from collections.abc import Callable
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from lightning_ft import _compat
 from lightning_ft.replica.checkpoint_owner import WriterView, checkpoint_writer, writing_process
@@ -62,6 +64,14 @@ from lightning_ft.replica.duplicate_id import AgentWatch, duplicates_in_quorum
 from lightning_ft.replica.gradient_sync import GradientSync
 from lightning_ft.replica.heal_state import apply_heal_state, heal_state
 from lightning_ft.replica.heal_transport import HealTransport
+from lightning_ft.replica.lighthouse_watch import (
+    LighthouseGone,
+    LighthouseProbe,
+    LighthouseWatch,
+    QuorumIds,
+    QuorumWait,
+    wait_for_lighthouse,
+)
 from lightning_ft.replica.step_gate import StepGate
 
 if TYPE_CHECKING:
@@ -92,7 +102,9 @@ _STATE_KEY = "lightning"
 def replica_manager(
     config: ResolvedReplicaGroups, *, group_rank: int, group_world_size: int, transport: HealTransport
 ) -> Manager:
-    """This process's torchft ``Manager``, its timeouts all from ``ReplicaGroups.timeout``.
+    """This process's torchft ``Manager``, its timeouts all from ``ReplicaGroups.timeout``; its server retries a
+    failed quorum request to the lighthouse until the training thread gives up (replica/lighthouse_watch.py). Waits
+    first, up to ``ReplicaGroups.lighthouse_wait``, for the lighthouse to answer.
 
     torchft's own environment variables for its timeouts (``TORCHFT_TIMEOUT_SEC``, ``TORCHFT_QUORUM_TIMEOUT_SEC``,
     ``TORCHFT_CONNECT_TIMEOUT_SEC``) would win over what is passed to the Manager, but only for some of its waits
@@ -101,20 +113,22 @@ def replica_manager(
     Collective over the group (every rank builds its Manager; rank 0 starts the manager server).
     """
     from torchft import Manager, ProcessGroupGloo
-    from torchft.manager import CONNECT_TIMEOUT_SEC_ENV, QUORUM_TIMEOUT_SEC_ENV, TIMEOUT_SEC_ENV
+    from torchft.manager import CONNECT_TIMEOUT_SEC_ENV, QUORUM_RETRIES_ENV, QUORUM_TIMEOUT_SEC_ENV, TIMEOUT_SEC_ENV
 
-    names = (TIMEOUT_SEC_ENV, QUORUM_TIMEOUT_SEC_ENV, CONNECT_TIMEOUT_SEC_ENV)
+    names = (TIMEOUT_SEC_ENV, QUORUM_TIMEOUT_SEC_ENV, CONNECT_TIMEOUT_SEC_ENV, QUORUM_RETRIES_ENV)
     ignored = {name: os.environ[name] for name in names if name in os.environ}
     if ignored and group_rank == 0:
         warnings.warn(
             f"lightning-ft: {', '.join(f'{k}={v}' for k, v in ignored.items())} ignored: ReplicaGroups(timeout="
             f"{config.timeout!r}) sets torchft's timeouts (collectives, the commit vote and the heal"
             f" {config.timeout.total_seconds():g} s, the quorum {config.quorum_timeout.total_seconds():g} s,"
-            f" connections {config.connect_timeout.total_seconds():g} s): change ReplicaGroups(timeout=...) instead,"
-            " or unset the variable",
+            f" connections {config.connect_timeout.total_seconds():g} s) and ReplicaGroups(lighthouse_wait="
+            f"{config.lighthouse_wait!r}) how long a quorum request to the lighthouse is retried: change"
+            " ReplicaGroups(...) instead, or unset the variable",
             UserWarning,
             stacklevel=2,
         )
+    wait_for_lighthouse(config.lighthouse, config.lighthouse_wait)
     with _environment_without(ignored):
         return Manager(
             pg=ProcessGroupGloo(timeout=config.timeout),
@@ -132,8 +146,26 @@ def replica_manager(
             hostname=config.address or socket.gethostname(),
             heartbeat_interval=config.heartbeat_interval,
             checkpoint_transport=transport,
+            quorum_retries=quorum_retries(config),
             init_sync=True,  # the first step copies one group's initial state to all: weights agree whatever the seed
         )
+
+
+def quorum_retries(config: ResolvedReplicaGroups) -> int:
+    """Retries of a failed quorum request to the lighthouse: enough, about one every ``_RETRY_S``, to last as long as
+    the training thread waits (torchft's server sleeps the request's timeout / (retries + 1), at least 0.1 s, before
+    it connects again); without retries a request that meets a dead lighthouse is never answered."""
+    return math.ceil(quorum_request_timeout(config, first=True).total_seconds() / _RETRY_S)
+
+
+_RETRY_S = 0.25
+
+
+def quorum_request_timeout(config: ResolvedReplicaGroups, *, first: bool) -> timedelta:
+    """The deadline of one quorum request: the quorum timeout plus ``lighthouse_wait`` (the training thread's
+    :class:`~lightning_ft.replica.lighthouse_watch.LighthouseWatch` gives up earlier, on whichever applies)."""
+    quorum = config.first_quorum_timeout if first else config.quorum_timeout
+    return quorum + config.lighthouse_wait + config.connect_timeout
 
 
 @contextmanager
@@ -201,7 +233,16 @@ class ReplicaSync:
         )
         self.manager.register_state_dict_fn(_STATE_KEY, self._load, self._state)
         self._quorum: Any = None
+        self._quorum_ids = QuorumIds()  # ids that stay unique when the lighthouse restarts (lighthouse_watch.py)
         self._recorder = _compat.quorum_recorder_patch(self.manager, self._record_quorum).install()
+        self._watch = LighthouseWatch(
+            config.lighthouse,
+            wait=config.lighthouse_wait,
+            probe=LighthouseProbe(config.lighthouse, full_id=lambda: self._own_full_id),
+        )
+        self._quorum_timeout_s = config.first_quorum_timeout.total_seconds()
+        self._last_wait: QuorumWait | None = None
+        self._waiter = _compat.quorum_wait_patch(self.manager, self._wait_quorum).install()
         self.gradients = GradientSync(self.manager, group=group, group_size=group_world_size)
         self.gate = StepGate(self._vote)
         self._membership = membership
@@ -272,8 +313,11 @@ class ReplicaSync:
             )
         self.gate.begin_step()
         timeout = self.config.first_quorum_timeout if first else self.config.quorum_timeout
+        self._quorum_timeout_s, self._last_wait = timeout.total_seconds(), None
         try:
-            self.manager.start_quorum(timeout=timeout)
+            self.manager.start_quorum(timeout=quorum_request_timeout(self.config, first=first))
+        except LighthouseGone as gone:
+            self._stop_without_lighthouse(gone)
         except Exception as e:
             raise RuntimeError(
                 f"ReplicaGroups(min_replicas={self.config.min_replicas}): no quorum of replica groups formed within"
@@ -281,6 +325,15 @@ class ReplicaSync:
             ) from e
         self._quorums += 1
         self._step_open = True
+        if self._last_wait is not None and self._last_wait.down_s > 0:  # replica/lighthouse_watch.py
+            self._write(
+                "lighthouse_outage",
+                step=trainer.global_step,
+                lighthouse=self.config.lighthouse,
+                down_s=self._last_wait.down_s,
+                stall_s=self._last_wait.waited_s,
+                down_since=self._last_wait.down_since,
+            )
         if first and self.resume_floor is not None and trainer.global_step < self.resume_floor:
             raise RuntimeError(
                 f"ReplicaGroups: this group left the checkpoint at step {self.resume_floor} on disk to heal from a live"
@@ -364,9 +417,53 @@ class ReplicaSync:
                 f" at step {self._trainer.global_step}; stopping this group"
             )
 
+    def _wait_quorum(self, done: Callable[[float], bool]) -> None:  # in place of Manager.wait_quorum
+        self._last_wait = self._watch.wait(done, quorum_timeout_s=self._quorum_timeout_s)
+
+    def _stop_without_lighthouse(self, gone: LighthouseGone) -> NoReturn:
+        """The lighthouse stayed away for ``lighthouse_wait``: the writing group commits ``preempt-step=<N>`` (the
+        committed state; only once this process has taken part in a quorum: before, it holds what it resumed from),
+        every group writes ``lighthouse_lost`` and stops with one line and ``FaultPolicy.exit_code``. Every rank of
+        the group calls it (each gives up on its own clock, within a probe of the others)."""
+        from lightning_ft.stop import EXIT_CODE_TEMPFAIL, NodeStop, checkpoint_and_stop
+
+        trainer = self._trainer
+        code = int(getattr(getattr(trainer.strategy, "fault", None), "exit_code", EXIT_CODE_TEMPFAIL))
+        step = trainer.global_step
+        saves = self._quorums > 0 and self.writes_checkpoints
+
+        def stop(path: Any) -> None:
+            self._write(
+                "lighthouse_lost",
+                step=step,
+                lighthouse=self.config.lighthouse,
+                waited_s=gone.waited_s,
+                checkpoint_path=None if path is None else str(path),
+            )
+            if self._group_rank == 0:
+                _log.warning(
+                    "lightning-ft: %s; replica group %s stops at step %d%s, exit code %d: relaunch the groups once the"
+                    " lighthouse is back, they resume from the newest committed checkpoint",
+                    gone,
+                    self.config.replica_id,
+                    step,
+                    f" after saving {path}" if path is not None else " (another group saves the checkpoint)",
+                    code,
+                )
+
+        # The quorum request to the dead lighthouse blocks torchft's quorum thread until its deadline, and Python
+        # would wait for that thread before the process exits.
+        future = _compat.quorum_future(self.manager)
+        _compat.exit_before_joining_threads(code, when=lambda: future is not None and not future.done())
+        if saves:
+            checkpoint_and_stop(trainer, exit_code=code, reason="stopped", on_committed=stop)
+        stop(None)
+        raise NodeStop(code, detail=f"replica group {self.config.replica_id}: {gone}")
+
     # ------------------------------------------------------------------ membership and events
 
     def _record_quorum(self, result: Any) -> None:  # torchft's quorum thread
+        self._quorum_ids.assign(result)
         self._quorum = result
 
     def _after_quorum(self, step: int) -> bool:
@@ -509,5 +606,6 @@ class ReplicaSync:
             self._agent_watch.stop()
         self.names.uninstall()
         self.gate.uninstall()
+        self._waiter.undo()
         self._recorder.undo()
         self.manager.shutdown(wait=False)
