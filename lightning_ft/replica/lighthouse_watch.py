@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,7 +51,9 @@ PROBE_AFTER_S = 0.5
 """A quorum that takes longer than this is probed: a normal one takes milliseconds, one that waits for a dead group's
 heartbeat to time out about a second."""
 PROBE_EVERY_S = 0.25
-"""How often a slow quorum probes the lighthouse; also how soon a restarted lighthouse hears this group again."""
+"""How often a slow quorum probes the lighthouse."""
+PROBE_DOWN_EVERY_S = 0.1
+"""How often it probes a lighthouse that does not answer: how soon a restarted one hears this group again."""
 PROBE_TIMEOUT_S = 1.0
 """How long one probe may take before it counts as unanswered."""
 DOWN_AFTER = 2
@@ -109,6 +113,8 @@ class LighthouseProbe:
         full_id = self._full_id()
         if full_id is None:
             return self._index_page()
+        if self._client is None and not self._accepts():
+            return False  # refused at once: torchft's client would retry its connection for its whole timeout
         try:
             if self._client is None:
                 from torchft.coordination import LighthouseClient
@@ -118,6 +124,14 @@ class LighthouseProbe:
             return True
         except Exception:  # torchft raises RuntimeError (no connection) or its own status error (timed out)
             self._client = None  # a new connection next time: the old one may be to the dead process
+            return False
+
+    def _accepts(self) -> bool:
+        host, _, port = urllib.parse.urlsplit(self.lighthouse).netloc.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=self._timeout_s).close()
+            return True
+        except (OSError, ValueError):
             return False
 
     def _index_page(self) -> bool:
@@ -173,39 +187,34 @@ class LighthouseWatch:
         start = self._clock()
         counted_from = start  # the quorum timeout runs from the start, or from the lighthouse's return
         next_probe = start + PROBE_AFTER_S
-        unanswered = 0
-        down_at: float | None = None  # monotonic and wall time of the first unanswered probe of the outage
-        down_wall: float | None = None
+        unanswered: list[tuple[float, float]] = []  # (monotonic, wall) time of each unanswered probe in a row
+        down_at: float | None = None  # the first unanswered probe of the outage in progress
         down_s = 0.0
-        first_down_wall: float | None = None
+        down_since: float | None = None  # wall time of the first outage's first unanswered probe
         wait_s = self.lighthouse_wait.total_seconds()
         while True:
-            now = self._clock()
-            if done(max(0.0, min(next_probe - now, PROBE_EVERY_S))):
-                if down_at is not None:  # the quorum came while the last probes went unanswered
+            if done(max(0.0, min(next_probe - self._clock(), PROBE_EVERY_S))):
+                if down_at is not None:  # the quorum came before a probe saw the lighthouse back
                     down_s += self._clock() - down_at
-                return QuorumWait(waited_s=self._clock() - start, down_s=down_s, down_since=first_down_wall)
+                return QuorumWait(waited_s=self._clock() - start, down_s=down_s, down_since=down_since)
             now = self._clock()
             if now < next_probe:
                 continue
-            next_probe = now + PROBE_EVERY_S
-            probed_at, probed_wall = now, self._wall()
+            next_probe = now + (PROBE_DOWN_EVERY_S if unanswered else PROBE_EVERY_S)
+            wall = self._wall()
             if self._probe():
-                unanswered = 0
+                unanswered = []
                 if down_at is not None:
                     down_s += self._clock() - down_at
                     _log.warning("lightning-ft: the lighthouse %s answers again after %.1f s", self.lighthouse, down_s)
-                    down_at = down_wall = None
-                    counted_from = self._clock()
+                    down_at, counted_from = None, self._clock()
                 elif self._clock() - counted_from > quorum_timeout_s:
                     raise QuorumTimeout(f"the lighthouse answers, but no quorum formed within {quorum_timeout_s:g} s")
                 continue
-            unanswered += 1
-            if unanswered == 1:
-                first_probe, first_wall = probed_at, probed_wall
-            if unanswered == DOWN_AFTER:
-                down_at, down_wall = first_probe, first_wall
-                first_down_wall = first_down_wall if first_down_wall is not None else down_wall
+            unanswered.append((now, wall))
+            if len(unanswered) == DOWN_AFTER:
+                down_at = unanswered[0][0]
+                down_since = unanswered[0][1] if down_since is None else down_since
                 _log.warning(
                     "lightning-ft: the lighthouse %s does not answer; waiting up to %s for it"
                     " (ReplicaGroups.lighthouse_wait)",
@@ -247,7 +256,7 @@ def wait_for_lighthouse(
                 _seconds(wait),
             )
             said = True
-        sleep(PROBE_EVERY_S)
+        sleep(PROBE_DOWN_EVERY_S)
     return clock() - start
 
 
