@@ -54,7 +54,11 @@ class FakeRun:
 
     def watch(self, wait_s: float = 300.0) -> LighthouseWatch:
         return LighthouseWatch(
-            "http://lh:1", wait=timedelta(seconds=wait_s), probe=self.probe, clock=self.clock, wall=lambda: 1e9 + self.now
+            "http://lh:1",
+            wait=timedelta(seconds=wait_s),
+            probe=self.probe,
+            clock=self.clock,
+            wall=lambda: 1e9 + self.now,
         )
 
 
