@@ -1,8 +1,9 @@
 """The lighthouse dies (docs/replica-groups.md, "When the lighthouse dies"): a ``lightning-ft lighthouse`` process is
 SIGKILLed under replica groups that train, as a node loss or an OOM kill would end it.
 
-- Restarted at the same address (what a Kubernetes Deployment, systemd or a restart loop in a SLURM script does),
-  it costs the groups the time it was down: no group exits or restarts, every group records the outage, and the run
+- Restarted at the same address (what a Kubernetes Deployment, systemd or a restart loop in a SLURM script does;
+  here examples/lighthouse/lighthouse_loop.sh, the SLURM recipe's loop, restarts it), it costs the groups the time it
+  was down: no group exits or restarts, every group records the outage, and the run
   trains what it trains without the outage: every group bitwise equal to the others at every committed step, each
   step's samples those of the same step of one process with the global batch, and the final weights within
   :data:`~tests.replica.test_replica_scenario_e2e.FINAL_WEIGHTS_TOLERANCE` of it. After ~1 s (default tier; the
@@ -39,7 +40,8 @@ pytest.importorskip("torchft")
 
 SCENARIO = Path(__file__).with_name("scenario_script.py")
 REPLICA = Path(__file__).with_name("replica_script.py")
-SAMPLES, BATCH, ACCUMULATE, GROUPS = 2400, 4, 2, 3  # 100 steps of 3 groups x 2 micro-batches of 4
+LOOP = Path(REPO_ROOT) / "examples" / "lighthouse" / "lighthouse_loop.sh"
+SAMPLES, BATCH, ACCUMULATE, GROUPS = 1200, 4, 2, 3  # 50 steps of 3 groups x 2 micro-batches of 4
 SCENARIO_STATE = ("weights", "optimizer", "scheduler", "lr", "rng", "loop")
 
 
@@ -97,6 +99,68 @@ class Lighthouse:
             self.proc.wait()
 
 
+class LoopedLighthouse:
+    """examples/lighthouse/lighthouse_loop.sh running ``lightning-ft lighthouse`` (bound to 127.0.0.1, a port the OS
+    chose at its first start): :meth:`kill_lighthouse` SIGKILLs the lighthouse, and the loop starts it again at the
+    same address after ``restart_delay_s``."""
+
+    def __init__(self, tmp: Path, *, min_replicas: int, restart_delay_s: float) -> None:
+        env = subprocess_env(
+            LIGHTHOUSE_COMMAND=f"{sys.executable} -m lightning_ft.cli lighthouse",
+            LIGHTHOUSE_RESTART_DELAY_S=str(restart_delay_s),
+        )
+        self.env_file = tmp / "lighthouse.env"
+        args = [str(self.env_file), "--bind", "127.0.0.1:0", "--min-replicas", str(min_replicas)]
+        log = open(tmp / "lighthouse.log", "w")  # noqa: SIM115 - the child holds it
+        self.loop = subprocess.Popen([str(LOOP), *args], cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + 180
+        while not self.env_file.exists() or not self.env_file.read_text().strip():
+            assert self.loop.poll() is None and time.monotonic() < deadline, (tmp / "lighthouse.log").read_text()
+            time.sleep(0.2)
+        self.address = self.env_file.read_text().strip().split("=", 1)[1]
+        self.port = int(self.address.rsplit(":", 1)[1])
+
+    def _lighthouse_pid(self) -> int:
+        children = subprocess.run(["pgrep", "-P", str(self.loop.pid)], capture_output=True, text=True).stdout.split()
+        assert len(children) == 1, children
+        return int(children[0])
+
+    def kill_lighthouse(self) -> float:
+        """SIGKILL the lighthouse (not the loop); return the time."""
+        pid = self._lighthouse_pid()
+        os.kill(pid, signal.SIGKILL)
+        while Path(f"/proc/{pid}").exists() and _accepts(self.port):
+            time.sleep(0.01)
+        return time.time()
+
+    def wait_until_back(self, timeout_s: float = 300) -> float:
+        """Block until the restarted lighthouse accepts connections; return the time."""
+        deadline = time.monotonic() + timeout_s
+        while not _accepts(self.port):
+            assert time.monotonic() < deadline, "the loop did not restart the lighthouse"
+            time.sleep(0.05)
+        return time.time()
+
+    def stop(self) -> int:
+        """SIGTERM the loop (it stops the lighthouse); return its exit code."""
+        if self.loop.poll() is None:
+            self.loop.terminate()
+        try:
+            return self.loop.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.loop.kill()
+            return self.loop.wait()
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
 def _events(tmp: Path, name: str, event: str) -> list[dict[str, Any]]:
     return [e for e in read_events(tmp / name) if e["event"] == event] if (tmp / name).exists() else []
 
@@ -132,7 +196,7 @@ def _restart_run(tmp: Path, reference: Path, outage_s: float) -> None:
     hold = tmp / "hold"
     hold.touch()
     procs: dict[str, subprocess.Popen] = {}
-    house = Lighthouse(tmp, min_replicas=2)
+    house = LoopedLighthouse(tmp, min_replicas=2, restart_delay_s=outage_s)
     names = [f"g{i}" for i in range(GROUPS)]
     try:
         for i, name in enumerate(names):
@@ -146,9 +210,8 @@ def _restart_run(tmp: Path, reference: Path, outage_s: float) -> None:
             args += ["--accumulate", str(ACCUMULATE), "--policy", "keep_global", "--min-replicas", "2"]
             procs[name] = torchrun_popen(SCENARIO, *args, log=tmp / f"{name}.log", env=env)
         _wait(lambda: all(len(_records(tmp, n)) >= 6 for n in names), "three groups training", 400, procs, tmp)
-        killed = house.kill()
-        time.sleep(outage_s)
-        up = house.start()
+        killed = house.kill_lighthouse()
+        up = house.wait_until_back()
         _wait(
             lambda: all(_records(tmp, n)[-1]["time"] > up for n in names), "a step after the restart", 400, procs, tmp
         )
@@ -161,7 +224,9 @@ def _restart_run(tmp: Path, reference: Path, outage_s: float) -> None:
             assert proc.returncode == 0, _log(tmp, name)
     finally:
         _stop_all(procs)
-        house.stop()
+        stopped = house.stop()
+    assert stopped == 0, (tmp / "lighthouse.log").read_text()  # SIGTERM: the loop stops the lighthouse, exits with 0
+    assert "lighthouse 2 listening" in (tmp / "lighthouse.log").read_text()  # the loop's restart, at the same port
 
     runs = {name: _records(tmp, name) for name in names}
     by_step = {name: {r["step"]: r for r in records} for name, records in runs.items()}
@@ -237,7 +302,7 @@ def test_a_lighthouse_down_for_a_minute_costs_the_groups_only_its_downtime(tmp_p
 
 # ------------------------------------------------------------------------------------------------ stays down
 
-MAX_STEPS, EVERY_N, WAIT_S = 24, 5, 8.0
+MAX_STEPS, EVERY_N, WAIT_S = 18, 5, 6.0
 
 
 def _start_group(tmp: Path, name: str, replica_id: str, address: str) -> subprocess.Popen:
