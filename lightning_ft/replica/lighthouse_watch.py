@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import socket
 import time
 import urllib.error
@@ -33,7 +34,10 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from lightning_ft.replica.replica_groups import ResolvedReplicaGroups
 
 __all__ = [
     "LighthouseGone",
@@ -42,6 +46,9 @@ __all__ = [
     "QuorumIds",
     "QuorumTimeout",
     "QuorumWait",
+    "quorum_request_timeout",
+    "quorum_retries",
+    "stop_without_lighthouse",
     "wait_for_lighthouse",
 ]
 
@@ -258,6 +265,78 @@ def wait_for_lighthouse(
             said = True
         sleep(PROBE_DOWN_EVERY_S)
     return clock() - start
+
+
+def quorum_retries(config: ResolvedReplicaGroups) -> int:
+    """Retries of a failed quorum request to the lighthouse: enough, about one every ``_RETRY_S``, to last as long as
+    the training thread waits (torchft's server sleeps the request's timeout / (retries + 1), at least 0.1 s, before
+    it connects again); without retries a request that meets a dead lighthouse is never answered."""
+    return math.ceil(quorum_request_timeout(config, first=True).total_seconds() / _RETRY_S)
+
+
+_RETRY_S = 0.25
+
+
+def quorum_request_timeout(config: ResolvedReplicaGroups, *, first: bool) -> timedelta:
+    """The deadline of one quorum request: the quorum timeout plus ``lighthouse_wait`` (the training thread's
+    :class:`~lightning_ft.replica.lighthouse_watch.LighthouseWatch` gives up earlier, on whichever applies)."""
+    quorum = config.first_quorum_timeout if first else config.quorum_timeout
+    return quorum + config.lighthouse_wait + config.connect_timeout
+
+
+def stop_without_lighthouse(
+    trainer: Any,
+    gone: LighthouseGone,
+    *,
+    replica_id: str,
+    saves: bool,
+    group_rank: int,
+    quorum: Any,
+    write: Callable[..., None],
+) -> NoReturn:
+    """The lighthouse stayed away for ``lighthouse_wait``: stop this group. Never returns.
+
+    With ``saves`` (the group that writes checkpoints, once this process took part in a quorum: before, it holds what
+    it resumed from), every rank commits ``preempt-step=<N>``, the committed state, first. Then group rank 0 writes
+    ``lighthouse_lost`` (``write(event, step=..., **fields)``) and one line, and every rank exits with
+    ``FaultPolicy.exit_code`` (75 by default). Every rank of the group calls it from the quorum wait (each gives up on
+    its own clock, within a probe of the others). ``quorum`` is the Manager's quorum future: its thread waits on the
+    dead lighthouse until the request's deadline, and the process exits without waiting for it.
+
+    Raises:
+        CheckpointedStop: on the writing group, once the checkpoint is committed.
+        NodeStop: on the others.
+    """
+    from lightning_ft import _compat
+    from lightning_ft.stop import EXIT_CODE_TEMPFAIL, NodeStop, checkpoint_and_stop
+
+    code = int(getattr(getattr(trainer.strategy, "fault", None), "exit_code", EXIT_CODE_TEMPFAIL))
+    step = trainer.global_step
+
+    def stopped(path: Any) -> None:
+        write(
+            "lighthouse_lost",
+            step=step,
+            lighthouse=gone.lighthouse,
+            waited_s=gone.waited_s,
+            checkpoint_path=None if path is None else str(path),
+        )
+        if group_rank == 0:
+            _log.warning(
+                "lightning-ft: %s; replica group %s stops at step %d%s, exit code %d: relaunch the groups once the"
+                " lighthouse is back, they resume from the newest committed checkpoint",
+                gone,
+                replica_id,
+                step,
+                f" after saving {path}" if path is not None else " (another group saves the checkpoint)",
+                code,
+            )
+
+    _compat.exit_before_joining_threads(code, when=lambda: quorum is not None and not quorum.done())
+    if saves:
+        checkpoint_and_stop(trainer, exit_code=code, reason="stopped", on_committed=stopped)
+    stopped(None)
+    raise NodeStop(code, detail=f"replica group {replica_id}: {gone}")
 
 
 class QuorumIds:

@@ -11,7 +11,8 @@ strategy hook            what happens
                          check is answered from a :class:`~lightning_ft.replica.checkpoint_owner.WriterView`, the DDP
                          communication hook is registered, the step gate wraps ``lr_scheduler_step``
 ``batch_to_device``      first micro-batch of an optimizer step (training): ``start_quorum`` (blocks until the
-                         lighthouse's quorum; reconfigures the cross-group process group when the membership changed;
+                         lighthouse's quorum, waiting out a lighthouse that does not answer for up to
+                         ``lighthouse_wait``, then stopping: :mod:`~lightning_ft.replica.lighthouse_watch`; reconfigures the cross-group process group when the membership changed;
                          a joining group receives the live state here, before its forward pass; a healthy group
                          serves it); at a new membership the ``ElasticPolicy`` sets the accumulation and the
                          learning-rate factor (:mod:`~lightning_ft.elastic.replica_policy`), then the rest of the
@@ -39,13 +40,14 @@ at the first committed step after the loss, when the stall is known) and, on a j
 source, bytes, seconds, step}``; ``replica_data {step, live_groups, group_index, committed, reason, repeated,
 skipped}`` each time the rest of the epoch is dealt anew (:mod:`~lightning_ft.replica.data_deal`);
 ``replica_policy {step, live_groups, accumulate_grad_batches, global_batch, lr_scale, ...}`` each time the
-``ElasticPolicy`` was applied to a new number of live groups (lightning_ft/elastic/replica_policy.py).
+``ElasticPolicy`` was applied to a new number of live groups (lightning_ft/elastic/replica_policy.py);
+``lighthouse_outage {step, lighthouse, down_s, stall_s, down_since}`` after a quorum that waited for the lighthouse,
+and ``lighthouse_lost {step, lighthouse, waited_s, checkpoint_path}`` before a stop when it stayed away.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import statistics
@@ -54,8 +56,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable
 from contextlib import contextmanager
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from lightning_ft import _compat
 from lightning_ft.replica.checkpoint_owner import WriterView, checkpoint_writer, writing_process
@@ -70,6 +71,9 @@ from lightning_ft.replica.lighthouse_watch import (
     LighthouseWatch,
     QuorumIds,
     QuorumWait,
+    quorum_request_timeout,
+    quorum_retries,
+    stop_without_lighthouse,
     wait_for_lighthouse,
 )
 from lightning_ft.replica.step_gate import StepGate
@@ -149,23 +153,6 @@ def replica_manager(
             quorum_retries=quorum_retries(config),
             init_sync=True,  # the first step copies one group's initial state to all: weights agree whatever the seed
         )
-
-
-def quorum_retries(config: ResolvedReplicaGroups) -> int:
-    """Retries of a failed quorum request to the lighthouse: enough, about one every ``_RETRY_S``, to last as long as
-    the training thread waits (torchft's server sleeps the request's timeout / (retries + 1), at least 0.1 s, before
-    it connects again); without retries a request that meets a dead lighthouse is never answered."""
-    return math.ceil(quorum_request_timeout(config, first=True).total_seconds() / _RETRY_S)
-
-
-_RETRY_S = 0.25
-
-
-def quorum_request_timeout(config: ResolvedReplicaGroups, *, first: bool) -> timedelta:
-    """The deadline of one quorum request: the quorum timeout plus ``lighthouse_wait`` (the training thread's
-    :class:`~lightning_ft.replica.lighthouse_watch.LighthouseWatch` gives up earlier, on whichever applies)."""
-    quorum = config.first_quorum_timeout if first else config.quorum_timeout
-    return quorum + config.lighthouse_wait + config.connect_timeout
 
 
 @contextmanager
@@ -316,8 +303,16 @@ class ReplicaSync:
         self._quorum_timeout_s, self._last_wait = timeout.total_seconds(), None
         try:
             self.manager.start_quorum(timeout=quorum_request_timeout(self.config, first=first))
-        except LighthouseGone as gone:
-            self._stop_without_lighthouse(gone)
+        except LighthouseGone as gone:  # the writer commits preempt-step=<N>, every group stops
+            stop_without_lighthouse(
+                trainer,
+                gone,
+                replica_id=self.replica_id,
+                saves=self._quorums > 0 and self.writes_checkpoints,
+                group_rank=self._group_rank,
+                quorum=_compat.quorum_future(self.manager),
+                write=self._write,
+            )
         except Exception as e:
             raise RuntimeError(
                 f"ReplicaGroups(min_replicas={self.config.min_replicas}): no quorum of replica groups formed within"
@@ -419,46 +414,6 @@ class ReplicaSync:
 
     def _wait_quorum(self, done: Callable[[float], bool]) -> None:  # in place of Manager.wait_quorum
         self._last_wait = self._watch.wait(done, quorum_timeout_s=self._quorum_timeout_s)
-
-    def _stop_without_lighthouse(self, gone: LighthouseGone) -> NoReturn:
-        """The lighthouse stayed away for ``lighthouse_wait``: the writing group commits ``preempt-step=<N>`` (the
-        committed state; only once this process has taken part in a quorum: before, it holds what it resumed from),
-        every group writes ``lighthouse_lost`` and stops with one line and ``FaultPolicy.exit_code``. Every rank of
-        the group calls it (each gives up on its own clock, within a probe of the others)."""
-        from lightning_ft.stop import EXIT_CODE_TEMPFAIL, NodeStop, checkpoint_and_stop
-
-        trainer = self._trainer
-        code = int(getattr(getattr(trainer.strategy, "fault", None), "exit_code", EXIT_CODE_TEMPFAIL))
-        step = trainer.global_step
-        saves = self._quorums > 0 and self.writes_checkpoints
-
-        def stop(path: Any) -> None:
-            self._write(
-                "lighthouse_lost",
-                step=step,
-                lighthouse=self.config.lighthouse,
-                waited_s=gone.waited_s,
-                checkpoint_path=None if path is None else str(path),
-            )
-            if self._group_rank == 0:
-                _log.warning(
-                    "lightning-ft: %s; replica group %s stops at step %d%s, exit code %d: relaunch the groups once the"
-                    " lighthouse is back, they resume from the newest committed checkpoint",
-                    gone,
-                    self.config.replica_id,
-                    step,
-                    f" after saving {path}" if path is not None else " (another group saves the checkpoint)",
-                    code,
-                )
-
-        # The quorum request to the dead lighthouse blocks torchft's quorum thread until its deadline, and Python
-        # would wait for that thread before the process exits.
-        future = _compat.quorum_future(self.manager)
-        _compat.exit_before_joining_threads(code, when=lambda: future is not None and not future.done())
-        if saves:
-            checkpoint_and_stop(trainer, exit_code=code, reason="stopped", on_committed=stop)
-        stop(None)
-        raise NodeStop(code, detail=f"replica group {self.config.replica_id}: {gone}")
 
     # ------------------------------------------------------------------ membership and events
 

@@ -221,7 +221,8 @@ def test_the_manager_retries_quorum_requests_for_as_long_as_the_groups_wait(monk
     from torch.distributed import TCPStore
 
     from lightning_ft.replica.heal_transport import HealTransport
-    from lightning_ft.replica.replica_sync import quorum_request_timeout, replica_manager
+    from lightning_ft.replica.lighthouse_watch import quorum_request_timeout
+    from lightning_ft.replica.replica_sync import replica_manager
 
     monkeypatch.setenv("TORCHFT_QUORUM_RETRIES", "0")  # torchft's variable would turn the retries off
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
