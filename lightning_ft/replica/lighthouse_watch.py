@@ -4,9 +4,9 @@ torchft's lighthouse is one process per job. Three things keep it from being the
 (docs/replica-groups.md, "When the lighthouse dies"):
 
 - The group's manager server (torchft's Rust ``ManagerServer``) retries a quorum request that fails, with a new
-  connection each time (``Manager(quorum_retries=...)``, set by :func:`~lightning_ft.replica.replica_sync.
-  replica_manager`). Without retries, a request that meets a dead lighthouse is dropped and never answered: the
-  training thread waits out the whole quorum timeout, whether the lighthouse came back or not.
+  connection each time (``Manager(quorum_retries=`` :func:`quorum_retries` ``)``, for the request's deadline
+  :func:`quorum_request_timeout`). Without retries, a request that meets a dead lighthouse is dropped and never
+  answered: the training thread waits out the whole quorum timeout, whether the lighthouse came back or not.
 - :class:`LighthouseWatch` replaces the wait of ``Manager.start_quorum``: while a quorum takes longer than usual it
   probes the lighthouse (a heartbeat with this group's id, so that a restarted lighthouse knows every group before
   it forms its first quorum), measures how long it did not answer, and decides when to give up:
@@ -18,7 +18,8 @@ torchft's lighthouse is one process per job. Three things keep it from being the
   keys of an earlier rendezvous in the same store.
 
 :func:`wait_for_lighthouse` waits as long at set-up, before the Manager connects, so that a group relaunched while the
-lighthouse restarts resumes once it is back.
+lighthouse restarts resumes once it is back. :func:`stop_without_lighthouse` is the end of a wait that ran out: the
+writing group's checkpoint, one line, the exit code.
 """
 
 from __future__ import annotations
