@@ -242,3 +242,85 @@ def test_the_manager_retries_quorum_requests_for_as_long_as_the_groups_wait(monk
     deadline = quorum_request_timeout(config, first=True)
     assert deadline >= config.first_quorum_timeout + config.lighthouse_wait
     assert deadline.total_seconds() / (retries + 1) <= 0.25
+
+
+# ------------------------------------------------------------------------------------------------ a restart, for real
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("unique_ids", [True, False], ids=["unique ids", "the lighthouse's ids (ablation)"])
+def test_a_group_alone_after_a_lighthouse_restart_rebuilds_its_process_group(unique_ids: bool) -> None:
+    """Two groups (torchft Managers in this process) commit a step together in the lighthouse's quorum 1; the
+    lighthouse restarts at the same address, and group A's next quorum is its first one: id 1 again, with A alone
+    (B heartbeats but does not join within the join timeout). With the lighthouse's ids torchft keeps A's process group
+    of two (the id did not change) and A's all-reduce waits for B until it times out: the step is discarded. With
+    :class:`QuorumIds` the id is new, A's process group is rebuilt for one, and the step commits."""
+    import torch
+    from torch.distributed import TCPStore
+    from torchft import Manager, ProcessGroupGloo
+    from torchft.coordination import LighthouseServer
+
+    port = free_port()
+
+    def serve() -> LighthouseServer:
+        deadline = time.monotonic() + 30
+        while True:  # the killed server's socket is released asynchronously
+            try:
+                return LighthouseServer(
+                    bind=f"127.0.0.1:{port}", min_replicas=1, join_timeout_ms=300, heartbeat_timeout_ms=1000
+                )
+            except RuntimeError:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+
+    server = serve()
+    stores, managers = [], {}
+    try:
+        for name in ("A", "B"):
+            store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+            stores.append(store)
+            managers[name] = Manager(
+                pg=ProcessGroupGloo(timeout=timedelta(seconds=3)),
+                load_state_dict=None,
+                state_dict=None,
+                min_replica_size=1,
+                use_async_quorum=False,
+                replica_id=name,
+                rank=0,
+                world_size=1,
+                store_addr="127.0.0.1",
+                store_port=store.port,
+                lighthouse_addr=f"http://127.0.0.1:{port}",
+                hostname="127.0.0.1",
+                timeout=timedelta(seconds=3),
+                quorum_timeout=timedelta(seconds=60),
+                connect_timeout=timedelta(seconds=10),
+                heartbeat_interval=timedelta(milliseconds=100),
+                quorum_retries=400,
+                init_sync=False,
+            )
+            if unique_ids:  # what ReplicaSync installs
+                _compat.quorum_recorder_patch(managers[name], QuorumIds().assign).install()
+
+        def step(manager: Manager) -> bool:
+            manager.start_quorum()
+            manager.allreduce(torch.ones(4)).wait()
+            return bool(manager.should_commit())
+
+        both = [threading.Thread(target=lambda m=m: results.append(step(m))) for m in managers.values()]
+        results: list[bool] = []
+        for thread in both:
+            thread.start()
+        for thread in both:
+            thread.join(timeout=120)
+        assert results == [True, True] and managers["A"].num_participants() == 2
+
+        server.shutdown()  # the lighthouse dies and comes back at the same address, knowing nothing
+        server = serve()
+        committed = step(managers["A"])
+        assert managers["A"].num_participants() == 1  # A alone in the restarted lighthouse's first quorum
+        assert committed is unique_ids, "the step of the group alone" + (" was discarded" if unique_ids else "")
+    finally:
+        for manager in managers.values():
+            manager.shutdown(wait=False)
+        server.shutdown()
