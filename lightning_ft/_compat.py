@@ -17,6 +17,7 @@ split by library or by user, a reader would have to search several.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextvars
 import functools
 import inspect
@@ -676,6 +677,64 @@ def manager_timeouts(manager: Any) -> dict[str, Any]:
         "quorum_timeout": manager._quorum_timeout,
         "connect_timeout": manager._connect_timeout,
     }
+
+
+def manager_quorum_retries(manager: Any) -> int:
+    """How often a torchft ``Manager``'s server retries a failed quorum request to the lighthouse. torchft 0.2.0:
+    ``Manager._quorum_retries`` (the constructor's ``quorum_retries``, ``TORCHFT_QUORUM_RETRIES`` first)."""
+    return int(manager._quorum_retries)
+
+
+def quorum_future(manager: Any) -> concurrent.futures.Future | None:
+    """The ``concurrent.futures.Future`` of a torchft ``Manager``'s last quorum (``None`` before the first).
+    torchft 0.2.0: ``Manager._quorum_future``."""
+    return manager._quorum_future
+
+
+def quorum_wait_patch(manager: Any, wait: Callable[[Callable[[float], bool]], None]) -> Patch:
+    """A :class:`Patch` (not installed) of a torchft ``Manager``'s ``wait_quorum`` so that ``wait(done)`` waits for
+    the quorum instead: ``done(seconds)`` waits up to that long and says whether the quorum thread has finished;
+    afterwards the quorum's own result (or error) is raised as before. torchft 0.2.0: ``Manager.wait_quorum`` (called
+    by ``start_quorum`` without async quorum, and before each use of the quorum) waits on ``Manager._quorum_future``,
+    the quorum thread's ``concurrent.futures.Future``."""
+    original = manager.wait_quorum
+
+    def wait_quorum() -> None:
+        future = quorum_future(manager)
+        if future is None:  # torchft's own assertion: start_quorum first
+            original()
+            return
+        if not future.done():
+            wait(lambda seconds: bool(concurrent.futures.wait([future], timeout=seconds).done))
+        future.result()
+
+    return Patch(manager, "wait_quorum", wait_quorum, name="replica quorum wait")
+
+
+def exit_before_joining_threads(code: int, *, when: Callable[[], bool]) -> None:
+    """At interpreter exit, before Python joins its threads, end the process with ``code`` if ``when()`` is true then
+    (stdout, stderr and the logging handlers flushed first).
+
+    For a torchft quorum request to a dead lighthouse: it blocks the Manager's quorum thread in torchft's Rust client
+    until its deadline, which nothing cancels, and Python joins that thread at exit. Python 3.9 to 3.13:
+    ``threading._register_atexit`` (its hooks run first in ``threading._shutdown``, the last registered first, before
+    ``concurrent.futures`` joins its workers)."""
+
+    def hook() -> None:
+        if when():
+            import logging
+            import os
+            import sys
+
+            logging.shutdown()
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            os._exit(code)
+
+    threading._register_atexit(hook)
 
 
 def manager_checkpoint_metadata(address: str, *, rank: int, timeout_s: float) -> str:

@@ -93,6 +93,8 @@ INCIDENT_EVENTS = (
     "replica_lost",
     "replica_duplicate",
     "replica_orphaned",
+    "lighthouse_outage",
+    "lighthouse_lost",
 )
 """The events ``lightning-ft report`` lists as incidents."""
 _KEPT_ON_DISK = frozenset(INCIDENT_EVENTS) | {"health_check_failed", "fault_injected"}

@@ -64,7 +64,8 @@ class ReplicaGroups:
     Raises:
         TypeError: a field of the wrong type.
         ValueError: a malformed address or id, ``min_replicas`` or ``num_groups`` below 1, ``min_replicas`` above
-            ``num_groups``, a ``timeout`` that is not positive, or an unknown ``process_group``.
+            ``num_groups``, a ``timeout`` or ``lighthouse_wait`` that is not positive, or an unknown
+            ``process_group``.
     """
 
     lighthouse: str | None = None
@@ -106,6 +107,13 @@ class ReplicaGroups:
     ``ProcessGroupNCCL``) or ``"baby_nccl"`` (torchft's ``ProcessGroupBabyNCCL``: NCCL in a child process, which a
     failure can end without ending the trainer). The NCCL ones need a CUDA device on every rank, and rank ``r`` of
     each group on a GPU of its own; they are not verified on CPU-only machines (scripts/gpu_check.sh runs them)."""
+    lighthouse_wait: timedelta = timedelta(minutes=5)
+    """How long the groups wait for a lighthouse that does not answer (killed, its node lost, restarting) before
+    they stop. Within it, a lighthouse restarted at the same address costs the time it was down: the groups resume
+    at the next quorum. Past it, the group that writes checkpoints commits ``preempt-step=<N>``, and every group
+    stops with one message naming the lighthouse (exit code ``FaultPolicy.exit_code``, 75 by default); a relaunch
+    resumes from that checkpoint. A starting group waits as long for the lighthouse to answer. Default 5 minutes:
+    long enough for a scheduler to restart the lighthouse (docs/replica-groups.md, "When the lighthouse dies")."""
 
     def __post_init__(self) -> None:
         if self.process_group not in PROCESS_GROUPS:
@@ -127,6 +135,12 @@ class ReplicaGroups:
             raise TypeError(f"ReplicaGroups(timeout={self.timeout!r}): must be a datetime.timedelta")
         if self.timeout <= timedelta(0):
             raise ValueError(f"ReplicaGroups(timeout={self.timeout!r}): must be positive (e.g. timedelta(seconds=5))")
+        if not isinstance(self.lighthouse_wait, timedelta):
+            raise TypeError(f"ReplicaGroups(lighthouse_wait={self.lighthouse_wait!r}): must be a datetime.timedelta")
+        if self.lighthouse_wait <= timedelta(0):
+            raise ValueError(
+                f"ReplicaGroups(lighthouse_wait={self.lighthouse_wait!r}): must be positive (e.g. timedelta(minutes=5))"
+            )
         if self.replica_id is not None:
             _check_replica_id(self.replica_id, "replica_id")
         if self.address is not None and (not isinstance(self.address, str) or not self.address.strip()):
@@ -171,6 +185,7 @@ class ReplicaGroups:
             address=self.address,
             num_groups_known=known,
             process_group=self.process_group,
+            lighthouse_wait=self.lighthouse_wait,
         )
 
 
@@ -189,6 +204,7 @@ class ResolvedReplicaGroups:
     ``ElasticPolicy`` needs the full membership to scale at a change of the live groups."""
     process_group: str = "gloo"
     """``ReplicaGroups.process_group``."""
+    lighthouse_wait: timedelta = timedelta(minutes=5)
 
     @property
     def quorum_timeout(self) -> timedelta:

@@ -11,7 +11,8 @@ strategy hook            what happens
                          check is answered from a :class:`~lightning_ft.replica.checkpoint_owner.WriterView`, the DDP
                          communication hook is registered, the step gate wraps ``lr_scheduler_step``
 ``batch_to_device``      first micro-batch of an optimizer step (training): ``start_quorum`` (blocks until the
-                         lighthouse's quorum; reconfigures the cross-group process group when the membership changed;
+                         lighthouse's quorum, waiting out a lighthouse that does not answer for up to
+                         ``lighthouse_wait``, then stopping: :mod:`~lightning_ft.replica.lighthouse_watch`; reconfigures the cross-group process group when the membership changed;
                          a joining group receives the live state here, before its forward pass; a healthy group
                          serves it); at a new membership the ``ElasticPolicy`` sets the accumulation and the
                          learning-rate factor (:mod:`~lightning_ft.elastic.replica_policy`), then the rest of the
@@ -41,7 +42,9 @@ at the first committed step after the loss, when the stall is known) and, on a j
 source, bytes, seconds, step}``; ``replica_data {step, live_groups, group_index, committed, reason, repeated,
 skipped}`` each time the rest of the epoch is dealt anew (:mod:`~lightning_ft.replica.data_deal`);
 ``replica_policy {step, live_groups, accumulate_grad_batches, global_batch, lr_scale, ...}`` each time the
-``ElasticPolicy`` was applied to a new number of live groups (lightning_ft/elastic/replica_policy.py).
+``ElasticPolicy`` was applied to a new number of live groups (lightning_ft/elastic/replica_policy.py);
+``lighthouse_outage {step, lighthouse, down_s, stall_s, down_since}`` after a quorum that waited for the lighthouse,
+and ``lighthouse_lost {step, lighthouse, waited_s, checkpoint_path}`` before a stop when it stayed away.
 """
 
 from __future__ import annotations
@@ -64,6 +67,17 @@ from lightning_ft.replica.duplicate_id import AgentWatch, duplicates_in_quorum
 from lightning_ft.replica.gradient_sync import GradientSync
 from lightning_ft.replica.heal_state import apply_heal_state, heal_state
 from lightning_ft.replica.heal_transport import HealTransport
+from lightning_ft.replica.lighthouse_watch import (
+    LighthouseGone,
+    LighthouseProbe,
+    LighthouseWatch,
+    QuorumIds,
+    QuorumWait,
+    quorum_request_timeout,
+    quorum_retries,
+    stop_without_lighthouse,
+    wait_for_lighthouse,
+)
 from lightning_ft.replica.step_gate import StepGate
 
 if TYPE_CHECKING:
@@ -95,7 +109,9 @@ _STATE_KEY = "lightning"
 def replica_manager(
     config: ResolvedReplicaGroups, *, group_rank: int, group_world_size: int, transport: HealTransport
 ) -> Manager:
-    """This process's torchft ``Manager``, its timeouts all from ``ReplicaGroups.timeout``.
+    """This process's torchft ``Manager``, its timeouts all from ``ReplicaGroups.timeout``; its server retries a
+    failed quorum request to the lighthouse until the training thread gives up (replica/lighthouse_watch.py). Waits
+    first, up to ``ReplicaGroups.lighthouse_wait``, for the lighthouse to answer.
 
     torchft's own environment variables for its timeouts (``TORCHFT_TIMEOUT_SEC``, ``TORCHFT_QUORUM_TIMEOUT_SEC``,
     ``TORCHFT_CONNECT_TIMEOUT_SEC``) would win over what is passed to the Manager, but only for some of its waits
@@ -104,20 +120,22 @@ def replica_manager(
     Collective over the group (every rank builds its Manager; rank 0 starts the manager server).
     """
     from torchft import Manager
-    from torchft.manager import CONNECT_TIMEOUT_SEC_ENV, QUORUM_TIMEOUT_SEC_ENV, TIMEOUT_SEC_ENV
+    from torchft.manager import CONNECT_TIMEOUT_SEC_ENV, QUORUM_RETRIES_ENV, QUORUM_TIMEOUT_SEC_ENV, TIMEOUT_SEC_ENV
 
-    names = (TIMEOUT_SEC_ENV, QUORUM_TIMEOUT_SEC_ENV, CONNECT_TIMEOUT_SEC_ENV)
+    names = (TIMEOUT_SEC_ENV, QUORUM_TIMEOUT_SEC_ENV, CONNECT_TIMEOUT_SEC_ENV, QUORUM_RETRIES_ENV)
     ignored = {name: os.environ[name] for name in names if name in os.environ}
     if ignored and group_rank == 0:
         warnings.warn(
             f"lightning-ft: {', '.join(f'{k}={v}' for k, v in ignored.items())} ignored: ReplicaGroups(timeout="
             f"{config.timeout!r}) sets torchft's timeouts (collectives, the commit vote and the heal"
             f" {config.timeout.total_seconds():g} s, the quorum {config.quorum_timeout.total_seconds():g} s,"
-            f" connections {config.connect_timeout.total_seconds():g} s): change ReplicaGroups(timeout=...) instead,"
-            " or unset the variable",
+            f" connections {config.connect_timeout.total_seconds():g} s) and ReplicaGroups(lighthouse_wait="
+            f"{config.lighthouse_wait!r}) how long a quorum request to the lighthouse is retried: change"
+            " ReplicaGroups(...) instead, or unset the variable",
             UserWarning,
             stacklevel=2,
         )
+    wait_for_lighthouse(config.lighthouse, config.lighthouse_wait)
     with _environment_without(ignored):
         return Manager(
             pg=cross_group_process_group(config),
@@ -135,6 +153,7 @@ def replica_manager(
             hostname=config.address or socket.gethostname(),
             heartbeat_interval=config.heartbeat_interval,
             checkpoint_transport=transport,
+            quorum_retries=quorum_retries(config),
             init_sync=True,  # the first step copies one group's initial state to all: weights agree whatever the seed
         )
 
@@ -215,7 +234,16 @@ class ReplicaSync:
         )
         self.manager.register_state_dict_fn(_STATE_KEY, self._load, self._state)
         self._quorum: Any = None
+        self._quorum_ids = QuorumIds()  # ids that stay unique when the lighthouse restarts (lighthouse_watch.py)
         self._recorder = _compat.quorum_recorder_patch(self.manager, self._record_quorum).install()
+        self._watch = LighthouseWatch(
+            config.lighthouse,
+            wait=config.lighthouse_wait,
+            probe=LighthouseProbe(config.lighthouse, full_id=lambda: self._own_full_id),
+        )
+        self._quorum_timeout_s = config.first_quorum_timeout.total_seconds()
+        self._last_wait: QuorumWait | None = None
+        self._waiter = _compat.quorum_wait_patch(self.manager, self._wait_quorum).install()
         self.gradients = GradientSync(self.manager, group=group, group_size=group_world_size)
         self.sharded: ShardedSync | None = None
         """A sharded model's per-rank gradient average and heal (set by the strategy for FSDP2 or tensor parallel)."""
@@ -289,8 +317,19 @@ class ReplicaSync:
             )
         self.gate.begin_step()
         timeout = self.config.first_quorum_timeout if first else self.config.quorum_timeout
+        self._quorum_timeout_s, self._last_wait = timeout.total_seconds(), None
         try:
-            self.manager.start_quorum(timeout=timeout)
+            self.manager.start_quorum(timeout=quorum_request_timeout(self.config, first=first))
+        except LighthouseGone as gone:  # the writer commits preempt-step=<N>, every group stops
+            stop_without_lighthouse(
+                trainer,
+                gone,
+                replica_id=self.replica_id,
+                saves=self._quorums > 0 and self.writes_checkpoints,
+                group_rank=self._group_rank,
+                quorum=_compat.quorum_future(self.manager),
+                write=self._write,
+            )
         except Exception as e:
             raise RuntimeError(
                 f"ReplicaGroups(min_replicas={self.config.min_replicas}): no quorum of replica groups formed within"
@@ -298,6 +337,15 @@ class ReplicaSync:
             ) from e
         self._quorums += 1
         self._step_open = True
+        if self._last_wait is not None and self._last_wait.down_s > 0:  # replica/lighthouse_watch.py
+            self._write(
+                "lighthouse_outage",
+                step=trainer.global_step,
+                lighthouse=self.config.lighthouse,
+                down_s=self._last_wait.down_s,
+                stall_s=self._last_wait.waited_s,
+                down_since=self._last_wait.down_since,
+            )
         if first and self.resume_floor is not None and trainer.global_step < self.resume_floor:
             raise RuntimeError(
                 f"ReplicaGroups: this group left the checkpoint at step {self.resume_floor} on disk to heal from a live"
@@ -381,9 +429,13 @@ class ReplicaSync:
                 f" at step {self._trainer.global_step}; stopping this group"
             )
 
+    def _wait_quorum(self, done: Callable[[float], bool]) -> None:  # in place of Manager.wait_quorum
+        self._last_wait = self._watch.wait(done, quorum_timeout_s=self._quorum_timeout_s)
+
     # ------------------------------------------------------------------ membership and events
 
     def _record_quorum(self, result: Any) -> None:  # torchft's quorum thread
+        self._quorum_ids.assign(result)
         self._quorum = result
 
     def _after_quorum(self, step: int) -> bool:
@@ -529,5 +581,6 @@ class ReplicaSync:
             self._agent_watch.stop()
         self.names.uninstall()
         self.gate.uninstall()
+        self._waiter.undo()
         self._recorder.undo()
         self.manager.shutdown(wait=False)
