@@ -627,9 +627,16 @@ class ElasticFT3D(DDPStrategy):
         """Collective: every rank calls it (``Trainer.save_checkpoint`` does). Returns once the state is captured;
         the write and the commit continue in the background. A save Lightning routes to ``last*.ckpt`` writes
         nothing: the ``last`` link is repointed at the newest committed checkpoint instead. Outside ``fit`` (say
-        ``trainer.save_checkpoint(...)`` after it returned) the save is committed before this returns."""
+        ``trainer.save_checkpoint(...)`` after it returned) the save is committed before this returns.
+
+        With ``storage_options`` the save goes to the ``CheckpointIO`` plugin instead, on rank 0, as under
+        ``DDPStrategy``: what the options mean is the plugin's to say (Lightning's default ``TorchCheckpointIO``
+        refuses them with a ``TypeError``). The saves in flight are committed first, so none lands after it."""
         if storage_options is not None:
-            raise TypeError("ElasticFT3D.save_checkpoint(..., storage_options=...) is not supported")
+            self.checkpoint_wait()
+            if self.is_global_zero:
+                self.checkpoint_io.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+            return
         if self._replica is not None and not self._replica.writes_checkpoints:
             # Replica groups: the group with the lowest id in the quorum writes it (replica/checkpoint_owner.py); its
             # path is taken from now on, as on the writer (ModelCheckpoint's version counter asks).
