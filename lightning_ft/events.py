@@ -8,10 +8,11 @@ folder there would shadow the package). Each line carries ``time``, ``run_id``, 
 The records are kept on disk when something will read them (:func:`keeps_records`): a run launched by torchrun,
 SLURM or another cluster environment, or of more than one process (restarts are what they are for); a run with a
 lightning-ft monitor or the memory tier; a run named by ``LIGHTNING_FT_RUN_ID``; a run whose root already holds
-records of an earlier attempt; or ``LIGHTNING_FT_EVENT_LOG=always``. A plain one-process run (``python train.py``)
-keeps them in memory and writes nothing beside the user's files, as Lightning itself does with ``logger=False``,
-until an incident (a crash of the user's code, a hang, a preemption, a failed health check, a rejected checkpoint,
-...): that writes the attempt's lines so far and everything after.
+records of an earlier attempt of the same run; or ``LIGHTNING_FT_EVENT_LOG=always``. A plain one-process run
+(``python train.py``) keeps them in memory and writes nothing beside the user's files, as Lightning itself does
+with ``logger=False``, until an incident (a crash of the user's code, a hang, a preemption, a failed health check,
+a rejected checkpoint, ...): that writes the attempt's lines so far and everything after. Another experiment's
+records in the same root (other checkpoint folders) do not change that.
 
 One rule for the run and the attempt, in one opener, :func:`open_event_log`: rank 0 resolves the ``run_id`` (stable
 across restarts: ``LIGHTNING_FT_RUN_ID``, else ``lightning-ft/run.json`` written by the first attempt, else the
@@ -434,8 +435,8 @@ def keeps_records(trainer: pl.Trainer, root_dir: str | os.PathLike[str]) -> bool
     Yes when something will read them: more than one process, or a launch by torchrun, SLURM or another cluster
     environment that restarts workers (anything but Lightning's own ``LightningEnvironment``); a lightning-ft monitor
     among the callbacks, or the strategy's memory tier; ``LIGHTNING_FT_RUN_ID`` (the user names the run);
-    ``LIGHTNING_FT_EVENT_LOG=always``; or records of an earlier attempt under ``root_dir``. Rank 0 decides (it reads
-    the root) and broadcasts.
+    ``LIGHTNING_FT_EVENT_LOG=always``; or records of an earlier attempt of this run under ``root_dir``
+    (:func:`has_records_of_run`). Rank 0 decides (it reads the root) and broadcasts.
     """
     setting = os.environ.get(EVENT_LOG_ENV, "auto").strip().lower()
     if setting not in ("auto", "always"):
@@ -449,10 +450,23 @@ def keeps_records(trainer: pl.Trainer, root_dir: str | os.PathLike[str]) -> bool
         return True
     if any(getattr(cb, "uses_event_log", False) for cb in getattr(trainer, "callbacks", ())):
         return True
-    return (
-        any((Path(root_dir) / name).exists() for name in (RUN_FILE, LEGACY_RUN_FILE))
-        or has_event_logs(root_dir)
-        or bool(concurrent_runs(root_dir))
+    return has_records_of_run(root_dir, checkpoint_folders(trainer))
+
+
+def has_records_of_run(root_dir: str | os.PathLike[str], folders: list[str]) -> bool:
+    """Whether ``root_dir`` holds records of an earlier attempt of the run with checkpoint ``folders``
+    (:func:`checkpoint_folders`): the root's own run when it is that run (:func:`_same_run`), a run under
+    :data:`RUNS_SUBDIR` that records the same folders, or event logs without a run record (lightning-ft 0.1.0's).
+    Another experiment's records (other checkpoint folders) are not: a plain run beside them writes nothing until an
+    incident, as in an empty folder."""
+    root = Path(root_dir)
+    recorded = next(filter(None, (_read_record(root / name) for name in (RUN_FILE, LEGACY_RUN_FILE))), None)
+    if recorded is None and has_event_logs(root):
+        return True
+    if recorded is not None and _same_run(recorded, folders):
+        return True
+    return bool(folders) and any(
+        sorted(str(f) for f in r.get(FOLDERS_KEY) or []) == folders for r in _run_records(root)
     )
 
 
@@ -690,8 +704,9 @@ def open_event_log(trainer: pl.Trainer, **attempt_fields: Any) -> EventLog:
             # is live (a sweep from one folder), has a run id and an event log of its own.
             run_id, concurrent = choose_run(root, folders)
         else:
-            # Nothing recorded under the root: a new run, which claims the root when it first writes to disk.
-            run_id = resolve_run_id(root, record=False)
+            # No records of this run under the root: a new run, which claims the root (or, beside another run's
+            # records, a folder of its own) when it first writes to disk.
+            run_id = uuid.uuid4().hex[:12]
         if concurrent:
             _say_own_run(root, run_id, folders)
         ids = (run_id, next_attempt(root, run_id), on_disk, concurrent)
