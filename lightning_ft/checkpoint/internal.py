@@ -46,6 +46,7 @@ from lightning_ft.checkpoint.memory_tier import MEMORY_DIR_ENV, MemoryTier
 from lightning_ft.checkpoint.rank_state import read_rank_state
 from lightning_ft.checkpoint.retention import Retention
 from lightning_ft.checkpoint.safe_load import load_pickled, load_torch_file, pickled_bytes, resolve_weights_only
+from lightning_ft.checkpoint.sampler_positions import without_sampler_states
 from lightning_ft.checkpoint.sharded_file import file_refusal
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 from lightning_ft.checkpoint.staging import Stager
@@ -132,6 +133,7 @@ __all__ = [
     "storage_for_path",
     "storage_named",
     "unpack",
+    "without_sampler_states",
     "write_copy",
     "writes_files",
 ]

@@ -88,7 +88,13 @@ from typing_extensions import override
 
 from lightning_ft import _compat
 from lightning_ft.checkpoint import MemoryTier
-from lightning_ft.checkpoint.internal import format_choice, is_remote, resolve_format, storage_named
+from lightning_ft.checkpoint.internal import (
+    format_choice,
+    is_remote,
+    resolve_format,
+    storage_named,
+    without_sampler_states,
+)
 from lightning_ft.elastic import ElasticPolicy
 from lightning_ft.elastic.internal import DATA_RANDOMNESS, align_batch_progress, check_accumulation_scheduler
 from lightning_ft.events import open_event_log
@@ -390,6 +396,7 @@ class ElasticFT3D(DDPStrategy):
             self.event_log = open_event_log(trainer, mesh=self.mesh_shape())
             self.event_log.claim("progress")
         self._exception = None
+        self._data_position.stage_starts()
         if self.replica_groups is not None:
             self._replica_config = self.replica_groups.resolved()  # a missing lighthouse or id: before any step
             if trainer.state.fn == TrainerFn.FITTING and self.global_rank == 0:
@@ -635,8 +642,15 @@ class ElasticFT3D(DDPStrategy):
         if storage_options is not None:
             self.checkpoint_wait()
             if self.is_global_zero:
-                self.checkpoint_io.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+                # Lightning's own file: no loader state that only lightning-ft's loaders take, as in the file of a save
+                # through lightning-ft (another strategy refuses it); a resume from it imports it.
+                plain = {**checkpoint, "loops": without_sampler_states(checkpoint.get("loops", {}))}
+                self.checkpoint_io.save_checkpoint(plain, filepath, storage_options=storage_options)
             return
+        trainer = attached_trainer(self.lightning_module)
+        if trainer is not None and "loops" in checkpoint:  # between stages, the loaders' positions are kept apart
+            loops = self._data_position.loop_state_outside_stage(checkpoint["loops"], _compat.train_loaders(trainer))
+            checkpoint = {**checkpoint, "loops": loops}
         if self._replica is not None and not self._replica.writes_checkpoints:
             # Replica groups: the group with the lowest id in the quorum writes it (replica/checkpoint_owner.py); its
             # path is taken from now on, as on the writer (ModelCheckpoint's version counter asks).
@@ -753,6 +767,7 @@ class ElasticFT3D(DDPStrategy):
             lambda: end_attempt(self._fault, trainer, self.event_log, ended_by, **self._elastic_resume.last_step()),
             "recording the attempt's end",
         )
+        steps.run(self._data_position.stage_ended, "setting the training loaders' positions apart")
         steps.run(lambda: remove_callback(trainer, self._tracker), "removing the tracker")
         steps.run(lambda: remove_callback(trainer, self._elastic_resume), "removing the elastic resume")
         if self._memory is not None:

@@ -54,3 +54,69 @@ def test_storage_options_with_lightnings_default_checkpoint_io_are_refused_as_li
     with pytest.raises(TypeError, match=r"storage_options.*not supported for `TorchCheckpointIO`"):
         trainer.save_checkpoint(tmp_path / "x.ckpt", storage_options={"tags": {}})
     assert not (tmp_path / "x.ckpt").exists()
+
+
+class _Fails(Exception):
+    pass
+
+
+class _FailsMidEpoch(TinyRegressor):
+    def training_step(self, batch, batch_idx):
+        if self.trainer.current_epoch == 1 and batch_idx == 2:
+            raise _Fails
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+@pytest.mark.parametrize("ends", ["normally", "raising"])
+def test_the_fit_loop_state_after_fit_holds_no_loader_state_as_under_ddp_strategy(tmp_path, strategy, ends):
+    """Lightning's fit loop keeps its training loaders after ``fit``: what its ``state_dict()`` lists then, and what
+    a loop state loaded into it gives back, is what it is under ``DDPStrategy``."""
+    trainer = make_trainer(tmp_path, strategy=STRATEGIES[strategy](), max_epochs=2, enable_checkpointing=False)
+    if ends == "raising":
+        with pytest.raises(_Fails):
+            trainer.fit(_FailsMidEpoch())
+    else:
+        trainer.fit(TinyRegressor())
+    state = trainer.fit_loop.state_dict()
+    assert state["state_dict"] == {}
+    trainer.fit_loop.load_state_dict(state)
+    assert trainer.fit_loop.state_dict() == state
+
+
+class _FailsAtStep(TinyRegressor):
+    def __init__(self, step=None):
+        super().__init__()
+        self.fail_at = step
+
+    def training_step(self, batch, batch_idx):
+        if self.trainer.global_step == self.fail_at:
+            raise _Fails
+        return super().training_step(batch, batch_idx)
+
+
+def _fit(root, *, max_steps, fail_at=None, ckpt_path=None):
+    from lightning.pytorch import seed_everything
+
+    seed_everything(7)
+    model = _FailsAtStep(fail_at)
+    trainer = make_trainer(root, max_steps=max_steps, enable_checkpointing=False)
+    if fail_at is None:
+        trainer.fit(model, ckpt_path=ckpt_path)
+    else:
+        with pytest.raises(_Fails):
+            trainer.fit(model, ckpt_path=ckpt_path)
+    return trainer, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_a_save_after_a_fit_that_raised_in_the_middle_of_an_epoch_resumes_exactly(tmp_path):
+    """Between stages the training loaders are not stateful (as under ``DDPStrategy``), yet a
+    ``trainer.save_checkpoint`` after a ``fit`` that raised in the middle of an epoch (the user's ``except`` block)
+    keeps their positions: the run resumed from it ends with the weights of the uninterrupted one."""
+    _, uninterrupted = _fit(tmp_path / "whole", max_steps=10)
+    failed, _ = _fit(tmp_path / "first", max_steps=10, fail_at=5)  # 16 batches an epoch: in the middle
+    saved = tmp_path / "saved-after-the-error.ckpt"
+    failed.save_checkpoint(saved)
+    resumed, weights = _fit(tmp_path / "second", max_steps=10, ckpt_path=str(saved))
+    assert resumed.global_step == 10
+    assert all(torch.equal(weights[k], v) for k, v in uninterrupted.items())
