@@ -120,3 +120,28 @@ def test_a_save_after_a_fit_that_raised_in_the_middle_of_an_epoch_resumes_exactl
     resumed, weights = _fit(tmp_path / "second", max_steps=10, ckpt_path=str(saved))
     assert resumed.global_step == 10
     assert all(torch.equal(weights[k], v) for k, v in uninterrupted.items())
+
+
+@pytest.mark.parametrize("strategy", ["auto", "elastic_ft3d"])
+@pytest.mark.parametrize("exception_type", [KeyboardInterrupt, RuntimeError])
+def test_a_failure_reaches_the_base_strategy_hook_as_with_the_default_strategy(
+    tmp_path, monkeypatch, strategy, exception_type
+):
+    """``Strategy.on_exception`` (patched, or the hook a subclass of the default strategy overrides) sees the error
+    of a failed ``fit`` once, as with the default strategy of one device (``DDPStrategy``'s own hook never calls it)."""
+    from contextlib import suppress
+
+    from lightning.pytorch.strategies import Strategy
+
+    seen = []
+    monkeypatch.setattr(Strategy, "on_exception", lambda self, exception: seen.append(exception))
+    exception = exception_type("raised in on_fit_start")
+
+    class RaisesAtFitStart(TinyRegressor):
+        def on_fit_start(self):
+            raise exception
+
+    trainer = make_trainer(tmp_path, strategy="auto" if strategy == "auto" else ElasticFT3D(), max_steps=2)
+    with suppress(Exception, SystemExit):
+        trainer.fit(RaisesAtFitStart())
+    assert seen == [exception]
