@@ -432,11 +432,23 @@ def _run_records(root: Path) -> list[dict[str, Any]]:
 def keeps_records(trainer: pl.Trainer, root_dir: str | os.PathLike[str]) -> bool:
     """Whether a run keeps its event log and run id on disk from its start (rather than in memory, until an incident).
 
-    Yes when something will read them: more than one process, or a launch by torchrun, SLURM or another cluster
-    environment that restarts workers (anything but Lightning's own ``LightningEnvironment``); a lightning-ft monitor
-    among the callbacks, or the strategy's memory tier; ``LIGHTNING_FT_RUN_ID`` (the user names the run);
-    ``LIGHTNING_FT_EVENT_LOG=always``; or records of an earlier attempt of this run under ``root_dir``
-    (:func:`has_records_of_run`). Rank 0 decides (it reads the root) and broadcasts.
+    Yes when something will read them: the launch expects restarts (:func:`expects_restarts`), or ``root_dir`` holds
+    records of an earlier attempt of this run (:func:`has_records_of_run`). Rank 0 decides (it reads the root) and
+    broadcasts.
+    """
+    return expects_restarts(trainer) or has_records_of_run(root_dir, checkpoint_folders(trainer))
+
+
+def expects_restarts(trainer: pl.Trainer) -> bool:
+    """Whether the launch itself says that something reads the run's records across attempts: more than one process,
+    or a launch by torchrun, SLURM or another cluster environment that restarts workers (anything but Lightning's own
+    ``LightningEnvironment``); a lightning-ft monitor among the callbacks, or the strategy's memory tier;
+    ``LIGHTNING_FT_RUN_ID`` (the user names the run); ``LIGHTNING_FT_EVENT_LOG=always``. Only such a run keeps its
+    loggers' versions across attempts (:func:`keep_logger_version`); a plain one-process run numbers them as
+    Lightning does, also when it follows a crash.
+
+    Raises:
+        ValueError: ``LIGHTNING_FT_EVENT_LOG`` is neither ``auto`` nor ``always``.
     """
     setting = os.environ.get(EVENT_LOG_ENV, "auto").strip().lower()
     if setting not in ("auto", "always"):
@@ -448,9 +460,7 @@ def keeps_records(trainer: pl.Trainer, root_dir: str | os.PathLike[str]) -> bool
         return True
     if getattr(trainer.strategy, "memory_tier", None) is not None:
         return True
-    if any(getattr(cb, "uses_event_log", False) for cb in getattr(trainer, "callbacks", ())):
-        return True
-    return has_records_of_run(root_dir, checkpoint_folders(trainer))
+    return any(getattr(cb, "uses_event_log", False) for cb in getattr(trainer, "callbacks", ()))
 
 
 def has_records_of_run(root_dir: str | os.PathLike[str], folders: list[str]) -> bool:
@@ -559,6 +569,10 @@ class EventLog:
         self._claims: set[str] = set()
         self._first_line: str | None = None
         self._lines: collections.deque[str] | None = None if on_disk else collections.deque(maxlen=_MEMORY_LINES)
+        self.restarts_expected = on_disk
+        """Whether the launch expects restarts (:func:`expects_restarts`; set by :func:`open_event_log`): only then
+        are the loggers' versions kept across attempts. A plain run on disk for its earlier records numbers them as
+        Lightning does."""
         if on_disk:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -695,9 +709,10 @@ def open_event_log(trainer: pl.Trainer, **attempt_fields: Any) -> EventLog:
             Path(root) / EVENTS_SUBDIR,
         )
     folders = checkpoint_folders(trainer)
-    ids: tuple[str, int, bool, bool] | None = None
+    ids: tuple[str, int, bool, bool, bool] | None = None
     if trainer.global_rank == 0:
-        on_disk = keeps_records(trainer, root)
+        expected = expects_restarts(trainer)
+        on_disk = expected or has_records_of_run(root, folders)
         concurrent = False
         if on_disk:
             # Another experiment of this root (other checkpoint folders), or a run started while another run of it
@@ -709,8 +724,8 @@ def open_event_log(trainer: pl.Trainer, **attempt_fields: Any) -> EventLog:
             run_id = uuid.uuid4().hex[:12]
         if concurrent:
             _say_own_run(root, run_id, folders)
-        ids = (run_id, next_attempt(root, run_id), on_disk, concurrent)
-    run_id, attempt, on_disk, concurrent = trainer.strategy.broadcast(ids, src=0)
+        ids = (run_id, next_attempt(root, run_id), on_disk, concurrent, expected)
+    run_id, attempt, on_disk, concurrent, expected = trainer.strategy.broadcast(ids, src=0)
     log = EventLog(
         root,
         rank=trainer.global_rank,
@@ -720,6 +735,7 @@ def open_event_log(trainer: pl.Trainer, **attempt_fields: Any) -> EventLog:
         concurrent=concurrent,
         checkpoint_dirpaths=folders,
     )
+    log.restarts_expected = expected
     log.bind_step(lambda: trainer.global_step if trainer.state.fn == "fit" else None)
     _LOGS[trainer] = log
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")

@@ -430,7 +430,7 @@ class ElasticFT3D(DDPStrategy):
             trainer,
             callbacks=[self._tracker, self._elastic_resume],
             run_id=self.event_log.run_id,
-            keep_versions=self.event_log.on_disk,
+            keep_versions=self.event_log.restarts_expected,
             last=[self._memory] if self._memory is not None else [],
         )
         self._auto_resume.install(trainer)

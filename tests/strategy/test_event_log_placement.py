@@ -145,3 +145,35 @@ def test_a_plain_run_beside_another_experiments_records_adds_only_what_ddp_strat
         "second/epoch=0-step=4.ckpt",
     ]
     assert trainer.logger.version == 1
+
+
+@pytest.mark.parametrize("relaunch", ["ddp", "elastic_ft3d"])
+def test_a_plain_relaunch_after_a_crash_numbers_its_logger_version_as_ddp_strategy_does(
+    tmp_path, monkeypatch, relaunch
+):
+    """A plain one-process run crashed (its records are on disk); its relaunch resumes and ends normally. Its
+    TensorBoard version is the next one, as under ``DDPStrategy``, and it records no logger versions: only a launch
+    that expects restarts (torchrun, a monitor, ...) keeps one version across attempts."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from lightning_ft import ElasticFT3D
+
+    monkeypatch.delenv("LIGHTNING_FT_RUN_ID", raising=False)
+
+    def fit(model, strategy):
+        ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2)
+        trainer = make_trainer(
+            tmp_path, strategy=strategy, callbacks=[ckpt], max_steps=6, logger=TensorBoardLogger(tmp_path)
+        )
+        trainer.fit(model)
+        return trainer
+
+    with pytest.raises(RuntimeError, match="a bug in training_step"):
+        fit(_CrashesAtStep(3), ElasticFT3D())
+    trainer = fit(TinyRegressor(), DDPStrategy() if relaunch == "ddp" else ElasticFT3D())
+    assert trainer.logger.version == 1
+    assert sorted(os.listdir(tmp_path / "lightning_logs")) == ["version_0", "version_1"]
+    assert not (tmp_path / "lightning-ft" / "logger_versions.json").exists()
+    if relaunch == "elastic_ft3d":  # the relaunch is on record as the run's next attempt, after the crash
+        assert [e["attempt"] for e in read_events(tmp_path) if e["event"] == "attempt_end"] == [0, 1]
