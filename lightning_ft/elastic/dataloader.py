@@ -136,7 +136,10 @@ def align_batch_progress(trainer: Any) -> int:
     loader = getattr(trainer, "train_dataloader", None)
     sampler = find_resumable_sampler(loader)
     batch_size = getattr(loader, "batch_size", None)
-    if sampler is None or not batch_size:
+    if sampler is None or not batch_size or not trainer.fit_loop.restarting:
+        # Not restarting: a fresh fit, or a resume whose epoch was over (Lightning's FitLoop.restarting). The epoch
+        # loop zeroes the current count at the next epoch's start and the sampler starts that epoch: nothing to align,
+        # and a shift would only take the old epoch's batches off the total count.
         return 0
     progress = trainer.fit_loop.epoch_loop.batch_progress
     shift = sampler.completed_batches(batch_size, drop_last=bool(loader.drop_last)) - progress.current.ready

@@ -80,7 +80,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.pytorch.strategies import DDPStrategy, Strategy
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.optim import Optimizer
@@ -731,7 +731,7 @@ class ElasticFT3D(DDPStrategy):
         super().on_exception(exception)  # DDPStrategy's: it adds its hint about unused parameters to the message
         # DDPStrategy's hook does not call the base hook that the default strategy of one device inherits; this one
         # does, so that a patch or subclass hook of Strategy.on_exception sees every failure, as it does by default.
-        Strategy.on_exception(self, exception)
+        super(DDPStrategy, self).on_exception(exception)
         self._exception = exception  # teardown follows; it must not hide this error, and records how it ended
 
     @override

@@ -130,11 +130,12 @@ def test_a_failure_reaches_the_base_strategy_hook_as_with_the_default_strategy(
     """``Strategy.on_exception`` (patched, or the hook a subclass of the default strategy overrides) sees the error
     of a failed ``fit`` once, as with the default strategy of one device (``DDPStrategy``'s own hook never calls it)."""
     from contextlib import suppress
+    from unittest import mock
 
     from lightning.pytorch.strategies import Strategy
 
-    seen = []
-    monkeypatch.setattr(Strategy, "on_exception", lambda self, exception: seen.append(exception))
+    hook = mock.Mock()
+    monkeypatch.setattr(Strategy, "on_exception", hook)
     exception = exception_type("raised in on_fit_start")
 
     class RaisesAtFitStart(TinyRegressor):
@@ -144,4 +145,35 @@ def test_a_failure_reaches_the_base_strategy_hook_as_with_the_default_strategy(
     trainer = make_trainer(tmp_path, strategy="auto" if strategy == "auto" else ElasticFT3D(), max_steps=2)
     with suppress(Exception, SystemExit):
         trainer.fit(RaisesAtFitStart())
-    assert seen == [exception]
+    hook.assert_called_once_with(exception)
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+@pytest.mark.parametrize("limit_train_batches", [1.0, 4])
+def test_a_resume_from_the_end_of_an_epoch_counts_the_batches_before_it_as_ddp_strategy_does(
+    tmp_path, strategy, limit_train_batches
+):
+    """Lightning's count of training batches over all epochs (what ``val_check_interval`` counts with
+    ``check_val_every_n_epoch=None``, and what the next checkpoint's loop state holds) goes on from the checkpoint of
+    an epoch's end: 16 batches an epoch (or 4 with ``limit_train_batches=4``), two epochs."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def fit(max_epochs, ckpt_path=None):
+        ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+        trainer = make_trainer(
+            tmp_path,
+            strategy=STRATEGIES[strategy](),
+            callbacks=[ckpt],
+            max_epochs=max_epochs,
+            limit_train_batches=limit_train_batches,
+        )
+        trainer.fit(TinyRegressor(), ckpt_path=ckpt_path)
+        return trainer
+
+    fit(1)
+    resumed = fit(2, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    per_epoch = 16 if limit_train_batches == 1.0 else 4
+    assert resumed.global_step == 2 * per_epoch
+    assert resumed.fit_loop.epoch_loop.batch_progress.total.completed == 2 * per_epoch
+    saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)["loops"]["fit_loop"]
+    assert saved["epoch_loop.batch_progress"]["total"]["completed"] == 2 * per_epoch
