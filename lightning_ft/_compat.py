@@ -76,6 +76,7 @@ __all__ = [
     "signal_connector",
     "train_combined_loader_mode",
     "train_loader_iterators",
+    "train_loaders",
     "unwrap_optimizer",
     "update_dataloader",
     "uncount_optimizer_step",
@@ -202,6 +203,13 @@ def train_combined_loader_mode(trainer: Any) -> str | None:
     2.6.6)."""
     loader = getattr(getattr(trainer, "fit_loop", None), "_combined_loader", None)
     return getattr(loader, "_mode", None)
+
+
+def train_loaders(trainer: Any) -> list[Any]:
+    """The training loaders of the fit loop's ``CombinedLoader``, in the order Lightning lists their states
+    (``fit_loop._combined_loader.flattened``: Lightning 2.5.0, 2.6.6); empty before the first ``fit`` prepared them."""
+    combined = getattr(getattr(trainer, "fit_loop", None), "_combined_loader", None)
+    return list(getattr(combined, "flattened", None) or [])
 
 
 def train_loader_iterators(trainer: Any) -> list[tuple[Any, Any]]:

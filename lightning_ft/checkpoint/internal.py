@@ -52,6 +52,7 @@ from lightning_ft.checkpoint.safe_load import (
     pickled_bytes,
     resolve_weights_only,
 )
+from lightning_ft.checkpoint.sampler_positions import without_sampler_states
 from lightning_ft.checkpoint.sharded_file import file_refusal
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 from lightning_ft.checkpoint.staging import Stager
@@ -140,6 +141,7 @@ __all__ = [
     "storage_for_path",
     "storage_named",
     "unpack",
+    "without_sampler_states",
     "write_copy",
     "writes_files",
 ]

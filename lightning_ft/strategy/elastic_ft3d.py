@@ -88,7 +88,13 @@ from typing_extensions import override
 
 from lightning_ft import _compat
 from lightning_ft.checkpoint import MemoryTier
-from lightning_ft.checkpoint.internal import format_choice, is_remote, resolve_format, storage_named
+from lightning_ft.checkpoint.internal import (
+    format_choice,
+    is_remote,
+    resolve_format,
+    storage_named,
+    without_sampler_states,
+)
 from lightning_ft.elastic import ElasticPolicy
 from lightning_ft.elastic.internal import DATA_RANDOMNESS, align_batch_progress, check_accumulation_scheduler
 from lightning_ft.events import open_event_log
@@ -391,6 +397,7 @@ class ElasticFT3D(DDPStrategy):
             self.event_log = open_event_log(trainer, mesh=self.mesh_shape())
             self.event_log.claim("progress")
         self._exception = None
+        self._data_position.stage_starts()
         if self.replica_groups is not None:
             self._replica_config = self.replica_groups.resolved()  # a missing lighthouse or id: before any step
             if self._replica_config.process_group != "gloo" and self.root_device.type != "cuda":
@@ -429,7 +436,7 @@ class ElasticFT3D(DDPStrategy):
             trainer,
             callbacks=[self._tracker, self._elastic_resume],
             run_id=self.event_log.run_id,
-            keep_versions=self.event_log.on_disk,
+            keep_versions=self.event_log.restarts_expected,
             last=[self._memory] if self._memory is not None else [],
         )
         self._auto_resume.install(trainer)
@@ -643,9 +650,23 @@ class ElasticFT3D(DDPStrategy):
         """Collective: every rank calls it (``Trainer.save_checkpoint`` does). Returns once the state is captured;
         the write and the commit continue in the background. A save Lightning routes to ``last*.ckpt`` writes
         nothing: the ``last`` link is repointed at the newest committed checkpoint instead. Outside ``fit`` (say
-        ``trainer.save_checkpoint(...)`` after it returned) the save is committed before this returns."""
+        ``trainer.save_checkpoint(...)`` after it returned) the save is committed before this returns.
+
+        With ``storage_options`` the save goes to the ``CheckpointIO`` plugin instead, on rank 0, as under
+        ``DDPStrategy``: what the options mean is the plugin's to say (Lightning's default ``TorchCheckpointIO``
+        refuses them with a ``TypeError``). The saves in flight are committed first, so none lands after it."""
         if storage_options is not None:
-            raise TypeError("ElasticFT3D.save_checkpoint(..., storage_options=...) is not supported")
+            self.checkpoint_wait()
+            if self.is_global_zero:
+                # Lightning's own file: no loader state that only lightning-ft's loaders take, as in the file of a save
+                # through lightning-ft (another strategy refuses it); a resume from it imports it.
+                plain = {**checkpoint, "loops": without_sampler_states(checkpoint.get("loops", {}))}
+                self.checkpoint_io.save_checkpoint(plain, filepath, storage_options=storage_options)
+            return
+        trainer = attached_trainer(self.lightning_module)
+        if trainer is not None and "loops" in checkpoint:  # between stages, the loaders' positions are kept apart
+            loops = self._data_position.loop_state_outside_stage(checkpoint["loops"], _compat.train_loaders(trainer))
+            checkpoint = {**checkpoint, "loops": loops}
         if self._replica is not None and not self._replica.writes_checkpoints:
             # Replica groups: the group with the lowest id in the quorum writes it (replica/checkpoint_owner.py); its
             # path is taken from now on, as on the writer (ModelCheckpoint's version counter asks).
@@ -727,7 +748,10 @@ class ElasticFT3D(DDPStrategy):
 
     @override
     def on_exception(self, exception: BaseException) -> None:
-        super().on_exception(exception)
+        super().on_exception(exception)  # DDPStrategy's: it adds its hint about unused parameters to the message
+        # DDPStrategy's hook does not call the base hook that the default strategy of one device inherits; this one
+        # does, so that a patch or subclass hook of Strategy.on_exception sees every failure, as it does by default.
+        super(DDPStrategy, self).on_exception(exception)
         self._exception = exception  # teardown follows; it must not hide this error, and records how it ended
 
     @override
@@ -768,6 +792,7 @@ class ElasticFT3D(DDPStrategy):
             lambda: end_attempt(self._fault, trainer, self.event_log, ended_by, **self._elastic_resume.last_step()),
             "recording the attempt's end",
         )
+        steps.run(self._data_position.stage_ended, "setting the training loaders' positions apart")
         steps.run(lambda: remove_callback(trainer, self._tracker), "removing the tracker")
         steps.run(lambda: remove_callback(trainer, self._elastic_resume), "removing the elastic resume")
         if self._memory is not None:

@@ -130,7 +130,7 @@ def attach_to_trainer(
         if callback in trainer.callbacks:
             trainer.callbacks.remove(callback)
         trainer.callbacks.append(callback)
-    if keep_versions:  # a run that keeps no records on disk (a plain one-process run) numbers them as Lightning does
+    if keep_versions:  # a plain one-process run (no restarts expected) numbers them as Lightning does
         keep_logger_versions(trainer, run_id)
     for cb in trainer.checkpoint_callbacks:
         if isinstance(cb, ModelCheckpoint) and getattr(cb, "dirpath", None) is None:
