@@ -720,31 +720,20 @@ def open_event_log(trainer: pl.Trainer, **attempt_fields: Any) -> EventLog:
 
 
 def _say_own_run(root: str, run_id: str, folders: list[str]) -> None:
-    """Tell the user why this run's records are not the root's own: another live run owns the root (a warning: two
-    runs at once from one folder), or the root's run is another experiment (information)."""
+    """Say where this run's records go when they are not the root's own: another live run writes the root's event log
+    (two runs at once from one folder, such as replica groups sharing a ``default_root_dir``), or the root's run is
+    another experiment. Information, not a warning: both are supported, and the line names the folder to report."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
     where = run_dir(root, run_id)
     recorded = _read_record(Path(root) / RUN_FILE)
     if not _held_elsewhere(Path(os.path.realpath(root)) / ROOT_LOCK_FILE) and recorded is not None:
-        _log.info(
-            "lightning-ft: %s records run %s (checkpoint folders %s); this run (checkpoint folders %s) is %s, with its"
-            " own event log under %s (lightning-ft report %s)",
-            Path(root) / RUN_FILE,
-            recorded["run_id"],
-            recorded.get(FOLDERS_KEY),
-            folders,
-            run_id,
-            where / "events",
-            where,
-        )
-        return
-    _log.warning(
-        "lightning-ft: another run of %s is live (it holds %s); this run is %s, with its own event log under %s"
-        " (lightning-ft report %s)",
-        root,
-        Path(root) / ROOT_LOCK_FILE,
-        run_id,
-        where / "events",
-        where,
+        why = f"the folder's own log is run {recorded['run_id']}'s (checkpoint folders {recorded.get(FOLDERS_KEY)})"
+    else:
+        why = "another run, or another replica group, writes the folder's own log at the same time"
+    rank_zero_info(
+        f"lightning-ft: run {run_id} keeps its event log in {where / 'events'}: {why}."
+        f" `lightning-ft report {where}` reports this run; `lightning-ft report {root} --job`, replica groups together."
     )
 
 
