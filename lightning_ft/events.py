@@ -34,6 +34,7 @@ a shared leaf that imports neither torch nor Lightning (``lightning-ft report`` 
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import json
 import logging
@@ -459,27 +460,47 @@ def keeps_records(trainer: pl.Trainer, root_dir: str | os.PathLike[str]) -> bool
 def keep_logger_version(
     root_dir: str | os.PathLike[str], run_id: str, folder: str, choose: Callable[[], int | str]
 ) -> int | str:
-    """The logger version recorded for ``folder`` (a logger's ``root_dir``) in run ``run_id``, else ``choose()``
+    """The logger version recorded for ``folder`` (a logger's ``root_dir``) under ``run_id``, else ``choose()``
     (the version Lightning would give it: the next free ``version_<n>``), recorded for the run's later attempts.
+    ``run_id`` is any key of the record: the run's id, or a key shared by the replica groups of one job.
 
-    Call on one rank (rank 0) and broadcast the result.
+    Call on one rank (rank 0) and broadcast the result. Runs that share ``root_dir`` (replica groups, a sweep) may
+    call it at the same moment: the record is read and written under a lock, so none loses another's entry.
     """
     record_file = Path(root_dir) / LOGGER_VERSIONS_FILE
-    try:
-        records = json.loads(record_file.read_text())
-        if not isinstance(records, dict):
-            records = {}
-    except (OSError, ValueError):
-        records = {}
-    run = records.setdefault(run_id, {})
-    if folder in run:
-        return run[folder]
-    run[folder] = version = choose()
     record_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = record_file.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(records))
-    os.replace(tmp, record_file)
-    return version
+    with _file_lock(record_file.with_name(record_file.name + ".lock")):
+        try:
+            records = json.loads(record_file.read_text())
+            if not isinstance(records, dict):
+                records = {}
+        except (OSError, ValueError):
+            records = {}
+        run = records.setdefault(run_id, {})
+        if folder in run:
+            return run[folder]
+        run[folder] = version = choose()
+        tmp = record_file.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(records))
+        os.replace(tmp, record_file)
+        return version
+
+
+@contextlib.contextmanager
+def _file_lock(lock_file: Path) -> Iterator[None]:
+    """Hold an exclusive POSIX lock on ``lock_file`` (created if missing) for the block; where the filesystem refuses
+    locks, the block runs without one (what it did before the lock)."""
+    import fcntl
+
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def next_attempt(root_dir: str | os.PathLike[str], run_id: str) -> int:

@@ -425,6 +425,7 @@ class ElasticFT3D(DDPStrategy):
             run_id=self.event_log.run_id,
             keep_versions=self.event_log.on_disk,
             last=[self._memory] if self._memory is not None else [],
+            replica_id=self._replica_config.replica_id if self.replica_groups is not None else None,
         )
         self._auto_resume.install(trainer)
         self._prepared = False
