@@ -51,6 +51,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
+    from lightning_ft.batch_timer import BatchTimer
+
 __all__ = ["get_event_log", "read_events"]
 """The public part (docs/monitors.md): a LightningModule reads the run's event log with these. The rest is shared by
 lightning-ft's packages, not API."""
@@ -563,7 +565,7 @@ class EventLog:
         self.path = folder / f"rank{rank}.jsonl"
         self._lock = threading.Lock()
         self._step_fn: Any = None
-        self._claims: set[str] = set()
+        self._claims: dict[str, BatchTimer | None] = {}
         self._first_line: str | None = None
         self._lines: collections.deque[str] | None = None if on_disk else collections.deque(maxlen=_MEMORY_LINES)
         if on_disk:
@@ -634,16 +636,23 @@ class EventLog:
         """Use ``step_fn()`` (usually ``lambda: trainer.global_step``) for ``step`` when a write names none."""
         self._step_fn = step_fn
 
-    def claim(self, events: str) -> bool:
+    def claim(self, events: str, *, timer: BatchTimer | None = None) -> bool:
         """True for the first caller that claims writing ``events`` (e.g. ``"progress"``), False for every later one.
 
-        The strategy and the monitors both can record step progress; the first to set up writes it, once.
+        The strategy and the monitors both can record step progress; the first to set up writes it, once. ``timer``:
+        the :class:`~lightning_ft.batch_timer.BatchTimer` the claimant drains into those lines, which a later caller
+        reads (:meth:`claimed_timer`) instead of timing the same steps again.
         """
         with self._lock:
             if events in self._claims:
                 return False
-            self._claims.add(events)
+            self._claims[events] = timer
             return True
+
+    def claimed_timer(self, events: str) -> BatchTimer | None:
+        """The timer the claimant of ``events`` gave (:meth:`claim`), if any."""
+        with self._lock:
+            return self._claims.get(events)
 
     def write(self, event: str, step: int | None = _UNSET, **fields: Any) -> dict[str, Any]:
         """Append one event and return it. ``step`` defaults to the bound step function, else null; pass
