@@ -12,12 +12,15 @@ A page marks its code blocks with an HTML comment on the line before the fence (
 
 from __future__ import annotations
 
+import os
 import re
 import statistics
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, subprocess_env
 
 ROOT = Path(REPO_ROOT)
 DOCS = ROOT / "docs"
@@ -71,6 +74,25 @@ def recipe(path: Path, name: str) -> str:
     (block,) = [b for b in blocks(path) if b.marker == ("runnable", name)]
     assert block.language in ("bash", "sh"), f"{path.name}:{block.line}: a runnable block is a bash block"
     return block.text
+
+
+def run_recipe(path: Path, name: str, cwd: Path, *, timeout: float, **env: str) -> subprocess.CompletedProcess:
+    """Run the recipe ``name`` of ``path`` as written, with bash (``-e``: a failing command fails it), in ``cwd``: the
+    folder a reader runs it from. The venv's commands (``torchrun``, ``lightning-ft``) are on the ``PATH``, as after
+    ``pip install``. Returns the finished process, stdout and stderr together in ``stdout``."""
+    script = cwd / f".recipe-{name}.sh"
+    script.write_text(recipe(path, name))
+    run_env = subprocess_env(**env)
+    run_env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + run_env.get("PATH", "")
+    return subprocess.run(
+        ["bash", "-e", str(script)],
+        cwd=cwd,
+        env=run_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def expected_output(path: Path, name: str) -> list[str]:

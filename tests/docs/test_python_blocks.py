@@ -16,9 +16,16 @@ from tests.helpers import subprocess_env
 
 pytestmark = pytest.mark.slow
 
+LATER = {"replica-groups.md"}
+"""Pages restructured once the branches that change them are merged (tests/docs/test_prose.py says which)."""
+
+
+def _pages():
+    return [ROOT / "README.md", *(p for p in sorted(DOCS.glob("*.md")) if p.name not in LATER)]
+
 
 def test_every_python_block_that_is_not_a_fragment_runs():
-    pages = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+    pages = _pages()
     runnable = [b for p in pages for b in blocks(p) if b.language == "python" and b.marker is None]
     assert runnable, "no runnable python block"
     done = subprocess.run(
@@ -35,6 +42,6 @@ def test_every_python_block_that_is_not_a_fragment_runs():
 
 
 def test_a_fragment_says_why_it_does_not_run():
-    pages = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+    pages = _pages()
     silent = [f"{b.path.name}:{b.line}" for p in pages for b in blocks(p) if b.marker == ("notest", "")]
     assert silent == []
