@@ -23,7 +23,6 @@ from lightning_ft.elastic.replica_data import (
     GroupRemainder,
     ReplicaMembership,
     committed_after,
-    deal_changes,
     group_remainder,
     reshard_sampler,
 )
@@ -56,7 +55,6 @@ __all__ = [
     "check_replica_policy",
     "committed_after",
     "find_resumable_sampler",
-    "deal_changes",
     "group_remainder",
     "new_rank_rng_states",
     "plan_replica_batch",

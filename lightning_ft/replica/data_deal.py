@@ -33,8 +33,8 @@ from lightning_ft import _compat
 from lightning_ft.elastic.internal import (
     ReplicaMembership,
     committed_after,
-    deal_changes,
     find_resumable_sampler,
+    group_remainder,
     reshard_sampler,
 )
 
@@ -144,16 +144,6 @@ class ReplicaDataDeal:
         self._trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = False
 
     def _deal(self, sampler: ResumableSampler, key: tuple[Any, ...], *, step: int, reason: str) -> None:
-        import sys, time as _t; _t0 = _t.time()
-        import cProfile, os as _os
-        pr = cProfile.Profile(); pr.enable()
-        try:
-            return self._deal_(sampler, key, step=step, reason=reason)
-        finally:
-            pr.disable(); pr.dump_stats(f"/tmp/rd/prof_{_os.getpid()}_{reason}_{_t0:.0f}.prof")
-            print(f"TIMING deal {reason} {_t0:.3f} {_t.time()-_t0:.3f}", file=sys.stderr, flush=True)
-
-    def _deal_(self, sampler: ResumableSampler, key: tuple[Any, ...], *, step: int, reason: str) -> None:
         trainer = self._trainer
         loader = trainer.train_dataloader
         membership = ReplicaMembership(
@@ -176,16 +166,16 @@ class ReplicaDataDeal:
             "committed": committed,
             "reason": reason,
         }
-        if trainer.global_rank == 0:  # group rank 0: what the rest of the epoch repeats or skips (tensor ops)
-            repeated, skipped = deal_changes(
-                sampler._order_tensor(),
+        if trainer.global_rank == 0:  # group rank 0: what the rest of the epoch repeats or skips (O(epoch))
+            rest = group_remainder(
+                sampler._global_order(),
                 committed,
                 membership,
                 drop_last=sampler.drop_last,
                 drop_last_batch=sampler.drop_last_batch,
             )
-            record["repeated"] = list(repeated)
-            record["skipped"] = list(skipped)
+            record["repeated"] = list(rest.repeated)
+            record["skipped"] = list(rest.skipped)
             self._write("replica_data", step=step, **record)
         self.deals.append({"step": step, **record})
 

@@ -272,7 +272,6 @@ class ReplicaSync:
             )
         self.gate.begin_step()
         timeout = self.config.first_quorum_timeout if first else self.config.quorum_timeout
-        import sys as _s; print(f"TIMING quorum_start {time.time():.3f}", file=_s.stderr, flush=True)
         try:
             self.manager.start_quorum(timeout=timeout)
         except Exception as e:
@@ -281,7 +280,6 @@ class ReplicaSync:
                 f" {timeout} at step {trainer.global_step} (lighthouse {self.config.lighthouse}): {e}"
             ) from e
         self._quorums += 1
-        print(f"TIMING quorum_done {time.time():.3f}", file=_s.stderr, flush=True)
         self._step_open = True
         if first and self.resume_floor is not None and trainer.global_step < self.resume_floor:
             raise RuntimeError(
@@ -289,7 +287,6 @@ class ReplicaSync:
                 f" group, but the quorum's newest step is {trainer.global_step} (the groups seen live were gone);"
                 " stopping rather than rewinding: restart the group, it then resumes from the checkpoint"
             )
-        import cProfile as _cp; _pr = _cp.Profile(); _pr.enable()
         changed = self._after_quorum(trainer.global_step)
         if self.writes_checkpoints:
             self.names.clear()
@@ -310,9 +307,6 @@ class ReplicaSync:
         )
         if batch_idx % max(1, int(trainer.accumulate_grad_batches)):
             self._zero_grad(trainer, batch_idx)
-        _pr.disable()
-        if changed: _pr.dump_stats(f"/tmp/rd/prof_{os.getpid()}_after_quorum_{time.time():.0f}.prof")
-        print(f"TIMING start_step_done {time.time():.3f}", file=_s.stderr, flush=True)
         return dealt
 
     @staticmethod
@@ -325,9 +319,7 @@ class ReplicaSync:
 
     def _vote(self) -> bool:
         """``should_commit`` for this step (the group's ranks, then every group), with its bookkeeping."""
-        import sys as _s; _t0 = time.time()
         committed = bool(self.manager.should_commit())
-        print(f"TIMING vote {committed} {_t0:.3f} {time.time()-_t0:.3f}", file=_s.stderr, flush=True)
         self._step_open = False
         self.data.after_vote(committed, step=self._trainer.global_step)
         now = time.monotonic()
