@@ -9,7 +9,10 @@ Only what the declared versions need (pyproject.toml: ``torch>=2.13``, ``lightni
 build CI installs), 2.14.1 and 2.15.0 (the on-demand passes, ``TORCH=... scripts/test.sh``: each torch name read in
 their source, its signature compared with 2.13.0's), Lightning 2.5.0 (the lowest, ``scripts/test.sh``) and 2.6.6,
 torchsnapshot-nightly 2024.7.26 (the last build). The replica-group names (torchft's and the Lightning loop internals
-that :mod:`lightning_ft.replica` uses) were checked against torchft 0.2.0 and Lightning 2.6.x only.
+that :mod:`lightning_ft.replica` uses) were checked against torchft 0.2.0 and Lightning 2.6.x only. One private name
+lives elsewhere: ``lightning-ft lighthouse`` loads torchft's native module ``torchft._torchft`` itself
+(:func:`lightning_ft.cli.lighthouse.lighthouse_server_class`), because this module imports torch, which the lighthouse
+must not wait for.
 
 Why one module: its point is that there is one file to read when a release of another library breaks a private name;
 split by library or by user, a reader would have to search several.
@@ -17,6 +20,7 @@ split by library or by user, a reader would have to search several.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextvars
 import functools
 import inspect
@@ -52,8 +56,11 @@ __all__ = [
     "call_resume_start",
     "torch_default_safe_globals",
     "ckpt_path_parser_patch",
+    "state_dict_names",
+    "name_restored_checkpoint",
     "restore_modules_and_callbacks_patch",
     "checkpoint_connector",
+    "wrapped_checkpoint_io",
     "collect_rng_states",
     "compute_local_shape_and_global_offset",
     "dcp_metadata_globals",
@@ -72,6 +79,7 @@ __all__ = [
     "signal_connector",
     "train_combined_loader_mode",
     "train_loader_iterators",
+    "train_loaders",
     "unwrap_optimizer",
     "update_dataloader",
     "uncount_optimizer_step",
@@ -200,6 +208,13 @@ def train_combined_loader_mode(trainer: Any) -> str | None:
     return getattr(loader, "_mode", None)
 
 
+def train_loaders(trainer: Any) -> list[Any]:
+    """The training loaders of the fit loop's ``CombinedLoader``, in the order Lightning lists their states
+    (``fit_loop._combined_loader.flattened``: Lightning 2.5.0, 2.6.6); empty before the first ``fit`` prepared them."""
+    combined = getattr(getattr(trainer, "fit_loop", None), "_combined_loader", None)
+    return list(getattr(combined, "flattened", None) or [])
+
+
 def train_loader_iterators(trainer: Any) -> list[tuple[Any, Any]]:
     """The training loaders and the iterators Lightning is drawing from them this epoch, in pairs (empty before the
     first ``iter()``): ``fit_loop._combined_loader._iterator`` and its ``iterables``/``iterators`` (Lightning 2.5.0,
@@ -210,9 +225,47 @@ def train_loader_iterators(trainer: Any) -> list[tuple[Any, Any]]:
     return list(zip(getattr(iterator, "iterables", []), getattr(iterator, "iterators", []), strict=False))
 
 
+def wrapped_checkpoint_io(plugin: Any) -> Any:
+    """The plugin a wrapping ``CheckpointIO`` (Lightning's ``_WrappingCheckpointIO``: ``AsyncCheckpointIO``) passes its
+    calls to, or ``None`` when ``plugin`` is no such wrapper (Lightning 2.5.0, 2.6.6)."""
+    from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
+
+    return plugin.checkpoint_io if isinstance(plugin, _WrappingCheckpointIO) else None
+
+
 def checkpoint_connector(trainer: Any) -> Any:
     """The trainer's checkpoint connector (``Trainer._checkpoint_connector``: Lightning 2.5.0, 2.6.6)."""
     return trainer._checkpoint_connector
+
+
+def state_dict_names(module: torch.nn.Module, name: str, *, distributed: bool) -> list[str]:
+    """The names the checkpoint's state dict gives ``name``: a parameter's name in ``module.named_parameters()``, or a
+    key of ``module.state_dict()``.
+
+    ``distributed=False`` (``Module.state_dict()``, what Lightning saves in data parallel): without activation
+    checkpointing's ``_checkpoint_wrapped_module.``, which its wrapper's state-dict hook removes
+    (``torch.distributed.algorithms._checkpoint.checkpoint_wrapper._CHECKPOINT_PREFIX``). ``distributed=True``
+    (``torch.distributed.checkpoint.state_dict``, what DTensor models save): its fully qualified names, also without
+    ``torch.compile``'s ``_orig_mod.`` and FSDP's wrappers, an FSDP flat parameter named by every parameter it holds
+    (``torch.distributed.checkpoint.state_dict._get_fqns``). Checked against torch 2.13.0."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
+
+    if not distributed:
+        return [name.replace(_CHECKPOINT_PREFIX, "")]
+    from torch.distributed.checkpoint.state_dict import _get_fqns
+
+    try:
+        return sorted(_get_fqns(module, name))
+    except (AssertionError, AttributeError):  # a module layout its walk does not know: the name as it is
+        return [name.replace(_CHECKPOINT_PREFIX, "")]
+
+
+def name_restored_checkpoint(trainer: Any, path: str) -> None:
+    """Make ``path`` the checkpoint the running stage restored: the connector's ``_ckpt_path``, which
+    ``trainer.ckpt_path`` returns and ``resume_end`` names ("Restored all states from the checkpoint at ...";
+    Lightning 2.5.0, 2.6.6). Not the ``trainer.ckpt_path`` setter: that marks the path user-managed, and the next
+    ``fit`` would load it again."""
+    trainer._checkpoint_connector._ckpt_path = path
 
 
 def ckpt_path_parser_patch(trainer: Any, wrapper: Callable[..., Any], *, name: str) -> Patch:
@@ -635,6 +688,64 @@ def manager_timeouts(manager: Any) -> dict[str, Any]:
         "quorum_timeout": manager._quorum_timeout,
         "connect_timeout": manager._connect_timeout,
     }
+
+
+def manager_quorum_retries(manager: Any) -> int:
+    """How often a torchft ``Manager``'s server retries a failed quorum request to the lighthouse. torchft 0.2.0:
+    ``Manager._quorum_retries`` (the constructor's ``quorum_retries``, ``TORCHFT_QUORUM_RETRIES`` first)."""
+    return int(manager._quorum_retries)
+
+
+def quorum_future(manager: Any) -> concurrent.futures.Future | None:
+    """The ``concurrent.futures.Future`` of a torchft ``Manager``'s last quorum (``None`` before the first).
+    torchft 0.2.0: ``Manager._quorum_future``."""
+    return manager._quorum_future
+
+
+def quorum_wait_patch(manager: Any, wait: Callable[[Callable[[float], bool]], None]) -> Patch:
+    """A :class:`Patch` (not installed) of a torchft ``Manager``'s ``wait_quorum`` so that ``wait(done)`` waits for
+    the quorum instead: ``done(seconds)`` waits up to that long and says whether the quorum thread has finished;
+    afterwards the quorum's own result (or error) is raised as before. torchft 0.2.0: ``Manager.wait_quorum`` (called
+    by ``start_quorum`` without async quorum, and before each use of the quorum) waits on ``Manager._quorum_future``,
+    the quorum thread's ``concurrent.futures.Future``."""
+    original = manager.wait_quorum
+
+    def wait_quorum() -> None:
+        future = quorum_future(manager)
+        if future is None:  # torchft's own assertion: start_quorum first
+            original()
+            return
+        if not future.done():
+            wait(lambda seconds: bool(concurrent.futures.wait([future], timeout=seconds).done))
+        future.result()
+
+    return Patch(manager, "wait_quorum", wait_quorum, name="replica quorum wait")
+
+
+def exit_before_joining_threads(code: int, *, when: Callable[[], bool]) -> None:
+    """At interpreter exit, before Python joins its threads, end the process with ``code`` if ``when()`` is true then
+    (stdout, stderr and the logging handlers flushed first).
+
+    For a torchft quorum request to a dead lighthouse: it blocks the Manager's quorum thread in torchft's Rust client
+    until its deadline, which nothing cancels, and Python joins that thread at exit. Python 3.9 to 3.13:
+    ``threading._register_atexit`` (its hooks run first in ``threading._shutdown``, the last registered first, before
+    ``concurrent.futures`` joins its workers)."""
+
+    def hook() -> None:
+        if when():
+            import logging
+            import os
+            import sys
+
+            logging.shutdown()
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            os._exit(code)
+
+    threading._register_atexit(hook)
 
 
 def manager_checkpoint_metadata(address: str, *, rank: int, timeout_s: float) -> str:

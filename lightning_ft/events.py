@@ -8,10 +8,11 @@ folder there would shadow the package). Each line carries ``time``, ``run_id``, 
 The records are kept on disk when something will read them (:func:`keeps_records`): a run launched by torchrun,
 SLURM or another cluster environment, or of more than one process (restarts are what they are for); a run with a
 lightning-ft monitor or the memory tier; a run named by ``LIGHTNING_FT_RUN_ID``; a run whose root already holds
-records of an earlier attempt; or ``LIGHTNING_FT_EVENT_LOG=always``. A plain one-process run (``python train.py``)
-keeps them in memory and writes nothing beside the user's files, as Lightning itself does with ``logger=False``,
-until an incident (a crash of the user's code, a hang, a preemption, a failed health check, a rejected checkpoint,
-...): that writes the attempt's lines so far and everything after.
+records of an earlier attempt of the same run; or ``LIGHTNING_FT_EVENT_LOG=always``. A plain one-process run
+(``python train.py``) keeps them in memory and writes nothing beside the user's files, as Lightning itself does
+with ``logger=False``, until an incident (a crash of the user's code, a hang, a preemption, a failed health check,
+a rejected checkpoint, ...): that writes the attempt's lines so far and everything after. Another experiment's
+records in the same root (other checkpoint folders) do not change that.
 
 One rule for the run and the attempt, in one opener, :func:`open_event_log`: rank 0 resolves the ``run_id`` (stable
 across restarts: ``LIGHTNING_FT_RUN_ID``, else ``lightning-ft/run.json`` written by the first attempt, else the
@@ -96,6 +97,8 @@ INCIDENT_EVENTS = (
     "replica_lost",
     "replica_duplicate",
     "replica_orphaned",
+    "lighthouse_outage",
+    "lighthouse_lost",
 )
 """The events ``lightning-ft report`` lists as incidents."""
 _KEPT_ON_DISK = frozenset(INCIDENT_EVENTS) | {"health_check_failed", "fault_injected"}
@@ -434,11 +437,23 @@ def _run_records(root: Path) -> list[dict[str, Any]]:
 def keeps_records(trainer: pl.Trainer, root_dir: str | os.PathLike[str]) -> bool:
     """Whether a run keeps its event log and run id on disk from its start (rather than in memory, until an incident).
 
-    Yes when something will read them: more than one process, or a launch by torchrun, SLURM or another cluster
-    environment that restarts workers (anything but Lightning's own ``LightningEnvironment``); a lightning-ft monitor
-    among the callbacks, or the strategy's memory tier; ``LIGHTNING_FT_RUN_ID`` (the user names the run);
-    ``LIGHTNING_FT_EVENT_LOG=always``; or records of an earlier attempt under ``root_dir``. Rank 0 decides (it reads
-    the root) and broadcasts.
+    Yes when something will read them: the launch expects restarts (:func:`expects_restarts`), or ``root_dir`` holds
+    records of an earlier attempt of this run (:func:`has_records_of_run`). Rank 0 decides (it reads the root) and
+    broadcasts.
+    """
+    return expects_restarts(trainer) or has_records_of_run(root_dir, checkpoint_folders(trainer))
+
+
+def expects_restarts(trainer: pl.Trainer) -> bool:
+    """Whether the launch itself says that something reads the run's records across attempts: more than one process,
+    or a launch by torchrun, SLURM or another cluster environment that restarts workers (anything but Lightning's own
+    ``LightningEnvironment``); a lightning-ft monitor among the callbacks, or the strategy's memory tier;
+    ``LIGHTNING_FT_RUN_ID`` (the user names the run); ``LIGHTNING_FT_EVENT_LOG=always``. Only such a run keeps its
+    loggers' versions across attempts (:func:`keep_logger_version`); a plain one-process run numbers them as
+    Lightning does, also when it follows a crash.
+
+    Raises:
+        ValueError: ``LIGHTNING_FT_EVENT_LOG`` is neither ``auto`` nor ``always``.
     """
     setting = os.environ.get(EVENT_LOG_ENV, "auto").strip().lower()
     if setting not in ("auto", "always"):
@@ -450,12 +465,23 @@ def keeps_records(trainer: pl.Trainer, root_dir: str | os.PathLike[str]) -> bool
         return True
     if getattr(trainer.strategy, "memory_tier", None) is not None:
         return True
-    if any(getattr(cb, "uses_event_log", False) for cb in getattr(trainer, "callbacks", ())):
+    return any(getattr(cb, "uses_event_log", False) for cb in getattr(trainer, "callbacks", ()))
+
+
+def has_records_of_run(root_dir: str | os.PathLike[str], folders: list[str]) -> bool:
+    """Whether ``root_dir`` holds records of an earlier attempt of the run with checkpoint ``folders``
+    (:func:`checkpoint_folders`): the root's own run when it is that run (:func:`_same_run`), a run under
+    :data:`RUNS_SUBDIR` that records the same folders, or event logs without a run record (lightning-ft 0.1.0's).
+    Another experiment's records (other checkpoint folders) are not: a plain run beside them writes nothing until an
+    incident, as in an empty folder."""
+    root = Path(root_dir)
+    recorded = next(filter(None, (_read_record(root / name) for name in (RUN_FILE, LEGACY_RUN_FILE))), None)
+    if recorded is None and has_event_logs(root):
         return True
-    return (
-        any((Path(root_dir) / name).exists() for name in (RUN_FILE, LEGACY_RUN_FILE))
-        or has_event_logs(root_dir)
-        or bool(concurrent_runs(root_dir))
+    if recorded is not None and _same_run(recorded, folders):
+        return True
+    return bool(folders) and any(
+        sorted(str(f) for f in r.get(FOLDERS_KEY) or []) == folders for r in _run_records(root)
     )
 
 
@@ -568,6 +594,10 @@ class EventLog:
         self._claims: dict[str, BatchTimer | None] = {}
         self._first_line: str | None = None
         self._lines: collections.deque[str] | None = None if on_disk else collections.deque(maxlen=_MEMORY_LINES)
+        self.restarts_expected = on_disk
+        """Whether the launch expects restarts (:func:`expects_restarts`; set by :func:`open_event_log`): only then
+        are the loggers' versions kept across attempts. A plain run on disk for its earlier records numbers them as
+        Lightning does."""
         if on_disk:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -711,21 +741,23 @@ def open_event_log(trainer: pl.Trainer, **attempt_fields: Any) -> EventLog:
             Path(root) / EVENTS_SUBDIR,
         )
     folders = checkpoint_folders(trainer)
-    ids: tuple[str, int, bool, bool] | None = None
+    ids: tuple[str, int, bool, bool, bool] | None = None
     if trainer.global_rank == 0:
-        on_disk = keeps_records(trainer, root)
+        expected = expects_restarts(trainer)
+        on_disk = expected or has_records_of_run(root, folders)
         concurrent = False
         if on_disk:
             # Another experiment of this root (other checkpoint folders), or a run started while another run of it
             # is live (a sweep from one folder), has a run id and an event log of its own.
             run_id, concurrent = choose_run(root, folders)
         else:
-            # Nothing recorded under the root: a new run, which claims the root when it first writes to disk.
-            run_id = resolve_run_id(root, record=False)
+            # No records of this run under the root: a new run, which claims the root (or, beside another run's
+            # records, a folder of its own) when it first writes to disk.
+            run_id = uuid.uuid4().hex[:12]
         if concurrent:
             _say_own_run(root, run_id, folders)
-        ids = (run_id, next_attempt(root, run_id), on_disk, concurrent)
-    run_id, attempt, on_disk, concurrent = trainer.strategy.broadcast(ids, src=0)
+        ids = (run_id, next_attempt(root, run_id), on_disk, concurrent, expected)
+    run_id, attempt, on_disk, concurrent, expected = trainer.strategy.broadcast(ids, src=0)
     log = EventLog(
         root,
         rank=trainer.global_rank,
@@ -735,6 +767,7 @@ def open_event_log(trainer: pl.Trainer, **attempt_fields: Any) -> EventLog:
         concurrent=concurrent,
         checkpoint_dirpaths=folders,
     )
+    log.restarts_expected = expected
     log.bind_step(lambda: trainer.global_step if trainer.state.fn == "fit" else None)
     _LOGS[trainer] = log
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")

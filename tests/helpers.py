@@ -17,6 +17,15 @@ import torch.multiprocessing as mp
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def as_a_new_process() -> None:
+    """Stand a relaunch in this process: forget which checkpoint folders this process saved into or trained over, as a
+    new process does (a later fit in the same process does not auto-resume them, as under DDPStrategy). The model and
+    Trainer of the relaunch must be new objects too."""
+    from lightning_ft.strategy.run_identity import forget_folders_used
+
+    forget_folders_used()
+
+
 def free_port() -> int:
     """A TCP port the OS says is free right now (bind to port 0)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -50,3 +50,25 @@ def test_the_gpu_benchmark_without_a_gpu_says_it_needs_one():
     assert result.stderr.strip().splitlines()[-1] == (
         f"benchmarks/gpu_staging.py needs a CUDA GPU; torch {torch.__version__} sees none"
     )
+
+
+def test_the_gpu_check_lists_its_steps_and_the_nccl_replica_step_collects_and_skips_cleanly_without_a_gpu():
+    """How the NCCL step (replica groups of a sharded model joined over torchft's ProcessGroupNCCL and
+    ProcessGroupBabyNCCL) is checked on a machine without a GPU: the script names it, marked unverified, and its three
+    cases exist and skip with a reason here; what they assert runs only on a GPU machine."""
+    listed = _run("bash", "scripts/gpu_check.sh", "--list")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines() == [
+        "pytest -m gpu tests --ignore=tests/replica/test_replica_sharded_gpu.py",
+        "benchmarks/gpu_staging.py",
+        "pytest -m gpu tests/replica/test_replica_sharded_gpu.py (unverified: NCCL across replica groups)",
+    ]
+    target = "tests/replica/test_replica_sharded_gpu.py"
+    pytest_here = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu"]
+    collected = subprocess.run(
+        [*pytest_here, "--collect-only", target], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    ids = [line.split("[", 1)[1].rstrip("]") for line in collected.stdout.splitlines() if line.startswith(target)]
+    assert ids == ["gloo", "nccl", "baby_nccl"], collected.stdout[-2000:]
+    run = subprocess.run([*pytest_here, "-rs", target], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "3 skipped" in run.stdout and "needs CUDA" in run.stdout, run.stdout[-2000:]

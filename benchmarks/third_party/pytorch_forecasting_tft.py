@@ -144,7 +144,7 @@ def make_model(dataset: TimeSeriesDataSet) -> TemporalFusionTransformer:
 
 
 class _StepLog(pl.Callback):
-    """Appends each step's loss (rank 0) to ``losses.jsonl``; with ``kill_at``, rank 1 dies after that step once."""
+    """Appends each step's loss (rank 0) to ``losses.jsonl``; with ``kill_at``, the last rank dies after that step once."""
 
     def __init__(self, directory: Path, kill_at: int | None) -> None:
         self.directory = directory
@@ -156,7 +156,8 @@ class _StepLog(pl.Callback):
             with open(self.directory / "losses.jsonl", "a") as f:
                 f.write(json.dumps({"step": step, "loss": float(outputs["loss"])}) + "\n")
         marker = self.directory / "killed"
-        if self.kill_at is not None and step == self.kill_at and trainer.global_rank == 1 and not marker.exists():
+        last = trainer.world_size - 1
+        if self.kill_at is not None and step == self.kill_at and trainer.global_rank == last and not marker.exists():
             marker.touch()
             os._exit(1)
 
@@ -172,8 +173,8 @@ def fit(args: argparse.Namespace) -> None:
     loader = dataset.to_dataloader(train=True, batch_size=16, num_workers=0)
     trainer = pl.Trainer(
         accelerator="cpu",
-        devices=2,
-        strategy=ElasticFT3D(),
+        devices=int(os.environ.get("WORLD_SIZE", "1")),  # torchrun's; 1 when run with python alone
+        strategy=ElasticFT3D() if args.strategy == "elastic_ft3d" else args.strategy,
         max_steps=args.steps,
         max_epochs=-1,
         logger=False,
@@ -188,7 +189,10 @@ def fit(args: argparse.Namespace) -> None:
             _StepLog(directory, args.kill_at),
         ],
     )
-    trainer.fit(model, train_dataloaders=loader, **({"weights_only": False} if args.weights_only_false else {}))
+    # --resume: Lightning's own resume, the one a pytorch-forecasting user writes (DDPStrategy has no auto-resume).
+    resume = {"ckpt_path": str(directory / "checkpoints" / "last.ckpt")} if args.resume else {}
+    weights_only = {"weights_only": False} if args.weights_only_false else {}
+    trainer.fit(model, train_dataloaders=loader, **resume, **weights_only)
     if trainer.global_rank == 0:
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, directory / "final_weights.pt")
 
@@ -327,6 +331,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--every", type=int, default=4)
     p.add_argument("--kill-at", type=int, default=None)
+    p.add_argument("--strategy", default="elastic_ft3d", help="elastic_ft3d, or a Lightning strategy name (ddp)")
+    p.add_argument("--resume", action="store_true", help="fit(ckpt_path=<dir>/checkpoints/last.ckpt)")
     p.add_argument(
         "--weights-only-false", action="store_true", help="no add_safe_globals; fit(..., weights_only=False)"
     )

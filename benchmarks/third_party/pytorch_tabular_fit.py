@@ -82,7 +82,7 @@ def make_model(directory: Path, strategy: str, epochs: int) -> TabularModel:
             batch_size=32,  # 512 rows, 2 ranks: 8 steps an epoch
             max_epochs=epochs,
             accelerator="cpu",
-            devices=2,
+            devices=int(os.environ.get("WORLD_SIZE", "1")),  # torchrun's; 1 when run with python alone
             checkpoints="valid_loss",  # pytorch-tabular's default ModelCheckpoint, every epoch, top 1
             checkpoints_path=str(directory / "checkpoints"),
             checkpoints_kwargs={"save_last": True},  # the newest state, to resume from (top 1 keeps the best only)
@@ -95,7 +95,8 @@ def make_model(directory: Path, strategy: str, epochs: int) -> TabularModel:
 
 
 class _StepLog(pl.Callback):
-    """Appends each step's loss (rank 0) to ``losses.jsonl``; with ``kill_at``, SIGKILLs rank 1 after that step once;
+    """Appends each step's loss (rank 0) to ``losses.jsonl``; with ``kill_at``, SIGKILLs the last rank after that step
+    once;
     at the end of fit (before pytorch-tabular's ``load_best``) rank 0 saves the weights."""
 
     def __init__(self, directory: Path, kill_at: int | None) -> None:
@@ -109,7 +110,8 @@ class _StepLog(pl.Callback):
             with open(self.directory / "losses.jsonl", "a") as f:
                 f.write(json.dumps({"step": step, "loss": float(loss)}) + "\n")
         marker = self.directory / "killed"
-        if self.kill_at is not None and step == self.kill_at and trainer.global_rank == 1 and not marker.exists():
+        last = trainer.world_size - 1
+        if self.kill_at is not None and step == self.kill_at and trainer.global_rank == last and not marker.exists():
             marker.touch()
             os.kill(os.getpid(), signal.SIGKILL)
 

@@ -12,7 +12,7 @@ delete: the in-progress record, saves in flight), ``swap`` (replacing a committe
 crash), ``snapshot_storage`` (the torchsnapshot seam), ``shard_reader`` and ``load`` (reading back), ``discovery`` and
 ``retention`` (finding and deleting checkpoints), ``dtensor_geometry``, ``json_codec``, ``inspect``; interoperability:
 ``export`` and ``torch_file`` (a plain Lightning file out, streamed), ``safe_load`` (Lightning files in, without
-unrestricted unpickling), ``dcp_folder`` (``ModelParallelStrategy`` folders in), ``foreign_discovery``, ``rank_state``;
+unrestricted unpickling), ``file_reader`` (or through the user's ``CheckpointIO``), ``dcp_folder`` (``ModelParallelStrategy`` folders in), ``foreign_discovery``, ``rank_state``;
 ``module_loader`` (into a ``LightningModule``); ``memory_tier`` and ``memory_copies`` (the in-memory tier's
 configuration and copies); ``storage`` (the DCP format, object storage).
 """

@@ -43,6 +43,7 @@ __all__ = [
     "latest_committed",
     "list_committed",
     "read_metadata",
+    "read_state_index",
     "recover_interrupted_swaps",
     "repoint_last",
     "verify",
@@ -83,6 +84,26 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
     """
     document = ObjectStore().read_document(path) if is_remote(path) else read_document(Path(path), require_commit=False)
     return json_codec.decode(document["metadata"])
+
+
+def read_state_index(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, tuple[str, list[int]]]]:
+    """The run metadata of checkpoint ``path`` (as :func:`read_metadata`) and what its document records of the model's
+    state dict: ``{name: (dtype, global shape)}`` for every tensor under Lightning's ``state_dict`` key, by its name
+    there (``"float32"``, ``[16, 8]``). Reads the document only, never the tensor data.
+
+    Raises:
+        CheckpointError: as :func:`read_metadata`.
+    """
+    document = ObjectStore().read_document(path) if is_remote(path) else read_document(Path(path), require_commit=False)
+    prefix = "state_dict/"
+    index: dict[str, tuple[str, list[int]]] = {}
+    for key, record in document.get("tensors", {}).items():  # a folder's index: a record per tensor
+        if key.startswith(prefix):
+            index[key[len(prefix) :]] = (str(record.get("dtype")), list(record.get("global_shape", [])))
+    for key, entry in document.get("checksums", {}).get("tensors", {}).items():  # a file's: [dtype, shape, crc32]
+        if key.startswith(prefix):
+            index[key[len(prefix) :]] = (str(entry[0]), list(entry[1]))
+    return json_codec.decode(document["metadata"]), index
 
 
 def list_committed(dirpath: str | os.PathLike) -> list[CheckpointInfo]:

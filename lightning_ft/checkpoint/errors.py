@@ -9,6 +9,8 @@ user through ``trainer.fit(ckpt_path=...)`` (and ``validate``/``test``/``predict
 
 from __future__ import annotations
 
+import pickle
+
 
 class CheckpointError(RuntimeError):
     """Base class: the checkpoint cannot be written or read as asked."""
@@ -30,9 +32,11 @@ class CorruptCheckpointError(CheckpointError):
     """A shard is missing or its checksum does not match, or the metadata is unreadable."""
 
 
-class UnsafeCheckpointError(CheckpointError):
+class UnsafeCheckpointError(CheckpointError, pickle.UnpicklingError):
     """The checkpoint needs globals that are not allowed (``weights_only=True``, the default): the message prints the
-    code that allows them; ``weights_only=False`` loads it as Lightning would."""
+    code that allows them; ``weights_only=False`` loads it as Lightning would. Also a ``pickle.UnpicklingError``, what
+    ``torch.load(weights_only=True)`` raises in the same case under ``DDPStrategy``, so code written for it catches
+    this too."""
 
 
 class CheckpointWriteError(CheckpointError):

@@ -11,6 +11,7 @@ save and compares it at a load, which tells an edit from the saved content
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import pickle
 import zipfile
@@ -78,6 +79,27 @@ def _tensor_crc(tensor: torch.Tensor) -> int:
     return crc32(data.contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
+class _TensorsByContent(pickle.Pickler):
+    """Pickles an object with each tensor it holds replaced by its dtype, shape and CRC32: ``pickle`` writes a tensor
+    as ``torch.save`` bytes that name its storage by identity, so the same object loaded back (an ``nn.Module`` in the
+    hyperparameters, a metric with a buffer) would pickle differently. Without tensors, the bytes are
+    ``pickle.dumps``'s."""
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            dense = obj.to_dense() if obj.layout != torch.strided else obj
+            return ("tensor", str(dense.dtype), tuple(dense.shape), _tensor_crc(dense))
+        if isinstance(obj, torch.UntypedStorage):
+            return ("storage", obj.nbytes(), crc32(bytes(obj.cpu())))
+        return None
+
+
+def _object_crc(value: Any) -> int:
+    buffer = io.BytesIO()
+    _TensorsByContent(buffer, protocol=4).dump(value)
+    return zlib.crc32(buffer.getvalue())
+
+
 def content_checksums(obj: Any, known: Mapping[int, int] | None = None) -> dict[str, Any]:
     """The checksums of a checkpoint dict's content, as lightning-ft records them at a save and compares them at a
     load: ``{"tensors": {path: [dtype, shape, crc32]}, "objects": crc32}``, the CRC32 of each tensor's bytes by its
@@ -121,7 +143,7 @@ def content_checksums(obj: Any, known: Mapping[int, int] | None = None) -> dict[
             walk(vars(value), path)
         else:
             try:
-                parts.append(zlib.crc32(pickle.dumps(value, protocol=4)).to_bytes(4, "little"))
+                parts.append(_object_crc(value).to_bytes(4, "little"))
             except Exception:  # noqa: BLE001 - an object that cannot be pickled by the standard pickler counts by type
                 pass
 

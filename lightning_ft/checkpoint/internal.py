@@ -18,6 +18,7 @@ from lightning_ft.checkpoint.dcp_folder import is_dcp_folder, load_dcp, read_lig
 from lightning_ft.checkpoint.discovery import COMMIT_MARKER, is_committed, read_metadata
 from lightning_ft.checkpoint.export import export_checkpoint, export_state_dict, exported_checkpoint
 from lightning_ft.checkpoint.file_commit import writes_files
+from lightning_ft.checkpoint.file_reader import file_reader_scope, load_checkpoint_file
 from lightning_ft.checkpoint.foreign_discovery import list_foreign
 from lightning_ft.checkpoint.in_progress import IN_PROGRESS_RECORD
 from lightning_ft.checkpoint.inspect import describe, format_description
@@ -45,7 +46,13 @@ from lightning_ft.checkpoint.memory_copies import (
 from lightning_ft.checkpoint.memory_tier import MEMORY_DIR_ENV, MemoryTier
 from lightning_ft.checkpoint.rank_state import read_rank_state
 from lightning_ft.checkpoint.retention import Retention
-from lightning_ft.checkpoint.safe_load import load_pickled, load_torch_file, pickled_bytes, resolve_weights_only
+from lightning_ft.checkpoint.safe_load import (
+    load_pickled,
+    load_torch_file,
+    pickled_bytes,
+    resolve_weights_only,
+)
+from lightning_ft.checkpoint.sampler_positions import without_sampler_states
 from lightning_ft.checkpoint.sharded_file import file_refusal
 from lightning_ft.checkpoint.snapshot_storage import SnapshotStorage
 from lightning_ft.checkpoint.staging import Stager
@@ -102,6 +109,7 @@ __all__ = [
     "export_state_dict",
     "format_choice",
     "existing_ancestor",
+    "file_reader_scope",
     "file_refusal",
     "exported_checkpoint",
     "format_description",
@@ -115,6 +123,7 @@ __all__ = [
     "listed",
     "load_copy",
     "load_dcp",
+    "load_checkpoint_file",
     "load_torch_file",
     "load_pickled",
     "pickled_bytes",
@@ -132,6 +141,7 @@ __all__ = [
     "storage_for_path",
     "storage_named",
     "unpack",
+    "without_sampler_states",
     "write_copy",
     "writes_files",
 ]

@@ -6,7 +6,8 @@ with each tensor replaced by a reference ``{"__lft__": "tensor", "key": ...}``.
 
 Supported beyond plain JSON: dicts with non-string keys (optimizer state uses ``int`` keys), tuples, sets and
 frozensets, dict and tuple subclasses (``OrderedDict``, ``Counter``, namedtuples: restored as themselves where
-``torch.load(weights_only=True)`` would restore them, see :func:`_as_type`), ``float``
+``torch.load(weights_only=True)`` would restore them, see :func:`_as_type`; a dict subclass with its instance
+attributes, as pickle keeps them, such as the ``_metadata`` of a module's ``state_dict``), ``float``
 nan/inf, ``bytes``, numpy arrays and scalars (bit-exact, so ``np.random.get_state()`` round-trips), ``argparse.Namespace``,
 dataclass instances and enums (restored as themselves when their class is already imported where the checkpoint is
 read, else as a dict of their fields or their value, with a warning), ``pathlib.Path``, ``torch.dtype``,
@@ -110,7 +111,15 @@ def encode(obj: Any, on_tensor: EncodeTensor | None = None, path: str = "") -> A
         if all(isinstance(k, str) for k in obj) and TAG not in obj and not subclass:
             return {k: encode(v, on_tensor, _path_join(path, k)) for k, v in obj.items()}
         items = [[encode(k, None, path), encode(v, on_tensor, _path_join(path, k))] for k, v in obj.items()]
-        return {TAG: "dict", "items": items, **({"type": _qualname(obj)} if subclass else {})}
+        # A subclass's own attributes, as pickle keeps them: a module's state_dict (an OrderedDict) carries the module
+        # versions its load reads in `_metadata`.
+        attributes = getattr(obj, "__dict__", None) if subclass else None
+        return {
+            TAG: "dict",
+            "items": items,
+            **({"type": _qualname(obj)} if subclass else {}),
+            **({"attributes": encode(dict(attributes), on_tensor, _path_join(path, "__dict__"))} if attributes else {}),
+        }
     if isinstance(obj, list):
         return [encode(v, on_tensor, _path_join(path, i)) for i, v in enumerate(obj)]
     if isinstance(obj, torch.Size):
@@ -315,7 +324,10 @@ def decode(obj: Any, on_tensor: DecodeTensor | None = None, path: str = "") -> A
         for k, v in obj["items"]:
             key = decode(k, None, path)
             out[key] = decode(v, on_tensor, _path_join(path, key))
-        return _as_type(obj.get("type"), out, dict, path)
+        typed = _as_type(obj.get("type"), out, dict, path)
+        if "attributes" in obj and type(typed) is not dict:
+            typed.__dict__.update(decode(obj["attributes"], on_tensor, _path_join(path, "__dict__")))
+        return typed
     if tag == "tuple":
         items = tuple(decode(v, on_tensor, _path_join(path, i)) for i, v in enumerate(obj["items"]))
         return _as_type(obj.get("type"), items, tuple, path)

@@ -17,6 +17,9 @@ The same rule loads the objects that a lightning-ft checkpoint stores pickled (:
 (``torch.serialization.add_safe_globals``), which the JSON codec cannot store as plain data. They are written with
 ``torch.save`` and read back with ``torch.load(weights_only=True)``, torch's restricted unpickler, which admits only
 the allowed globals; a payload that needs any other global (a tampered one calling ``os.system``, say) is refused.
+
+A user's own ``CheckpointIO`` plugin reads checkpoint files instead where the Trainer has one
+(:mod:`~lightning_ft.checkpoint.file_reader`).
 """
 
 from __future__ import annotations

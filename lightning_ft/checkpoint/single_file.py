@@ -243,13 +243,12 @@ def _say_once(kind: str, path: Path, message: str) -> None:
 
 
 def _torch_load(path: Path, weights_only: bool) -> Any:
-    """Lightning's own load of the file (``torch.load``, memory-mapped) under Lightning's ``weights_only`` rule; a
-    file that cannot be read is corrupt only where its bytes fail the zip's CRC32."""
-    from lightning_ft.checkpoint.safe_load import load_torch_file, unrestricted_load
+    """Lightning's own load of the file (``torch.load``, memory-mapped) under Lightning's ``weights_only`` rule, or
+    the user's ``CheckpointIO`` plugin's (:func:`~lightning_ft.checkpoint.file_reader.load_checkpoint_file`); a file
+    that cannot be read is corrupt only where its bytes fail the zip's CRC32."""
+    from lightning_ft.checkpoint.file_reader import load_checkpoint_file
 
-    if not weights_only:
-        return unrestricted_load(path, mmap=True)
-    return load_torch_file(path, mmap=True)
+    return load_checkpoint_file(path, mmap=True, weights_only=weights_only)
 
 
 def load_file(
@@ -315,7 +314,7 @@ def load_file(
             ),
         )
     if document is None:
-        return loaded, {"callbacks": loaded.pop("callbacks", {})}, {}, True
+        return loaded, ({"callbacks": loaded.pop("callbacks")} if "callbacks" in loaded else {}), {}, True
     typed: dict[str, torch.Tensor] = {}
     for key in document.get("tensors", {}):
         tensor = entries.get(key)
@@ -330,15 +329,15 @@ def load_file(
 
     others = document.get("other_rank_states") or []
     saved_rank = rank % (1 + len(others))
-    callbacks = loaded.pop("callbacks", {})
+    callbacks = loaded.pop("callbacks", None)
     if saved_rank == 0:
         own = json_codec.decode(document.get("rank_state"), tensor_of)
         rank_state = dict(own) if isinstance(own, dict) else {}
-        rank_state["callbacks"] = callbacks
+        if callbacks is not None:  # a weights-only save has no callbacks
+            rank_state["callbacks"] = callbacks
     else:
         own = json_codec.decode(others[saved_rank - 1], tensor_of)
         rank_state = dict(own) if isinstance(own, dict) else {}
-        rank_state.setdefault("callbacks", {})
     if "loops" in loaded:
         positions = [(int(i), json_codec.decode(s)) for i, s in document.get("samplers", [])]
         loaded["loops"] = with_sampler_states(loaded["loops"], positions)

@@ -21,14 +21,17 @@ bind (``0.0.0.0``, ``::``) prints the host's name, as torchft does.
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
+import importlib.util
 import ipaddress
 import math
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
-from lightning_ft.cli.errors import EXIT_OK, CLIError, require_module
+from lightning_ft.cli.errors import EXIT_OK, CLIError
 
 __all__ = ["DEFAULT_BIND", "parse_bind", "register", "run_lighthouse"]
 
@@ -141,15 +144,14 @@ def run_lighthouse(args: argparse.Namespace) -> int:
     timeouts_ms = {
         name: _seconds_to_ms(name.replace("_", "-"), getattr(args, name)) for name in _DEFAULTS_S
     }  # join_timeout_s -> --join-timeout-s
-    require_module("torchft", "lightning-ft lighthouse", extra="replicas")
-    from torchft.coordination import LighthouseServer
+    server_class = lighthouse_server_class()
 
     stop = threading.Event()
     # Installed before binding: a SIGTERM that arrives while the server starts still stops it cleanly.
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         try:
-            server = LighthouseServer(
+            server = server_class(
                 bind=f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
                 min_replicas=args.min_replicas,
                 join_timeout_ms=timeouts_ms["join_timeout_s"],
@@ -170,6 +172,52 @@ def run_lighthouse(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
     print("lightning-ft lighthouse: stopped", file=sys.stderr, flush=True)
     return EXIT_OK
+
+
+def lighthouse_server_class() -> type:
+    """torchft's ``LighthouseServer`` (what ``torchft.coordination`` exports), loaded without importing torch.
+
+    The server is torchft's native module, ``torchft._torchft``, which does not need torch; importing it through the
+    ``torchft`` package imports torch first (2 s on an idle machine, 10-30 s on a loaded one), and a lighthouse
+    restarted after a failure keeps the groups waiting for as long as it takes to start. So the native module is
+    loaded from its file and registered under its own name (a later ``import torchft`` in the process uses it);
+    where that fails (another layout of the package), the package is imported as torchft documents it.
+    Checked against torchft 0.2.0 (``torchft/_torchft.*.so``).
+
+    Raises:
+        CLIError: torchft is not installed (exit code 2).
+    """
+    name = "torchft._torchft"
+    native = sys.modules.get(name)
+    if native is None:
+        package = importlib.util.find_spec("torchft")
+        if package is None:
+            raise CLIError("lightning-ft lighthouse needs torchft: pip install 'lightning-ft[replicas]'")
+        native = _load_native(name, package.submodule_search_locations or [])
+    if native is None or not hasattr(native, "LighthouseServer"):
+        from torchft.coordination import LighthouseServer
+
+        return LighthouseServer
+    return native.LighthouseServer
+
+
+def _load_native(name: str, locations: list[str]) -> Any:
+    for location in locations:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = Path(location) / f"_torchft{suffix}"
+            if not path.is_file():
+                continue
+            spec = importlib.util.spec_from_file_location(name, path)
+            if spec is None or spec.loader is None:
+                return None
+            try:
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+            except ImportError:
+                return None
+            sys.modules[name] = module
+            return module
+    return None
 
 
 def _bind_error(bind: str, error: RuntimeError) -> str:

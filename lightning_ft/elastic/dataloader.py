@@ -136,7 +136,10 @@ def align_batch_progress(trainer: Any) -> int:
     loader = getattr(trainer, "train_dataloader", None)
     sampler = find_resumable_sampler(loader)
     batch_size = getattr(loader, "batch_size", None)
-    if sampler is None or not batch_size:
+    if sampler is None or not batch_size or not trainer.fit_loop.restarting:
+        # Not restarting: a fresh fit, or a resume whose epoch was over (Lightning's FitLoop.restarting). The epoch
+        # loop zeroes the current count at the next epoch's start and the sampler starts that epoch: nothing to align,
+        # and a shift would only take the old epoch's batches off the total count.
         return 0
     progress = trainer.fit_loop.epoch_loop.batch_progress
     shift = sampler.completed_batches(batch_size, drop_last=bool(loader.drop_last)) - progress.current.ready
@@ -165,7 +168,7 @@ def _resumable_replacement(
         new = ResumableSampler(
             sampler.dataset_len, shuffle=sampler.shuffle, seed=sampler.seed, drop_last=sampler.drop_last, **batching
         )
-        new.load_state_dict(sampler.state_dict())
+        new._load(sampler.state_dict(), announce=False)  # the same run's sampler, rebuilt: nothing to say
         return new
     # Exact types only: a subclass may change the order, and reproducing it is its author's business.
     if kind is DistributedSampler:
@@ -232,6 +235,8 @@ class TrainingDataPosition:
         self._announced_seeding = False
         # Samplers whose count another part keeps (the replica mode's committed count): advance() leaves them.
         self._held: weakref.WeakSet[ResumableSampler] = weakref.WeakSet()
+        # Between stages (stage_ended, stage_starts): the tracked loaders are not stateful.
+        self._outside_stage = False
 
     def hold(self, sampler: ResumableSampler) -> None:
         """From now on :meth:`advance` leaves ``sampler``'s count alone: the replica mode advances it per committed
@@ -332,6 +337,42 @@ class TrainingDataPosition:
                 next(iterator)
             except StopIteration:
                 pass
+
+    def stage_ended(self) -> None:
+        """The stage is over (the strategy's ``teardown``): the training loaders this made stateful stop being so
+        until :meth:`stage_starts`, as the loaders of a ``DDPStrategy`` run are not. Lightning's fit loop keeps them
+        after ``fit`` returns (or raises), and its ``state_dict()`` then lists no loader state, as under
+        ``DDPStrategy``; a save outside a stage gets their positions from :meth:`loop_state_outside_stage`."""
+        for loader, (sampler, _) in list(self._tracked.items()):
+            if loader.__dict__.get("state_dict") == sampler.state_dict:
+                del loader.state_dict, loader.load_state_dict
+        self._outside_stage = True
+
+    def stage_starts(self) -> None:
+        """A stage starts (the strategy's ``setup_environment``): the training loaders of an earlier ``fit`` that
+        Lightning still holds (its fit loop reuses them unless asked to reload) are stateful again, before any
+        restore or save of the loop state."""
+        for loader, (sampler, _) in list(self._tracked.items()):
+            _make_stateful(loader, sampler, epoch=None)
+        self._outside_stage = False
+
+    def loop_state_outside_stage(self, loops: Any, train_loaders: list[Any]) -> Any:
+        """Lightning's loop state ``loops`` of a save outside a stage (``trainer.save_checkpoint`` after ``fit``)
+        with the training loaders' states as a stage lists them: the sampler position of each loader this made
+        stateful (:meth:`stage_ended`), in its place among ``train_loaders`` (the fit loop's, in order). ``loops``
+        as it is inside a stage, or when no such loader is among ``train_loaders``."""
+        if not self._outside_stage or not any(loader in self._tracked for loader in train_loaders):
+            return loops
+        states = [
+            self._tracked[loader][0].state_dict() if loader in self._tracked else loader.state_dict()
+            for loader in train_loaders
+            if loader in self._tracked or saves_own_position(loader)
+        ]
+        fit_loop = loops.get("fit_loop") if isinstance(loops, dict) else None
+        if not isinstance(fit_loop, dict):
+            return loops
+        state_dict = {**(fit_loop.get("state_dict") or {}), "combined_loader": states}
+        return {**loops, "fit_loop": {**fit_loop, "state_dict": state_dict}}
 
     def advance(self) -> None:
         """One training batch was consumed on every data-parallel rank, from every tracked loader."""

@@ -5,6 +5,8 @@ the epoch from its start or skips data. :class:`ResumableSampler` yields exactly
 the same seed, and adds a state that does not depend on the world size: the epoch, the shuffle seed and the number of
 *global* samples of the epoch already consumed. On resume, the rest of the epoch's global stream is dealt over the
 replicas of the new world, so every sample of the epoch is still seen once (up to the new world's own end of epoch).
+A run resumed with another seed finishes that epoch in the checkpoint's order and follows its own seed from the next
+epoch on, as ``DistributedSampler`` built with the new seed does.
 
 The strategy swaps it in for Lightning's sampler (see :func:`lightning_ft.elastic.swap_in_resumable_sampler`) and calls
 :meth:`ResumableSampler.mark_consumed` once per training batch.
@@ -17,6 +19,7 @@ from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.utils.data import Sampler
 
 from lightning_ft.elastic.data_rng import SeededIndex, sample_seed
@@ -58,6 +61,11 @@ class ResumableSampler(Sampler[int]):
     Calling contract: every replica builds its own sampler with the same ``seed``, ``shuffle`` and ``drop_last``, and
     every replica calls :meth:`mark_consumed` with the same global count once per batch, so all replicas hold the same
     state and any one of them can be checkpointed.
+
+    **Another seed.** A state taken with another ``seed`` (the run relaunched after ``seed_everything(2)``) loads: the
+    rest of the epoch it was taken in keeps the order of the checkpoint's seed (each of its samples once), and every
+    later epoch follows this sampler's ``seed``, as a ``DistributedSampler`` built with it does. One line on rank 0
+    says which seed the data order follows.
 
     Example::
 
@@ -113,6 +121,7 @@ class ResumableSampler(Sampler[int]):
         DataLoader iterator is created. The strategy sets the RNG states of a mid-epoch resume there."""
         self.epoch = 0
         self.consumed = 0
+        self._epoch_seed: int | None = None  # the order's seed for the current epoch when it is not `seed` (a resume)
         # Set when an iterator has handed out the whole rest of the epoch: the next iter() is a new pass over the
         # same epoch (CombinedLoader cycles a shorter loader), not a resume at `consumed`. DataLoader creates the
         # sampler iterator twice per iterator with workers, so only issuing everything flips it, and consuming a
@@ -138,8 +147,14 @@ class ResumableSampler(Sampler[int]):
         if not self.shuffle:
             return list(range(self.dataset_len))
         generator = torch.Generator()
-        generator.manual_seed(self.seed + self.epoch)
+        generator.manual_seed(self.order_seed + self.epoch)
         return torch.randperm(self.dataset_len, generator=generator).tolist()
+
+    @property
+    def order_seed(self) -> int:
+        """The seed of the current epoch's order: :attr:`seed`, or the checkpoint's for the rest of an epoch resumed
+        from a state taken with another seed."""
+        return self.seed if self._epoch_seed is None else self._epoch_seed
 
     @property
     def epoch_end(self) -> int:
@@ -185,7 +200,7 @@ class ResumableSampler(Sampler[int]):
         if not self.per_sample_seeds:
             return self._issue([index for index, _ in mine])
         # Each index carries its sample's seed (see lightning_ft.elastic.data_rng); it is the same int otherwise.
-        return self._issue([SeededIndex(index, sample_seed(self.seed, self.epoch, pos)) for index, pos in mine])
+        return self._issue([SeededIndex(index, sample_seed(self.order_seed, self.epoch, pos)) for index, pos in mine])
 
     def __getstate__(self) -> dict[str, Any]:
         # The hook belongs to the run of the process that set it (the strategy's tracker, which holds the run's
@@ -250,16 +265,17 @@ class ResumableSampler(Sampler[int]):
         """
         if epoch != self.epoch:
             self.consumed = 0
+            self._epoch_seed = None
         self.epoch = int(epoch)
         self._new_pass = False
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain, world-size-independent state: ``epoch``, ``consumed`` (global samples), ``seed``, ``shuffle``,
-        ``drop_last`` and ``dataset_len``."""
+        """Plain, world-size-independent state: ``epoch``, ``consumed`` (global samples), ``seed`` (the current epoch's
+        order's: :attr:`order_seed`), ``shuffle``, ``drop_last`` and ``dataset_len``."""
         return {
             "epoch": self.epoch,
             "consumed": self.consumed,
-            "seed": self.seed,
+            "seed": self.order_seed,
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
             "dataset_len": self.dataset_len,
@@ -268,16 +284,21 @@ class ResumableSampler(Sampler[int]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` of a sampler on any world size; takes effect at the next ``iter()``.
 
-        A state whose epoch was over for the world that saved it loads as the start of the next epoch.
+        A state whose epoch was over for the world that saved it loads as the start of the next epoch. A state taken
+        with another seed loads too: the rest of its epoch keeps the checkpoint's order, later epochs follow
+        :attr:`seed` (said in one line on rank 0).
 
         Raises:
-            ValueError: if ``state`` lacks a key, or its dataset length, seed, shuffle or drop_last differ from this
+            ValueError: if ``state`` lacks a key, or its dataset length, shuffle or drop_last differ from this
                 sampler's (the order would not be the one the checkpoint was taken in).
         """
+        self._load(state, announce=True)
+
+    def _load(self, state: dict[str, Any], *, announce: bool) -> None:
         missing = [key for key in _STATE_KEYS if key not in state]
         if missing:
             raise ValueError(f"ResumableSampler.load_state_dict: the state lacks {missing}; got keys {sorted(state)}")
-        for key in ("dataset_len", "seed", "shuffle", "drop_last"):
+        for key in ("dataset_len", "shuffle", "drop_last"):
             if state[key] != getattr(self, key):
                 raise ValueError(
                     f"ResumableSampler.load_state_dict: the checkpoint was taken with {key}={state[key]!r} but this "
@@ -288,6 +309,8 @@ class ResumableSampler(Sampler[int]):
         self.epoch = int(state["epoch"])
         self.consumed = int(state["consumed"])
         self._new_pass = False
+        saved_seed = int(state["seed"])
+        self._epoch_seed = None if saved_seed == self.seed else saved_seed
         if self.exhausted:
             # Saved on the last batch of an epoch: Lightning resumes with the next epoch, but may build the DataLoader
             # iterator (and, with workers, prefetch from this sampler) before it calls set_epoch. Starting the next
@@ -295,11 +318,29 @@ class ResumableSampler(Sampler[int]):
             # earlier here) is not rolled over: Lightning resumes it mid-way and must see it end, not start again.
             self.epoch += 1
             self.consumed = 0
+            self._epoch_seed = None
+        if announce and saved_seed != self.seed:
+            rank_zero_info(self._seed_message(saved_seed))
+
+    def _seed_message(self, saved_seed: int) -> str:
+        order = "order" if self.shuffle else "per-sample seeds" if self.per_sample_seeds else None
+        if order is None:  # in order and no seeded samples: the seed changes nothing
+            return f"lightning-ft: the checkpoint was taken with seed={saved_seed}, this run has seed={self.seed}"
+        if self._epoch_seed is None:
+            return (
+                f"lightning-ft: the checkpoint was taken with seed={saved_seed}, this run has seed={self.seed}: the data"
+                f" {order} follows seed={self.seed} from epoch {self.epoch} on, as DDPStrategy's sampler does"
+            )
+        return (
+            f"lightning-ft: the checkpoint was taken with seed={saved_seed}, this run has seed={self.seed}: the rest of"
+            f" epoch {self.epoch} keeps the checkpoint's data {order} (seed={saved_seed}, each sample once), and from"
+            f" epoch {self.epoch + 1} on it follows seed={self.seed}, as DDPStrategy's sampler does"
+        )
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(dataset_len={self.dataset_len}, num_replicas={self.num_replicas}, rank={self.rank},"
-            f" shuffle={self.shuffle}, seed={self.seed}, drop_last={self.drop_last}, batch_size={self.batch_size},"
+            f" shuffle={self.shuffle}, seed={self.seed}, order_seed={self.order_seed}, drop_last={self.drop_last}, batch_size={self.batch_size},"
             f" drop_last_batch={self.drop_last_batch}, epoch={self.epoch},"
             f" consumed={self.consumed})"
         )

@@ -166,6 +166,9 @@ def summarize(
         "replicas_lost": replicas["replicas_lost"] if replicas is not None else 0,
         "replicas_joined": replicas["replicas_joined"] if replicas is not None else 0,
         "discarded_steps": replicas["discarded_steps"] if replicas is not None else 0,
+        # Lighthouse outages: a quorum's wait, which the progress records count as data wait (not productive time).
+        "lighthouse_outages": len(replicas["lighthouse_outages"]) if replicas is not None else 0,
+        "lighthouse_stall_s": replicas["lighthouse_stall_s"] if replicas is not None else 0.0,
     }
     incidents = _incidents(sorted(run_events + refusals, key=lambda e: (num(e.get("time")), num(e.get("rank")))))
     tiers = tier_summary(run_events, restarts, attempts)
@@ -387,6 +390,8 @@ def _incident_detail(e: dict[str, Any]) -> dict[str, Any]:
         "replica_lost": ("replica_id", "stall_s", "discarded_steps"),
         "replica_duplicate": ("replica_id", "others"),
         "replica_orphaned": ("replica_id", "parent_pid"),
+        "lighthouse_outage": ("lighthouse", "down_s", "stall_s"),
+        "lighthouse_lost": ("lighthouse", "waited_s", "checkpoint_path"),
     }[e["event"]]
     detail = {k: e.get(k) for k in keys}
     if "tier" in detail:
@@ -406,6 +411,8 @@ _COLOURS = {
     "replica_lost": "tab:blue",
     "replica_duplicate": "tab:gray",
     "replica_orphaned": "black",
+    "lighthouse_outage": "tab:green",
+    "lighthouse_lost": "darkred",
 }
 
 

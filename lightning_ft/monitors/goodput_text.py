@@ -345,4 +345,22 @@ def _format_replicas(r: dict[str, Any]) -> list[str]:
         elif kind == "healed":
             text += f" from group {x['source']}: {_fmt_bytes(x['bytes'])} in {_fmt_cost(x['seconds'])}"
         lines.append(text)
+    outages, gone = r.get("lighthouse_outages", []), r.get("lighthouse_lost", [])
+    if outages or gone:
+        lines.append(
+            f"  lighthouse: {len(outages)} outage(s) lived through (down {_fmt_cost(r['lighthouse_down_s'])}, the"
+            f" quorums waited {_fmt_cost(r['lighthouse_stall_s'])}, counted in data wait)"
+            + (f"; gone for good {len(gone)} time(s)" if gone else "")
+        )
+    for x in sorted(outages + gone, key=lambda x: num(x["time"])):
+        if "waited_s" in x:
+            saved = f", committed {x['checkpoint_path']}" if x["checkpoint_path"] else ""
+            lines.append(
+                f"    step {x['step']}: lighthouse did not answer for {_fmt_cost(x['waited_s'])}: stopped{saved}"
+            )
+        else:
+            lines.append(
+                f"    step {x['step']}: lighthouse down {_fmt_cost(x['down_s'])}, the quorum waited"
+                f" {_fmt_cost(x['stall_s'])}"
+            )
     return lines

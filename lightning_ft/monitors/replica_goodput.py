@@ -10,12 +10,18 @@ these as events (docs/replica-groups.md, "Events"):
 - ``replica_joined {replica_id, step}``: a group joined the quorum;
 - ``healed {replica_id, source, bytes, seconds, step}``: the joining group ``replica_id`` copied ``bytes`` of live
   state from group ``source`` in ``seconds``;
-- ``replica_quorum {step, live_groups}``: the quorum of ``step`` has ``live_groups`` groups.
+- ``replica_quorum {step, live_groups}``: the quorum of ``step`` has ``live_groups`` groups;
+- ``lighthouse_outage {step, lighthouse, down_s, stall_s, down_since}``: the lighthouse did not answer for ``down_s``
+  seconds (first unanswered probe to the first answered one, from ``down_since``, Unix seconds) and the quorum of
+  ``step`` waited ``stall_s`` seconds in all;
+- ``lighthouse_lost {step, lighthouse, waited_s, checkpoint_path}``: it did not answer for ``lighthouse_wait``; the
+  group stopped (after committing ``checkpoint_path``, on the writing group).
 
 Every rank of every group may write the same event: :func:`replica_summary` keeps one per group and step (the
 longest stall, the largest count), so the totals count each failure once. A stall is lost time (the report's
 ``lost_s`` includes it, the ETTR leaves it out of the useful time); a heal is the joining group's recovery, which the
-survivors do not wait for. :class:`ReplicaTally` keeps the same totals live for
+survivors do not wait for. A lighthouse outage's stall is a quorum's wait, before the step's first batch starts: the
+productive time does not hold it (the wall time does), so the ETTR counts it without subtracting it again. :class:`ReplicaTally` keeps the same totals live for
 :class:`~lightning_ft.monitors.GoodputMonitor`, from the lines its rank appends to the event log.
 """
 
@@ -30,13 +36,22 @@ from lightning_ft.monitors.run_history import num
 
 __all__ = ["REPLICA_EVENTS", "ReplicaTally", "read_new_lines", "replica_summary"]
 
-REPLICA_EVENTS = ("replica_lost", "replica_joined", "healed", "replica_quorum")
+REPLICA_EVENTS = (
+    "replica_lost",
+    "replica_joined",
+    "healed",
+    "replica_quorum",
+    "lighthouse_outage",
+    "lighthouse_lost",
+)
 """The events of the replica mode this module reads."""
 
 _KEPT = {
     "replica_lost": ("stall_s", "discarded_steps"),
     "replica_joined": (),
     "healed": ("source", "bytes", "seconds"),
+    "lighthouse_outage": ("lighthouse", "down_s", "stall_s", "down_since"),
+    "lighthouse_lost": ("lighthouse", "waited_s", "checkpoint_path"),
 }
 """Per event, the fields a summary keeps besides ``time``, ``step``, ``attempt`` and ``replica_id``."""
 
@@ -46,6 +61,8 @@ def _merged(events: Iterable[dict[str, Any]], name: str) -> list[dict[str, Any]]
     out: dict[tuple[str, Any], dict[str, Any]] = {}
     for e in sorted((e for e in events if e.get("event") == name), key=lambda e: num(e.get("time"))):
         key = (str(e.get("replica_id")), e.get("step"))
+        if name.startswith("lighthouse_"):  # the group's own: one per attempt and step
+            key = (str(e.get("attempt")), e.get("step"))
         record = out.setdefault(
             key, {k: e.get(k) for k in ("time", "step", "attempt", "replica_id")} | {k: None for k in _KEPT[name]}
         )
@@ -77,12 +94,16 @@ def replica_summary(events: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
     Keys: ``lost``, ``joined``, ``heals`` (the merged records, in time order), ``live_groups`` (``[step, n]`` where
     the number changed), ``stall_s`` (the survivors' stalls), ``discarded_steps``, ``heal_s`` and ``heal_bytes``
     (the heals' seconds and bytes), ``replicas_lost``, ``replicas_joined``, ``min_live_groups`` and
-    ``last_live_groups`` (``None`` without ``replica_quorum`` events).
+    ``last_live_groups`` (``None`` without ``replica_quorum`` events), ``lighthouse_outages`` and ``lighthouse_lost``
+    (the merged records), ``lighthouse_down_s`` and ``lighthouse_stall_s`` (the outages' totals).
     """
     events = [e for e in events if e.get("event") in REPLICA_EVENTS]
     if not events:
         return None
-    lost, joined, heals = (_merged(events, name) for name in ("replica_lost", "replica_joined", "healed"))
+    lost, joined, heals, outages, gone = (
+        _merged(events, name)
+        for name in ("replica_lost", "replica_joined", "healed", "lighthouse_outage", "lighthouse_lost")
+    )
     live = _live_groups(events)
     return {
         "lost": lost,
@@ -97,6 +118,10 @@ def replica_summary(events: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
         "replicas_joined": len(joined),
         "min_live_groups": min((n for _, n in live), default=None),
         "last_live_groups": live[-1][1] if live else None,
+        "lighthouse_outages": outages,
+        "lighthouse_lost": gone,
+        "lighthouse_down_s": sum(num(r["down_s"]) for r in outages),
+        "lighthouse_stall_s": sum(num(r["stall_s"]) for r in outages),
     }
 
 

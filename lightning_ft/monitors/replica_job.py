@@ -13,12 +13,18 @@ job joins the same lighthouse), the replica id the group. :func:`find_group_runs
   how it left when its own log says (evicted and by what, hung, crashed, stopped; ``lost`` when its log just ends: a
   kill, a lost node), the stall (the longest any survivor waited) and the steps discarded;
 - ``heals``: each heal of a joining group, with its source group, bytes and seconds;
+- ``lighthouse``: each outage of the lighthouse once (the groups' ``lighthouse_outage`` whose down times overlap,
+  merged): when, how long it did not answer (the longest any group saw) and the stall (the longest quorum wait of a
+  group), and each time it stayed away past ``lighthouse_wait`` (``lighthouse_lost``: the groups that stopped, the
+  time they waited, the checkpoint committed);
 - ``groups``: per group, its attempts (steps, how each ended) and the single-run report's own ETTR;
 - the job's effective training time ratio, measured as the single-run report measures a run's (the time of the
   steps trained, less the stalls, over the wall time), with each committed step counted once for the job: the groups
   of a quorum train the same step side by side, a whole-job restart trains some steps again. A step's time is the
   productive time the groups' ``progress`` records give it (the median over the groups that trained it); the wall
-  time runs from the first group's process start to the end of the last attempt that trained a step.
+  time runs from the first group's process start to the end of the last attempt that trained a step. A lighthouse
+  outage is a wait outside the steps' time: the wall time holds it, nothing is subtracted for it. The stalls
+  subtracted (the lost groups') never take the ratio below 0.
 """
 
 from __future__ import annotations
@@ -84,7 +90,8 @@ def summarize_job(runs: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """One job's summary from its groups' runs (:func:`find_group_runs`, all of one ``job``). JSON-able; times are
     seconds, ``t`` fields seconds from the job's start. Keys: ``job``, ``start_time``, ``wall_s``,
     ``committed_steps``, ``step_s`` (the committed steps' time, each once), ``stall_s``, ``ettr``,
-    ``discarded_steps``, ``live_groups``, ``failures``, ``heals`` and ``groups`` (module docstring)."""
+    ``discarded_steps``, ``live_groups``, ``failures``, ``heals``, ``lighthouse`` and ``groups`` (module
+    docstring)."""
     runs = list(runs)
     if not runs:
         raise ValueError("summarize_job(runs=[]): no replica group's run to summarize")
@@ -98,6 +105,7 @@ def summarize_job(runs: Iterable[dict[str, Any]]) -> dict[str, Any]:
     steps, step_s = _committed_step_time(runs)
     stall_s = sum(f["stall_s"] for f in failures)
     wall_s = max(end - start, 0.0)
+    lighthouse = _lighthouse(runs, start)
     return {
         "job": runs[0]["job"],
         "start_time": start,
@@ -105,11 +113,12 @@ def summarize_job(runs: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "committed_steps": steps,
         "step_s": step_s,
         "stall_s": stall_s,
-        "ettr": (step_s - stall_s) / wall_s if wall_s > 0 else None,
+        "ettr": max(step_s - stall_s, 0.0) / wall_s if wall_s > 0 else None,
         "discarded_steps": sum(f["discarded_steps"] for f in failures),
         "live_groups": _live_groups(runs, start),
         "failures": failures,
         "heals": heals,
+        "lighthouse": lighthouse,
         "groups": [_group(run, s, start) for run, s in per_run],
     }
 
@@ -222,6 +231,69 @@ def _heals(runs: list[dict[str, Any]], start: float) -> list[dict[str, Any]]:
     return sorted(heals.values(), key=lambda h: h["t"])
 
 
+_SAME_OUTAGE_S = 5.0
+"""Slack when merging the groups' records of one outage: each group sees it from its own probes."""
+
+
+def _lighthouse(runs: list[dict[str, Any]], start: float) -> dict[str, Any]:
+    """``{outages, lost, down_s, stall_s}``: the lighthouse's outages, each once, and its losses past
+    ``lighthouse_wait``, merged from the groups' records by time."""
+
+    def merged(name: str, begins: Any, ends: Any) -> list[dict[str, Any]]:
+        records = sorted(
+            (
+                (begins(e), ends(e), run["replica_id"], e)
+                for run in runs
+                for e in run["events"]
+                if e.get("event") == name
+            ),
+            key=lambda r: r[0],
+        )
+        out: list[dict[str, Any]] = []
+        for begin, end, group, e in records:
+            if not out or begin > out[-1]["_end"] + _SAME_OUTAGE_S:
+                out.append({"t": begin - start, "step": e.get("step"), "by_group": {}, "_end": end})
+            out[-1]["_end"] = max(out[-1]["_end"], end)
+            out[-1]["by_group"][group] = e
+        for o in out:
+            del o["_end"]
+        return out
+
+    outages = []
+    for o in merged(
+        "lighthouse_outage",
+        lambda e: num(e.get("down_since"), num(e.get("time")) - num(e.get("stall_s"))),
+        lambda e: num(e.get("time")),
+    ):
+        by_group = o.pop("by_group")
+        outages.append(
+            o
+            | {
+                "down_s": max(num(e.get("down_s")) for e in by_group.values()),
+                "stall_s": max(num(e.get("stall_s")) for e in by_group.values()),
+                "stall_by_group": {g: num(e.get("stall_s")) for g, e in by_group.items()},
+            }
+        )
+    lost = []
+    for o in merged("lighthouse_lost", lambda e: num(e.get("time")), lambda e: num(e.get("time"))):
+        by_group = o.pop("by_group")
+        saved = [e.get("checkpoint_path") for e in by_group.values() if e.get("checkpoint_path")]
+        lost.append(
+            o
+            | {
+                "waited_s": max(num(e.get("waited_s")) for e in by_group.values()),
+                "groups": sorted(by_group, key=_id_key),
+                "checkpoint_path": saved[0] if saved else None,
+            }
+        )
+    return {
+        "outages": outages,
+        "lost": lost,
+        "down_s": sum(o["down_s"] for o in outages),
+        "stall_s": sum(o["stall_s"] for o in outages),
+    }
+
+
 def _segments(run: dict[str, Any]) -> list[tuple[int, int, float]]:
     """``(first step, last step, seconds per step)`` from one run's ``progress`` records (rank 0), each attempt's
     first segment from the step its training started at (a heal's, a resume's, else 0)."""
@@ -267,10 +339,13 @@ def _group(run: dict[str, Any], summary: dict[str, Any], start: float) -> dict[s
         within = [e for e in events if int(e.get("attempt", 0) or 0) == a["attempt"]]
         evicted = next((e for e in within if e.get("event") == "node_evicted"), None)
         refused = any(e.get("event") == "join_refused" for e in within)
+        gone = next((e for e in within if e.get("event") == "lighthouse_lost"), None)
         if evicted is not None:
             ended = f"evicted ({evicted.get('source')})"
         elif refused:
             ended = "refused to join (its node's cooldown)"
+        elif gone is not None:
+            ended = f"stopped: the lighthouse did not answer for {_s(num(gone.get('waited_s')))}"
         elif a["end_reason"] in ("unknown", "killed"):
             ended = "its log ends without a record (killed, or its node went away)"
         else:
@@ -330,6 +405,24 @@ def format_job_report(job: dict[str, Any]) -> str:
             + (f" ({f['detail']})" if f["detail"] else "")
             + f"; stall {_s(f['stall_s'])} ({stalls}), {f['discarded_steps']} discarded step(s)"
         )
+    lighthouse = job.get("lighthouse") or {"outages": [], "lost": []}
+    if lighthouse["outages"] or lighthouse["lost"]:
+        lines.append(
+            f"  lighthouse: {len(lighthouse['outages'])} outage(s) lived through (down {_s(lighthouse['down_s'])},"
+            f" quorums waited {_s(lighthouse['stall_s'])}, in the wall time), gone past lighthouse_wait"
+            f" {len(lighthouse['lost'])} time(s)"
+        )
+        for o in lighthouse["outages"]:
+            stalls = ", ".join(f"group {g} {_s(s)}" for g, s in sorted(o["stall_by_group"].items()))
+            lines.append(
+                f"    t={_s(o['t'])} step {o['step']}: down {_s(o['down_s'])}; stall {_s(o['stall_s'])} ({stalls})"
+            )
+        for o in lighthouse["lost"]:
+            saved = f", {o['checkpoint_path']} committed" if o["checkpoint_path"] else ", no checkpoint"
+            lines.append(
+                f"    t={_s(o['t'])} step {o['step']}: did not answer for {_s(o['waited_s'])}; groups"
+                f" {', '.join(o['groups'])} stopped{saved}"
+            )
     total = sum(h["bytes"] for h in job["heals"])
     lines.append(f"  heals: {len(job['heals'])} ({_bytes(total)} from live groups)")
     for h in job["heals"]:

@@ -6,11 +6,13 @@ the LightningModule's ``on_save_checkpoint`` additions) and this rank's RNG stat
 restores, a heal restores. It is put back through Lightning's own restore functions, in a running fit: the module's
 ``on_load_checkpoint`` and weights, the precision plugin, the callbacks, the loop progress (without marking the
 loops as restarting, :func:`~lightning_ft._compat.load_fit_loop_progress`), the optimizers and schedulers, then the
-RNG. Rank ``r`` of the joining group receives rank ``r``'s state of the source group (torchft pairs them).
+RNG. Rank ``r`` of the joining group receives rank ``r``'s state of the source group (torchft pairs them); for a
+sharded model (FSDP2, tensor parallel) that is rank ``r``'s shards (:mod:`~lightning_ft.replica.sharded_sync`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lightning_ft import _compat
@@ -35,12 +37,18 @@ def heal_state(trainer: pl.Trainer) -> dict[str, Any]:
     }
 
 
-def apply_heal_state(trainer: pl.Trainer, state: dict[str, Any]) -> None:
+def apply_heal_state(
+    trainer: pl.Trainer, state: dict[str, Any], *, load_in_place: Callable[[dict[str, Any]], None] | None = None
+) -> None:
     """Put ``state`` (from :func:`heal_state` on the source rank) into this running fit, in place.
 
     Called on the training thread at the start of a step, before the forward pass, on every rank of the joining
-    group."""
+    group. ``load_in_place``: loads model and optimizer state that Lightning's restore leaves to the strategy (a
+    sharded model's, :meth:`~lightning_ft.replica.sharded_sync.ShardedSync.load_heal_state`), first, as a checkpoint
+    load does."""
     checkpoint = state["checkpoint"]
+    if load_in_place is not None:
+        load_in_place(checkpoint)
     with _compat.loaded_checkpoint(trainer, checkpoint) as connector:
         connector.restore_model()
         connector.restore_datamodule()

@@ -5,12 +5,14 @@ from lightning_ft.replica.duplicate_id import DuplicateReplicaError, refuse_a_li
 from lightning_ft.replica.gradient_sync import GradientSync, replica_comm_hook
 from lightning_ft.replica.replica_groups import ResolvedReplicaGroups
 from lightning_ft.replica.replica_sync import ReplicaSync
+from lightning_ft.replica.sharded_sync import ShardedSync
 
 __all__ = [
     "DuplicateReplicaError",
     "GradientSync",
     "ReplicaSync",
     "ResolvedReplicaGroups",
+    "ShardedSync",
     "checkpoint_writer",
     "live_peers",
     "refuse_a_live_duplicate",

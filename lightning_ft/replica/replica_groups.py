@@ -19,7 +19,14 @@ import re
 from dataclasses import dataclass
 from datetime import timedelta
 
-__all__ = ["LIGHTHOUSE_ENV", "NUM_GROUPS_ENV", "REPLICA_ID_ENV", "ReplicaGroups", "ResolvedReplicaGroups"]
+__all__ = [
+    "LIGHTHOUSE_ENV",
+    "NUM_GROUPS_ENV",
+    "PROCESS_GROUPS",
+    "REPLICA_ID_ENV",
+    "ReplicaGroups",
+    "ResolvedReplicaGroups",
+]
 
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 """torchft's variable for the lighthouse address (``http://host:port``)."""
@@ -27,6 +34,10 @@ REPLICA_ID_ENV = "REPLICA_GROUP_ID"
 """torchft's variable for this group's id (``0``, ``1``, ...; what ``torchft.torchx`` sets per group)."""
 NUM_GROUPS_ENV = "NUM_REPLICA_GROUPS"
 """torchft's variable for the number of replica groups the data is split over."""
+
+PROCESS_GROUPS = ("gloo", "nccl", "baby_nccl")
+"""The process groups ``ReplicaGroups(process_group=...)`` names: torchft's ``ProcessGroupGloo``, ``ProcessGroupNCCL``
+and ``ProcessGroupBabyNCCL``."""
 
 _ADDRESS = re.compile(r"^https?://[^\s/:]+(:\d+)?/?$|^https?://\[[0-9a-fA-F:.]+\](:\d+)?/?$")
 _REPLICA_ID = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -53,7 +64,8 @@ class ReplicaGroups:
     Raises:
         TypeError: a field of the wrong type.
         ValueError: a malformed address or id, ``min_replicas`` or ``num_groups`` below 1, ``min_replicas`` above
-            ``num_groups``, or a ``timeout`` that is not positive.
+            ``num_groups``, a ``timeout`` or ``lighthouse_wait`` that is not positive, or an unknown
+            ``process_group``.
     """
 
     lighthouse: str | None = None
@@ -89,7 +101,26 @@ class ReplicaGroups:
     """Host name or IP this group's manager and its state server advertise to the others, and that the state server
     binds. ``None``: this machine's host name, the server listening on every interface (torchft's behaviour)."""
 
+    process_group: str = "gloo"
+    """The process group that joins rank ``r`` of every group (the gradient all-reduce): ``"gloo"`` (torchft's
+    ``ProcessGroupGloo``: CPU tensors, or CUDA tensors through host memory), ``"nccl"`` (torchft's
+    ``ProcessGroupNCCL``) or ``"baby_nccl"`` (torchft's ``ProcessGroupBabyNCCL``: NCCL in a child process, which a
+    failure can end without ending the trainer). The NCCL ones need a CUDA device on every rank, and rank ``r`` of
+    each group on a GPU of its own; they are not verified on CPU-only machines (scripts/gpu_check.sh runs them)."""
+    lighthouse_wait: timedelta = timedelta(minutes=5)
+    """How long the groups wait for a lighthouse that does not answer (killed, its node lost, restarting) before
+    they stop. Within it, a lighthouse restarted at the same address costs the time it was down: the groups resume
+    at the next quorum. Past it, the group that writes checkpoints commits ``preempt-step=<N>``, and every group
+    stops with one message naming the lighthouse (exit code ``FaultPolicy.exit_code``, 75 by default); a relaunch
+    resumes from that checkpoint. A starting group waits as long for the lighthouse to answer. Default 5 minutes:
+    long enough for a scheduler to restart the lighthouse (docs/replica-groups.md, "When the lighthouse dies")."""
+
     def __post_init__(self) -> None:
+        if self.process_group not in PROCESS_GROUPS:
+            raise ValueError(
+                f"ReplicaGroups(process_group={self.process_group!r}): must be one of"
+                f" {', '.join(repr(n) for n in PROCESS_GROUPS)} (torchft's process group across the groups)"
+            )
         if self.lighthouse is not None:
             _check_lighthouse(self.lighthouse, "lighthouse")
         _check_count("min_replicas", self.min_replicas)
@@ -104,6 +135,12 @@ class ReplicaGroups:
             raise TypeError(f"ReplicaGroups(timeout={self.timeout!r}): must be a datetime.timedelta")
         if self.timeout <= timedelta(0):
             raise ValueError(f"ReplicaGroups(timeout={self.timeout!r}): must be positive (e.g. timedelta(seconds=5))")
+        if not isinstance(self.lighthouse_wait, timedelta):
+            raise TypeError(f"ReplicaGroups(lighthouse_wait={self.lighthouse_wait!r}): must be a datetime.timedelta")
+        if self.lighthouse_wait <= timedelta(0):
+            raise ValueError(
+                f"ReplicaGroups(lighthouse_wait={self.lighthouse_wait!r}): must be positive (e.g. timedelta(minutes=5))"
+            )
         if self.replica_id is not None:
             _check_replica_id(self.replica_id, "replica_id")
         if self.address is not None and (not isinstance(self.address, str) or not self.address.strip()):
@@ -147,6 +184,8 @@ class ReplicaGroups:
             num_groups=num_groups,
             address=self.address,
             num_groups_known=known,
+            process_group=self.process_group,
+            lighthouse_wait=self.lighthouse_wait,
         )
 
 
@@ -163,6 +202,9 @@ class ResolvedReplicaGroups:
     num_groups_known: bool = True
     """Whether ``num_groups`` was given (the field or ``NUM_REPLICA_GROUPS``) rather than the default 1: the
     ``ElasticPolicy`` needs the full membership to scale at a change of the live groups."""
+    process_group: str = "gloo"
+    """``ReplicaGroups.process_group``."""
+    lighthouse_wait: timedelta = timedelta(minutes=5)
 
     @property
     def quorum_timeout(self) -> timedelta:

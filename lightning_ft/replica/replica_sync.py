@@ -11,7 +11,8 @@ strategy hook            what happens
                          check is answered from a :class:`~lightning_ft.replica.checkpoint_owner.WriterView`, the DDP
                          communication hook is registered, the step gate wraps ``lr_scheduler_step``
 ``batch_to_device``      first micro-batch of an optimizer step (training): ``start_quorum`` (blocks until the
-                         lighthouse's quorum; reconfigures the cross-group process group when the membership changed;
+                         lighthouse's quorum, waiting out a lighthouse that does not answer for up to
+                         ``lighthouse_wait``, then stopping: :mod:`~lightning_ft.replica.lighthouse_watch`; reconfigures the cross-group process group when the membership changed;
                          a joining group receives the live state here, before its forward pass; a healthy group
                          serves it); at a new membership the ``ElasticPolicy`` sets the accumulation and the
                          learning-rate factor (:mod:`~lightning_ft.elastic.replica_policy`), then the rest of the
@@ -20,7 +21,9 @@ strategy hook            what happens
                          participant with this group's id refuses this one in its first quorum; a non-writing group
                          lists the checkpoint folders (what the writer sees when it names the step's saves)
 (backward)               :func:`~lightning_ft.replica.gradient_sync.replica_comm_hook`: average in the group, then
-                         across the live groups; a failure is recorded, never raised
+                         across the live groups; a failure is recorded, never raised. A sharded model (FSDP2, tensor
+                         parallel): :class:`~lightning_ft.replica.sharded_sync.ShardedSync` averages each rank's
+                         shards with the same rank of the others after the step's last backward, and heals per rank
 ``optimizer_step``       :class:`~lightning_ft.replica.step_gate.StepGate`: ``should_commit()`` (the group's vote,
                          then all groups'), the step applied or discarded and uncounted
 ``teardown``             agent watch stopped, name check and gate undone, Manager and transport shut down
@@ -39,7 +42,9 @@ at the first committed step after the loss, when the stall is known) and, on a j
 source, bytes, seconds, step}``; ``replica_data {step, live_groups, group_index, committed, reason, repeated,
 skipped}`` each time the rest of the epoch is dealt anew (:mod:`~lightning_ft.replica.data_deal`);
 ``replica_policy {step, live_groups, accumulate_grad_batches, global_batch, lr_scale, ...}`` each time the
-``ElasticPolicy`` was applied to a new number of live groups (lightning_ft/elastic/replica_policy.py).
+``ElasticPolicy`` was applied to a new number of live groups (lightning_ft/elastic/replica_policy.py);
+``lighthouse_outage {step, lighthouse, down_s, stall_s, down_since}`` after a quorum that waited for the lighthouse,
+and ``lighthouse_lost {step, lighthouse, waited_s, checkpoint_path}`` before a stop when it stayed away.
 """
 
 from __future__ import annotations
@@ -62,6 +67,17 @@ from lightning_ft.replica.duplicate_id import AgentWatch, duplicates_in_quorum
 from lightning_ft.replica.gradient_sync import GradientSync
 from lightning_ft.replica.heal_state import apply_heal_state, heal_state
 from lightning_ft.replica.heal_transport import HealTransport
+from lightning_ft.replica.lighthouse_watch import (
+    LighthouseGone,
+    LighthouseProbe,
+    LighthouseWatch,
+    QuorumIds,
+    QuorumWait,
+    quorum_request_timeout,
+    quorum_retries,
+    stop_without_lighthouse,
+    wait_for_lighthouse,
+)
 from lightning_ft.replica.step_gate import StepGate
 
 if TYPE_CHECKING:
@@ -72,6 +88,7 @@ if TYPE_CHECKING:
 
     from lightning_ft.events import EventLog
     from lightning_ft.replica.replica_groups import ResolvedReplicaGroups
+    from lightning_ft.replica.sharded_sync import ShardedSync
 
 __all__ = ["ReplicaSync", "members_by_rank", "replica_manager"]
 
@@ -92,7 +109,9 @@ _STATE_KEY = "lightning"
 def replica_manager(
     config: ResolvedReplicaGroups, *, group_rank: int, group_world_size: int, transport: HealTransport
 ) -> Manager:
-    """This process's torchft ``Manager``, its timeouts all from ``ReplicaGroups.timeout``.
+    """This process's torchft ``Manager``, its timeouts all from ``ReplicaGroups.timeout``; its server retries a
+    failed quorum request to the lighthouse until the training thread gives up (replica/lighthouse_watch.py). Waits
+    first, up to ``ReplicaGroups.lighthouse_wait``, for the lighthouse to answer.
 
     torchft's own environment variables for its timeouts (``TORCHFT_TIMEOUT_SEC``, ``TORCHFT_QUORUM_TIMEOUT_SEC``,
     ``TORCHFT_CONNECT_TIMEOUT_SEC``) would win over what is passed to the Manager, but only for some of its waits
@@ -100,24 +119,26 @@ def replica_manager(
     the one setting, so they are ignored here, and group rank 0 warns, naming each variable and what is in force.
     Collective over the group (every rank builds its Manager; rank 0 starts the manager server).
     """
-    from torchft import Manager, ProcessGroupGloo
-    from torchft.manager import CONNECT_TIMEOUT_SEC_ENV, QUORUM_TIMEOUT_SEC_ENV, TIMEOUT_SEC_ENV
+    from torchft import Manager
+    from torchft.manager import CONNECT_TIMEOUT_SEC_ENV, QUORUM_RETRIES_ENV, QUORUM_TIMEOUT_SEC_ENV, TIMEOUT_SEC_ENV
 
-    names = (TIMEOUT_SEC_ENV, QUORUM_TIMEOUT_SEC_ENV, CONNECT_TIMEOUT_SEC_ENV)
+    names = (TIMEOUT_SEC_ENV, QUORUM_TIMEOUT_SEC_ENV, CONNECT_TIMEOUT_SEC_ENV, QUORUM_RETRIES_ENV)
     ignored = {name: os.environ[name] for name in names if name in os.environ}
     if ignored and group_rank == 0:
         warnings.warn(
             f"lightning-ft: {', '.join(f'{k}={v}' for k, v in ignored.items())} ignored: ReplicaGroups(timeout="
             f"{config.timeout!r}) sets torchft's timeouts (collectives, the commit vote and the heal"
             f" {config.timeout.total_seconds():g} s, the quorum {config.quorum_timeout.total_seconds():g} s,"
-            f" connections {config.connect_timeout.total_seconds():g} s): change ReplicaGroups(timeout=...) instead,"
-            " or unset the variable",
+            f" connections {config.connect_timeout.total_seconds():g} s) and ReplicaGroups(lighthouse_wait="
+            f"{config.lighthouse_wait!r}) how long a quorum request to the lighthouse is retried: change"
+            " ReplicaGroups(...) instead, or unset the variable",
             UserWarning,
             stacklevel=2,
         )
+    wait_for_lighthouse(config.lighthouse, config.lighthouse_wait)
     with _environment_without(ignored):
         return Manager(
-            pg=ProcessGroupGloo(timeout=config.timeout),
+            pg=cross_group_process_group(config),
             load_state_dict=None,
             state_dict=None,
             min_replica_size=config.min_replicas,
@@ -132,8 +153,17 @@ def replica_manager(
             hostname=config.address or socket.gethostname(),
             heartbeat_interval=config.heartbeat_interval,
             checkpoint_transport=transport,
+            quorum_retries=quorum_retries(config),
             init_sync=True,  # the first step copies one group's initial state to all: weights agree whatever the seed
         )
+
+
+def cross_group_process_group(config: ResolvedReplicaGroups) -> Any:
+    """torchft's process group that ``ReplicaGroups.process_group`` names, its timeout ``ReplicaGroups.timeout``."""
+    import torchft
+
+    names = {"gloo": "ProcessGroupGloo", "nccl": "ProcessGroupNCCL", "baby_nccl": "ProcessGroupBabyNCCL"}
+    return getattr(torchft, names[config.process_group])(timeout=config.timeout)
 
 
 @contextmanager
@@ -167,6 +197,8 @@ class ReplicaSync:
             not write: :class:`~lightning_ft.replica.checkpoint_owner.WriterView`).
         agent_pid: this worker's torchrun agent: when it is gone, the worker stops (an
             :class:`~lightning_ft.replica.duplicate_id.AgentWatch`); ``None``: not a torchrun worker, nothing watched.
+        data_parallel: ``(size, rank)`` of the group's data-parallel axis and this process's place in it (tensor
+            parallel ranks read the same data); ``None``: every process of the group is a data-parallel rank.
 
     Collective over the group: every rank of the group builds one at set-up (rank 0 starts the manager server, the
     others connect to it through the group's TCPStore at ``MASTER_ADDR:MASTER_PORT``).
@@ -188,6 +220,7 @@ class ReplicaSync:
         on_heal: Callable[[int], None] = lambda step: None,
         agent_pid: int | None = None,
         checkpoint_folders: Callable[[], list[Any]] = list,
+        data_parallel: tuple[int, int] | None = None,
     ) -> None:
         self.config = config
         self._trainer = trainer
@@ -201,14 +234,26 @@ class ReplicaSync:
         )
         self.manager.register_state_dict_fn(_STATE_KEY, self._load, self._state)
         self._quorum: Any = None
+        self._quorum_ids = QuorumIds()  # ids that stay unique when the lighthouse restarts (lighthouse_watch.py)
         self._recorder = _compat.quorum_recorder_patch(self.manager, self._record_quorum).install()
+        self._watch = LighthouseWatch(
+            config.lighthouse,
+            wait=config.lighthouse_wait,
+            probe=LighthouseProbe(config.lighthouse, full_id=lambda: self._own_full_id),
+        )
+        self._quorum_timeout_s = config.first_quorum_timeout.total_seconds()
+        self._last_wait: QuorumWait | None = None
+        self._waiter = _compat.quorum_wait_patch(self.manager, self._wait_quorum).install()
         self.gradients = GradientSync(self.manager, group=group, group_size=group_world_size)
+        self.sharded: ShardedSync | None = None
+        """A sharded model's per-rank gradient average and heal (set by the strategy for FSDP2 or tensor parallel)."""
         self.gate = StepGate(self._vote)
         self._membership = membership
         self._policy_state = policy_state
         self._load_policy_state = load_policy_state
+        dp_size, dp_rank = data_parallel or (group_world_size, group_rank)
         self.data = ReplicaDataDeal(
-            trainer, group_size=group_world_size, local_rank=group_rank, write=self._write, hold=hold_sampler
+            trainer, group_size=dp_size, local_rank=dp_rank, write=self._write, hold=hold_sampler
         )
         self._step_open = False
         self._quorums = 0
@@ -272,8 +317,19 @@ class ReplicaSync:
             )
         self.gate.begin_step()
         timeout = self.config.first_quorum_timeout if first else self.config.quorum_timeout
+        self._quorum_timeout_s, self._last_wait = timeout.total_seconds(), None
         try:
-            self.manager.start_quorum(timeout=timeout)
+            self.manager.start_quorum(timeout=quorum_request_timeout(self.config, first=first))
+        except LighthouseGone as gone:  # the writer commits preempt-step=<N>, every group stops
+            stop_without_lighthouse(
+                trainer,
+                gone,
+                replica_id=self.replica_id,
+                saves=self._quorums > 0 and self.writes_checkpoints,
+                group_rank=self._group_rank,
+                quorum=_compat.quorum_future(self.manager),
+                write=self._write,
+            )
         except Exception as e:
             raise RuntimeError(
                 f"ReplicaGroups(min_replicas={self.config.min_replicas}): no quorum of replica groups formed within"
@@ -281,6 +337,15 @@ class ReplicaSync:
             ) from e
         self._quorums += 1
         self._step_open = True
+        if self._last_wait is not None and self._last_wait.down_s > 0:  # replica/lighthouse_watch.py
+            self._write(
+                "lighthouse_outage",
+                step=trainer.global_step,
+                lighthouse=self.config.lighthouse,
+                down_s=self._last_wait.down_s,
+                stall_s=self._last_wait.waited_s,
+                down_since=self._last_wait.down_since,
+            )
         if first and self.resume_floor is not None and trainer.global_step < self.resume_floor:
             raise RuntimeError(
                 f"ReplicaGroups: this group left the checkpoint at step {self.resume_floor} on disk to heal from a live"
@@ -364,9 +429,13 @@ class ReplicaSync:
                 f" at step {self._trainer.global_step}; stopping this group"
             )
 
+    def _wait_quorum(self, done: Callable[[float], bool]) -> None:  # in place of Manager.wait_quorum
+        self._last_wait = self._watch.wait(done, quorum_timeout_s=self._quorum_timeout_s)
+
     # ------------------------------------------------------------------ membership and events
 
     def _record_quorum(self, result: Any) -> None:  # torchft's quorum thread
+        self._quorum_ids.assign(result)
         self._quorum = result
 
     def _after_quorum(self, step: int) -> bool:
@@ -475,11 +544,14 @@ class ReplicaSync:
     # ------------------------------------------------------------------ heal
 
     def _state(self) -> dict[str, Any]:  # torchft's quorum thread, on a group that serves a joining one
-        return {**heal_state(self._trainer), "elastic": self._policy_state()}
+        state = heal_state(self._trainer) if self.sharded is None else self.sharded.heal_state(self._trainer)
+        return {**state, "elastic": self._policy_state()}
 
     def _load(self, state: dict[str, Any]) -> None:  # the training thread, inside start_quorum, on a joining group
         started = time.monotonic()
-        apply_heal_state(self._trainer, state)
+        apply_heal_state(
+            self._trainer, state, load_in_place=self.sharded.load_heal_state if self.sharded is not None else None
+        )
         if state.get("elastic") is not None:  # the source's rates and accumulation, bitwise (its optimizers are here)
             self._load_policy_state(state["elastic"])
         self.data.forget_deal()  # the sampler holds the source's committed count: the quorum deals anew from it
@@ -509,5 +581,6 @@ class ReplicaSync:
             self._agent_watch.stop()
         self.names.uninstall()
         self.gate.uninstall()
+        self._waiter.undo()
         self._recorder.undo()
         self.manager.shutdown(wait=False)

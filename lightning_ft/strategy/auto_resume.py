@@ -9,8 +9,10 @@ lightning-ft folder without its commit marker): the path is classified once ther
 (:meth:`AutoResume.location_for`).
 
 Auto-resume resumes this run only (:mod:`lightning_ft.strategy.run_identity`): never in a ``fit`` whose model or
-Trainer already trained in this process (it continues from the live state, as Lightning does), and never from a
-checkpoint that records another model's identity (named in one message, left alone).
+Trainer already trained in this process (it continues from the live state, as Lightning does), never from a folder
+this process already saved the same model's checkpoints into or trained it over (a restart is a new process), and
+never from a checkpoint that records another model's identity (named in one message, left alone). After a fallback,
+Lightning's connector is told the path that was read (:meth:`AutoResume.fell_back_to`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from lightning_ft.checkpoint.internal import (
     listed,
     locate,
 )
-from lightning_ft.strategy.run_identity import identity_mismatch, trained_in_process
+from lightning_ft.strategy.run_identity import checkpoint_mismatch, folder_used, trained_in_process
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -110,6 +112,9 @@ class AutoResume:
             from when the memory tier holds a newer step every rank can restore, else ``None``.
         identity: the live model's identity (:func:`~lightning_ft.strategy.run_identity.module_identity`), compared
             with each candidate's; ``None`` compares nothing.
+        state_index: the live model's state-dict index
+            (:func:`~lightning_ft.strategy.run_identity.state_dict_index`), compared with a candidate's own when its
+            class is this model's and its parameter digest is not (rank 0 calls it, at most once per choice).
         event_log: the run's event log (where a checkpoint of another run is recorded as ``checkpoint_rejected``).
         live_peers: replica groups (``ElasticFT3D(replica_groups=...)``): given the newest checkpoint's step on disk
             (``None``: none), the live groups a starting group heals from instead of reading it (``{replica id:
@@ -128,6 +133,7 @@ class AutoResume:
         event_log: Callable[[], EventLog | None] | None = None,
         live_peers: Callable[[int | None], dict[str, int]] | None = None,
         memory_newest: Callable[[], int | None] | None = None,
+        state_index: Callable[[], dict[str, tuple[str, list[int]]] | None] | None = None,
     ) -> None:
         self.enabled = enabled
         self._live_peers = live_peers
@@ -146,6 +152,16 @@ class AutoResume:
         self._patch: _compat.Patch | None = None
         self._downloads: dict[str, Path] = {}
         self._download_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._read_instead: str | None = None
+        self._state_index = state_index
+        self._state_index_cache: list[dict[str, tuple[str, list[int]]] | None] = []
+
+    def _live_state_index(self) -> dict[str, tuple[str, list[int]]] | None:
+        if self._state_index is None:
+            return None
+        if not self._state_index_cache:  # once per choice: only a same-class candidate with another digest asks
+            self._state_index_cache.append(self._state_index())
+        return self._state_index_cache[0]
 
     def install(self, trainer: pl.Trainer) -> None:
         """Patch the trainer's checkpoint connector for this run (idempotent); :meth:`uninstall` undoes it."""
@@ -157,7 +173,11 @@ class AutoResume:
         def resume_start(checkpoint_path: Any = None, weights_only: bool | None = None) -> None:
             if trainer.state.fn == TrainerFn.FITTING:
                 checkpoint_path = self.select(trainer, checkpoint_path)
+            self._read_instead = None
             _compat.call_resume_start(original, checkpoint_path, weights_only)
+            if self._read_instead is not None:
+                _compat.name_restored_checkpoint(trainer, self._read_instead)
+                self._read_instead = None
 
         self._patch = _compat.Patch(connector, "resume_start", resume_start, name="lightning-ft auto-resume").install()
 
@@ -174,11 +194,15 @@ class AutoResume:
         """The checkpoint to resume from: the user's (checked), else the memory tier's agreed step when it is newer
         than the durable tier's newest, else the newest committed one of this run with the full training state, else
         ``None``. Nothing is resumed by itself in a ``fit`` whose model or Trainer already trained in this process
-        (it continues from the live state, as Lightning does), and a checkpoint that records another model's identity
-        is not a candidate (:meth:`_this_runs`). Collective: every rank calls it; rank 0 first settles the
+        (it continues from the live state, as Lightning does), nor from a folder this process already saved this
+        model's checkpoints into or trained it over (:meth:`_not_this_process`; nor from the memory tier then), and a
+        checkpoint that records another model's identity is not a candidate (:meth:`_this_runs`). Collective: every rank calls it; rank 0 first settles the
         replacements a crash interrupted (:func:`~lightning_ft.checkpoint.recover_interrupted_swaps`) in the
         checkpoint folders, then lists the candidates for all."""
         self.healing_from, self.skipped_step = {}, None
+        identity = self._identity() if self._identity is not None else None
+        # Folders this process already wrote this model's checkpoints into, or trained it over: not a restart's.
+        used = [d for d in checkpoint_dirpaths(trainer) if folder_used(d, identity)]
         if ckpt_path is None and not self.enabled:
             return None
         folders = checkpoint_dirpaths(trainer)
@@ -216,9 +240,11 @@ class AutoResume:
                     f" live state, as Lightning does; auto-resume leaves {candidates[0][1].path} alone (pass"
                     " ckpt_path=... to resume a checkpoint)"
                 )
-            names = [] if live else [(str(c.path), c.ours, step) for step, c in self._this_runs(candidates)]
+            if not live and used:
+                candidates = self._not_this_process(candidates, used)
+            names = [] if live else [(str(c.path), c.ours, step) for step, c in self._this_runs(candidates, identity)]
         # Also the barrier after the recovery: no rank looks at the folders before rank 0 has settled them.
-        names, live, peers = self._broadcast((names, live, peers))
+        names, live, peers, used = self._broadcast((names, live, peers, used))
         self.healing_from, self.skipped_step = peers
         if peers[0]:
             self._candidates, self._chosen = [], None
@@ -232,7 +258,8 @@ class AutoResume:
             # As Lightning keeps it (``trainer.ckpt_path``): the path as given, unless it resolved to another one.
             return ckpt_path if self._chosen.path == self._chosen.requested else str(self._chosen.path)
         self._candidates = [listed(Path(p), ours=ours) for p, ours, _ in names]
-        if self._memory_plan is not None:
+        # The memory tier's copies of these folders and this model are this process's too (every rank ran that fit).
+        if self._memory_plan is not None and not used:
             memory_path = self._memory_plan(names[0][2] if names else None)  # collective: every rank calls
             if memory_path is not None:
                 self._chosen = None  # every durable candidate stays a fallback of the memory restore
@@ -240,22 +267,40 @@ class AutoResume:
         self._chosen = self._candidates[0] if self._candidates else None
         return str(self._chosen.path) if self._chosen is not None else None
 
+    @staticmethod
+    def _not_this_process(
+        candidates: list[tuple[int | None, CheckpointLocation]], used: list[Path]
+    ) -> list[tuple[int | None, CheckpointLocation]]:
+        """The ``candidates`` outside the ``used`` folders (those this process already saved this model's checkpoints
+        into or trained it over: :func:`~lightning_ft.strategy.run_identity.folder_used`); one line names the newest
+        left alone. Rank 0 only."""
+        inside = [(step, c) for step, c in candidates if any(_within(c.path, folder) for folder in used)]
+        if inside:
+            step, location = inside[0]
+            rank_zero_info(
+                f"lightning-ft: auto-resume leaves {location.path} (step {step}) alone: this process already saved or"
+                " trained this model there, so this fit starts from its model's state, as under DDPStrategy (a"
+                " restart, a new process, resumes by itself; pass fit(ckpt_path=...) to resume it)"
+            )
+        return [(step, c) for step, c in candidates if (step, c) not in inside]
+
     def _this_runs(
-        self, candidates: list[tuple[int | None, CheckpointLocation]]
+        self, candidates: list[tuple[int | None, CheckpointLocation]], live: dict[str, Any] | None
     ) -> list[tuple[int | None, CheckpointLocation]]:
         """The ``candidates`` that belong to this run: lightning-ft checkpoints whose recorded identity matches the
         live model's (:func:`~lightning_ft.strategy.run_identity.identity_mismatch`), and every checkpoint that
         records none (an older release's, another strategy's file). The others are left where they are and named in
         one warning (the newest, why, and the ways out) and one ``checkpoint_rejected`` event. Rank 0 only."""
-        live = self._identity() if self._identity is not None else None
         if live is None:
             return candidates
+        self._state_index_cache.clear()
         kept, others = [], []
         for step, location in candidates:
             reason = None
             if location.ours:
                 try:
-                    reason = identity_mismatch(discovery.read_metadata(location.path), live)
+                    metadata, index = discovery.read_state_index(location.path)
+                    reason = checkpoint_mismatch(metadata, index, live, self._live_state_index)
                 except CheckpointError:
                     reason = None  # the load rejects it with its reason, and falls back from there
             if reason is None:
@@ -324,6 +369,12 @@ class AutoResume:
             return chosen
         return self._locate(path)
 
+    def fell_back_to(self, path: str | Path) -> None:
+        """The load of this fit's checkpoint read ``path``, a fallback, instead of the path Lightning asked for: once the
+        load returns, Lightning's connector names ``path`` (``trainer.ckpt_path`` and its "Restored all states from
+        the checkpoint at ..." line), as it names the path it loaded under ``DDPStrategy``. Every rank calls it."""
+        self._read_instead = as_url(path)
+
     def take_candidates(self) -> list[CheckpointLocation]:
         """Every candidate of the last automatic choice, newest first (the durable fallbacks of a memory restore);
         forgets them."""
@@ -335,6 +386,10 @@ class AutoResume:
         fallbacks = [c for c in self._candidates if c.path != chosen.path]
         self._candidates, self._chosen = [], None
         return fallbacks
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return path.parent == folder or folder in path.parents
 
 
 def _downloaded(ckpt_path: Any) -> bool:

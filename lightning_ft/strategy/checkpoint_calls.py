@@ -27,12 +27,13 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_ft.checkpoint import CheckpointError
-from lightning_ft.checkpoint.internal import load_torch_file
+from lightning_ft.checkpoint.internal import load_checkpoint_file
 from lightning_ft.strategy import per_rank_state
 from lightning_ft.strategy.checkpoint_io import run_metadata, split_checkpoint
 from lightning_ft.strategy.elastic_resume import loaded_message
 from lightning_ft.strategy.foreign_import import import_for_strategy
 from lightning_ft.strategy.memory_checkpoints import MemoryRestoreError
+from lightning_ft.strategy.run_identity import mark_folders_used
 
 if TYPE_CHECKING:
     from lightning_ft.strategy.elastic_ft3d import ElasticFT3D
@@ -50,6 +51,7 @@ def save_for_strategy(strategy: ElasticFT3D, checkpoint: dict[str, Any], filepat
     state = per_rank_state.separate(state, rank_state, parameter_names=params)
     # A module connected to the strategy but never to a Trainer (a save before any stage) has no trainer.
     trainer = module._trainer if module is not None else None
+    identity = strategy.run_identity()
     metadata = run_metadata(
         checkpoint,
         trainer=trainer,
@@ -58,9 +60,10 @@ def save_for_strategy(strategy: ElasticFT3D, checkpoint: dict[str, Any], filepat
         parallelized=strategy._parallelized,
         optimizers=strategy.optimizers,
         event_log=strategy.event_log,
-        identity=strategy.run_identity(),
+        identity=identity,
         **strategy._elastic_resume.metadata(),
     )
+    mark_folders_used([path.parent], identity)  # a later fit of this process does not auto-resume it
     # Everything is copied before this returns: what the user's hooks do next never reaches the checkpoint.
     volatile = frozenset(cb.state_key for cb in trainer.checkpoint_callbacks) if trainer is not None else frozenset()
     strategy._checkpoint_manager().save(path, state, rank_state, metadata, volatile_callbacks=volatile)
@@ -83,6 +86,7 @@ def load_for_strategy(
     memory = strategy._memory
     tier: dict[str, Any] = {}
     loaded = None
+    fell_back = False
     if memory is not None and fitting and memory.planned(checkpoint_path):
         # Every rank knows the plan (agreed in auto-resume's choice); rank 0's path names it.
         candidates = strategy._auto_resume.take_candidates()
@@ -97,6 +101,7 @@ def load_for_strategy(
                 log.write("checkpoint_rejected", path=err.path, tier=err.tier, reason=str(err))
             rank_zero_warn(f"Skipping the memory tier: {err}. Falling back to {candidates[0].path}.")
             location, fallbacks = candidates[0], [c for c in candidates[1:] if c.ours]
+            fell_back = True
     else:
         location = strategy._auto_resume.location_for(strategy.broadcast(os.fspath(checkpoint_path)))
         fallbacks = [c for c in strategy._auto_resume.take_fallbacks(location) if c.ours]
@@ -114,6 +119,10 @@ def load_for_strategy(
             weights_only=weights_only,
         )
         tier = {"tier": "durable", "restored_from": {"local": 0, "peer": 0, "durable": strategy.world_size}}
+        if fell_back or loaded.path != location.path:
+            # Lightning names the path it asked for ("Restored all states from the checkpoint at ...",
+            # trainer.ckpt_path): it is told the one that was read.
+            strategy._auto_resume.fell_back_to(loaded.path)
     checkpoint = _lightning_dict(loaded, world_size=strategy.world_size)
     mode.apply_loaded(
         loaded.path, checkpoint, loaded.rank_state, loaded.metadata, saved_rank_states=loaded.saved_rank_states
@@ -143,7 +152,7 @@ def _load_outside_stage(strategy: ElasticFT3D, checkpoint_path: Any, *, weights_
     location = strategy._auto_resume.location_for(os.fspath(checkpoint_path))
     if location.kind == "lightning_file":
         # As an import in a stage reads it: weights_only plus Lightning's types, or unrestricted as Lightning's load
-        return load_torch_file(location.path, weights_only=weights_only)
+        return load_checkpoint_file(location.path, weights_only=weights_only)
     if not location.ours:
         raise CheckpointError(
             f"ckpt_path={str(checkpoint_path)!r} is a distributed checkpoint of another strategy: it is imported into"
@@ -158,5 +167,6 @@ def _lightning_dict(loaded: Any, *, world_size: int) -> dict[str, Any]:
     tensors (rank 0's on another world size) and its callback states at the top level, where Lightning keeps them."""
     same_world = loaded.metadata.get("world_size") == world_size
     checkpoint = per_rank_state.restore_own(dict(loaded.state), loaded.rank_state, same_world=same_world)
-    checkpoint["callbacks"] = loaded.rank_state.get("callbacks", {})
+    if "callbacks" in loaded.rank_state:  # a weights-only checkpoint has none, as Lightning's has none
+        checkpoint["callbacks"] = loaded.rank_state["callbacks"]
     return checkpoint

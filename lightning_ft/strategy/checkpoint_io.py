@@ -223,7 +223,7 @@ class StrategyCheckpoints:
         self._last_save: tuple[Path, int | None] | None = None
         self.retention = Retention(in_flight=self._in_flight, in_flight_step=self._in_flight_step)
         self._routed: RoutedStorage | None = None
-        self._logger_calls = DeferredLoggerCalls(busy=self._busy)
+        self._logger_calls = DeferredLoggerCalls(busy=self._busy, wait=self.wait)
 
     def _busy(self) -> bool:
         return self._writer is not None and self._writer.busy
@@ -232,6 +232,14 @@ class StrategyCheckpoints:
         """Make ``loggers``' ``after_save_checkpoint`` wait for the commit of the save it announces
         (:mod:`~lightning_ft.strategy.logger_calls`); undone by :meth:`finish_logger_calls`."""
         self._logger_calls.install(loggers)
+
+    def _settle_logger_calls(self, path: Path) -> None:
+        """Before ``path`` changes: the kept logger calls that name it are made, after the save in flight commits; the
+        wait is booked as a checkpoint stall."""
+        start = time.perf_counter()
+        self._logger_calls.settle(path)
+        with self._lock:
+            self._unaccounted_stall_s += time.perf_counter() - start
 
     def replay_logger_calls(self) -> None:
         """Make the loggers' calls that waited for a commit, if nothing is in flight now (training thread)."""
@@ -348,6 +356,9 @@ class StrategyCheckpoints:
             if target is None:
                 return
             path = Path(target)
+            # A logger call kept for the save in flight may name this path (`last.ckpt` as the previous step left it):
+            # it is made before this save can replace the file.
+            self._settle_logger_calls(path)
             if self._rank() == 0 and not is_remote(path) and path.is_symlink():
                 # The `last` link of an earlier lightning-ft or of save_last="link": it holds no data, and `last` is
                 # now a checkpoint of its own, so the link makes way for it.
@@ -429,6 +440,7 @@ class StrategyCheckpoints:
         """Retention (``save_top_k``): a checkpoint in flight or the newest committed one is removed only after the
         next commit; what lightning-ft did not write is never removed."""
         if self._rank() == 0:
+            self._settle_logger_calls(path)  # a logger call kept for the save in flight sees the file first
             self.retention.remove(path)
 
     def cleanup_leftovers(self, dirpaths: list[Path], *, older_than: float | None = None) -> list[Path]:
@@ -519,5 +531,7 @@ def _saved_step(path: Path) -> int | None:
 def split_checkpoint(checkpoint: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Lightning's checkpoint dict as ``(state, rank_state)``: callback states and RNG states are per rank."""
     state = {k: v for k, v in checkpoint.items() if k != "callbacks"}
-    rank_state = {"callbacks": checkpoint.get("callbacks", {}), "rng": _compat.collect_rng_states()}
+    rank_state: dict[str, Any] = {"rng": _compat.collect_rng_states()}
+    if "callbacks" in checkpoint:  # a weights-only save has none, and its file has no such key
+        rank_state["callbacks"] = checkpoint["callbacks"]
     return state, rank_state

@@ -41,7 +41,7 @@ hook                    what the collaborators do
 ``setup``               the mode set up (DDP wrap; or DTensor materialized or pipeline stage cut); optimizers; replica
                         groups (fit): torchft's Manager started, the torchrun agent watched, ``ModelCheckpoint``'s
                         name check answered as the writer sees it on a non-writing group, the DDP comm hook across
-                        groups registered, the step gate installed (lightning_ft/replica/replica_sync.py); the
+                        groups registered (a sharded model: its per-rank average and heal), the step gate installed (lightning_ft/replica/replica_sync.py); the
                         memory tier's budget check (fit, collective); fault handler's pre-flight health checks
                         (collective); DTensor or pipeline: the kept restore (the load, in place into the sharded
                         module and optimizers, then the rows above), still before ``on_fit_start``
@@ -88,7 +88,13 @@ from typing_extensions import override
 
 from lightning_ft import _compat
 from lightning_ft.checkpoint import MemoryTier
-from lightning_ft.checkpoint.internal import format_choice, is_remote, resolve_format, storage_named
+from lightning_ft.checkpoint.internal import (
+    format_choice,
+    is_remote,
+    resolve_format,
+    storage_named,
+    without_sampler_states,
+)
 from lightning_ft.elastic import ElasticPolicy
 from lightning_ft.elastic.internal import DATA_RANDOMNESS, align_batch_progress, check_accumulation_scheduler
 from lightning_ft.events import open_event_log
@@ -109,10 +115,11 @@ from lightning_ft.strategy.foreign_import import position_sampler
 from lightning_ft.strategy.parallel_modes import DataParallelMode, has_dtensor_parameters, mode_for
 from lightning_ft.strategy.registry import register_strategy_names
 from lightning_ft.strategy.run import RunPart, StrategyRun, attach_to_trainer
-from lightning_ft.strategy.run_identity import mark_trained, module_identity
+from lightning_ft.strategy.run_identity import mark_folders_used, mark_trained, module_identity
 from lightning_ft.strategy.teardown import TeardownSteps, attached_trainer, remove_callback
 from lightning_ft.strategy.torchrun_world import follow_torchrun
 from lightning_ft.strategy.tracker import TrainingTracker
+from lightning_ft.strategy.user_checkpoint_io import reading_through, warn_unused_writes
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -199,11 +206,11 @@ class ElasticFT3D(DDPStrategy):
             raise TypeError(f"ElasticFT3D(memory_tier={memory_tier!r}): must be a MemoryTier or None")
         if replica_groups is not None and not isinstance(replica_groups, ReplicaGroups):
             raise TypeError(f"ElasticFT3D(replica_groups={replica_groups!r}): must be a ReplicaGroups or None")
-        if replica_groups is not None and (tensor_parallel_size != 1 or pipeline_parallel_size != 1):
+        if replica_groups is not None and pipeline_parallel_size != 1:
             raise ValueError(
-                f"ElasticFT3D(replica_groups=..., tensor_parallel_size={tensor_parallel_size},"
-                f" pipeline_parallel_size={pipeline_parallel_size}): replica groups support data parallel inside a"
-                " group only (tensor_parallel_size=1, pipeline_parallel_size=1)"
+                f"ElasticFT3D(replica_groups=..., pipeline_parallel_size={pipeline_parallel_size}): replica groups"
+                " support data parallel, FSDP2 and tensor parallel inside a group, not pipeline parallel"
+                " (pipeline_parallel_size=1)"
             )
         _check_arguments(
             data_parallel_size=data_parallel_size,
@@ -389,8 +396,14 @@ class ElasticFT3D(DDPStrategy):
         if self.event_log is None:  # one attempt per process, whatever fit/validate/test calls follow
             self.event_log = open_event_log(trainer, mesh=self.mesh_shape())
         self._exception = None
+        self._data_position.stage_starts()
         if self.replica_groups is not None:
             self._replica_config = self.replica_groups.resolved()  # a missing lighthouse or id: before any step
+            if self._replica_config.process_group != "gloo" and self.root_device.type != "cuda":
+                raise ValueError(
+                    f"ReplicaGroups(process_group={self._replica_config.process_group!r}): NCCL needs a CUDA device on"
+                    f" every rank, this run's is {self.root_device.type!r}; use process_group='gloo'"
+                )
             if trainer.state.fn == TrainerFn.FITTING and self.global_rank == 0:
                 # Before auto-resume looks at the folders and before this group heartbeats: a live process with this
                 # id (a second launch, a killed torchrun's worker) makes this one refuse (replica/duplicate_id.py).
@@ -425,7 +438,7 @@ class ElasticFT3D(DDPStrategy):
             trainer,
             callbacks=[self._tracker, self._elastic_resume],
             run_id=self.event_log.run_id,
-            keep_versions=self.event_log.on_disk,
+            keep_versions=self.event_log.restarts_expected,
             last=[self._memory] if self._memory is not None else [],
             replica_id=self._replica_config.replica_id if self.replica_groups is not None else None,
         )
@@ -451,6 +464,7 @@ class ElasticFT3D(DDPStrategy):
             self._parallelized = has_dtensor_parameters(self.model)
             self._mode = mode_for(self, self.model)
             self._checkpoint_manager().use_format(self._checkpoint_format_for_state(trainer))
+            warn_unused_writes(self)
             if self._memory is not None and trainer.state.fn == TrainerFn.FITTING:
                 self._memory.open_tier(trainer)  # collective: its gloo group (a resume's plan and load use it)
             if self._fault is not None:  # collective: a node in its cooldown refused; the watchdog guards the load
@@ -521,10 +535,10 @@ class ElasticFT3D(DDPStrategy):
         """Start this process's part in the replica groups (collective over the group; fit only)."""
         from lightning_ft.replica.internal import ReplicaSync, replica_comm_hook
 
-        if self._mode.name != "data_parallel":
+        if self._mode.name not in ("data_parallel", "dtensor"):
             raise ValueError(
-                "ElasticFT3D(replica_groups=...): the model's parameters are DTensors after configure_model(); replica"
-                " groups support plain data parallel inside a group only"
+                f"ElasticFT3D(replica_groups=...): the {self._mode.name} mode is not supported with replica groups;"
+                " data parallel, FSDP2 and tensor parallel are (pipeline_parallel_size=1)"
             )
         if not self.lightning_module.automatic_optimization:
             raise ValueError(
@@ -532,11 +546,12 @@ class ElasticFT3D(DDPStrategy):
                 " a step discarded across groups must be skipped by the strategy"
             )
         config, resume = self._replica_config, self._elastic_resume
+        dp_mesh = self.device_mesh["data_parallel"]  # tensor-parallel ranks read the same data: the group's data ranks
         resume.use_replica_groups(
             num_groups=config.num_groups,
             num_groups_known=config.num_groups_known,
             min_replicas=config.min_replicas,
-            group_size=self.world_size,
+            group_size=dp_mesh.size(),
         )
         self._replica = ReplicaSync(
             config,
@@ -551,10 +566,16 @@ class ElasticFT3D(DDPStrategy):
             on_heal=self._memory.superseded if self._memory is not None else lambda step: None,
             agent_pid=_torchrun_agent(),
             checkpoint_folders=lambda: [p for p in checkpoint_dirpaths(trainer) if not is_remote(str(p))],
+            data_parallel=(dp_mesh.size(), dp_mesh.get_local_rank()),
         )
         if self._auto_resume.healing_from:  # the heal must reach the checkpoint left on disk
             self._replica.resume_floor = self._auto_resume.skipped_step
-        self.model.register_comm_hook(self._replica.gradients, replica_comm_hook)
+        if self._mode.name == "dtensor":  # each rank's shards, averaged and healed with the same rank of the others
+            from lightning_ft.replica.internal import ShardedSync
+
+            self._replica.sharded = ShardedSync(self._mode, self._replica.manager)
+        else:
+            self.model.register_comm_hook(self._replica.gradients, replica_comm_hook)
         self._replica.gate.install(trainer)
 
     @override
@@ -575,6 +596,8 @@ class ElasticFT3D(DDPStrategy):
         trainer = self.lightning_module.trainer if self.lightning_module else None
         step = trainer.global_step if trainer is not None else 0
         if self._replica is not None:  # applied only when every live group commits (replica/step_gate.py)
+            if self._replica.sharded is not None:  # the shards' gradients averaged across groups, before clipping
+                closure = self._replica.sharded.after_backward(closure)
             return self._replica.gate.optimizer_step(
                 trainer,
                 optimizer,
@@ -630,9 +653,23 @@ class ElasticFT3D(DDPStrategy):
         """Collective: every rank calls it (``Trainer.save_checkpoint`` does). Returns once the state is captured;
         the write and the commit continue in the background. A save Lightning routes to ``last*.ckpt`` writes
         nothing: the ``last`` link is repointed at the newest committed checkpoint instead. Outside ``fit`` (say
-        ``trainer.save_checkpoint(...)`` after it returned) the save is committed before this returns."""
+        ``trainer.save_checkpoint(...)`` after it returned) the save is committed before this returns.
+
+        With ``storage_options`` the save goes to the ``CheckpointIO`` plugin instead, on rank 0, as under
+        ``DDPStrategy``: what the options mean is the plugin's to say (Lightning's default ``TorchCheckpointIO``
+        refuses them with a ``TypeError``). The saves in flight are committed first, so none lands after it."""
         if storage_options is not None:
-            raise TypeError("ElasticFT3D.save_checkpoint(..., storage_options=...) is not supported")
+            self.checkpoint_wait()
+            if self.is_global_zero:
+                # Lightning's own file: no loader state that only lightning-ft's loaders take, as in the file of a save
+                # through lightning-ft (another strategy refuses it); a resume from it imports it.
+                plain = {**checkpoint, "loops": without_sampler_states(checkpoint.get("loops", {}))}
+                self.checkpoint_io.save_checkpoint(plain, filepath, storage_options=storage_options)
+            return
+        trainer = attached_trainer(self.lightning_module)
+        if trainer is not None and "loops" in checkpoint:  # between stages, the loaders' positions are kept apart
+            loops = self._data_position.loop_state_outside_stage(checkpoint["loops"], _compat.train_loaders(trainer))
+            checkpoint = {**checkpoint, "loops": loops}
         if self._replica is not None and not self._replica.writes_checkpoints:
             # Replica groups: the group with the lowest id in the quorum writes it (replica/checkpoint_owner.py); its
             # path is taken from now on, as on the writer (ModelCheckpoint's version counter asks).
@@ -658,9 +695,13 @@ class ElasticFT3D(DDPStrategy):
 
     @override
     def load_checkpoint(self, checkpoint_path: _compat.PATH, weights_only: bool | None = None) -> dict[str, Any]:
+        """Every rank calls it (collective). A checkpoint file is read by the ``CheckpointIO`` plugin the Trainer was
+        given, where it loads its own way (``Trainer(plugins=[...])``, as ``DDPStrategy`` reads it), inside
+        lightning-ft's checks (:mod:`~lightning_ft.strategy.user_checkpoint_io`)."""
         if weights_only is None:  # Lightning drops fit(..., weights_only=...) on this path; DDPStrategy's keeps it
             weights_only = _compat.stage_weights_only()
-        return load_for_strategy(self, checkpoint_path, weights_only=weights_only)
+        with reading_through(self, weights_only):
+            return load_for_strategy(self, checkpoint_path, weights_only=weights_only)
 
     def run_identity(self) -> dict[str, Any] | None:
         """The identity of this run's model that checkpoints record and auto-resume compares
@@ -710,7 +751,10 @@ class ElasticFT3D(DDPStrategy):
 
     @override
     def on_exception(self, exception: BaseException) -> None:
-        super().on_exception(exception)
+        super().on_exception(exception)  # DDPStrategy's: it adds its hint about unused parameters to the message
+        # DDPStrategy's hook does not call the base hook that the default strategy of one device inherits; this one
+        # does, so that a patch or subclass hook of Strategy.on_exception sees every failure, as it does by default.
+        super(DDPStrategy, self).on_exception(exception)
         self._exception = exception  # teardown follows; it must not hide this error, and records how it ended
 
     @override
@@ -742,13 +786,16 @@ class ElasticFT3D(DDPStrategy):
             # The live model holds this fit's state (trained, or resumed): a later fit of it (or of this Trainer) in
             # this process continues from it, as under Lightning, rather than auto-resuming an older checkpoint. Not
             # after a fit that never reached a step (a failed set-up; the Tuner, which restores the initial state).
+            # Nor does a later fit of a new object of the same model over these checkpoint folders.
             mark_trained(trainer, self.lightning_module)
+            mark_folders_used(checkpoint_dirpaths(trainer), self.run_identity())
         if trainer is not None:
             steps.run(lambda: self._elastic_resume.finish(trainer), "recording the resume")
         steps.run(
             lambda: end_attempt(self._fault, trainer, self.event_log, ended_by, **self._elastic_resume.last_step()),
             "recording the attempt's end",
         )
+        steps.run(self._data_position.stage_ended, "setting the training loaders' positions apart")
         steps.run(lambda: remove_callback(trainer, self._tracker), "removing the tracker")
         steps.run(lambda: remove_callback(trainer, self._elastic_resume), "removing the elastic resume")
         if self._memory is not None:

@@ -3,7 +3,8 @@
 Two kinds are imported when given as ``ckpt_path`` (or found by auto-resume):
 
 - a Lightning ``.ckpt`` file (``DDPStrategy`` and every single-file strategy), loaded with
-  :func:`~lightning_ft.checkpoint.safe_load.load_torch_file` (``weights_only=True`` plus the common Lightning classes);
+  :func:`~lightning_ft.checkpoint.safe_load.load_torch_file` (``weights_only=True`` plus the common Lightning classes),
+  or by the user's ``CheckpointIO`` plugin where the Trainer has one (as under ``DDPStrategy``);
 - a distributed checkpoint folder of ``ModelParallelStrategy`` (DCP shards plus Lightning's ``meta.pt``), read by
   :mod:`~lightning_ft.checkpoint.dcp_folder`, resharded by DCP onto this run's mesh.
 
@@ -28,8 +29,8 @@ from lightning_ft import _compat
 from lightning_ft.checkpoint import CheckpointError
 from lightning_ft.checkpoint.internal import (
     CheckpointLocation,
+    load_checkpoint_file,
     load_dcp,
-    load_torch_file,
     locate,
     read_lightning_dcp_meta,
 )
@@ -170,7 +171,7 @@ def import_foreign_checkpoint(
         checkpoint["optimizer_states"] = [opt.state_dict() for opt in optimizers]
         kind = "ModelParallelStrategy distributed checkpoint"
     else:
-        checkpoint = load_torch_file(path, weights_only=weights_only)
+        checkpoint = load_checkpoint_file(path, weights_only=weights_only)
         if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
             raise CheckpointError(f"ckpt_path={str(path)!r} is not a Lightning checkpoint (no 'state_dict' key)")
         kind = "Lightning .ckpt file"

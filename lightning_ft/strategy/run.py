@@ -29,6 +29,7 @@ from lightning_ft.strategy.checkpoint_io import check_checkpoint_callback
 from lightning_ft.strategy.elastic_resume import ElasticResume
 from lightning_ft.strategy.memory_checkpoints import MemoryCheckpoints
 from lightning_ft.strategy.restore_order import RestoreOrder
+from lightning_ft.strategy.run_identity import state_dict_index
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -78,6 +79,7 @@ class StrategyRun:
                 event_log=lambda: strategy.event_log,
                 live_peers=strategy.replica_live_peers,
                 memory_newest=memory.newest_own_step if memory is not None else None,
+                state_index=lambda: state_dict_index(strategy.lightning_module),
             ),
             data_position=TrainingDataPosition(per_sample_seeds=strategy.data_randomness == "per_sample"),
             elastic_resume=ElasticResume.of(strategy),
@@ -130,7 +132,7 @@ def attach_to_trainer(
         if callback in trainer.callbacks:
             trainer.callbacks.remove(callback)
         trainer.callbacks.append(callback)
-    if keep_versions:  # a run that keeps no records on disk (a plain one-process run) numbers them as Lightning does
+    if keep_versions:  # a plain one-process run (no restarts expected) numbers them as Lightning does
         keep_logger_versions(trainer, run_id, replica_id=replica_id)
     for cb in trainer.checkpoint_callbacks:
         if isinstance(cb, ModelCheckpoint) and getattr(cb, "dirpath", None) is None:

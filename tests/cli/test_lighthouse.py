@@ -15,6 +15,7 @@ from datetime import timedelta
 import psutil
 import pytest
 
+from lightning_ft.cli import lighthouse as lighthouse_cli
 from lightning_ft.cli import main
 from tests.helpers import REPO_ROOT, subprocess_env
 
@@ -72,6 +73,26 @@ def test_lighthouse_on_loopback_prints_its_address_answers_a_client_and_stops_cl
     assert out == "", "the address line is the only line on stdout"
 
 
+def test_the_lighthouse_starts_without_importing_torch():
+    """A restarted lighthouse keeps every group waiting while it starts: the command loads torchft's native server
+    alone (torch's import is 2 s idle, 10-30 s on a loaded machine), and the class is torchft's own."""
+    script = (
+        "import sys\n"
+        "from lightning_ft.cli.lighthouse import lighthouse_server_class\n"
+        "server = lighthouse_server_class()\n"
+        "instance = server(bind='127.0.0.1:0', min_replicas=1)\n"
+        "instance.shutdown()\n"
+        "print('torch' in sys.modules)\n"
+        "import torchft.coordination\n"
+        "print(server is torchft.coordination.LighthouseServer)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["False", "True"]
+
+
 @pytest.mark.parametrize(
     ("args", "named"),
     [
@@ -122,8 +143,6 @@ def test_an_address_in_use_is_a_clear_error(capsys):
 
 
 def test_the_options_reach_torchft_in_milliseconds_and_the_loopback_address_is_printed(monkeypatch, capsys):
-    import torchft.coordination
-
     started = {}
 
     class Recorder:
@@ -137,7 +156,7 @@ def test_the_options_reach_torchft_in_milliseconds_and_the_loopback_address_is_p
         def shutdown(self):
             started["shut down"] = True
 
-    monkeypatch.setattr(torchft.coordination, "LighthouseServer", Recorder)
+    monkeypatch.setattr(lighthouse_cli, "lighthouse_server_class", lambda: Recorder)
     args = ["--bind", "127.0.0.1:0", "--min-replicas", "2", "--heartbeat-timeout-s", "0.5", "--join-timeout-s", "3"]
     before = signal.getsignal(signal.SIGTERM)
     assert main(["lighthouse", *args]) == 0
@@ -155,8 +174,6 @@ def test_the_options_reach_torchft_in_milliseconds_and_the_loopback_address_is_p
 
 
 def test_the_defaults_give_a_stall_of_about_a_second(monkeypatch):
-    import torchft.coordination
-
     started = {}
 
     class Recorder:
@@ -170,7 +187,7 @@ def test_the_defaults_give_a_stall_of_about_a_second(monkeypatch):
         def shutdown(self):
             pass
 
-    monkeypatch.setattr(torchft.coordination, "LighthouseServer", Recorder)
+    monkeypatch.setattr(lighthouse_cli, "lighthouse_server_class", lambda: Recorder)
     before = signal.getsignal(signal.SIGINT)
     assert main(["lighthouse", "--min-replicas", "1"]) == 0
     assert signal.getsignal(signal.SIGINT) is before
@@ -191,8 +208,6 @@ def test_the_defaults_give_a_stall_of_about_a_second(monkeypatch):
     ],
 )
 def test_the_printed_address_is_the_host_bound_or_for_a_wildcard_the_host_s_name(monkeypatch, capsys, bind, printed):
-    import torchft.coordination
-
     binds = []
 
     class Recorder:
@@ -206,7 +221,7 @@ def test_the_printed_address_is_the_host_bound_or_for_a_wildcard_the_host_s_name
         def shutdown(self):
             pass
 
-    monkeypatch.setattr(torchft.coordination, "LighthouseServer", Recorder)
+    monkeypatch.setattr(lighthouse_cli, "lighthouse_server_class", lambda: Recorder)
     assert main(["lighthouse", "--bind", bind, "--min-replicas", "1"]) == 0
     assert binds == [bind]
     assert capsys.readouterr().out == f"TORCHFT_LIGHTHOUSE={printed}\n"

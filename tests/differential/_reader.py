@@ -47,6 +47,8 @@ def view(path: Path, class_name: str) -> dict[str, Any]:
             "global_step": ckpt.get("global_step"),
             "epoch": ckpt.get("epoch"),
             "state_dict": digest(ckpt.get("state_dict")),
+            "state_dict_type": type(ckpt.get("state_dict")).__name__,
+            "module_versions": repr(getattr(ckpt.get("state_dict"), "_metadata", None)),
             "optimizer_states": digest(ckpt.get("optimizer_states")),
             "hyper_parameters": repr(ckpt.get("hyper_parameters")),
             "callbacks": sorted(ckpt.get("callbacks", {})),

@@ -15,6 +15,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 
@@ -116,6 +117,13 @@ class DiffModel(L.LightningModule):
         return DataLoader(Vectors(n=16, seed=1), batch_size=8)
 
 
+class ShuffledModel(DiffModel):
+    """A shuffled DataLoader: the order of each epoch comes from the run's seed (Lightning's ``PL_GLOBAL_SEED``)."""
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(Vectors(), batch_size=4, shuffle=True)
+
+
 class Encoder:
     """A user object kept in hyperparameters (a fitted encoder, a metric), not on torch's weights-only allowlist."""
 
@@ -130,6 +138,23 @@ class EncoderModel(DiffModel):
     def __init__(self, encoder: Encoder | None = None, hidden: int = 8, lr: float = 0.05) -> None:
         super().__init__(hidden=hidden, lr=lr)
         self.save_hyperparameters()
+
+
+class AllowingCheckpointIO(TorchCheckpointIO):
+    """A library's own ``CheckpointIO``, given to the Trainer with ``plugins=[...]`` (darts gives its Trainer one): it
+    allows the library's classes for the duration of each load, as torch's docs say to, and keeps the paths and
+    ``weights_only`` values it was asked to load with."""
+
+    def __init__(self, allowed: list[Any]) -> None:
+        self.allowed = allowed
+        self.calls: list[tuple[str, Any]] = []
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        self.calls.append((str(path), weights_only))
+        if weights_only is False:
+            return super().load_checkpoint(path, map_location=map_location, weights_only=False)
+        with torch.serialization.safe_globals(self.allowed):
+            return super().load_checkpoint(path, map_location=map_location, weights_only=True)
 
 
 Pair = namedtuple("Pair", ["step", "tag"])
@@ -232,10 +257,10 @@ class UploadViewLogger(Logger):
         for mtime, path, score, tag in _scan_checkpoints(checkpoint_callback, self.logged_model_time):
             self.logged_model_time[path] = mtime
             try:
-                step = torch.load(path, map_location="cpu", weights_only=True).get("global_step")
-                loads = True
+                loaded = torch.load(path, map_location="cpu", weights_only=True)
+                step, weights, loads = loaded.get("global_step"), digest(loaded.get("state_dict")), True
             except Exception as e:  # what the upload would carry: a file that does not load
-                step, loads = type(e).__name__, False
+                step, weights, loads = type(e).__name__, None, False
             score = None if score is None else float(score)
             uploads.append(
                 {
@@ -244,6 +269,57 @@ class UploadViewLogger(Logger):
                     "tag": tag,
                     "loads": loads,
                     "step": step,
+                    "weights": weights,
                 }
             )
         self.calls.append(uploads)
+
+
+class VersionedNorm(nn.BatchNorm1d):
+    """A BatchNorm that records the module version each load hands it (``state_dict._metadata``), as BatchNorm itself
+    reads it to upgrade old checkpoints."""
+
+    versions_seen: list[Any]
+
+    def _load_from_state_dict(self, state_dict: Any, prefix: str, local_metadata: dict, *args: Any) -> None:
+        self.__dict__.setdefault("versions_seen", []).append(local_metadata.get("version"))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, *args)
+
+
+class ReplicaStateModel(DiffModel):
+    """State whose replicas differ between data-parallel ranks: BatchNorm statistics (each rank normalizes its own
+    batches) and a memory bank of ``bank_rows`` x 1024 float32 (4 MiB at 1024 rows) where each step writes one row
+    from the rank's own batch. Records what each load hands the module."""
+
+    def __init__(self, hidden: int = 8, lr: float = 0.05, bank_rows: int = 1024) -> None:
+        super().__init__(hidden=hidden, lr=lr)
+        self.backbone = nn.Sequential(nn.Linear(4, hidden), VersionedNorm(hidden), nn.Tanh())
+        self.register_buffer("bank", torch.zeros(bank_rows, 1024))
+        self.loaded_state_dict_type: str | None = None
+        self.validation_start: dict[str, str] | None = None
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        with torch.no_grad():
+            self.bank[self.global_step % len(self.bank)] = batch[0].sum()
+        return super().training_step(batch, batch_idx)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.loaded_state_dict_type = type(checkpoint["state_dict"]).__name__
+
+    def edited_state(self) -> dict[str, str]:
+        """Digests of the three tensors a checkpoint edit changes."""
+        return {
+            "running_mean": digest(self.backbone[1].running_mean),
+            "bank": digest(self.bank),
+            "head.weight": digest(self.head.weight),
+        }
+
+    def on_validation_start(self) -> None:
+        self.validation_start = self.edited_state()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self(x), y), sync_dist=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(Vectors(n=8, seed=1), batch_size=4)

@@ -24,10 +24,13 @@ from lightning.pytorch.callbacks import BackboneFinetuning, Callback, ModelCheck
 
 from tests.differential.models import (
     SAFE_GLOBALS,
+    AllowingCheckpointIO,
     DiffModel,
     Encoder,
     EncoderModel,
     HookOrder,
+    ReplicaStateModel,
+    ShuffledModel,
     TypedStateCallback,
     TypedStateModel,
     UploadViewLogger,
@@ -279,6 +282,47 @@ def logger_upload_view(folder: Path, strategy: str) -> Observation:
     return obs
 
 
+@scenario
+def logger_upload_every_save(folder: Path, strategy: str) -> Observation:
+    """``WandbLogger(log_model="all")`` with ``save_top_k=-1`` and no monitor: every save is uploaded at its call."""
+    obs = observation()
+    logger = UploadViewLogger(folder)
+    mc = ModelCheckpoint(dirpath=folder / "ckpt", every_n_train_steps=2, save_top_k=-1)
+    _, model = fit_steps(folder, strategy, 8, [mc], logger=logger)
+    obs["uploads_per_save"] = logger.calls
+    obs["checkpoint"] = checkpoint_state(obs, folder, mc)
+    obs["weights"] = weights(model)
+    return obs
+
+
+@scenario
+def logger_upload_with_last(folder: Path, strategy: str) -> Observation:
+    """An uploading logger with ``save_last=True``: the top-k save's call sees ``last.ckpt`` as the previous step left
+    it; the ``last`` save's own call sees the new one."""
+    obs = observation()
+    logger = UploadViewLogger(folder)
+    mc = ModelCheckpoint(dirpath=folder / "ckpt", monitor="score", save_top_k=2, every_n_train_steps=2, save_last=True)
+    _, model = fit_steps(folder, strategy, 8, [mc], logger=logger)
+    obs["uploads_per_save"] = logger.calls
+    obs["checkpoint"] = checkpoint_state(obs, folder, mc)
+    obs["weights"] = weights(model)
+    return obs
+
+
+@scenario
+def logger_upload_with_last_link(folder: Path, strategy: str) -> Observation:
+    """An uploading logger with ``save_last="link"``: each save's call sees ``last.ckpt`` still pointing at the
+    previous save (Lightning moves the link right after the call)."""
+    obs = observation()
+    logger = UploadViewLogger(folder)
+    mc = ModelCheckpoint(dirpath=folder / "ckpt", every_n_train_steps=2, save_top_k=-1, save_last="link")
+    _, model = fit_steps(folder, strategy, 8, [mc], logger=logger)
+    obs["uploads_per_save"] = logger.calls
+    obs["checkpoint"] = checkpoint_state(obs, folder, mc)
+    obs["weights"] = weights(model)
+    return obs
+
+
 # -- a user's edits of a checkpoint -----------------------------------------------------------------------------------
 
 
@@ -314,6 +358,66 @@ def surgery_in_place(folder: Path, strategy: str) -> Observation:
     on_rank_zero_then_wait(lambda: _edit(path, path))
     _, model = fit_steps(folder, strategy, 6, [], enable_checkpointing=False, ckpt_path=path)
     obs["resumed"] = {"start_step": model.fit_start_step, "start_weights": model.train_start_weights}
+    obs["weights"] = weights(model)
+    return obs
+
+
+def _edit_replica_state(src: Path, dst: Path) -> None:
+    """The edits users make to a checkpoint of a model whose replicas differ: BatchNorm statistics, a memory bank and a
+    weight, saved under a new name."""
+    ckpt = torch.load(src, map_location="cpu")
+    state = ckpt["state_dict"]
+    state["backbone.1.running_mean"] = torch.full_like(state["backbone.1.running_mean"], 5.0)
+    state["bank"] = torch.full_like(state["bank"], 7.0)
+    state["head.weight"] = torch.full_like(state["head.weight"], 0.25)
+    torch.save(ckpt, dst)
+
+
+@scenario
+def edited_replica_state(folder: Path, strategy: str) -> Observation:
+    """Edits of tensors whose replicas differ between ranks (BatchNorm statistics, a memory bank) reach every rank at
+    ``validate(ckpt_path=...)`` and ``fit(ckpt_path=...)``, with the module versions of ``state_dict._metadata``."""
+    obs = observation()
+    mc = ModelCheckpoint(dirpath=folder / "ckpt", every_n_train_steps=4, save_top_k=-1, filename="{step}")
+    fit_steps(folder, strategy, 4, [mc], model=seeded(ReplicaStateModel), limit_val_batches=0)
+    obs["files"]["ckpt/step=4.ckpt"] = "ReplicaStateModel"
+    on_rank_zero_then_wait(lambda: _edit_replica_state(folder / "ckpt" / "step=4.ckpt", folder / "edited.ckpt"))
+    obs["files"]["edited.ckpt"] = "ReplicaStateModel"
+    model = seeded(ReplicaStateModel)
+    trainer(folder, strategy, enable_checkpointing=False).validate(model, ckpt_path=folder / "edited.ckpt")
+    obs["validate"] = {
+        "start": model.validation_start,
+        "state_dict_type": model.loaded_state_dict_type,
+        "norm_versions": model.backbone[1].versions_seen,
+    }
+    model = seeded(ReplicaStateModel)
+    _, model = fit_steps(
+        folder,
+        strategy,
+        6,
+        [],
+        model=model,
+        enable_checkpointing=False,
+        limit_val_batches=0,
+        ckpt_path=folder / "edited.ckpt",
+    )
+    obs["resumed"] = {
+        "start_step": model.fit_start_step,
+        "start_weights": model.train_start_weights,
+        "state_dict_type": model.loaded_state_dict_type,
+        "norm_versions": model.backbone[1].versions_seen,
+    }
+    obs["weights"] = weights(model)
+    return obs
+
+
+@scenario
+def weights_only_files(folder: Path, strategy: str) -> Observation:
+    """``ModelCheckpoint(save_weights_only=True)``: the files hold the weights and the loop's counters, no callbacks."""
+    obs = observation()
+    mc = ModelCheckpoint(dirpath=folder / "ckpt", every_n_train_steps=2, save_top_k=-1, save_weights_only=True)
+    _, model = fit_steps(folder, strategy, 4, [mc])
+    obs["checkpoint"] = checkpoint_state(obs, folder, mc)
     obs["weights"] = weights(model)
     return obs
 
@@ -357,6 +461,50 @@ def resume_with_weights_only_false(folder: Path, strategy: str) -> Observation:
     L.seed_everything(0, verbose=False)
     t.fit(model, ckpt_path=folder / "ckpt" / "step=4.ckpt", weights_only=False)
     obs["resumed"] = {"start_step": model.fit_start_step, "start_weights": model.train_start_weights}
+    obs["weights"] = weights(model)
+    return obs
+
+
+@scenario
+def resume_through_user_checkpoint_io(folder: Path, strategy: str) -> Observation:
+    """``Trainer(plugins=[CheckpointIO])`` whose ``load_checkpoint`` allows the classes the checkpoint holds (darts'
+    plugin does): the resume reads the file through it, with ``weights_only`` as Lightning gives it."""
+    obs = observation()
+    mc = ModelCheckpoint(dirpath=folder / "ckpt", every_n_train_steps=4, save_top_k=-1, filename="{step}")
+    model = seeded(lambda: EncoderModel(encoder=Encoder(["a", "b"])))
+    fit_steps(folder, strategy, 4, [mc], model=model, plugins=[AllowingCheckpointIO([Encoder])])
+    plugin = AllowingCheckpointIO([Encoder])
+    model = seeded(lambda: EncoderModel(encoder=Encoder(["a", "b"])))
+    fit_steps(
+        folder,
+        strategy,
+        6,
+        [],
+        model=model,
+        ckpt_path=folder / "ckpt" / "step=4.ckpt",
+        enable_checkpointing=False,
+        plugins=[plugin],
+    )
+    obs["plugin_loads"] = [(rel(folder, path), weights_only) for path, weights_only in plugin.calls]
+    obs["resumed"] = {"start_step": model.fit_start_step, "start_weights": model.train_start_weights}
+    obs["encoder"] = repr(model.hparams.encoder)
+    obs["weights"] = weights(model)
+    return obs
+
+
+@scenario
+def resume_with_another_seed(folder: Path, strategy: str) -> Observation:
+    """Issue 37 (6): a shuffled run saved at the end of epoch 0 with seed 0 is resumed after ``seed_everything(2)``:
+    it resumes, and epoch 1's order follows seed 2, as DDPStrategy's sampler does."""
+    obs = observation()
+    mc = ModelCheckpoint(dirpath=folder / "ckpt", every_n_train_steps=4, save_top_k=-1, filename="{step}")
+    fit_steps(folder, strategy, 4, [mc], model=seeded(ShuffledModel))
+    model = seeded(ShuffledModel)
+    t = trainer(folder, strategy, max_steps=8, enable_checkpointing=False)
+    L.seed_everything(2, verbose=False)
+    t.fit(model, ckpt_path=folder / "ckpt" / "step=4.ckpt")
+    obs["resumed"] = {"start_step": model.fit_start_step, "start_weights": model.train_start_weights}
+    obs["step"] = t.global_step
     obs["weights"] = weights(model)
     return obs
 
@@ -488,6 +636,57 @@ def wider_layer_same_folder(folder: Path, strategy: str) -> Observation:
     }
     obs["checkpoint"] = checkpoint_state(obs, folder, mc)
     obs["weights"] = weights(model)
+    return obs
+
+
+def _trials(
+    folder: Path, strategy: str, elasticft: dict[str, Any] | None = None, crash_first_at: int | None = None
+) -> list[dict[str, Any]]:
+    """A hyperparameter loop in one process: a fresh model and Trainer per trial, one checkpoint folder; a trial that
+    raises (``crash_first_at``: the first one, after that step) is recorded and the loop goes on."""
+    trials = []
+    for trial, (lr, max_steps) in enumerate(((0.05, 10), (0.02, 8))):
+        mc = ModelCheckpoint(dirpath=folder / "ckpt", every_n_train_steps=5, save_top_k=-1)
+        crash = [_CrashAfter(crash_first_at)] if trial == 0 and crash_first_at is not None else []
+        model = seeded(lambda lr=lr: DiffModel(lr=lr))
+        t = trainer(folder, strategy, elasticft=elasticft, max_steps=max_steps, callbacks=[mc, *crash])
+        L.seed_everything(0, verbose=False)
+        try:
+            t.fit(model)
+        except _Crash as e:
+            trials.append({"crashed": str(e)})
+        trials.append(
+            {
+                "start_step": model.fit_start_step,
+                "start_weights": model.train_start_weights,
+                "step": t.global_step,
+                "weights": weights(model),
+                "checkpoint": checkpoint_state(current(), folder, mc),
+            }
+        )
+    return trials
+
+
+@scenario
+def hyperparameter_loop(folder: Path, strategy: str) -> Observation:
+    """Issue 37 (5): each trial of an in-process loop trains from its own initial weights; none resumes the previous
+    trial's checkpoint."""
+    obs = observation()
+    obs["trials"] = _trials(folder, strategy)
+    return obs
+
+
+@scenario
+def hyperparameter_loop_memory_tier(folder: Path, strategy: str) -> Observation:
+    """Issue 37 (5) with ElasticFT3D's memory tier (every 2 steps): the first trial fails after step 7, leaving a
+    memory copy of step 6 newer than its step-5 checkpoint; the next trial resumes neither."""
+    obs = observation()
+    tier = None
+    if strategy == "elasticft":  # the oracle's process never imports lightning_ft
+        from lightning_ft import MemoryTier
+
+        tier = {"memory_tier": MemoryTier(every_n_train_steps=2, dirpath=folder / "node-memory")}
+    obs["trials"] = _trials(folder, strategy, tier, crash_first_at=7)
     return obs
 
 

@@ -38,10 +38,23 @@ CASES = [
     pytest.param("trainer_test_best", 1),
     pytest.param("logger_upload_view", 1),
     pytest.param("logger_upload_view", 2, marks=TWO),
+    pytest.param("logger_upload_every_save", 1),
+    pytest.param("logger_upload_every_save", 2, marks=TWO),
+    pytest.param("logger_upload_with_last", 1),
+    pytest.param("logger_upload_with_last", 2, marks=TWO),
+    pytest.param("logger_upload_with_last_link", 1),
     pytest.param("surgery_on_a_copy", 1),
     pytest.param("surgery_in_place", 1),
     pytest.param("slim_last_then_resume", 1),
+    pytest.param("edited_replica_state", 1),
+    pytest.param("edited_replica_state", 2, marks=TWO),
+    pytest.param("weights_only_files", 1),
+    pytest.param("weights_only_files", 2, marks=TWO),
     pytest.param("resume_with_weights_only_false", 1),
+    pytest.param("resume_through_user_checkpoint_io", 1),
+    pytest.param("resume_through_user_checkpoint_io", 2, marks=TWO),
+    pytest.param("resume_with_another_seed", 1),
+    pytest.param("resume_with_another_seed", 2, marks=TWO),
     pytest.param("restored_types", 1),
     pytest.param("restored_types", 2, marks=TWO),
     pytest.param("second_fit_same_trainer", 1),
@@ -50,6 +63,9 @@ CASES = [
     pytest.param("other_experiment_same_root", 2, marks=TWO),
     pytest.param("wider_layer_same_folder", 1),
     pytest.param("wider_layer_same_folder", 2, marks=TWO),
+    pytest.param("hyperparameter_loop", 1),
+    pytest.param("hyperparameter_loop", 2, marks=TWO),
+    pytest.param("hyperparameter_loop_memory_tier", 1),
     pytest.param("restore_order", 1),
     pytest.param("restore_order", 2, marks=TWO),
     pytest.param("backbone_finetuning_resume", 1),
@@ -111,3 +127,19 @@ def test_a_mid_epoch_resume_differs_from_ddp_strategy_only_by_resuming_exactly(
     ]
     assert observed["ranks"][0]["weights"] == observed["ranks"][0]["uninterrupted"]
     assert oracle["ranks"][0]["weights"] != oracle["ranks"][0]["uninterrupted"]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(("name", "nproc"), [pytest.param("edited_replica_state", 2, marks=TWO)])
+def test_a_buffer_whose_replicas_differ_in_a_few_rows_costs_those_rows_in_the_file(
+    runs: Runs, name: str, nproc: int
+) -> None:
+    # ReplicaStateModel's 4 MiB memory bank differs between the two ranks in the rows the 4 steps wrote: the file keeps
+    # rank 1's replica as those rows (and its BatchNorm statistics), not as another copy of the bank.
+    runs.observation(name, "ddp", nproc)
+    runs.observation(name, "elasticft", nproc)
+    sizes = {
+        s: (runs.root / f"{s}-{nproc}" / name / "ckpt" / "step=4.ckpt").stat().st_size for s in ("ddp", "elasticft")
+    }
+    assert sizes["ddp"] > 4 * 2**20
+    assert sizes["elasticft"] / sizes["ddp"] < 1.02, sizes

@@ -2,13 +2,15 @@
 
 ``--strategy ddp`` runs the same script under Lightning's ``DDPStrategy`` (the oracle). ``--hidden`` is the width of
 the model's hidden layer (another width: another experiment); ``--crash-at`` raises in the first attempt (torchrun's
-restart count 0) after that step; ``--hold-file`` pauses after step ``--hold-step`` while the file exists. Every rank
-writes its final weights to ``<out>/weights_rank<r>.pt``.
+restart count 0) after that step; ``--hold-file`` pauses after step ``--hold-step`` while the file exists;
+``--ckpt-path`` is passed to ``fit``; ``--samples`` is the dataset's length (4 a batch). Every rank writes its final
+weights to ``<out>/weights_rank<r>.pt``, rank 0 also ``<out>/run.json`` (``trainer.ckpt_path``, the final step).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -74,6 +76,8 @@ def main() -> None:
     p.add_argument("--crash-at", type=int, default=-1)
     p.add_argument("--hold-file", default="")
     p.add_argument("--hold-step", type=int, default=0)
+    p.add_argument("--ckpt-path", default=None)
+    p.add_argument("--samples", type=int, default=128)
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -101,14 +105,18 @@ def main() -> None:
         log_every_n_steps=1,
     )
     g = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(128, 8, generator=g), torch.randn(128, 1, generator=g))
+    data = TensorDataset(torch.randn(args.samples, 8, generator=g), torch.randn(args.samples, 1, generator=g))
     model = Regressor(args.hidden, args.lr)
-    trainer.fit(model, train_dataloaders=DataLoader(data, batch_size=4, shuffle=True))
+    trainer.fit(model, train_dataloaders=DataLoader(data, batch_size=4, shuffle=True), ckpt_path=args.ckpt_path)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.save(
         {k: v.detach().clone() for k, v in model.state_dict().items()}, out / f"weights_rank{trainer.global_rank}.pt"
     )
+    if trainer.global_rank == 0:
+        (out / "run.json").write_text(
+            json.dumps({"ckpt_path": trainer.ckpt_path and str(trainer.ckpt_path), "step": trainer.global_step})
+        )
 
 
 if __name__ == "__main__":

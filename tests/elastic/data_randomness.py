@@ -20,6 +20,8 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_ft.strategy.run_identity import forget_folders_used
+
 
 class Augmented(Dataset):
     """Fixed points plus noise drawn in ``__getitem__`` from torch's, numpy's and Python's global RNGs."""
@@ -65,7 +67,9 @@ def fit(
     callbacks: list[Callback] | None = None,
     **trainer_kwargs: Any,
 ) -> tuple[dict[str, torch.Tensor], dict[int, float]]:
-    """Seed, build and fit one Trainer; returns the final weights and the loss of every step it trained."""
+    """Seed, build and fit one Trainer (a launch: what this process saved before does not count as its own); returns
+    the final weights and the loss of every step it trained."""
+    forget_folders_used()
     L.seed_everything(0, verbose=False)
     callbacks = list(callbacks or [])
     if ckpt_every:

@@ -8,6 +8,7 @@ must end at the same global step.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter
 
@@ -129,6 +130,39 @@ def test_a_trainer_resumed_mid_epoch_sees_every_sample_exactly_once_per_epoch(
     assert len(resumed.steps_at_epoch_end) == EPOCHS - crash_after // batches_per_epoch
     assert trainer.global_step == EPOCHS * batches_per_epoch
     assert not [w for w in recwarn if "not resumable" in str(w.message)]
+
+
+def test_a_trainer_resumed_mid_epoch_with_another_seed_finishes_that_epoch_in_its_order_then_follows_the_new_seed(
+    tmp_path, caplog
+):
+    """Saved at seed 0 after 2 batches of epoch 0, resumed after ``seed_everything(2)``: epoch 0 is the seed-0 run's
+    (every sample once), epoch 1 the seed-2 run's, as DDPStrategy's sampler built with seed 2 deals it."""
+    L.seed_everything(0)
+    reference = RecordingModel()
+    make_trainer(tmp_path / "reference").fit(reference)
+    L.seed_everything(2)
+    other_seed = RecordingModel()
+    make_trainer(tmp_path / "other").fit(other_seed)
+
+    L.seed_everything(0)
+    crashed = RecordingModel()
+    ckpt = str(tmp_path / "mid.ckpt")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        make_trainer(tmp_path / "run", [CrashAfter(2, ckpt)]).fit(crashed)
+    L.seed_everything(2)
+    resumed = RecordingModel()
+    with caplog.at_level(logging.INFO):
+        make_trainer(tmp_path / "run").fit(resumed, ckpt_path=ckpt)
+
+    seen = crashed.seen + resumed.seen
+    assert epoch_samples(seen, 0) == epoch_samples(reference.seen, 0)
+    assert epoch_samples(seen, 1) == epoch_samples(other_seed.seen, 1) != epoch_samples(reference.seen, 1)
+    said = [r.getMessage() for r in caplog.records if "this run has seed=2" in r.getMessage()]
+    assert said == [
+        "lightning-ft: the checkpoint was taken with seed=0, this run has seed=2: the rest of epoch 0 keeps the"
+        " checkpoint's data order (seed=0, each sample once), and from epoch 1 on it follows seed=2, as DDPStrategy's"
+        " sampler does"
+    ]
 
 
 @pytest.mark.parametrize(("crash_after", "new_batch", "accumulate"), [(2, 2, 2), (3, 2, 2), (1, 1, 4)])

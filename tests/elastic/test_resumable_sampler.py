@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import pickle
 from collections import Counter
@@ -180,12 +181,66 @@ def test_completed_batches_makes_the_resumed_epoch_end_on_its_last_batch(drop_la
 def test_load_state_dict_refuses_a_state_from_another_order():
     sampler = ResumableSampler(10, num_replicas=1, rank=0, seed=1)
     state = sampler.state_dict()
-    with pytest.raises(ValueError, match="seed=2"):
-        sampler.load_state_dict({**state, "seed": 2})
+    with pytest.raises(ValueError, match="shuffle=False"):
+        sampler.load_state_dict({**state, "shuffle": False})
     with pytest.raises(ValueError, match="dataset_len=11"):
         sampler.load_state_dict({**state, "dataset_len": 11})
     with pytest.raises(ValueError, match="lacks"):
         sampler.load_state_dict({"epoch": 0})
+
+
+def distributed_order(n: int, world: int, seed: int, epoch: int) -> list[list[int]]:
+    """What DDPStrategy's sampler, built with ``seed``, yields on each replica in ``epoch``."""
+    samplers = [
+        DistributedSampler(_Sized(n), num_replicas=world, rank=r, shuffle=True, seed=seed) for r in range(world)
+    ]
+    for sampler in samplers:
+        sampler.set_epoch(epoch)
+    return [list(sampler) for sampler in samplers]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_resume_with_another_seed_finishes_the_epoch_in_the_checkpoints_order_then_follows_the_new_seed(
+    world, caplog
+):
+    """Saved at seed 0 after 3 batches of epoch 1, resumed at seed 2: the rest of epoch 1 is the seed-0 run's rest
+    (every sample of the epoch once), and epoch 2 is what DistributedSampler(seed=2) yields, as under DDPStrategy; the
+    state taken meanwhile still names the order being finished."""
+    n, batch = 40, 4
+    saver = replicas(n, world, seed=0)
+    for sampler in saver:
+        sampler.set_epoch(1)
+    seen = [list(sampler)[: 3 * batch] for sampler in saver]
+    for sampler in saver:
+        for _ in range(3):
+            sampler.mark_consumed(batch * world)
+    state = saver[0].state_dict()
+    uninterrupted = distributed_order(n, world, seed=0, epoch=1)
+    resumed = replicas(n, world, seed=2)
+    with caplog.at_level(logging.INFO):
+        for sampler in resumed:
+            sampler.load_state_dict(state)
+            sampler.set_epoch(1)  # Lightning calls it for the epoch it resumes in
+    assert "the rest of epoch 1 keeps the checkpoint's data order (seed=0, each sample once)" in caplog.text
+    assert "from epoch 2 on it follows seed=2" in caplog.text
+    rest = [list(sampler) for sampler in resumed]
+    assert [a + b for a, b in zip(seen, rest, strict=True)] == uninterrupted
+    assert resumed[0].state_dict()["seed"] == 0
+    for sampler in resumed:
+        sampler.set_epoch(2)
+    assert [list(sampler) for sampler in resumed] == distributed_order(n, world, seed=2, epoch=2)
+    assert resumed[0].state_dict()["seed"] == 2
+
+
+def test_a_state_of_another_seed_taken_at_the_end_of_an_epoch_follows_the_new_seed_at_once():
+    n, world = 24, 2
+    _, state = save_after_batches(n, world, 4, 3, seed=0)  # 3 batches of 4 on 2 replicas: epoch 0 is over
+    resumed = replicas(n, world, seed=5)
+    for sampler in resumed:
+        sampler.load_state_dict(state)
+        sampler.set_epoch(1)
+    assert [list(sampler) for sampler in resumed] == distributed_order(n, world, seed=5, epoch=1)
+    assert "follows seed=5 from epoch 1 on" in resumed[0]._seed_message(0)
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from lightning_ft.checkpoint.internal import is_committed
 from lightning_ft.events import read_events
 from lightning_ft.fault import CheckpointedStop, FaultInjector
 from lightning_ft.nvml import FakeNVML
+from tests.helpers import as_a_new_process
 from tests.strategy.models import TinyRegressor, make_trainer
 
 
@@ -47,6 +48,7 @@ def test_a_sigterm_mid_fit_commits_a_preempt_checkpoint_exits_75_and_the_next_fi
     (end,) = _events(tmp_path, "attempt_end")
     assert end["reason"] == "preempted" and end["exit_code"] == 75
 
+    as_a_new_process()  # the relaunch after the exit with 75
     again = make_trainer(
         tmp_path, callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4)], max_steps=6
     )

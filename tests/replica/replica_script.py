@@ -72,6 +72,7 @@ parser.add_argument(
 parser.add_argument("--accumulate", type=int, default=1)
 parser.add_argument("--deterministic", action="store_true")
 parser.add_argument("--timeout-s", type=float, default=3.0)
+parser.add_argument("--lighthouse-wait-s", type=float, default=300.0, help="ReplicaGroups(lighthouse_wait=...)")
 parser.add_argument("--evict-stragglers", action="store_true")
 parser.add_argument("--ckpt-dir", default=None, help="a ModelCheckpoint(dirpath=...) every --every-n steps (shared)")
 parser.add_argument("--every-n", type=int, default=10)
@@ -282,7 +283,10 @@ elif args.strategy == "elastic":  # one job without replica groups, on the resum
     strategy = ElasticFT3D(**policy)
 else:
     groups = ReplicaGroups(
-        address="127.0.0.1", min_replicas=args.min_replicas, timeout=timedelta(seconds=args.timeout_s)
+        address="127.0.0.1",
+        min_replicas=args.min_replicas,
+        timeout=timedelta(seconds=args.timeout_s),
+        lighthouse_wait=timedelta(seconds=args.lighthouse_wait_s),
     )
     memory = MemoryTier(every_n_train_steps=args.memory_every) if args.memory_every else None
     fault = FaultPolicy()  # the strategy's default

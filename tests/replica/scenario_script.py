@@ -51,6 +51,7 @@ parser.add_argument("--step-sleep", type=float, default=0.1)
 parser.add_argument("--slow-sleep", type=float, default=0.4)
 parser.add_argument("--min-replicas", type=int, default=2)
 parser.add_argument("--timeout-s", type=float, default=3.0)
+parser.add_argument("--lighthouse-wait-s", type=float, default=300.0, help="ReplicaGroups(lighthouse_wait=...)")
 parser.add_argument("--policy", choices=("keep_local", "keep_global"), default="keep_local")
 parser.add_argument("--strategy", choices=("replica", "reference"), default="replica")
 parser.add_argument("--drop-sample", type=int, default=None, help="an ablation: this dataset index adds no gradient")
@@ -164,7 +165,10 @@ if args.strategy == "reference":  # one process, no replica groups: the run with
     strategy = ElasticFT3D(elastic=policy)
 else:
     groups = ReplicaGroups(
-        address="127.0.0.1", min_replicas=args.min_replicas, timeout=timedelta(seconds=args.timeout_s)
+        address="127.0.0.1",
+        min_replicas=args.min_replicas,
+        timeout=timedelta(seconds=args.timeout_s),
+        lighthouse_wait=timedelta(seconds=args.lighthouse_wait_s),
     )
     strategy = ElasticFT3D(elastic=policy, replica_groups=groups)
     # min_excess_ms: a group must be 50 ms a step slower than the others to be named; the straggler is ~400 ms slower,

@@ -54,6 +54,7 @@ def test_one_timeout_sets_the_others() -> None:
         ({"timeout": timedelta(0)}, ValueError, ["timeout=", "positive"]),
         ({"replica_id": "a:b"}, ValueError, ["replica_id='a:b'", "letters, digits"]),
         ({"address": " "}, ValueError, ["address=' '", "host name or IP"]),
+        ({"process_group": "mpi"}, ValueError, ["process_group='mpi'", "'gloo', 'nccl', 'baby_nccl'"]),
     ],
 )
 def test_a_bad_option_is_refused_at_construction_naming_option_value_and_rule(
@@ -76,10 +77,15 @@ def test_a_missing_lighthouse_or_id_is_refused_with_the_variable_to_set(monkeypa
         ReplicaGroups(lighthouse="http://h:1").resolved()
 
 
-def test_the_strategy_takes_replica_groups_for_data_parallel_only() -> None:
+def test_the_strategy_takes_replica_groups_with_data_or_tensor_parallel_but_not_pipeline_parallel() -> None:
     groups = ReplicaGroups(lighthouse="http://h:1")
     assert ElasticFT3D(replica_groups=groups).replica_groups is groups
+    assert ElasticFT3D(replica_groups=groups, tensor_parallel_size=2).replica_groups is groups
     with pytest.raises(TypeError, match="replica_groups"):
         ElasticFT3D(replica_groups={"lighthouse": "http://h:1"})
-    with pytest.raises(ValueError, match="tensor_parallel_size=2"):
-        ElasticFT3D(replica_groups=groups, tensor_parallel_size=2)
+    with pytest.raises(ValueError) as refused:
+        ElasticFT3D(replica_groups=groups, pipeline_parallel_size=2)
+    assert str(refused.value) == (
+        "ElasticFT3D(replica_groups=..., pipeline_parallel_size=2): replica groups support data parallel, FSDP2 and"
+        " tensor parallel inside a group, not pipeline parallel (pipeline_parallel_size=1)"
+    )

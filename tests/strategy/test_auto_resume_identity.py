@@ -24,6 +24,7 @@ from torch import nn
 from lightning_ft import ElasticFT3D, MemoryTier
 from lightning_ft.checkpoint import discovery
 from lightning_ft.events import read_events
+from tests.helpers import as_a_new_process
 from tests.strategy.models import TinyRegressor, make_trainer
 
 
@@ -159,6 +160,7 @@ def test_a_restart_of_the_second_experiment_resumes_its_own_checkpoint_not_the_o
     one of the other model is still never a candidate."""
     _wide_run(tmp_path, "ft", hidden=16)
     _wide_run(tmp_path, "ft", hidden=32)
+    as_a_new_process()
     L.seed_everything(0)
     model = WideRegressor(32)
     callbacks = [ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)]
@@ -177,6 +179,7 @@ def test_a_checkpoint_without_an_identity_still_resumes(tmp_path, monkeypatch):
     _wide_run(tmp_path, "ft", hidden=16)
     monkeypatch.undo()
     assert discovery.read_metadata(discovery.latest_committed(tmp_path / "ckpt").path)["run_identity"] is None
+    as_a_new_process()
     L.seed_everything(0)
     callbacks = [ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)]
     make_trainer(tmp_path, strategy=ElasticFT3D(), callbacks=callbacks, max_steps=6).fit(WideRegressor(16))
@@ -214,6 +217,7 @@ def test_a_relaunch_with_other_hyperparameters_is_the_same_run(tmp_path):
     L.seed_everything(0)
     callbacks = [ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)]
     make_trainer(tmp_path, strategy=ElasticFT3D(), callbacks=callbacks, max_steps=4).fit(TinyRegressor(lr=0.1))
+    as_a_new_process()
     callbacks = [ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)]
     make_trainer(tmp_path, strategy=ElasticFT3D(), callbacks=callbacks, max_steps=6).fit(TinyRegressor(lr=0.05))
     assert [e["step"] for e in read_events(tmp_path) if e["event"] == "resumed"] == [4]
@@ -262,6 +266,7 @@ def test_another_experiment_with_a_new_checkpoint_folder_never_restores_the_firs
     assert not [e for e in read_events(tmp_path / "ft") if e["event"] == "resumed"]
     assert sorted(p.relative_to(shm) for p in shm.glob("lightning-ft/*/rank0/step=*")) == a_copies
     # A's restart still finds it.
+    as_a_new_process()
     _experiment(tmp_path / "ft", "ckpt-a", "ft", lr=0.1)
     resumed = [e for e in read_events(tmp_path / "ft") if e["event"] == "resumed"]
     assert [(e["step"], e.get("tier")) for e in resumed] == [(4, "local")]
@@ -296,11 +301,12 @@ class FailsSetUpOnce(WideRegressor):
 
 
 def test_a_fit_that_failed_before_its_first_step_leaves_auto_resume_on_for_the_retry(tmp_path):
-    """Only a fit that ended at a step above 0 makes the model live: a retry after a failed set-up in the same process
+    """Only a fit that ended at a step above 0 makes the model live: in a relaunch, a retry after a failed set-up
     (nothing trained, nothing restored) resumes the run's checkpoint."""
     FailsSetUpOnce.failed = True
     callbacks = [ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)]
     make_trainer(tmp_path, strategy=ElasticFT3D(), callbacks=callbacks, max_steps=4).fit(FailsSetUpOnce(16))
+    as_a_new_process()
     FailsSetUpOnce.failed = False
     L.seed_everything(0)
     model = FailsSetUpOnce(16)

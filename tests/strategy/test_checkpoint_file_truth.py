@@ -25,6 +25,7 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from lightning_ft import ElasticFT3D, load_from_checkpoint
 from lightning_ft.checkpoint import UnsafeCheckpointError
+from tests.helpers import as_a_new_process
 from tests.strategy.models import TinyRegressor, make_trainer
 
 # `fit(..., weights_only=...)` is Lightning 2.6's; Lightning 2.5 (the lowest release supported) has no such argument
@@ -152,7 +153,8 @@ def test_weights_only_false_resumes_an_object_that_is_not_allowed_and_true_refus
             _, path = _train(root, kind, checkpoint_format=checkpoint_format, model=WithOpaqueHparam(Opaque(3.0)))
         for weights_only in (True, None):
             trainer = make_trainer(root / "refused", strategy=_strategy(kind), max_steps=3)
-            with pytest.raises((pickle.UnpicklingError, UnsafeCheckpointError)) as refused:
+            # What code written for DDPStrategy catches (torch.load's error) catches lightning-ft's refusal too.
+            with pytest.raises(pickle.UnpicklingError) as refused:
                 trainer.fit(WithOpaqueHparam(Opaque(1.0)), ckpt_path=str(path), weights_only=weights_only)
             assert "Opaque" in str(refused.value)
         resumed = WithOpaqueHparam(Opaque(1.0))
@@ -253,6 +255,7 @@ def test_auto_resume_with_weights_only_false_resumes_an_object_that_is_not_allow
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _train(tmp_path, "lightning-ft", model=WithOpaqueHparam(Opaque(3.0)))
+        as_a_new_process()  # the relaunch
         # The restart after a crash runs the same script: fit(model, weights_only=False), no ckpt_path.
         ckpt = ModelCheckpoint(dirpath=tmp_path / "checkpoints", every_n_train_steps=2, save_top_k=-1)
         trainer = make_trainer(tmp_path, strategy=ElasticFT3D(), callbacks=[ckpt], max_steps=3)

@@ -11,12 +11,14 @@ from lightning_ft import ElasticFT3D
 from lightning_ft.checkpoint import list_committed, load_checkpoint
 from lightning_ft.checkpoint.internal import is_committed
 from lightning_ft.events import read_events
+from tests.helpers import as_a_new_process
 from tests.strategy.models import TinyRegressor, make_trainer
 
 pytestmark = pytest.mark.usefixtures("event_log_on_disk")  # these runs read their event log
 
 
 def _fit(tmp_path, max_steps):
+    as_a_new_process()  # each call stands for a launch
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1, save_last=True)
     trainer = make_trainer(
         tmp_path, strategy=ElasticFT3D(checkpoint_format="dcp"), callbacks=[ckpt], max_steps=max_steps

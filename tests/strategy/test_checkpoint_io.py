@@ -17,6 +17,7 @@ from lightning_ft.checkpoint import AsyncCheckpointer, list_committed
 from lightning_ft.checkpoint.internal import is_committed, read_metadata
 from lightning_ft.events import read_events
 from tests.checkpoint.support import checkpoint_format
+from tests.helpers import as_a_new_process
 from tests.strategy.models import TinyRegressor, make_trainer
 
 # Each test runs against every format; these runs read their event log, as a restarted run keeps it on disk.
@@ -33,6 +34,7 @@ class _MonitoredRegressor(TinyRegressor):
 
 
 def _fit(tmp_path, max_steps, *, model=None, ckpt_path=None, callbacks=None, **ckpt_kwargs):
+    as_a_new_process()  # each call stands for a launch
     callbacks = callbacks if callbacks is not None else [ModelCheckpoint(dirpath=tmp_path / "ckpt", **ckpt_kwargs)]
     trainer = make_trainer(tmp_path, callbacks=callbacks, max_steps=max_steps)
     model = model or TinyRegressor()

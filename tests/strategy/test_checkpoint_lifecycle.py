@@ -15,6 +15,7 @@ from lightning_ft.checkpoint import AsyncCheckpointer, CheckpointError, list_com
 from lightning_ft.checkpoint.internal import IN_PROGRESS_RECORD
 from lightning_ft.events import read_events
 from tests.checkpoint.support import flip_a_byte_of
+from tests.helpers import as_a_new_process
 from tests.strategy.models import TinyRegressor, make_trainer
 
 # Each test runs against every format; these runs read their event log, as a restarted run keeps it on disk.
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.usefixtures("checkpoint_format", "event_log_on_disk")
 
 
 def _fit(tmp_path, max_steps, *, ckpt_path=None, strategy=None, callbacks=None, **ckpt_kwargs):
+    as_a_new_process()  # each call stands for a launch
     callbacks = callbacks if callbacks is not None else [ModelCheckpoint(dirpath=tmp_path / "ckpt", **ckpt_kwargs)]
     trainer = make_trainer(tmp_path, strategy=strategy, callbacks=callbacks, max_steps=max_steps)
     model = TinyRegressor()

@@ -18,6 +18,7 @@ from lightning_ft.checkpoint.internal import is_committed, read_metadata
 from lightning_ft.events import read_events
 from lightning_ft.strategy.auto_resume import resume_candidates
 from tests.checkpoint.support import checkpoint_format, folders_only, format_storage_class
+from tests.helpers import as_a_new_process
 from tests.strategy.models import TinyRegressor, make_trainer
 
 # Each test runs against every format; these runs read their event log, as a restarted run keeps it on disk.
@@ -45,6 +46,7 @@ def _assert_user_files_intact(root):
 
 
 def _fit(root, max_steps, dirpath, **kwargs):
+    as_a_new_process()  # each call stands for a launch
     ckpt = ModelCheckpoint(dirpath=dirpath, every_n_train_steps=2, save_top_k=-1, **kwargs)
     trainer = make_trainer(root, callbacks=[ckpt], max_steps=max_steps)
     trainer.fit(TinyRegressor())

@@ -22,6 +22,7 @@ from lightning_ft.strategy.elastic_resume import ElasticResume
 from lightning_ft.strategy.parallel_modes import DataParallelMode
 from lightning_ft.strategy.restore_order import RestoreOrder
 from lightning_ft.strategy.tracker import TrainingTracker
+from tests.helpers import as_a_new_process
 from tests.strategy.models import TinyRegressor, make_trainer
 
 
@@ -240,6 +241,7 @@ def test_a_resumed_fit_drives_the_collaborators_in_the_order_of_the_lifecycle_ta
         return ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_top_k=1)
 
     make_trainer(tmp_path, callbacks=[checkpoints()], max_steps=2, limit_val_batches=0).fit(TinyRegressor())
+    as_a_new_process()  # the relaunch
     calls = _record_lifecycle(monkeypatch)
     make_trainer(tmp_path, callbacks=[checkpoints()], max_steps=4, limit_val_batches=0).fit(TinyRegressor())
     assert _first_occurrences(calls) == RESUMED_FIT, _first_occurrences(calls)

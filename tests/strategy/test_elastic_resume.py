@@ -24,6 +24,7 @@ from lightning_ft.checkpoint import list_committed
 from lightning_ft.elastic.internal import plan_resume_from_metadata
 from lightning_ft.events import read_events
 from lightning_ft.strategy.elastic_resume import resume_message
+from tests.helpers import as_a_new_process
 from tests.strategy.models import RandomVectors, TinyRegressor, make_trainer
 
 pytestmark = pytest.mark.usefixtures("event_log_on_disk")  # these runs read their event log
@@ -83,6 +84,7 @@ class RatesUsed(Callback):
 
 
 def fit(root, *, max_steps, batch_size, policy, accumulate=1):
+    as_a_new_process()  # each call stands for a launch
     logger, used = MetricsLogger(), RatesUsed()
     trainer = make_trainer(
         root,
@@ -223,6 +225,7 @@ def trained(tmp_path, caplog):
     strategy = ElasticFT3D(checkpoint_format="torchsnapshot")
     make_trainer(tmp_path, strategy=strategy, callbacks=[ckpt], max_steps=4).fit(EvalRegressor())
     caplog.clear()
+    as_a_new_process()  # the tests relaunch after it
     return tmp_path / "ckpt" / "epoch=0-step=4.ckpt"
 
 

@@ -8,6 +8,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_ft.checkpoint import list_committed, load_checkpoint
 from lightning_ft.events import read_events
+from tests.helpers import as_a_new_process
 from tests.strategy.models import TinyRegressor, make_trainer
 
 # Each test runs against every format; these runs read their event log, as a restarted run keeps it on disk.
@@ -45,6 +46,7 @@ def _callback(tmp_path):
 
 
 def _fit(tmp_path, max_steps):
+    as_a_new_process()  # each call stands for a launch
     trainer = make_trainer(tmp_path, callbacks=[_callback(tmp_path)], max_steps=max_steps, limit_val_batches=1)
     trainer.fit(ScoredRegressor())
     return trainer

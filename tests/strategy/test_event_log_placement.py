@@ -13,10 +13,12 @@ import lightning_ft.checkpoint as lft_checkpoint
 from lightning_ft import GoodputMonitor
 from lightning_ft.events import get_event_log, read_events
 from tests.checkpoint.support import flip_a_byte_of
+from tests.helpers import as_a_new_process
 from tests.strategy.models import TinyRegressor, make_trainer
 
 
 def _fit(root, *, callbacks=(), max_steps=4, **kwargs):
+    as_a_new_process()  # each call stands for a launch
     ckpt = ModelCheckpoint(dirpath=root, every_n_train_steps=2, save_top_k=-1)
     trainer = make_trainer(root, callbacks=[ckpt, *callbacks], max_steps=max_steps, **kwargs)
     trainer.fit(TinyRegressor())
@@ -93,6 +95,7 @@ def test_a_crash_of_user_code_in_a_plain_run_is_on_record_and_the_relaunch_is_a_
     assert (end["attempt"], end["reason"], end["step"]) == (0, "crashed", 7)
     assert "RuntimeError: a bug in training_step at step 7" in end["error"]
 
+    as_a_new_process()  # the relaunch
     again = fit(_CrashesAtStep(None), 10)  # the relaunch: resumes from step 6 and counts itself attempt 1
     assert again.global_step == 10
     events = read_events(tmp_path)
@@ -110,3 +113,70 @@ def test_a_crash_of_user_code_in_a_plain_run_is_on_record_and_the_relaunch_is_a_
     )
     assert summary["totals"]["restarts"] == 1 and summary["totals"]["lost_steps"] == 1
     assert "restart before attempt 1 (after: crashed)" in format_report(summary)
+
+
+@pytest.mark.parametrize("second", ["ddp", "elastic_ft3d"])
+def test_a_plain_run_beside_another_experiments_records_adds_only_what_ddp_strategy_adds(tmp_path, monkeypatch, second):
+    """An experiment that crashed left its records in the folder; the next experiment from that folder (its own
+    checkpoint folder, a TensorBoard logger) is plain and ends normally: it adds what it adds under ``DDPStrategy``
+    (its checkpoints and its logger's ``version_1``), no run folder, lock or logger-version record of its own."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from lightning_ft import ElasticFT3D
+
+    monkeypatch.delenv("LIGHTNING_FT_RUN_ID", raising=False)
+
+    def fit(model, folder, strategy):
+        ckpt = ModelCheckpoint(dirpath=tmp_path / folder, every_n_train_steps=2)
+        logger = TensorBoardLogger(tmp_path)
+        trainer = make_trainer(tmp_path, strategy=strategy, callbacks=[ckpt], max_steps=4, logger=logger)
+        trainer.fit(model)
+        return trainer
+
+    with pytest.raises(RuntimeError, match="a bug in training_step"):
+        fit(_CrashesAtStep(3), "first", ElasticFT3D())
+    assert read_events(tmp_path)  # the crash is on record
+    before = {p.relative_to(tmp_path) for p in tmp_path.rglob("*")}
+
+    trainer = fit(TinyRegressor(), "second", DDPStrategy() if second == "ddp" else ElasticFT3D())
+    added = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.relative_to(tmp_path) not in before)
+    assert [p for p in added if "events.out.tfevents" not in p] == [
+        "lightning_logs/version_1",
+        "lightning_logs/version_1/hparams.yaml",
+        "second",
+        "second/epoch=0-step=4.ckpt",
+    ]
+    assert trainer.logger.version == 1
+
+
+@pytest.mark.parametrize("relaunch", ["ddp", "elastic_ft3d"])
+def test_a_plain_relaunch_after_a_crash_numbers_its_logger_version_as_ddp_strategy_does(
+    tmp_path, monkeypatch, relaunch
+):
+    """A plain one-process run crashed (its records are on disk); its relaunch resumes and ends normally. Its
+    TensorBoard version is the next one, as under ``DDPStrategy``, and it records no logger versions: only a launch
+    that expects restarts (torchrun, a monitor, ...) keeps one version across attempts."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from lightning_ft import ElasticFT3D
+
+    monkeypatch.delenv("LIGHTNING_FT_RUN_ID", raising=False)
+
+    def fit(model, strategy):
+        ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2)
+        trainer = make_trainer(
+            tmp_path, strategy=strategy, callbacks=[ckpt], max_steps=6, logger=TensorBoardLogger(tmp_path)
+        )
+        trainer.fit(model)
+        return trainer
+
+    with pytest.raises(RuntimeError, match="a bug in training_step"):
+        fit(_CrashesAtStep(3), ElasticFT3D())
+    trainer = fit(TinyRegressor(), DDPStrategy() if relaunch == "ddp" else ElasticFT3D())
+    assert trainer.logger.version == 1
+    assert sorted(os.listdir(tmp_path / "lightning_logs")) == ["version_0", "version_1"]
+    assert not (tmp_path / "lightning-ft" / "logger_versions.json").exists()
+    if relaunch == "elastic_ft3d":  # the relaunch is on record as the run's next attempt, after the crash
+        assert [e["attempt"] for e in read_events(tmp_path) if e["event"] == "attempt_end"] == [0, 1]

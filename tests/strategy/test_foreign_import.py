@@ -16,6 +16,7 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from lightning_ft.checkpoint import CheckpointError, UnsafeCheckpointError
 from lightning_ft.events import read_events
+from tests.helpers import as_a_new_process
 from tests.strategy.models import TinyRegressor, make_trainer
 
 pytestmark = pytest.mark.usefixtures("event_log_on_disk")  # these runs read their event log
@@ -106,6 +107,7 @@ def test_auto_resume_finds_a_ddp_strategy_file_in_the_checkpoint_folder(tmp_path
     assert trainer.global_step == 6
     resumed = [e for e in read_events(tmp_path) if e["event"] == "resumed"]
     assert [(e["step"], Path(e["path"]).name) for e in resumed] == [(4, "epoch=0-step=4.ckpt")]
+    as_a_new_process()  # the relaunch
     # Once ElasticFT3D has committed a newer checkpoint, that one is chosen over the foreign files.
     trainer = make_trainer(tmp_path, callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt")], max_steps=6)
     trainer.fit(TinyRegressor())

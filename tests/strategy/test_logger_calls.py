@@ -46,3 +46,89 @@ def test_uninstall_puts_the_loggers_own_method_back(tmp_path):
     assert "after_save_checkpoint" not in vars(logger)
     logger.after_save_checkpoint("direct")
     assert logger.seen == ["direct"]
+
+
+class ScanView(CSVLogger):
+    """Records what Lightning's scan reads from the callback at each call, as an uploading logger does."""
+
+    def __init__(self, root) -> None:
+        super().__init__(root)
+        self.seen: list[tuple] = []
+
+    def after_save_checkpoint(self, checkpoint_callback) -> None:
+        self.seen.append(
+            (
+                checkpoint_callback.best_model_path,
+                checkpoint_callback.last_model_path,
+                sorted(checkpoint_callback.best_k_models),
+            )
+        )
+
+
+def test_a_kept_call_sees_the_callback_as_it_was_at_the_call_and_leaves_it_as_it_is(tmp_path):
+    from weakref import proxy
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    writing = {"busy": True}
+    logger = ScanView(tmp_path)
+    calls = DeferredLoggerCalls(busy=lambda: writing["busy"])
+    calls.install([logger])
+    mc = ModelCheckpoint(dirpath=tmp_path, save_top_k=-1)
+    mc.best_model_path, mc.last_model_path, mc.best_k_models = "step=2.ckpt", "last.ckpt", {"step=2.ckpt": 1.0}
+    logger.after_save_checkpoint(proxy(mc))  # as ModelCheckpoint calls it
+    # The next save changes the callback (a dict in place, the rest replaced) before the first save commits.
+    mc.best_model_path = "step=4.ckpt"
+    mc.best_k_models["step=4.ckpt"] = 0.5
+    logger.after_save_checkpoint(proxy(mc))
+    writing["busy"] = False
+    calls.replay()
+    assert logger.seen == [
+        ("step=2.ckpt", "last.ckpt", ["step=2.ckpt"]),
+        ("step=4.ckpt", "last.ckpt", ["step=2.ckpt", "step=4.ckpt"]),
+    ]
+    assert mc.best_model_path == "step=4.ckpt" and sorted(mc.best_k_models) == ["step=2.ckpt", "step=4.ckpt"]
+
+
+def test_a_path_a_kept_call_names_is_changed_only_after_the_call_is_made(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    writing = {"busy": True, "waits": 0}
+
+    def wait() -> None:
+        writing["waits"] += 1
+        writing["busy"] = False
+
+    logger = ScanView(tmp_path)
+    calls = DeferredLoggerCalls(busy=lambda: writing["busy"], wait=wait)
+    calls.install([logger])
+    mc = ModelCheckpoint(dirpath=tmp_path, save_top_k=-1)
+    mc.best_model_path, mc.last_model_path = str(tmp_path / "step=2.ckpt"), str(tmp_path / "last.ckpt")
+    logger.after_save_checkpoint(mc)
+    calls.settle(tmp_path / "step=0.ckpt")  # named by no kept call: no wait
+    assert writing["waits"] == 0 and calls.pending == 1
+    calls.settle(tmp_path / "last.ckpt")  # the next save would replace it: the call is made first
+    assert writing["waits"] == 1 and calls.pending == 0 and len(logger.seen) == 1
+
+
+def test_a_call_of_a_callback_that_links_last_waits_for_the_save_in_flight(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    writing = {"busy": True}
+    logger = ScanView(tmp_path)
+    calls = DeferredLoggerCalls(busy=lambda: writing["busy"], wait=lambda: writing.update(busy=False))
+    calls.install([logger])
+    mc = ModelCheckpoint(dirpath=tmp_path, save_top_k=-1, save_last="link")
+    logger.after_save_checkpoint(mc)  # Lightning moves the link right after this call
+    assert len(logger.seen) == 1 and calls.pending == 0
+
+
+def test_loggers_whose_call_does_nothing_are_left_alone(tmp_path):
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    plain, board = CSVLogger(tmp_path), TensorBoardLogger(tmp_path)
+    calls = DeferredLoggerCalls(busy=lambda: True)
+    calls.install([plain, board])
+    assert "after_save_checkpoint" not in vars(plain) and "after_save_checkpoint" not in vars(board)
+    plain.after_save_checkpoint(None)
+    assert calls.pending == 0

@@ -19,6 +19,7 @@ from lightning_ft import ElasticFT3D, MemoryTier
 from lightning_ft.checkpoint.internal import MemoryFileStorage
 from lightning_ft.events import read_events
 from lightning_ft.strategy import memory_checkpoints
+from tests.helpers import as_a_new_process
 from tests.strategy.models import TinyRegressor, make_trainer
 
 MAX_STEPS = 10
@@ -36,6 +37,7 @@ class CrashAt(Callback):
 def fit(
     root: Path, *, tier: MemoryTier | None, crash: int | None = None, durable_every: int = 4, accumulate: int = 1
 ) -> TinyRegressor:
+    as_a_new_process()  # each call stands for a launch
     L.seed_everything(0)
     callbacks: list[Callback] = [
         ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=durable_every, save_top_k=-1)

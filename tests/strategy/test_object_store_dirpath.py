@@ -16,6 +16,7 @@ from lightning_ft.checkpoint.internal import COMMIT_MARKER, FORMATS
 from lightning_ft.checkpoint.storage import ObjectStore
 from lightning_ft.events import read_events
 from lightning_ft.strategy.checkpoint_io import check_checkpoint_callback, check_checkpoint_dirpath
+from tests.helpers import as_a_new_process
 from tests.strategy.models import TinyRegressor, make_trainer
 
 pytestmark = pytest.mark.usefixtures("event_log_on_disk")  # these runs read their event log
@@ -37,6 +38,7 @@ def _objects(url: str) -> list[str]:
 
 
 def _fit(root, url, max_steps, *, ckpt_path=None, strategy=None, **ckpt_options):
+    as_a_new_process()  # each call stands for a launch
     options = {"every_n_train_steps": 2, "save_top_k": -1, **ckpt_options}
     ckpt = ModelCheckpoint(dirpath=url, **options)
     trainer = make_trainer(root, strategy=strategy or ElasticFT3D(), callbacks=[ckpt], max_steps=max_steps)

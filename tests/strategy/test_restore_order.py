@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.e2e._torchrun import assert_ok, torchrun
+from tests.helpers import as_a_new_process
 from tests.strategy.restore_scenarios import fit, observed
 
 SCRIPT = Path(__file__).with_name("restore_scenarios.py")
@@ -28,6 +29,7 @@ def resumed(tmp_path_factory: pytest.TempPathFactory) -> Any:
         if (scenario, strategy) not in cache:
             root = tmp_path_factory.mktemp(f"{scenario}-{strategy}")
             fit(scenario, strategy, root, 2)
+            as_a_new_process()  # the relaunch
             cache[scenario, strategy] = observed(*fit(scenario, strategy, root, 4))
         return cache[scenario, strategy]
 

@@ -22,7 +22,7 @@ from lightning.pytorch.loggers import Logger
 from lightning_ft import ElasticFT3D, GoodputMonitor
 from lightning_ft.cli import main
 from lightning_ft.events import concurrent_runs, get_event_log, read_events
-from tests.helpers import subprocess_env
+from tests.helpers import as_a_new_process, subprocess_env
 from tests.strategy.models import TinyRegressor, make_trainer
 
 pytestmark = pytest.mark.usefixtures("event_log_on_disk")
@@ -49,6 +49,7 @@ def _launch(
 ) -> L.Trainer:
     """One launch of an experiment (what ``python train.py`` does): a new Trainer, checkpoints every 2 steps in
     ``root/ckpt``."""
+    as_a_new_process()
     L.seed_everything(0)
     callbacks: list[Callback] = [ModelCheckpoint(dirpath=root / ckpt, every_n_train_steps=2, save_top_k=-1)]
     callbacks.extend(extra)

@@ -25,6 +25,7 @@ from lightning_ft.checkpoint.internal import is_committed, read_metadata
 from lightning_ft.checkpoint.single_file import is_checkpoint_file
 from lightning_ft.events import read_events
 from tests.e2e._torchrun import assert_ok, torchrun
+from tests.helpers import as_a_new_process
 from tests.strategy.models import RandomVectors, TinyRegressor, make_trainer
 
 pytestmark = pytest.mark.usefixtures("event_log_on_disk")  # these runs read their event log
@@ -59,6 +60,7 @@ def _callbacks(root: Path, **kwargs: Any) -> list[ModelCheckpoint]:
 
 
 def _fit(root: Path, max_steps: int, *, ckpt_path: str | None = None, fmt: str = "file", **callback_kwargs: Any):
+    as_a_new_process()  # each call stands for a launch
     torch.manual_seed(0)
     model = Recorder()
     trainer = make_trainer(

@@ -10,12 +10,14 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_ft.events import read_events
+from tests.helpers import as_a_new_process
 from tests.strategy.models import TinyRegressor, make_trainer
 
 pytestmark = pytest.mark.usefixtures("event_log_on_disk")  # these runs read their event log
 
 
 def _fit(tmp_path, max_steps, *, model=None, **ckpt_kwargs):
+    as_a_new_process()  # each call stands for a launch
     trainer = make_trainer(
         tmp_path, callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt", **ckpt_kwargs)], max_steps=max_steps
     )
@@ -171,7 +173,9 @@ from pathlib import Path
 import lightning_ft.strategy.tracker as tracker
 tracker.PROGRESS_EVERY_S = 0.25  # 10 s in a real run; a test's steps are short
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from tests.helpers import as_a_new_process
 from tests.strategy.models import TinyRegressor, make_trainer
+from tests.helpers import as_a_new_process
 
 root, kill_at = Path(sys.argv[1]), int(sys.argv[2])
 

@@ -1,0 +1,296 @@
+"""One replica group (a torchrun job of 2 processes) of a sharded model under ``ElasticFT3D(replica_groups=...)``, for
+tests/replica/test_replica_sharded_e2e.py.
+
+``--model fsdp2``: a float64 MLP whose ``configure_model`` calls ``fully_shard`` on the ``"data_parallel"`` mesh of the
+group (2 data-parallel ranks, each holding half of every parameter). ``--model tp``: Lightning's
+``examples/pytorch/tensor_parallel`` Llama model and its ``parallelize`` function (tests/replica/tp_example/) at tiny
+dimensions, ``tensor_parallel_size=2`` (one data-parallel rank; the two ranks hold different shards and read the same
+batches), in float64 with ``loss_parallel`` as in the example.
+
+After every committed step, every rank appends one JSON line to ``<out>/steps-rank<r>.jsonl``: the global step, its
+pid, a fingerprint of its own shards of each part of the state a heal must copy (weights, optimizer, LR scheduler,
+torch/numpy/Python RNG, the loop counters), the accumulation in force and the sample ids of every micro-batch of the
+step. While ``<out>/../hold`` exists each training step sleeps the seconds it holds (empty: ``--step-sleep``), so that
+the test can kill and replace a group mid-run; ``--start-gate`` holds the first step until the test has seen every
+group start. At the end each rank saves its local shards to ``<out>/final<r>.pt``.
+
+``--accelerator cuda --process-group nccl`` runs it on GPUs, the groups joined over NCCL
+(tests/replica/test_replica_sharded_gpu.py). ``--strategy elastic`` runs one ``ElasticFT3D`` job without replica groups (the same model, sharding and sample
+stream): the reference. ``--ckpt-dir`` adds ``ModelCheckpoint(every_n_train_steps=--every-n)``; ``--pause-at N`` stops
+stepping at committed step N once that step's checkpoint is committed (a whole job killed at a known step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from torch.distributed.tensor import DTensor
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).with_name("tp_example")))  # the example imports its model as `model`
+
+from lightning_ft import ElasticFT3D, ElasticPolicy, ReplicaGroups  # noqa: E402
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+parser.add_argument("--model", choices=("fsdp2", "tp"), required=True)
+parser.add_argument("--max-steps", type=int, default=30)
+parser.add_argument("--step-sleep", type=float, default=0.3)
+parser.add_argument("--accumulate", type=int, default=1)
+parser.add_argument("--strategy", choices=("replica", "elastic"), default="replica")
+parser.add_argument("--timeout-s", type=float, default=3.0)
+parser.add_argument("--min-replicas", type=int, default=1)
+parser.add_argument("--ckpt-dir", default=None)
+parser.add_argument("--every-n", type=int, default=5)
+parser.add_argument("--pause-at", type=int, default=0)
+parser.add_argument("--accelerator", default="cpu")
+parser.add_argument("--process-group", default="gloo", help="ReplicaGroups(process_group=...)")
+parser.add_argument("--start-gate", default=None, help="at on_train_start: write <out>/ready<r>, wait for this file")
+args = parser.parse_args()
+out = Path(args.out)
+out.mkdir(parents=True, exist_ok=True)
+hold = out.parent / "hold"
+SAMPLES = 4096
+BATCH = 4
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def digest(obj) -> str:
+    h = hashlib.sha256()
+
+    def walk(x) -> None:
+        if isinstance(x, torch.Tensor):
+            x = local(x).detach()
+            h.update(str(x.dtype).encode())
+            if x.is_complex():
+                x = torch.view_as_real(x)
+            h.update(x.contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(x, np.ndarray):
+            h.update(x.tobytes())
+        elif isinstance(x, dict):
+            for k in sorted(x, key=str):
+                h.update(str(k).encode())
+                walk(x[k])
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+        else:
+            h.update(repr(x).encode())
+
+    walk(obj)
+    return h.hexdigest()[:16]
+
+
+class Tokens(Dataset):
+    """The example's ``RandomTokenDataset`` (seeded, the same on every rank), with each sample's id."""
+
+    def __init__(self, vocab_size: int, seq_length: int) -> None:
+        g = torch.Generator().manual_seed(42)
+        self.tokens = torch.randint(vocab_size, size=(SAMPLES, seq_length + 1), generator=g)
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, item: int):
+        return self.tokens[item], item
+
+
+class Sleepy(L.LightningModule):
+    def hold(self) -> None:
+        try:
+            time.sleep(float(hold.read_text() or args.step_sleep))
+        except FileNotFoundError:
+            pass
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.AdamW(self.parameters(), lr=3e-3, weight_decay=0.01, foreach=True)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.9)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+class FSDP2Model(Sleepy):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+
+    def configure_model(self) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        dp_mesh = self.device_mesh["data_parallel"]
+        for layer in (self.net[0], self.net[2]):
+            fully_shard(layer, mesh=dp_mesh)
+        fully_shard(self, mesh=dp_mesh)
+
+    def training_step(self, batch, batch_idx):
+        self.hold()
+        x, y, _ = batch
+        return F.mse_loss(self.net(x), y)
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(1234)
+        x, y = torch.randn(SAMPLES, 16, generator=g), torch.randn(SAMPLES, 4, generator=g)
+        return DataLoader(TensorDataset(x.double(), y.double(), torch.arange(SAMPLES)), batch_size=BATCH, shuffle=True)
+
+
+class Llama3(Sleepy):
+    """Lightning's example ``Llama3`` at tiny dimensions; the batches carry sample ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from model import ModelArgs, Transformer
+
+        self.model_args = ModelArgs(dim=32, n_layers=2, n_heads=4, vocab_size=64, multiple_of=16, max_seq_len=16)
+        self.model = Transformer(self.model_args)
+
+    def configure_model(self) -> None:
+        from parallelism import parallelize
+
+        parallelize(self.model, device_mesh=self.device_mesh)
+
+    def training_step(self, batch, batch_idx):
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        self.hold()
+        tokens, _ = batch
+        inputs, labels = tokens[:, :-1], tokens[:, 1:]
+        output = self.model(inputs)
+        with loss_parallel():
+            return F.cross_entropy(output.reshape(-1, output.size(-1)), labels.reshape(-1))
+
+    def backward(self, *args, **kwargs):
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        with loss_parallel():
+            super().backward(*args, **kwargs)
+
+    def train_dataloader(self):
+        return DataLoader(Tokens(self.model_args.vocab_size, seq_length=8), batch_size=BATCH, shuffle=True)
+
+
+class Record(Callback):
+    def __init__(self) -> None:
+        self.micro: list[int] = []
+        self.closed: list[int] = []
+        self.voted = False
+        self.before = -1
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.micro += batch[-1].tolist()
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self.closed, self.micro = self.micro, []
+        self.voted = True
+        self.before = trainer.global_step  # after any heal of this step (at its quorum), before the vote
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        # Only where the step was committed: it counted one more step (a discarded one, the first step of a healed
+        # group's included, leaves the count where the vote found it).
+        voted, self.voted = self.voted, False
+        if not voted or trainer.global_step != self.before + 1:
+            return
+        optimizer = trainer.optimizers[0]
+        opt_state = next(iter(optimizer.state.values()))
+        record = {
+            "step": trainer.global_step,
+            "pid": os.getpid(),
+            "time": time.time(),
+            "weights": digest(pl_module.state_dict()),
+            "optimizer": digest(optimizer.state_dict()),
+            "scheduler": digest(trainer.lr_scheduler_configs[0].scheduler.state_dict()),
+            "lr": optimizer.param_groups[0]["lr"],
+            "adam_steps": int(opt_state["step"]),
+            "rng": digest([torch.get_rng_state(), np.random.get_state()[1], random.getstate()]),
+            "loop": [trainer.global_step, trainer.fit_loop.epoch_loop._batches_that_stepped, trainer.current_epoch],
+            "accumulate": trainer.accumulate_grad_batches,
+            "step_samples": self.closed,
+        }
+        with open(out / f"steps-rank{trainer.global_rank}.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+class StartGate(Callback):
+    """Every group's manager heartbeats before any asks for its first quorum: the first quorum holds every group that
+    the test started (the lighthouse waits its join timeout for the heartbeating ones)."""
+
+    def __init__(self, gate: Path) -> None:
+        self.gate = gate
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        (out / f"ready{trainer.global_rank}").touch()
+        while not self.gate.exists():
+            time.sleep(0.1)
+
+
+class PauseAt(Callback):
+    """At committed step ``step``: wait for the save in flight, write ``<out>/paused`` and stop stepping (the heartbeats
+    go on) until the test kills the group."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step != self.step:
+            return
+        trainer.strategy.checkpoint_wait()
+        (out / f"paused{trainer.global_rank}").write_text(str(self.step))
+        while True:
+            time.sleep(1)
+
+
+L.seed_everything(0)
+tp = 2 if args.model == "tp" else 1
+policy = ElasticPolicy(batch="keep_global")
+if args.strategy == "elastic":
+    strategy = ElasticFT3D(tensor_parallel_size=tp, elastic=policy)
+else:
+    groups = ReplicaGroups(
+        address="127.0.0.1",
+        min_replicas=args.min_replicas,
+        timeout=timedelta(seconds=args.timeout_s),
+        process_group=args.process_group,
+    )
+    strategy = ElasticFT3D(tensor_parallel_size=tp, elastic=policy, replica_groups=groups)
+callbacks: list[Callback] = [Record()]
+if args.start_gate:
+    callbacks.append(StartGate(Path(args.start_gate)))
+if args.pause_at:
+    callbacks.append(PauseAt(args.pause_at))
+if args.ckpt_dir:
+    callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, every_n_train_steps=args.every_n, save_top_k=-1))
+trainer = L.Trainer(
+    accelerator=args.accelerator,
+    devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+    strategy=strategy,
+    max_steps=args.max_steps,
+    accumulate_grad_batches=args.accumulate,
+    precision="64-true",
+    limit_val_batches=0,
+    enable_checkpointing=bool(args.ckpt_dir),
+    logger=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+    default_root_dir=str(out),
+    callbacks=callbacks,
+)
+trainer.fit(FSDP2Model() if args.model == "fsdp2" else Llama3())
+shards = {k: local(v).detach().cpu().clone() for k, v in trainer.lightning_module.state_dict().items()}
+torch.save(shards, out / f"final{trainer.global_rank}.pt")
+if trainer.global_rank == 0:
+    (out / "done.json").write_text(json.dumps({"global_step": trainer.global_step, "pid": os.getpid()}))
