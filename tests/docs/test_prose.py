@@ -15,7 +15,6 @@ from tests.docs.site import nav_pages, section
 
 LATER = {
     "replica-groups.md": "restructured once the replica-group branches are merged",
-    "fault-tolerance.md": "its replica-group lighthouse section moves to replica-groups.md once those branches merge",
     "lightning-compatibility.md": "restructured once the Lightning-compatibility branches are merged",
 }
 
