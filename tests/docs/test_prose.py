@@ -15,7 +15,6 @@ from tests.docs.site import nav_pages, section
 
 LATER = {
     "replica-groups.md": "restructured once the replica-group branches are merged",
-    "lightning-compatibility.md": "restructured once the Lightning-compatibility branches are merged",
 }
 
 
