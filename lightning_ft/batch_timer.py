@@ -5,6 +5,10 @@ One :class:`BatchTimer` per consumer (the strategy's progress events, ``GoodputM
 the gap before a batch is data wait, except the part a checkpoint save blocked the loop, which is a stall: measured,
 when the caller knows it (the strategy times its own save calls), or estimated as the gap's excess over the median of
 recent ordinary gaps.
+
+Under ``ElasticFT3D`` one timer serves both: the strategy's tracker drives it and writes its drains as ``progress``
+lines (``lightning-ft report`` sums them), and ``GoodputMonitor`` logs its totals, so the report and the logger show
+the same figures (:meth:`lightning_ft.events.EventLog.claim`).
 """
 
 from __future__ import annotations
@@ -13,6 +17,15 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import NamedTuple
+
+
+class Drained(NamedTuple):
+    """What a :class:`BatchTimer` accumulated since its previous drain."""
+
+    productive_s: float
+    data_wait_s: float
+    stall_s: float
 
 
 class BatchTimer:
@@ -24,7 +37,7 @@ class BatchTimer:
         timer.batch_start()
         ...  # the training step
         timer.batch_end()
-        productive_s, data_wait_s = timer.drain()  # since the previous drain
+        productive_s, data_wait_s, stall_s = timer.drain()  # since the previous drain
     """
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter, *, recent_gaps: int = 32) -> None:
@@ -35,7 +48,7 @@ class BatchTimer:
         """Seconds waiting between batches (for data) since construction."""
         self.stall_s = 0.0
         """Seconds between batches that a checkpoint save blocked the loop, since construction."""
-        self._drained = (0.0, 0.0)
+        self._drained = Drained(0.0, 0.0, 0.0)
         self._batch_start: float | None = None
         self._last_end: float | None = None
         self._gaps: deque[float] = deque(maxlen=recent_gaps)
@@ -73,12 +86,20 @@ class BatchTimer:
         self._batch_start = None
         self._last_end = now
 
-    def drain(self) -> tuple[float, float]:
-        """``(productive_s, data_wait_s)`` accumulated since the previous call."""
-        productive, data = self._drained
-        self._drained = (self.productive_s, self.data_wait_s)
-        return self.productive_s - productive, self.data_wait_s - data
+    def add_stall(self, seconds: float) -> None:
+        """Book ``seconds`` of a save that blocked the loop after the last batch (no next batch start will): the save
+        at the end of training."""
+        self.stall_s += max(seconds, 0.0)
+
+    def totals(self) -> Drained:
+        """Everything accumulated since construction."""
+        return Drained(self.productive_s, self.data_wait_s, self.stall_s)
+
+    def drain(self) -> Drained:
+        """``(productive_s, data_wait_s, stall_s)`` accumulated since the previous call."""
+        previous, self._drained = self._drained, self.totals()
+        return Drained(*(now - before for now, before in zip(self._drained, previous, strict=True)))
 
     def pending(self) -> bool:
         """Whether anything accumulated since the last :meth:`drain`."""
-        return (self.productive_s, self.data_wait_s) != self._drained
+        return self.totals() != self._drained

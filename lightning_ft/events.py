@@ -35,6 +35,7 @@ a shared leaf that imports neither torch nor Lightning (``lightning-ft report`` 
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import json
 import logging
@@ -50,6 +51,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
+
+    from lightning_ft.batch_timer import BatchTimer
 
 __all__ = ["get_event_log", "read_events"]
 """The public part (docs/monitors.md): a LightningModule reads the run's event log with these. The rest is shared by
@@ -485,27 +488,47 @@ def has_records_of_run(root_dir: str | os.PathLike[str], folders: list[str]) -> 
 def keep_logger_version(
     root_dir: str | os.PathLike[str], run_id: str, folder: str, choose: Callable[[], int | str]
 ) -> int | str:
-    """The logger version recorded for ``folder`` (a logger's ``root_dir``) in run ``run_id``, else ``choose()``
+    """The logger version recorded for ``folder`` (a logger's ``root_dir``) under ``run_id``, else ``choose()``
     (the version Lightning would give it: the next free ``version_<n>``), recorded for the run's later attempts.
+    ``run_id`` is any key of the record: the run's id, or a key shared by the replica groups of one job.
 
-    Call on one rank (rank 0) and broadcast the result.
+    Call on one rank (rank 0) and broadcast the result. Runs that share ``root_dir`` (replica groups, a sweep) may
+    call it at the same moment: the record is read and written under a lock, so none loses another's entry.
     """
     record_file = Path(root_dir) / LOGGER_VERSIONS_FILE
-    try:
-        records = json.loads(record_file.read_text())
-        if not isinstance(records, dict):
-            records = {}
-    except (OSError, ValueError):
-        records = {}
-    run = records.setdefault(run_id, {})
-    if folder in run:
-        return run[folder]
-    run[folder] = version = choose()
     record_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = record_file.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(records))
-    os.replace(tmp, record_file)
-    return version
+    with _file_lock(record_file.with_name(record_file.name + ".lock")):
+        try:
+            records = json.loads(record_file.read_text())
+            if not isinstance(records, dict):
+                records = {}
+        except (OSError, ValueError):
+            records = {}
+        run = records.setdefault(run_id, {})
+        if folder in run:
+            return run[folder]
+        run[folder] = version = choose()
+        tmp = record_file.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(records))
+        os.replace(tmp, record_file)
+        return version
+
+
+@contextlib.contextmanager
+def _file_lock(lock_file: Path) -> Iterator[None]:
+    """Hold an exclusive POSIX lock on ``lock_file`` (created if missing) for the block; where the filesystem refuses
+    locks, the block runs without one (what it did before the lock)."""
+    import fcntl
+
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def next_attempt(root_dir: str | os.PathLike[str], run_id: str) -> int:
@@ -568,7 +591,7 @@ class EventLog:
         self.path = folder / f"rank{rank}.jsonl"
         self._lock = threading.Lock()
         self._step_fn: Any = None
-        self._claims: set[str] = set()
+        self._claims: dict[str, BatchTimer | None] = {}
         self._first_line: str | None = None
         self._lines: collections.deque[str] | None = None if on_disk else collections.deque(maxlen=_MEMORY_LINES)
         self.restarts_expected = on_disk
@@ -643,16 +666,23 @@ class EventLog:
         """Use ``step_fn()`` (usually ``lambda: trainer.global_step``) for ``step`` when a write names none."""
         self._step_fn = step_fn
 
-    def claim(self, events: str) -> bool:
+    def claim(self, events: str, *, timer: BatchTimer | None = None) -> bool:
         """True for the first caller that claims writing ``events`` (e.g. ``"progress"``), False for every later one.
 
-        The strategy and the monitors both can record step progress; the first to set up writes it, once.
+        The strategy and the monitors both can record step progress; the first to set up writes it, once. ``timer``:
+        the :class:`~lightning_ft.batch_timer.BatchTimer` the claimant drains into those lines, which a later caller
+        reads (:meth:`claimed_timer`) instead of timing the same steps again.
         """
         with self._lock:
             if events in self._claims:
                 return False
-            self._claims.add(events)
+            self._claims[events] = timer
             return True
+
+    def claimed_timer(self, events: str) -> BatchTimer | None:
+        """The timer the claimant of ``events`` gave (:meth:`claim`), if any."""
+        with self._lock:
+            return self._claims.get(events)
 
     def write(self, event: str, step: int | None = _UNSET, **fields: Any) -> dict[str, Any]:
         """Append one event and return it. ``step`` defaults to the bound step function, else null; pass
@@ -753,31 +783,20 @@ def open_event_log(trainer: pl.Trainer, **attempt_fields: Any) -> EventLog:
 
 
 def _say_own_run(root: str, run_id: str, folders: list[str]) -> None:
-    """Tell the user why this run's records are not the root's own: another live run owns the root (a warning: two
-    runs at once from one folder), or the root's run is another experiment (information)."""
+    """Say where this run's records go when they are not the root's own: another live run writes the root's event log
+    (two runs at once from one folder, such as replica groups sharing a ``default_root_dir``), or the root's run is
+    another experiment. Information, not a warning: both are supported, and the line names the folder to report."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
     where = run_dir(root, run_id)
     recorded = _read_record(Path(root) / RUN_FILE)
     if not _held_elsewhere(Path(os.path.realpath(root)) / ROOT_LOCK_FILE) and recorded is not None:
-        _log.info(
-            "lightning-ft: %s records run %s (checkpoint folders %s); this run (checkpoint folders %s) is %s, with its"
-            " own event log under %s (lightning-ft report %s)",
-            Path(root) / RUN_FILE,
-            recorded["run_id"],
-            recorded.get(FOLDERS_KEY),
-            folders,
-            run_id,
-            where / "events",
-            where,
-        )
-        return
-    _log.warning(
-        "lightning-ft: another run of %s is live (it holds %s); this run is %s, with its own event log under %s"
-        " (lightning-ft report %s)",
-        root,
-        Path(root) / ROOT_LOCK_FILE,
-        run_id,
-        where / "events",
-        where,
+        why = f"the folder's own log is run {recorded['run_id']}'s (checkpoint folders {recorded.get(FOLDERS_KEY)})"
+    else:
+        why = "another run, or another replica group, writes the folder's own log at the same time"
+    rank_zero_info(
+        f"lightning-ft: run {run_id} keeps its event log in {where / 'events'}: {why}."
+        f" `lightning-ft report {where}` reports this run; `lightning-ft report {root} --job`, replica groups together."
     )
 
 

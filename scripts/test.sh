@@ -36,6 +36,11 @@ bash scripts/setup_env.sh
 . .venv/bin/activate
 ruff check lightning_ft tests examples benchmarks
 ruff format --check lightning_ft tests examples benchmarks
+# The documentation site, with warnings as errors: a broken link or anchor, or a docstring the API page cannot render,
+# fails here (CONTRIBUTING.md, "The documentation").
+SITE=$(mktemp -d)
+NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir "$SITE"
+rm -rf "$SITE"
 python -m pytest -q -p no:cacheprovider --durations=15 "$@"
 deactivate
 if [ "$#" -eq 0 ]; then

@@ -43,7 +43,7 @@ def test_the_readme_says_how_to_install_and_how_to_load_for_inference():
 
 
 def test_docs_readme_changelog_and_code_point_at_nothing_outside_the_repository():
-    files = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
+    files = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
     files += sorted((ROOT / "lightning_ft").rglob("*.py")) + sorted((ROOT / "examples").rglob("*.py"))
     offenders = [
         f"{path.relative_to(ROOT)}: {line.strip()}"
@@ -64,7 +64,12 @@ def _anchors(markdown: str) -> set[str]:
 
 def test_every_relative_link_in_the_docs_resolves():
     missing = []
-    for path in [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for path in [
+        ROOT / "README.md",
+        ROOT / "CONTRIBUTING.md",
+        ROOT / "CHANGELOG.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+    ]:
         for target, anchor in re.findall(r"\]\(([^)#:]*)(?:#([^)]*))?\)", path.read_text()):
             file = (path.parent / target) if target else path
             if not file.exists():

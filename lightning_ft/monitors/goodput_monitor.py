@@ -1,9 +1,12 @@
 """GoodputMonitor: where the wall time of a run goes, across every attempt, live in the logger.
 
-Rank 0 times its own steps with a :class:`~lightning_ft.batch_timer.BatchTimer` (productive time:
-``on_train_batch_start`` to ``on_train_batch_end``; data wait: the gap before a batch; a gap that contains a checkpoint
-save counts its excess over the usual gap as a checkpoint stall) and writes ``first_step`` when the first step of an
-attempt completes. Previous attempts come from the event log through
+Rank 0 reads the current attempt's productive time, data wait and checkpoint stalls from a
+:class:`~lightning_ft.batch_timer.BatchTimer` (productive time: ``on_train_batch_start`` to ``on_train_batch_end``;
+data wait: the gap before a batch; checkpoint stall: the part of a gap a save blocked). Under ``ElasticFT3D`` that is
+the strategy's own timer, which measures its save calls and whose drains are the ``progress`` lines
+``lightning-ft report`` sums: the logged figures are the report's. Under another strategy the monitor drives a timer
+of its own, estimates a stall as the excess of a gap that contains a save over the usual gap, and writes those
+``progress`` lines itself. It writes ``first_step`` when the first step of an attempt completes. Previous attempts come from the event log through
 :func:`~lightning_ft.monitors.goodput_report.summarize` (which sees the work lost after the last checkpoint), or,
 when no log of them exists, from the totals this callback saved in the checkpoint. The rules are the report's: an
 attempt that follows a finished one is a continuation, not a restart (no restart time, no lost steps, the gap not
@@ -109,6 +112,8 @@ class GoodputMonitor(Callback):
         self._start_time = process_start_time()
         self._world_size = 1
         self._timer = BatchTimer()
+        self._loop = self._timer  # the timer whose totals are logged: the strategy's, where it shares one (setup)
+        self._logged_loop: tuple[float, ...] | None = None
         self._first_step_time: float | None = None
         self._saved_in_gap = False
         self._last_logged_step = -1
@@ -129,8 +134,11 @@ class GoodputMonitor(Callback):
             return
         self._reset_attempt()
         self._world_size = trainer.world_size
-        # Opens the log (collective, every rank is here) unless the strategy did; whoever set up first records progress.
-        self._writes_progress = open_event_log(trainer).claim("progress")
+        # Opens the log (collective, every rank is here) unless the strategy did; whoever set up first records progress,
+        # with its timer: this monitor then logs that timer's totals rather than timing the same steps again.
+        log = open_event_log(trainer)
+        self._writes_progress = log.claim("progress", timer=self._timer)
+        self._loop = log.claimed_timer("progress") or self._timer
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -180,14 +188,16 @@ class GoodputMonitor(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._timer.batch_start(saved=self._saved_in_gap)
+        if self._loop is self._timer:
+            self._timer.batch_start(saved=self._saved_in_gap)
         self._saved_in_gap = False
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._timer.batch_end()
+        if self._loop is self._timer:
+            self._timer.batch_end()
         self._at_boundary()
         if not trainer.is_global_zero:
             return
@@ -228,14 +238,17 @@ class GoodputMonitor(Callback):
                 self._replayed_steps = 0
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=step)
+            self._logged_loop = tuple(self._loop.totals())
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._timer.epoch_start(count_wait=False)  # dataloader start-up is not a steady-state data wait
+        if self._loop is self._timer:
+            self._timer.epoch_start(count_wait=False)  # dataloader start-up is not a steady-state data wait
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._timer.pause()
+        if self._loop is self._timer:
+            self._timer.pause()
 
     @override
     def on_save_checkpoint(
@@ -245,11 +258,12 @@ class GoodputMonitor(Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # The last step's totals are logged too: a run shorter than log_every_n_steps still gets its points.
+        # The last step's totals are logged too: a run shorter than log_every_n_steps still gets its points, and the
+        # stall of a save after the last batch (booked by the strategy's tracker at its on_train_end, which runs first).
         if (
             trainer.is_global_zero
             and self._first_step_time is not None
-            and trainer.global_step != self._last_logged_step
+            and (trainer.global_step != self._last_logged_step or tuple(self._loop.totals()) != self._logged_loop)
         ):
             self._log_at(trainer, trainer.global_step)
         if not self._writes_progress:
@@ -272,8 +286,8 @@ class GoodputMonitor(Callback):
 
     def _write_progress(self, trainer: pl.Trainer) -> None:
         self._last_progress_time = time.monotonic()
-        productive_s, data_wait_s = self._timer.drain()
-        get_event_log(trainer).write("progress", productive_s=productive_s, data_wait_s=data_wait_s)
+        productive_s, data_wait_s, stall_s = self._timer.drain()
+        get_event_log(trainer).write("progress", productive_s=productive_s, data_wait_s=data_wait_s, stall_s=stall_s)
 
     def totals(self, trainer: pl.Trainer | None = None, *, now: float | None = None) -> dict[str, float | None]:
         """Totals over all attempts so far (previous ones from the event log or the checkpoint), plus the ratios, with
@@ -306,10 +320,10 @@ class GoodputMonitor(Callback):
             "restarts": p.get("restarts", 0.0) + (1 if self._restarted and not self._prior_counts_current else 0),
             "continuations": p.get("continuations", 0.0),
             "wall_s": p.get("wall_s", 0.0) + wall_now,
-            "productive_s": p.get("productive_s", 0.0) + self._timer.productive_s,
-            "useful_productive_s": p.get("useful_productive_s", 0.0) + self._timer.productive_s - stall_now,
-            "data_wait_s": p.get("data_wait_s", 0.0) + self._timer.data_wait_s,
-            "checkpoint_stall_s": p.get("checkpoint_stall_s", 0.0) + self._timer.stall_s,
+            "productive_s": p.get("productive_s", 0.0) + self._loop.productive_s,
+            "useful_productive_s": p.get("useful_productive_s", 0.0) + self._loop.productive_s - stall_now,
+            "data_wait_s": p.get("data_wait_s", 0.0) + self._loop.data_wait_s,
+            "checkpoint_stall_s": p.get("checkpoint_stall_s", 0.0) + self._loop.stall_s,
             "restart_s": p.get("restart_s", 0.0) + restart_now,
             "recovery_s": p.get("recovery_s", 0.0) + recovery_now,
             "lost_steps": p.get("lost_steps", 0.0),
@@ -320,7 +334,7 @@ class GoodputMonitor(Callback):
             **{k: replica_total(k) for k in ("heal_s", "replicas_lost", "replicas_joined", "discarded_steps")},
         }
         held = p.get("device_s_held", 0.0) + self._world_size * wall_now
-        useful_dev = p.get("useful_device_s", 0.0) + self._world_size * (self._timer.productive_s - stall_now)
+        useful_dev = p.get("useful_device_s", 0.0) + self._world_size * (self._loop.productive_s - stall_now)
         out["device_s_held"] = held
         out["useful_device_s"] = useful_dev
         out["ettr"] = out["useful_productive_s"] / out["wall_s"] if out["wall_s"] else None  # type: ignore[operator]

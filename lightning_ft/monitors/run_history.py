@@ -174,7 +174,7 @@ def _attempt(attempt: int, evs: list[dict[str, Any]], *, every_rank_ends: bool) 
         "estimated_steps": 0,
         "estimated_productive_s": 0.0,
         "data_wait_s": sum(num(e.get("data_wait_s")) for e in progress),
-        "checkpoint_stall_s": sum(num(e.get("stall_s")) for e in committed),
+        "checkpoint_stall_s": _checkpoint_stall_s(progress, committed),
         "checkpoints": len(durable),
         "memory_checkpoints": len(committed) - len(durable),
         "checkpoint_steps": [e["step"] for e in durable if isinstance(e.get("step"), int)],
@@ -304,3 +304,12 @@ def _lost_productive_s(progress: list[tuple[int, float]], start_step: int, resum
             lost += productive_s * min(max(above / (step - prev), 0.0), 1.0)
         prev = step
     return lost
+
+
+def _checkpoint_stall_s(progress: list[dict[str, Any]], committed: list[dict[str, Any]]) -> float:
+    """The seconds saves blocked the training loop in one attempt: the ``stall_s`` of its ``progress`` lines, which
+    come from the timer that also measured their ``data_wait_s`` (the figure ``GoodputMonitor`` logs); in a log
+    written before progress lines carried it, the ``stall_s`` of its committed checkpoints."""
+    if any("stall_s" in e for e in progress):
+        return sum(num(e.get("stall_s")) for e in progress)
+    return sum(num(e.get("stall_s")) for e in committed)

@@ -395,7 +395,6 @@ class ElasticFT3D(DDPStrategy):
         trainer = self.lightning_module.trainer
         if self.event_log is None:  # one attempt per process, whatever fit/validate/test calls follow
             self.event_log = open_event_log(trainer, mesh=self.mesh_shape())
-            self.event_log.claim("progress")
         self._exception = None
         self._data_position.stage_starts()
         if self.replica_groups is not None:
@@ -428,6 +427,9 @@ class ElasticFT3D(DDPStrategy):
                 data_position=self._data_position,
                 attempt_start_time=self._attempt_start_time,
             )
+        # The strategy records progress (before any callback's setup can claim it), timed by its tracker; a
+        # GoodputMonitor logs that same timer's totals, so its goodput/* tags and the report agree.
+        self.event_log.claim("progress", timer=self._tracker.timer)
         if self._fault is not None:  # a hang ends the process from the watchdog's thread: the steps so far first
             self._fault.before_hang_exit = lambda: self._tracker.write_pending(trainer) if self._tracker else None
         # The memory tier saves after every other callback's on_train_batch_end, as ModelCheckpoint does (last): a
@@ -438,6 +440,7 @@ class ElasticFT3D(DDPStrategy):
             run_id=self.event_log.run_id,
             keep_versions=self.event_log.restarts_expected,
             last=[self._memory] if self._memory is not None else [],
+            replica_id=self._replica_config.replica_id if self.replica_groups is not None else None,
         )
         self._auto_resume.install(trainer)
         self._prepared = False

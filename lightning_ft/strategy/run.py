@@ -13,6 +13,7 @@ The lifecycle (which Lightning hook calls which collaborator, in order) is the t
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_ft import _compat
 from lightning_ft.elastic.internal import TrainingDataPosition
-from lightning_ft.events import keep_logger_version, state_root
+from lightning_ft.events import checkpoint_folders, keep_logger_version, state_root
 from lightning_ft.strategy.auto_resume import AutoResume
 from lightning_ft.strategy.checkpoint_io import check_checkpoint_callback
 from lightning_ft.strategy.elastic_resume import ElasticResume
@@ -112,12 +113,13 @@ def attach_to_trainer(
     run_id: str,
     keep_versions: bool = True,
     last: list[Any] | None = None,
+    replica_id: str | None = None,
 ) -> None:
     """Put ``callbacks`` first in ``trainer.callbacks`` (in this order; those already there stay where they are) and
     ``last`` at its end, after ``ModelCheckpoint`` (a save there captures the state every other callback's hook of the
     same batch left, as ``ModelCheckpoint``'s does; Lightning orders the callbacks before the strategy's set-up),
-    keep every ``TensorBoardLogger``'s version the same across the attempts of one run (:func:`keep_logger_versions`),
-    and warn about a ``ModelCheckpoint`` without a ``dirpath``.
+    keep every ``TensorBoardLogger``'s version the same across the attempts of one run, and apart for each replica
+    group ``replica_id`` of a job (:func:`keep_logger_versions`), and warn about a ``ModelCheckpoint`` without a ``dirpath``.
 
     Raises:
         ValueError: a ``ModelCheckpoint`` option that its object-store ``dirpath`` cannot work with
@@ -131,7 +133,7 @@ def attach_to_trainer(
             trainer.callbacks.remove(callback)
         trainer.callbacks.append(callback)
     if keep_versions:  # a plain one-process run (no restarts expected) numbers them as Lightning does
-        keep_logger_versions(trainer, run_id)
+        keep_logger_versions(trainer, run_id, replica_id=replica_id)
     for cb in trainer.checkpoint_callbacks:
         if isinstance(cb, ModelCheckpoint) and getattr(cb, "dirpath", None) is None:
             rank_zero_warn(
@@ -141,11 +143,16 @@ def attach_to_trainer(
         check_checkpoint_callback(cb, world_size=trainer.world_size)
 
 
-def keep_logger_versions(trainer: pl.Trainer, run_id: str) -> None:
+def keep_logger_versions(trainer: pl.Trainer, run_id: str, *, replica_id: str | None = None) -> None:
     """Give each ``TensorBoardLogger`` without a version the one Lightning gives it (``version_<n>``, the next free
     one) in the first attempt of the run, and the same one in every later attempt: TensorBoard's default counts up at
     every launch, and one run must keep one folder across restarts. Rank 0 chooses and records
-    (:func:`~lightning_ft.events.keep_logger_version`) and broadcasts: collective, every rank calls it at set-up."""
+    (:func:`~lightning_ft.events.keep_logger_version`) and broadcasts: collective, every rank calls it at set-up.
+
+    A replica group (``replica_id``) gets ``version_<n>/group_<replica_id>``: the groups of a job log side by side,
+    each in a folder of its own, under one ``version_<n>`` that the job's first group chose and recorded for the job
+    (keyed by its checkpoint folders, which the groups of a job share). A group that replaces a lost one, with its id,
+    continues its folder. A version the user gave the logger is theirs: every group then logs where it says."""
     # Every rank takes part in the broadcast whatever its own loggers' state, so that no rank waits alone.
     loggers = _compat.tensorboard_loggers(trainer.loggers)
     if not loggers:
@@ -153,14 +160,25 @@ def keep_logger_versions(trainer: pl.Trainer, run_id: str) -> None:
     versions = None
     if trainer.global_rank == 0:
         root = state_root(trainer.default_root_dir)
+        key = run_id
+        if replica_id is not None:
+            folders = checkpoint_folders(trainer)
+            key = f"replica job {json.dumps(folders)}" if folders else f"replica job of run {run_id}"
         # ``lg.version`` is Lightning's own choice: the next free version_<n> in the logger's folder.
         versions = [
-            keep_logger_version(root, run_id, os.path.abspath(lg.root_dir), lambda lg=lg: lg.version)
+            keep_logger_version(root, key, os.path.abspath(lg.root_dir), lambda lg=lg: lg.version)
             if _compat.logger_version_unset(lg)
             else None
             for lg in loggers
         ]
+        if replica_id is not None:
+            versions = [v if v is None else f"{_version_folder(v)}/group_{replica_id}" for v in versions]
     versions = trainer.strategy.broadcast(versions, src=0)
     for logger, version in zip(loggers, versions, strict=True):
         if version is not None:
             _compat.set_logger_version(logger, version)
+
+
+def _version_folder(version: int | str) -> str:
+    """The folder name Lightning's ``TensorBoardLogger`` gives ``version``."""
+    return version if isinstance(version, str) else f"version_{version}"

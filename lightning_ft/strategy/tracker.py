@@ -193,16 +193,24 @@ class TrainingTracker(Callback):
         # Before the strategy's teardown writes attempt_end: the steps trained since the last line are on record.
         self.write_pending(trainer)
 
+    @property
+    def timer(self) -> BatchTimer:
+        """The timer of this rank's steps, data wait and save stalls: what ``progress`` lines record, and what
+        ``GoodputMonitor`` logs under ``ElasticFT3D`` (read on rank 0, from the training loop's thread)."""
+        return self._timer
+
     def write_pending(self, trainer: pl.Trainer) -> None:
         """On rank 0, write a ``progress`` line for what was measured since the last one, if anything: at the end of
         training, when ``fit`` fails, and from the hang watchdog's thread before it ends the process (the main thread
-        is stuck then, and the step it last completed is ``trainer.global_step``)."""
+        is stuck then, and the step it last completed is ``trainer.global_step``). A save after the last batch (the
+        end of training) has no next batch to book its stall at: it is booked here."""
+        self._timer.add_stall(self._take_stall_s())
         log = self._event_log()
         if trainer.global_rank == 0 and log is not None and self._timer.pending():
             self._write_progress(log, trainer.global_step)
 
     def _write_progress(self, log: EventLog, step: int) -> None:
-        productive_s, data_wait_s = self._timer.drain()
+        productive_s, data_wait_s, stall_s = self._timer.drain()
         self._last_progress_step = step
         self._last_progress_time = time.monotonic()
         # The line may come well after the step (a failed fit, a hang): last_step_time says when the step ended.
@@ -211,5 +219,6 @@ class TrainingTracker(Callback):
             step=step,
             productive_s=productive_s,
             data_wait_s=data_wait_s,
+            stall_s=stall_s,
             last_step_time=self._last_step_time,
         )

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from lightning_ft import events as events_module
 from lightning_ft.events import (
     EventLog,
     events_dir,
@@ -413,3 +414,43 @@ def test_process_start_time_is_when_the_process_started_within_a_tenth_of_a_seco
         out, _ = proc.communicate(timeout=120)
         started = float(out)
         assert before - 0.1 <= started <= after + 0.1, (before, started, after)
+
+
+def test_a_run_beside_a_live_one_says_where_its_log_goes_in_a_line_that_does_not_read_as_an_error(
+    tmp_path, monkeypatch
+):
+    """Replica groups sharing a ``default_root_dir``, or a sweep from one folder: the second run keeps its own event
+    log, which is supported. Its console line names that folder and the report command, at information level, and
+    says nothing of locks or of a live run."""
+    from lightning.pytorch.utilities import rank_zero
+
+    monkeypatch.delenv("LIGHTNING_FT_RUN_ID", raising=False)
+    holder_code = (
+        "import sys; from lightning_ft.events import claim_root; "
+        "print(claim_root(sys.argv[1]), flush=True); sys.stdin.read()"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", holder_code, str(tmp_path)],
+        env=subprocess_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "True"  # the other run owns the folder's own log
+        said: list[str] = []
+        monkeypatch.setattr(rank_zero, "rank_zero_info", said.append)
+        warned: list[str] = []
+        monkeypatch.setattr(events_module._log, "warning", lambda *a, **k: warned.append(a))
+        trainer = _trainer(tmp_path)
+        trainer.checkpoint_callbacks = [SimpleNamespace(dirpath="/ckpt")]
+        log = open_event_log(trainer)
+        assert log.records == tmp_path / "lightning-ft" / "runs" / log.run_id
+        (line,) = said
+        assert f"keeps its event log in {log.records / 'events'}" in line
+        assert f"lightning-ft report {log.records}" in line and f"lightning-ft report {tmp_path} --job" in line
+        assert not any(word in line.lower() for word in ("is live", "lock", "error", "warning", "fail"))
+        assert warned == []
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)

@@ -10,31 +10,28 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs.markdown import ROOT, assert_prints, expected_output, run_recipe
 from tests.e2e._torchrun import torchrun
 from tests.helpers import REPO_ROOT, subprocess_env
 
 pytestmark = pytest.mark.slow
 
-QUICKSTART = Path(REPO_ROOT) / "examples" / "quickstart.py"
+README = ROOT / "README.md"
 FAILING = Path(__file__).with_name("failing_setup_script.py")
 
 
-def _torchrun_as_in_the_readme(nproc: int, cwd: Path) -> subprocess.CompletedProcess:
-    # The README's command: `torchrun --standalone --nproc-per-node=2 examples/quickstart.py`, from a fresh folder.
-    launcher = Path(sys.executable).with_name("torchrun")
-    cmd = [str(launcher)] if launcher.exists() else [sys.executable, "-m", "torch.distributed.run"]
-    cmd += ["--standalone", f"--nproc-per-node={nproc}", str(QUICKSTART)]
-    return subprocess.run(cmd, cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=300)
-
-
 def test_the_quick_start_runs_as_written_on_two_cpu_processes_and_resumes_on_one(tmp_path):
-    first = _torchrun_as_in_the_readme(2, tmp_path)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-6000:]
-    assert "torchrun started 2 process(es) per node on 1 node(s)" in first.stderr
+    """The README's recipe, run as the README shows it (tests/docs/markdown.py), from a fresh folder beside the
+    examples: torchrun on 2 processes, then on 1, which resumes and prints the line the README shows."""
+    (tmp_path / "examples").symlink_to(Path(REPO_ROOT) / "examples")
+    done = run_recipe(README, "quickstart", tmp_path, timeout=600)
+    assert done.returncode == 0, done.stdout[-8000:]
+    out = done.stdout
+    assert "torchrun started 2 process(es) per node on 1 node(s)" in out
     last = tmp_path / "checkpoints" / "last.ckpt"
     assert last.is_file() and not last.is_symlink()  # a checkpoint of its own, as Lightning's `last` is
     assert (tmp_path / "checkpoints" / "epoch=2-step=40.ckpt").is_file()  # the file Lightning writes, at 2 ranks
-    assert "lightning-ft: checkpoints are torch.save files" in first.stderr + first.stdout
+    assert "lightning-ft: checkpoints are torch.save files" in out
     # Lightning's own loader reads the checkpoint of two ranks (the README's inference section).
     plain = subprocess.run(
         [
@@ -53,11 +50,11 @@ def test_the_quick_start_runs_as_written_on_two_cpu_processes_and_resumes_on_one
     assert plain.returncode == 0, plain.stderr[-3000:]
     assert plain.stdout.split() == ["Regressor", "0.01"]
 
-    again = _torchrun_as_in_the_readme(1, tmp_path)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-6000:]
-    line = [ln for ln in again.stderr.splitlines() if ln.startswith("lightning-ft: resuming from")]
+    # The second run's line, as the README shows it, and exactly: `last.ckpt`, a checkpoint of its own, the newest
+    # committed one of step 40 (written after the top-k one).
+    assert_prints(out, expected_output(README, "quickstart"))
+    line = [ln for ln in out.splitlines() if ln.startswith("lightning-ft: resuming from")]
     assert line == [
-        # `last.ckpt`: a checkpoint of its own, the newest committed one of step 40 (written after the top-k one)
         f"lightning-ft: resuming from {tmp_path / 'checkpoints' / 'last.ckpt'} (step 40): world size 2"
         " -> 1, gradient accumulation 1 -> 2, LR x1.00 (unchanged)"
     ]

@@ -33,8 +33,8 @@ DOC = Path(REPO_ROOT) / "docs" / "checkpointing.md"
 
 
 def documented_errors() -> dict[str, str]:
-    """situation -> error class name, from the table under "Checksums and refusals"."""
-    section = DOC.read_text().split("## Checksums and refusals", 1)[1].split("\n## ", 1)[0]
+    """situation -> error class name, from the table under "Errors you may see"."""
+    section = DOC.read_text().split("## Errors you may see", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| (.+?) \| `(\w+)`.*\|$", section, flags=re.M)
     return {situation: error for situation, error in rows if situation != "situation"}
 
