@@ -62,6 +62,7 @@ from lightning_ft.replica.duplicate_id import AgentWatch, duplicates_in_quorum
 from lightning_ft.replica.gradient_sync import GradientSync
 from lightning_ft.replica.heal_state import apply_heal_state, heal_state
 from lightning_ft.replica.heal_transport import HealTransport
+from lightning_ft.replica.one_model import OneModel
 from lightning_ft.replica.step_gate import StepGate
 
 if TYPE_CHECKING:
@@ -189,6 +190,7 @@ class ReplicaSync:
         agent_pid: int | None = None,
         checkpoint_folders: Callable[[], list[Any]] = list,
     ) -> None:
+        OneModel.check_trainer(trainer)  # before anything starts
         self.config = config
         self._trainer = trainer
         self._group_rank = group_rank
@@ -234,6 +236,17 @@ class ReplicaSync:
         self._agent_watch = (
             AgentWatch(agent_pid, config.replica_id, on_orphaned=self._orphaned) if agent_pid is not None else None
         )
+        self._pending_heal: dict[str, Any] | None = None  # received in the quorum, loaded once the groups agree
+        self.one_model = OneModel(
+            trainer,
+            exchange=self.exchange,
+            manager=self.manager,
+            replica_id=config.replica_id,
+            group_size=group_world_size,
+            write=self._write,
+            elastic=getattr(trainer.strategy, "elastic", None),
+        )
+        """The configuration and state compared across groups, decisions agreed (replica/one_model.py)."""
 
     # ------------------------------------------------------------------ the step
 
@@ -281,6 +294,7 @@ class ReplicaSync:
             ) from e
         self._quorums += 1
         self._step_open = True
+        self._settle_quorum(trainer)
         if first and self.resume_floor is not None and trainer.global_step < self.resume_floor:
             raise RuntimeError(
                 f"ReplicaGroups: this group left the checkpoint at step {self.resume_floor} on disk to heal from a live"
@@ -309,6 +323,20 @@ class ReplicaSync:
             self._zero_grad(trainer, batch_idx)
         return dealt
 
+    def _settle_quorum(self, trainer: pl.Trainer) -> None:
+        """The configurations compared at a new quorum, then the state a heal received loaded, unless this group or
+        its source was refused (replica/one_model.py)."""
+        pending, self._pending_heal = self._pending_heal, None
+        result = self._quorum
+        load = self.one_model.after_quorum(
+            quorum_id=getattr(result, "quorum_id", None),
+            step=trainer.global_step,
+            heal_source=self._heal_source(result) if pending is not None else None,
+            source_configuration=pending.get("one_model") if pending is not None else None,
+        )
+        if pending is not None and load:
+            self._apply_heal(pending)
+
     @staticmethod
     def _zero_grad(trainer: pl.Trainer, batch_idx: int) -> None:
         """What Lightning does at a step's first micro-batch (the LightningModule's ``optimizer_zero_grad``), for a
@@ -319,6 +347,7 @@ class ReplicaSync:
 
     def _vote(self) -> bool:
         """``should_commit`` for this step (the group's ranks, then every group), with its bookkeeping."""
+        self.one_model.voted()
         committed = bool(self.manager.should_commit())
         self._step_open = False
         self.data.after_vote(committed, step=self._trainer.global_step)
@@ -475,39 +504,55 @@ class ReplicaSync:
     # ------------------------------------------------------------------ heal
 
     def _state(self) -> dict[str, Any]:  # torchft's quorum thread, on a group that serves a joining one
-        return {**heal_state(self._trainer), "elastic": self._policy_state()}
+        return {
+            **heal_state(self._trainer),
+            "elastic": self._policy_state(),
+            "one_model": self.one_model.configuration(),  # built at this group's first quorum
+        }
 
     def _load(self, state: dict[str, Any]) -> None:  # the training thread, inside start_quorum, on a joining group
+        self._pending_heal = state  # loaded after the configurations are compared (_settle_quorum)
+
+    @staticmethod
+    def _heal_source(result: Any) -> str | None:
+        if result is None or result.recover_src_replica_rank is None:
+            return None
+        ids = members_by_rank(result.replica_ids)
+        return ids[result.recover_src_replica_rank] if 0 <= result.recover_src_replica_rank < len(ids) else None
+
+    def _apply_heal(self, state: dict[str, Any]) -> None:
         started = time.monotonic()
         apply_heal_state(self._trainer, state)
         if state.get("elastic") is not None:  # the source's rates and accumulation, bitwise (its optimizers are here)
             self._load_policy_state(state["elastic"])
         self.data.forget_deal()  # the sampler holds the source's committed count: the quorum deals anew from it
         size, fetch_s = self.transport.last_received or (0, 0.0)
-        result = self._quorum
-        source = None
-        if result is not None and result.recover_src_replica_rank is not None:
-            ids = members_by_rank(result.replica_ids)
-            if 0 <= result.recover_src_replica_rank < len(ids):
-                source = ids[result.recover_src_replica_rank]
         record = {
             "replica_id": self.config.replica_id,
-            "source": source,
+            "source": self._heal_source(self._quorum),
             "bytes": size,
             "seconds": fetch_s + (time.monotonic() - started),
             "step": self._trainer.global_step,
         }
         self.heals.append(record)
+        self.one_model.healed()
         self._on_heal(self._trainer.global_step)
         self._write("healed", **record)
 
     # ------------------------------------------------------------------ end
 
     def close(self) -> None:
-        """Leave the quorum: undo the gate and the recorder, shut the manager and the heal server down."""
-        if self._agent_watch is not None:
-            self._agent_watch.stop()
-        self.names.uninstall()
-        self.gate.uninstall()
-        self._recorder.undo()
-        self.manager.shutdown(wait=False)
+        """Leave the quorum: undo the gate and the recorder, shut the manager and the heal server down.
+
+        Raises:
+            RuntimeError: this group's state differed from the live groups' and the fit ended before it healed.
+        """
+        try:
+            if self._agent_watch is not None:
+                self._agent_watch.stop()
+            self.names.uninstall()
+            self.gate.uninstall()
+            self._recorder.undo()
+            self.manager.shutdown(wait=False)
+        finally:
+            self.one_model.close()
