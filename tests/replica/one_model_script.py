@@ -12,7 +12,8 @@ state); ``<out>/val.jsonl`` one line per validation (step, ``val_loss`` as ``flo
 ``<out>/final0.pt`` and ``<out>/done.json`` at the end. Injected faults (by this group's own callback, out of band,
 after the step's vote): ``--edit-weight-at N`` adds 1e-3 to one weight after step N, ``--edit-lr-at N`` halves the
 learning rate after step N, ``--edit-lr-every-from N`` does so after every step from N, ``--stop-at N`` sets
-``trainer.should_stop`` after step N on this group only.
+``trainer.should_stop`` after step N on this group only. While ``<out>/../hold`` exists every training step
+sleeps ``--step-sleep`` seconds.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -49,15 +51,18 @@ parser.add_argument("--max-steps", type=int, default=-1)
 parser.add_argument("--min-replicas", type=int, default=1)
 parser.add_argument("--timeout-s", type=float, default=3.0)
 parser.add_argument("--strategy", choices=("replica", "ddp"), default="replica")
+parser.add_argument("--policy", choices=("keep_global", "keep_local"), default="keep_global")
 parser.add_argument("--plateau", action="store_true", help="ReduceLROnPlateau(monitor='val_loss') at each validation")
 parser.add_argument("--early-stop", type=float, default=None, help="EarlyStopping(min_delta=...) on val_loss")
 parser.add_argument("--edit-weight-at", type=int, default=None)
 parser.add_argument("--edit-lr-at", type=int, default=None)
 parser.add_argument("--edit-lr-every-from", type=int, default=None)
 parser.add_argument("--stop-at", type=int, default=None)
+parser.add_argument("--step-sleep", type=float, default=0.2, help="seconds each training step sleeps while held")
 args = parser.parse_args()
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
+hold = out.parent / "hold"
 
 
 def digest(obj) -> str:
@@ -90,6 +95,8 @@ class Model(L.LightningModule):
             ).double()
 
     def training_step(self, batch, batch_idx):
+        if hold.exists():
+            time.sleep(args.step_sleep)
         x, y = batch
         return torch.nn.functional.mse_loss(self.net(x), y)
 
@@ -182,7 +189,7 @@ else:
     groups = ReplicaGroups(
         address="127.0.0.1", min_replicas=args.min_replicas, timeout=timedelta(seconds=args.timeout_s)
     )
-    strategy = ElasticFT3D(elastic=ElasticPolicy(batch="keep_global", lr_scaling="none"), replica_groups=groups)
+    strategy = ElasticFT3D(elastic=ElasticPolicy(batch=args.policy, lr_scaling="none"), replica_groups=groups)
 trainer = L.Trainer(
     accelerator="cpu",
     devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),

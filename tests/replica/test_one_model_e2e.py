@@ -17,7 +17,7 @@ import pytest
 from lightning_ft.events import read_events
 from tests.e2e._torchrun import torchrun_popen
 from tests.replica._lighthouse import lighthouse
-from tests.replica.test_replica_groups_e2e import _log, _records
+from tests.replica.test_replica_groups_e2e import _log, _records, _wait
 
 pytest.importorskip("torchft")
 
@@ -138,22 +138,35 @@ def test_out_of_band_edits_heal_and_one_groups_stop_stops_all_at_the_same_step_a
 def test_groups_started_with_another_batch_process_count_or_model_are_refused_naming_the_field(
     tmp_path: Path,
 ) -> None:
-    """Group 0 trains alone (``min_replicas=1``); three groups started beside it each differ in one thing: the
+    """Group 0 trains alone (``min_replicas=1``); three groups started beside it, once it trains, each differ in one thing: the
     per-device batch (8 against 4), the processes per group (2 against 1), the model (width 64 against 32). Each is
     refused at its first quorum, before its first step, with a ``ValueError`` naming the field and both values, and
-    exits non-zero; group 0 names each (``replica_refused``), trains on and ends where a run alone ends."""
-    common = ("--samples", "480", "--accumulate", "2", "--min-replicas", "1")
+    exits non-zero without a committed step; group 0 names each (``replica_refused``) and trains its epoch to the end
+    (``ElasticPolicy(batch="keep_local")``: 8 samples a step, whatever the groups)."""
+    common = ("--samples", "960", "--accumulate", "2", "--min-replicas", "1", "--policy", "keep_local")
+    common += ("--step-sleep", "0.5")  # while held: group 0 outlasts the others' start
     bad = {
         "batch": (("--batch-size", "8"), 1, "per-device batch: 8 here, 4 in replica group '0'"),
         "procs": ((), 2, "processes per group: 2 here, 1 in replica group '0'"),
         "model": (("--width", "64"), 1, "model.elements: 1348 here, 676 in replica group '0'"),
     }
-    with lighthouse(min_replicas=1, heartbeat_timeout_ms=1000, join_timeout_ms=500) as address:
+    hold = tmp_path / "hold"
+    hold.touch()  # group 0 trains slowly until the others have been refused
+    # A quorum waits for every heartbeating group (up to 10 s): with min_replicas=1 and a short join timeout, a new
+    # group asking while group 0 is inside a (slow) step would form a quorum of its own and train apart first.
+    with lighthouse(min_replicas=1, heartbeat_timeout_ms=1000, join_timeout_ms=10000) as address:
         procs = {"g0": _group(tmp_path, "g0", "0", address, 4, *common)}
-        for i, (name, (extra, nproc, _)) in enumerate(bad.items(), start=1):
-            procs[name] = _group(tmp_path, name, str(i), address, 4, *common, *extra, nproc=nproc)
-        codes = _finish(procs, tmp_path)
+        try:
+            _wait(lambda: len(_records(tmp_path, "g0")) >= 2, "group 0 to train", 300, procs, tmp_path)
+            for i, (name, (extra, nproc, _)) in enumerate(bad.items(), start=1):
+                procs[name] = _group(tmp_path, name, str(i), address, 4, *common, *extra, nproc=nproc)
+            for name in bad:
+                procs[name].wait(timeout=300)
+        finally:
+            hold.unlink()
+            codes = _finish(procs, tmp_path)
     assert codes["g0"] == 0, _log(tmp_path, "g0")
+    assert json.loads((tmp_path / "g0" / "done.json").read_text())["global_step"] == 120  # 960 samples, 8 a step
     for name, (_, _, message) in bad.items():
         log = (tmp_path / f"{name}.log").read_text()
         assert codes[name] != 0 and "is refused" in log and message in log, _log(tmp_path, name)
