@@ -19,8 +19,8 @@ group on its own: validation, ``EarlyStopping``, ``ReduceLROnPlateau``, ``ModelC
   ``on_train_batch_end`` hooks and again after its validation and plateau schedulers (and once more after the
   epoch-end hooks), the groups exchange ``trainer.should_stop`` and, the second time, a fingerprint of the state:
   the step, the learning rates, the LR schedulers' state, the accumulation in force, a checksum of the parameters
-  (every 16-bit word of a rotating window of up to :data:`PARAMETER_WINDOW` elements of each tensor, so a flipped bit
-  shows) and a digest of the configuration. A stop any group decided is every group's, at the same step, before
+  (the bits of a rotating sample: up to :data:`PARAMETER_TENSORS` tensors a step, up to :data:`PARAMETER_WINDOW`
+  elements of each, so a flipped bit in the sample shows) and a digest of the configuration. A stop any group decided is every group's, at the same step, before
   Lightning reads it. A group whose state differs from the others' is named (``replica_diverged``) and heals from a
   live group at the next step (its torchft step is set one back, so the quorum sends it the live state); one that
   differs again right after its heal, or when the fit ends before it could heal, stops with a ``RuntimeError``.
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONFIGURATION_FIELDS",
+    "PARAMETER_TENSORS",
     "PARAMETER_WINDOW",
     "Difference",
     "OneModel",
@@ -67,9 +68,12 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 PARAMETER_WINDOW = 65536
-"""Elements of each parameter tensor checksummed per comparison: all of a tensor up to this size; of a larger one a
-window that moves on by this much at every step, so that every element is compared every ``ceil(numel / window)``
-steps."""
+"""Elements of a parameter tensor checksummed when it is compared: all of a tensor up to this size; of a larger one a
+window that moves on by this much each time (:func:`parameter_checksum`)."""
+PARAMETER_TENSORS = 32
+"""Parameter tensors checksummed per comparison: all of a module that has no more; else each tensor every
+``ceil(tensors / 32)`` steps. Every element of a tensor of ``n`` elements is compared every
+``ceil(tensors / 32) * ceil(n / 65536)`` steps; the cost per step is bounded (32 sums of at most 65,536 elements)."""
 
 CONFIGURATION_FIELDS = (
     "processes per group",
@@ -296,30 +300,34 @@ def reference_index(keys: list[Any], members: list[str], candidates: list[int]) 
 # ---------------------------------------------------------------------------------------------------- state
 
 
-def parameter_checksum(module: torch.nn.Module, step: int, *, window: int = PARAMETER_WINDOW) -> int:
-    """A checksum of the parameters' bits (48 bits): every 16-bit word of each tensor's window (all of it up to
-    ``window`` elements, else ``window`` elements from ``step * window``, wrapping), weighted by an odd number by its
-    position, summed in int64 on the tensors' device (no overflow, one copy to the host). Any single changed bit
-    changes it; the same bits give the same sum whatever the device's summation order."""
-    parts = []
-    for p in module.parameters():
+def parameter_checksum(
+    module: torch.nn.Module, step: int, *, window: int = PARAMETER_WINDOW, tensors: int = PARAMETER_TENSORS
+) -> int:
+    """A checksum of the parameters' bits (48 bits) that one comparison reads: of ``tensors`` of the module's
+    parameter tensors (all of them when it has no more; else the ones whose index is ``step`` modulo the number of
+    rounds it takes), a window of ``window`` elements (all of a smaller tensor; else from an offset that moves on by
+    ``window`` every round, wrapping), its bits summed as 32-bit (16-bit, 8-bit for smaller dtypes) integers in int64
+    on the tensor's device, one sum per tensor, one copy of the sums to the host. A changed bit changes the sum; the
+    same bits give the same sum whatever the device's order of summation."""
+    params = [p for p in module.parameters() if p.numel() > 0]
+    if not params:
+        return 0
+    rounds = math.ceil(len(params) / max(1, tensors))
+    turn, lap = step % rounds, step // rounds
+    sums = []
+    for p in params[turn::rounds]:
         flat = p.detach().reshape(-1)
         n = flat.numel()
-        if n == 0:
-            continue
         if n > window:
-            start = (step * window) % n
+            start = (lap * window) % n
             end = start + window
             flat = flat[start:end] if end <= n else torch.cat([flat[start:], flat[: end - n]])
         flat = flat.contiguous()
-        words = flat.view(torch.uint8).to(torch.int16) if flat.element_size() == 1 else flat.view(torch.int16)
-        parts.append(words)
-    if not parts:
-        return 0
-    words = torch.cat(parts).to(torch.int64) & 0xFFFF
-    weights = (torch.arange(words.numel(), device=words.device, dtype=torch.int64) * 2 + 1) & 0xFFFF
-    total = int((words * weights).sum().item())  # < 2**32 per term, fewer than 2**31 terms: no overflow
-    return total & ((1 << 48) - 1)
+        size = flat.element_size()
+        words = flat.view(torch.int32 if size % 4 == 0 else torch.int16 if size % 2 == 0 else torch.uint8)
+        sums.append(words.sum(dtype=torch.int64))  # < 2**31 a word, < 2**31 words: no overflow
+    total = torch.stack(sums).cpu().tolist()
+    return _digest(struct.pack(f"<{len(total)}q", *total))
 
 
 def _state_bytes(obj: Any, out: list[bytes]) -> None:

@@ -343,23 +343,26 @@ def test_equal_groups_agree_on_everything_and_cost_little() -> None:
     print(f"\none model, one process: {checks[0]['seconds'] / checks[0]['exchanges'] * 1e6:.0f} us per comparison")
 
 
-def test_one_flipped_bit_of_any_parameter_changes_the_checksum_and_the_window_covers_every_element() -> None:
+def test_one_flipped_bit_of_any_parameter_changes_the_checksum_and_the_rounds_cover_every_element() -> None:
+    """Windows of 100 elements, 2 tensors a comparison: the 4 tensors of the module take 2 rounds, the 256 elements of
+    the first weight 3 windows; within 6 steps every one of its bits has been compared."""
     module = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 4).to(torch.bfloat16))
-    base = parameter_checksum(module, 0, window=100)
-    assert parameter_checksum(copy.deepcopy(module), 0, window=100) == base
+    base = parameter_checksum(module, 0, window=100, tensors=2)
+    assert parameter_checksum(copy.deepcopy(module), 0, window=100, tensors=2) == base
     bits = module[0].weight.data.view(-1).view(torch.int32)
     seen = set()
-    for step in range(3):  # 256 elements of the first weight, windows of 100: all of them within 3 steps
-        before = parameter_checksum(module, step, window=100)
+    for step in range(6):
+        before = parameter_checksum(module, step, window=100, tensors=2)
         for index in range(bits.numel()):
             bits[index] ^= 1 << (index % 32)
-            if parameter_checksum(module, step, window=100) != before:
+            if parameter_checksum(module, step, window=100, tensors=2) != before:
                 seen.add(index)
             bits[index] ^= 1 << (index % 32)
     assert len(seen) == bits.numel()
-    assert parameter_checksum(module, 0, window=100) == base
+    assert parameter_checksum(module, 0, window=100, tensors=2) == base
+    odd_round = parameter_checksum(module, 1, window=100, tensors=2)  # the second Linear's tensors
     module[1].bias.data.view(torch.int16)[0] ^= 1  # a bfloat16 tensor, smaller than the window
-    assert parameter_checksum(module, 0, window=100) != base
+    assert parameter_checksum(module, 1, window=100, tensors=2) != odd_round
 
 
 @pytest.fixture
