@@ -408,7 +408,8 @@ class OneModel:
         self._configuration_due = False  # a compare of the configurations was missed or disagreed: at the next quorum
         self._unchecked = False  # this group's last configuration exchange failed
         self._joined = False  # this process has had a quorum
-        self._voted = False  # an optimizer step (committed or discarded) ended in the running batch
+        self._due: list[int] = []  # the exchange points still due in the running batch (an optimizer step ended in it)
+        self._leaving = False
         self._held_stop = False  # a stop decided here that no exchange has carried yet
         self._stop_announced = False
         self._heal_due: tuple[int, list[str]] | None = None  # (step, fields) this group diverged at, not yet healed
@@ -558,16 +559,30 @@ class OneModel:
 
     def voted(self) -> None:
         """An optimizer step ended (committed or discarded): the exchanges of this batch's end are due."""
-        self._voted = True
+        self._due = [_BEFORE_VALIDATION, _AFTER_BATCH]
 
     def _before_validation(self) -> None:
-        if self._voted:
+        if _BEFORE_VALIDATION in self._due:
+            self._due.remove(_BEFORE_VALIDATION)
             self._compare(_BEFORE_VALIDATION, state=False)
 
     def _after_batch(self) -> None:
-        if self._voted:
-            self._voted = False
+        if _AFTER_BATCH in self._due:
+            self._due.remove(_AFTER_BATCH)
             self._compare(_AFTER_BATCH, state=True)
+
+    def leave(self) -> None:
+        """This group leaves the fit between a step's vote and the end of its exchanges (an eviction, an error in a
+        batch-end hook): take part in the exchanges still due, deciding nothing, so that the other groups do not
+        wait ``timeout`` for it. Called at teardown, before the Manager shuts down; never raises."""
+        self._leaving = True
+        while self._due:
+            point = self._due.pop(0)
+            try:
+                self._compare(point, state=point == _AFTER_BATCH)
+            except Exception as e:  # noqa: BLE001 - leaving anyway: the others see this group gone at the next quorum
+                _log.info("lightning-ft: this replica group left without its exchange at point %d: %s", point, e)
+                return
 
     def _after_epoch(self) -> None:
         if self._joined:  # not before this process's first quorum (every group has had one by an epoch's end)
@@ -577,7 +592,7 @@ class OneModel:
         """One exchange point (collective across the groups: every group reaches the same points at the same step)."""
         started = time.perf_counter()
         trainer = self._trainer
-        local_stop = bool(trainer.should_stop) or self._held_stop
+        local_stop = (bool(trainer.should_stop) or self._held_stop) and not self._leaving  # leaving is not stopping
         row = [float(point), float(trainer.global_step), float(local_stop), float(self._unchecked), 0.0]
         if state:
             before = time.perf_counter()

@@ -548,6 +548,7 @@ class ReplicaSync:
             RuntimeError: this group's state differed from the live groups' and the fit ended before it healed.
         """
         try:
+            self.one_model.leave()  # the exchanges still due, so that no other group waits for this one
             if self._agent_watch is not None:
                 self._agent_watch.stop()
             self.names.uninstall()

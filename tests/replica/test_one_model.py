@@ -394,3 +394,30 @@ def test_validation_runs_whole_in_every_group() -> None:
     expected = _trainer(limit_val_batches=None).validate(plain)
     assert model.val_batches == plain.val_batches == 8
     assert results == expected
+
+
+def test_a_group_that_leaves_after_its_vote_takes_part_in_the_exchanges_still_due_deciding_nothing() -> None:
+    """A group evicted (or failing) in ``on_train_batch_end``, after its step's vote, would leave the others waiting
+    ``timeout`` in the batch's two exchanges; at teardown it takes part in them, its stop flag down."""
+    rows: list[list[float]] = []
+
+    def other(row: list[float], trainer: L.Trainer) -> list[float]:
+        rows.append(list(row))
+        return row
+
+    class Leave(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == 2:
+                trainer.should_stop = True  # what an eviction may leave set: not a stop of the job
+                raise RuntimeError("evicted")
+
+    drive = Drive(other)
+    trainer = _trainer(max_steps=4, callbacks=[drive, Leave()])
+    with pytest.raises(RuntimeError, match="evicted"):
+        trainer.fit(Model())
+    before = len(rows)
+    drive.one.leave()
+    assert [(r[0], r[1], r[2]) for r in rows[before:]] == [(1.0, 2.0, 0.0), (2.0, 2.0, 0.0)]
+    drive.one.leave()
+    assert len(rows) == before + 2  # once
+    drive.one.close()
