@@ -13,7 +13,8 @@ state); ``<out>/val.jsonl`` one line per validation (step, ``val_loss`` as ``flo
 after the step's vote): ``--edit-weight-at N`` adds 1e-3 to one weight after step N, ``--edit-lr-at N`` halves the
 learning rate after step N, ``--edit-lr-every-from N`` does so after every step from N, ``--stop-at N`` sets
 ``trainer.should_stop`` after step N on this group only. While ``<out>/../hold`` exists every training step
-sleeps ``--step-sleep`` seconds.
+sleeps ``--step-sleep`` seconds. ``--no-checks`` turns the one-model comparisons off (the baseline of a cost
+measurement; the library has no such switch).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ parser.add_argument("--edit-lr-at", type=int, default=None)
 parser.add_argument("--edit-lr-every-from", type=int, default=None)
 parser.add_argument("--stop-at", type=int, default=None)
 parser.add_argument("--step-sleep", type=float, default=0.2, help="seconds each training step sleeps while held")
+parser.add_argument("--no-checks", action="store_true", help="a measurement's baseline: no one-model comparison")
 args = parser.parse_args()
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
@@ -159,6 +161,7 @@ class Record(Callback):
         optimizer = trainer.optimizers[0]
         record = {
             "step": trainer.global_step,
+            "time": time.time(),
             "weights": digest(pl_module.state_dict()),
             "lr": optimizer.param_groups[0]["lr"],
             "schedulers": digest([c.scheduler.state_dict() for c in trainer.lr_scheduler_configs]),
@@ -177,6 +180,12 @@ class Record(Callback):
         with open(out / "val.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
 
+
+if args.no_checks:  # the cost's baseline: the groups exchange nothing beyond torchft's own
+    from lightning_ft.replica.one_model import OneModel
+
+    OneModel._compare = lambda self, point, *, state: None
+    OneModel.after_quorum = lambda self, **kwargs: True
 
 L.seed_everything(0)  # the job's seed: the sampler's order (PL_GLOBAL_SEED) is the same in every group
 torch.manual_seed(1000 + int(os.environ.get("REPLICA_GROUP_ID", "0")))  # each group's own RNG (copied by a heal)
