@@ -8,22 +8,23 @@ group on its own: validation, ``EarlyStopping``, ``ReduceLROnPlateau``, ``ModelC
   (``ElasticFT3D.distributed_sampler_kwargs``); a validation, test or predict loader is split over the group's own
   processes, as under ``DDPStrategy`` with that many processes. The groups hold the same weights, so each computes the
   same metrics, bitwise, with nothing sent between groups: a group that dies mid-validation cannot stall the others.
-- **The configuration is compared** at every new quorum (a group joins or leaves), before the state a joining group
-  received is loaded and before its first forward pass: the processes per group, the per-device batch,
-  ``accumulate_grad_batches``, precision, the model (class, parameter names, shapes and dtypes), the optimizers and
-  their hyperparameters, the LR schedulers, gradient clipping, the elastic policy, the validation schedule and the run
-  length. A group that differs from the live groups (those at the newest step; among equals, the most groups, then
-  the lowest replica id) is refused with a ``ValueError`` naming the field and both values; the others discard the
-  step and go on without it.
+- **The configuration is compared** (:mod:`~lightning_ft.replica.run_configuration`) at every new quorum (a group
+  joins or leaves), before the state a joining group received is loaded and before its first forward pass: the
+  processes per group, the per-device batch, ``accumulate_grad_batches``, precision, the model (class, parameter
+  names, shapes and dtypes), the optimizers and their hyperparameters, the LR schedulers, gradient clipping, the
+  elastic policy, the validation schedule and the run length. A group that differs from the live groups (those at
+  the newest step; among equals, the most groups, then the lowest replica id) is refused with a ``ValueError`` naming
+  the field and both values; the others discard the step and go on without it.
 - **The decisions and the state are compared after every optimizer step.** Twice per step, after the batch's
   ``on_train_batch_end`` hooks and again after its validation and plateau schedulers (and once more after the
   epoch-end hooks), the groups exchange ``trainer.should_stop`` and, the second time, a fingerprint of the state:
   the step, the learning rates, the LR schedulers' state, the accumulation in force, a checksum of the parameters
   (the bits of a rotating sample: up to :data:`PARAMETER_TENSORS` tensors a step, up to :data:`PARAMETER_WINDOW`
-  elements of each, so a flipped bit in the sample shows) and a digest of the configuration. A stop any group decided is every group's, at the same step, before
-  Lightning reads it. A group whose state differs from the others' is named (``replica_diverged``) and heals from a
-  live group at the next step (its torchft step is set one back, so the quorum sends it the live state); one that
-  differs again right after its heal, or when the fit ends before it could heal, stops with a ``RuntimeError``.
+  elements of each, so a flipped bit in the sample shows) and a digest of the configuration. A stop any group
+  decided is every group's, at the same step, before Lightning reads it. A group whose state differs from the
+  others' is named (``replica_diverged``) and heals from a live group at the next step (its torchft step is set one
+  back, so the quorum sends it the live state); one that differs again right after its heal, or when the fit ends
+  before it could heal, stops with a ``RuntimeError``.
 
 Every exchange is an all-gather through the torchft Manager's all-reduce (``ReplicaSync.exchange``), so a group that
 dies or hangs during one costs the others at most ``ReplicaGroups.timeout``: the exchange then agrees on nothing, and
@@ -32,7 +33,6 @@ a stop waits (held, not applied) for the next exchange that succeeds.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -40,29 +40,32 @@ import struct
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, is_dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from lightning_ft import _compat
 from lightning_ft.replica.checkpoint_owner import checkpoint_writer
+from lightning_ft.replica.run_configuration import (
+    Difference,
+    decode_configuration,
+    digest,
+    encode_configuration,
+    first_difference,
+    optimizer_settings,
+    run_configuration,
+)
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
 __all__ = [
-    "CONFIGURATION_FIELDS",
     "PARAMETER_TENSORS",
     "PARAMETER_WINDOW",
-    "Difference",
     "OneModel",
-    "decode_configuration",
-    "encode_configuration",
-    "first_difference",
     "parameter_checksum",
     "reference_index",
-    "run_configuration",
+    "state_fingerprint",
 ]
 
 _log = logging.getLogger(__name__)
@@ -75,24 +78,6 @@ PARAMETER_TENSORS = 32
 ``ceil(tensors / 32)`` steps. Every element of a tensor of ``n`` elements is compared every
 ``ceil(tensors / 32) * ceil(n / 65536)`` steps; the cost per step is bounded (32 sums of at most 65,536 elements)."""
 
-CONFIGURATION_FIELDS = (
-    "processes per group",
-    "per-device batch",
-    "accumulate_grad_batches",
-    "precision",
-    "model",
-    "optimizers",
-    "lr_schedulers",
-    "gradient clipping",
-    "elastic",
-    "validation",
-    "run length",
-)
-"""What the groups must agree on, in the order a difference is named."""
-
-_CONFIGURATION_BYTES = 3072  # the configuration's JSON in one exchange (larger parts are replaced by their digest)
-_CHUNK = 6  # bytes per float64 slot: below 2**53, exact
-_DIGEST_BYTES = 6
 
 # The fingerprint row: the exchange point, the committed step, the stop flag, whether this group's configuration is
 # unchecked, then the compared values.
@@ -101,189 +86,6 @@ _STATE_FIELDS = (("accumulate_grad_batches", 5), ("learning rate", 6), ("learnin
 _STATE_FIELDS += (("parameters", 9),)
 _ROW = 10
 _BEFORE_VALIDATION, _AFTER_BATCH, _AFTER_EPOCH = 1, 2, 3
-
-
-def _digest(data: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(data, digest_size=_DIGEST_BYTES).digest(), "little")
-
-
-def _plain(value: Any) -> Any:
-    """``value`` as JSON (tensors of one element as numbers, other objects by their type's name)."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else repr(value)
-    if isinstance(value, torch.Tensor):
-        return _plain(value.item()) if value.numel() == 1 else f"tensor{tuple(value.shape)}"
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if is_dataclass(value) and not isinstance(value, type):
-        return _plain(asdict(value))
-    return type(value).__qualname__
-
-
-def _qualname(obj: Any) -> str:
-    cls = type(obj)
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-# ---------------------------------------------------------------------------------------------------- configuration
-
-
-def optimizer_settings(trainer: pl.Trainer) -> dict[str, Any]:
-    """The optimizers and LR schedulers as configured (read at set-up, before a checkpoint's state replaces the
-    hyperparameters): each optimizer's class and, per parameter group, its hyperparameters and number of tensors."""
-    optimizers = []
-    for optimizer in trainer.optimizers:
-        optimizer = _compat.unwrap_optimizer(optimizer)
-        groups = [
-            {**{k: _plain(v) for k, v in group.items() if k != "params"}, "params": len(group["params"])}
-            for group in optimizer.param_groups
-        ]
-        optimizers.append({"class": _qualname(optimizer), "param_groups": groups})
-    schedulers = [
-        {
-            "class": _qualname(config.scheduler),
-            "interval": config.interval,
-            "frequency": config.frequency,
-            "monitor": config.monitor,
-        }
-        for config in trainer.lr_scheduler_configs
-    ]
-    return {"optimizers": optimizers, "lr_schedulers": schedulers}
-
-
-def run_configuration(
-    trainer: pl.Trainer, *, group_size: int, accumulate: int, optimizers: dict[str, Any], elastic: Any
-) -> dict[str, Any]:
-    """What the replica groups must agree on (:data:`CONFIGURATION_FIELDS`), as JSON values. ``accumulate`` and
-    ``optimizers`` (:func:`optimizer_settings`) are read at set-up; the rest when the training loader exists."""
-    module = trainer.lightning_module
-    shapes = [(name, tuple(p.shape), str(p.dtype)) for name, p in module.named_parameters()]
-    return {
-        "processes per group": int(group_size),
-        "per-device batch": _device_batch(getattr(trainer, "train_dataloader", None)),
-        "accumulate_grad_batches": int(accumulate),
-        "precision": str(trainer.precision),
-        "model": {
-            "class": _qualname(module),
-            "tensors": len(shapes),
-            "elements": sum(math.prod(shape) for _, shape, _ in shapes),
-            "structure": f"{_digest(repr(shapes).encode()):012x}",
-        },
-        "optimizers": optimizers["optimizers"],
-        "lr_schedulers": optimizers["lr_schedulers"],
-        "gradient clipping": {
-            "gradient_clip_val": _plain(trainer.gradient_clip_val),
-            "gradient_clip_algorithm": _plain(trainer.gradient_clip_algorithm),
-        },
-        "elastic": _plain(elastic),
-        "validation": {
-            "val_check_interval": _plain(trainer.val_check_interval),
-            "check_val_every_n_epoch": _plain(trainer.check_val_every_n_epoch),
-            "limit_val_batches": _plain(trainer.limit_val_batches),
-        },
-        "run length": {
-            "max_steps": trainer.max_steps,
-            "max_epochs": trainer.max_epochs,
-            "min_steps": trainer.min_steps,
-            "min_epochs": trainer.min_epochs,
-        },
-    }
-
-
-def _device_batch(loader: Any) -> int | None:
-    """The batch size of the first training DataLoader (``None``: none found)."""
-    if isinstance(loader, dict):
-        loader = next(iter(loader.values()), None)
-    elif isinstance(loader, (list, tuple)):
-        loader = loader[0] if loader else None
-    if loader is None:
-        return None
-    size = getattr(loader, "batch_size", None)
-    if size is None:
-        size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
-    return int(size) if size is not None else None
-
-
-def encode_configuration(configuration: dict[str, Any]) -> list[float]:
-    """``configuration`` as a fixed number of float64 slots (its JSON, 6 bytes a slot); a part too large to fit is
-    replaced by its digest (``{"digest": ...}``), the largest first."""
-    fitted = dict(configuration)
-    while True:
-        data = json.dumps(fitted, sort_keys=True, separators=(",", ":")).encode()
-        if len(data) <= _CONFIGURATION_BYTES:
-            break
-        sizes = {k: len(json.dumps(v)) for k, v in fitted.items() if not (isinstance(v, dict) and "digest" in v)}
-        largest = max(sizes, key=sizes.__getitem__)
-        fitted[largest] = {"digest": f"{_digest(json.dumps(fitted[largest], sort_keys=True).encode()):012x}"}
-    padded = data + bytes(-len(data) % _CHUNK)
-    slots = [float(int.from_bytes(padded[i : i + _CHUNK], "little")) for i in range(0, len(padded), _CHUNK)]
-    return [float(len(data))] + slots + [0.0] * (_configuration_slots() - 1 - len(slots))
-
-
-def _configuration_slots() -> int:
-    return 1 + math.ceil(_CONFIGURATION_BYTES / _CHUNK)
-
-
-def decode_configuration(slots: list[float]) -> dict[str, Any] | None:
-    """The configuration :func:`encode_configuration` wrote (``None``: not a configuration)."""
-    try:
-        length = int(slots[0])
-        data = b"".join(int(v).to_bytes(_CHUNK, "little") for v in slots[1:])[:length]
-        value = json.loads(data.decode())
-    except (ValueError, OverflowError, UnicodeDecodeError, IndexError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-class Difference:
-    """The first field in which one group's configuration differs from the reference's."""
-
-    def __init__(self, field: str, value: Any, expected: Any) -> None:
-        self.field = field
-        self.value = value
-        self.expected = expected
-
-    def describe(self, *, here: str, there: str) -> str:
-        return f"{self.field}: {_show(self.value)} {here}, {_show(self.expected)} {there}"
-
-    def __repr__(self) -> str:
-        return f"Difference({self.field!r}, {self.value!r}, {self.expected!r})"
-
-
-def _show(value: Any) -> str:
-    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else repr(value)
-
-
-def first_difference(value: dict[str, Any], expected: dict[str, Any]) -> Difference | None:
-    """The first field (in :data:`CONFIGURATION_FIELDS` order, then depth first) where ``value`` differs from
-    ``expected``, named as a path (``optimizers[0].param_groups[0].lr``); ``None`` when they are equal."""
-    names = [f for f in CONFIGURATION_FIELDS if f in value or f in expected]
-    names += sorted((set(value) | set(expected)) - set(names))
-    for name in names:
-        found = _walk(name, value.get(name), expected.get(name))
-        if found is not None:
-            return found
-    return None
-
-
-def _walk(path: str, value: Any, expected: Any) -> Difference | None:
-    if isinstance(value, dict) and isinstance(expected, dict) and "digest" not in value and "digest" not in expected:
-        for key in list(expected) + [k for k in value if k not in expected]:
-            found = _walk(f"{path}.{key}", value.get(key), expected.get(key))
-            if found is not None:
-                return found
-        return None
-    if isinstance(value, list) and isinstance(expected, list) and len(value) == len(expected):
-        for i, (a, b) in enumerate(zip(value, expected, strict=True)):
-            found = _walk(f"{path}[{i}]", a, b)
-            if found is not None:
-                return found
-        return None
-    return None if value == expected else Difference(path, value, expected)
 
 
 def reference_index(keys: list[Any], members: list[str], candidates: list[int]) -> int:
@@ -327,7 +129,7 @@ def parameter_checksum(
         words = flat.view(torch.int32 if size % 4 == 0 else torch.int16 if size % 2 == 0 else torch.uint8)
         sums.append(words.sum(dtype=torch.int64))  # < 2**31 a word, < 2**31 words: no overflow
     total = torch.stack(sums).cpu().tolist()
-    return _digest(struct.pack(f"<{len(total)}q", *total))
+    return digest(struct.pack(f"<{len(total)}q", *total))
 
 
 def _state_bytes(obj: Any, out: list[bytes]) -> None:
@@ -357,8 +159,8 @@ def state_fingerprint(trainer: pl.Trainer, *, window: int = PARAMETER_WINDOW) ->
     return [
         float(trainer.accumulate_grad_batches),
         rates[0] if rates else 0.0,
-        float(_digest(struct.pack(f"<{len(rates)}d", *rates))),
-        float(_digest(b"".join(schedulers))),
+        float(digest(struct.pack(f"<{len(rates)}d", *rates))),
+        float(digest(b"".join(schedulers))),
         float(parameter_checksum(trainer.lightning_module, trainer.global_step, window=window)),
     ]
 
@@ -459,7 +261,7 @@ class OneModel:
     @property
     def configuration_digest(self) -> int:
         if self._configuration_digest is None:
-            self._configuration_digest = _digest(json.dumps(self.configuration(), sort_keys=True).encode())
+            self._configuration_digest = digest(json.dumps(self.configuration(), sort_keys=True).encode())
         return self._configuration_digest
 
     # ------------------------------------------------------------------ at a quorum

@@ -23,6 +23,9 @@ strategy hook            what happens
                          across the live groups; a failure is recorded, never raised
 ``optimizer_step``       :class:`~lightning_ft.replica.step_gate.StepGate`: ``should_commit()`` (the group's vote,
                          then all groups'), the step applied or discarded and uncounted
+(batch and epoch end)    :class:`~lightning_ft.replica.one_model.OneModel`: the groups agree on ``trainer.should_stop``
+                         and compare a fingerprint of the state (a group that differs heals at the next quorum); at
+                         a new quorum, before a received state is loaded, they compare their configuration
 ``teardown``             agent watch stopped, name check and gate undone, Manager and transport shut down
 =======================  ===========================================================================================
 

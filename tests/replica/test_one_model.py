@@ -1,5 +1,5 @@
-"""The rules that keep replica groups one model (lightning_ft/replica/one_model.py), on real Lightning trainers in one
-process, with the other groups' rows of each exchange made up by the test: which field a differing configuration
+"""The rules that keep replica groups one model (lightning_ft/replica/one_model.py and run_configuration.py), on
+real Lightning trainers in one process, with the other groups' rows of each exchange made up by the test: which field a differing configuration
 names, which group is refused, a stop another group decided, a state that differs, the parameter checksum, and the
 validation loader that runs whole in every group. The same rules under torchrun: tests/replica/test_one_model_e2e.py.
 """
@@ -18,13 +18,12 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_ft.replica.one_model import (
-    OneModel,
+from lightning_ft.replica.one_model import OneModel, parameter_checksum
+from lightning_ft.replica.run_configuration import (
     decode_configuration,
     encode_configuration,
     first_difference,
     optimizer_settings,
-    parameter_checksum,
     run_configuration,
 )
 
