@@ -1,7 +1,8 @@
 """The rules that keep replica groups one model (lightning_ft/replica/one_model.py and run_configuration.py), on
-real Lightning trainers in one process, with the other groups' rows of each exchange made up by the test: which field a differing configuration
-names, which group is refused, a stop another group decided, a state that differs, the parameter checksum, and the
-validation loader that runs whole in every group. The same rules under torchrun: tests/replica/test_one_model_e2e.py.
+real Lightning trainers in one process, with the other groups' rows of each exchange made up by the test: which field
+a differing configuration names, which group is refused, a stop another group decided, a state that differs, the
+parameter checksum, a group leaving after its vote, and the validation loader that runs whole in every group. The same
+rules under torchrun: tests/replica/test_one_model_e2e.py.
 """
 
 from __future__ import annotations

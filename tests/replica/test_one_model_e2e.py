@@ -138,11 +138,11 @@ def test_out_of_band_edits_heal_and_one_groups_stop_stops_all_at_the_same_step_a
 def test_groups_started_with_another_batch_process_count_or_model_are_refused_naming_the_field(
     tmp_path: Path,
 ) -> None:
-    """Group 0 trains alone (``min_replicas=1``); three groups started beside it, once it trains, each differ in one thing: the
-    per-device batch (8 against 4), the processes per group (2 against 1), the model (width 64 against 32). Each is
-    refused at its first quorum, before its first step, with a ``ValueError`` naming the field and both values, and
-    exits non-zero without a committed step; group 0 names each (``replica_refused``) and trains its epoch to the end
-    (``ElasticPolicy(batch="keep_local")``: 8 samples a step, whatever the groups)."""
+    """Group 0 trains alone (``min_replicas=1``); three groups started beside it, once it trains, each differ in one
+    thing: the per-device batch (8 against 4), the processes per group (2 against 1), the model (width 64 against
+    32). Each is refused at its first quorum, before its first step, with a ``ValueError`` naming the field and both
+    values, and exits non-zero without a committed step; group 0 names each (``replica_refused``) and trains its
+    epoch to the end (``ElasticPolicy(batch="keep_local")``: 8 samples a step, whatever the groups)."""
     common = ("--samples", "960", "--accumulate", "2", "--min-replicas", "1", "--policy", "keep_local")
     common += ("--step-sleep", "0.5")  # while held: group 0 outlasts the others' start
     bad = {
