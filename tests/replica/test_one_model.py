@@ -421,3 +421,16 @@ def test_a_group_that_leaves_after_its_vote_takes_part_in_the_exchanges_still_du
     drive.one.leave()
     assert len(rows) == before + 2  # once
     drive.one.close()
+
+
+@pytest.mark.gpu
+def test_the_parameter_checksum_of_cuda_tensors_is_the_cpu_checksum_of_the_same_bits() -> None:
+    """The groups compare checksums computed on their devices: the same bits give the same checksum on a GPU as on
+    the CPU (integer sums, whatever the order), for float32, bfloat16 and float64 tensors, windows included."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(
+        torch.nn.Linear(512, 512), torch.nn.Linear(512, 512).to(torch.bfloat16), torch.nn.Linear(512, 8).double()
+    )
+    for step in range(3):
+        on_cpu = parameter_checksum(module, step, window=100_000, tensors=4)
+        assert parameter_checksum(copy.deepcopy(module).cuda(), step, window=100_000, tensors=4) == on_cpu
