@@ -89,6 +89,8 @@ __all__ = [
     "restart_training_fetcher",
     "set_training_epoch_length",
     "training_fetcher",
+    "loop_decision_patches",
+    "validation_by_wall_time",
 ]
 
 # Lightning is imported where a name is used, never at module level: the checkpoint package imports this module, and
@@ -782,6 +784,46 @@ def quorum_recorder_patch(manager: Any, on_quorum: Callable[[Any], None]) -> Pat
     only in the locals of its quorum thread. torchft 0.2.0: ``Manager._client`` (a ``ManagerClient``) and its
     ``_quorum`` method, called from ``Manager._async_quorum``; ``on_quorum`` runs on the Manager's quorum thread."""
     return Patch(manager, "_client", _QuorumRecorder(manager._client, on_quorum), name="replica quorum recorder")
+
+
+def loop_decision_patches(
+    trainer: Any,
+    *,
+    before_validation: Callable[[], None],
+    after_batch: Callable[[], None],
+    after_epoch: Callable[[], None],
+) -> list[Patch]:
+    """Two :class:`Patch` objects (not installed) of the fit loop's ``on_advance_end`` methods, for the points where
+    the replica groups agree on what a training step decided (lightning_ft/replica/one_model.py). Lightning 2.6.x and
+    2.5.x: ``_TrainingEpochLoop.run`` calls ``advance`` (the batch, the optimizer step, ``on_train_batch_end``) and
+    then ``on_advance_end`` (validation when due, or when ``trainer.should_stop`` is set; the plateau schedulers;
+    ``_batches_that_stepped``), then reads ``done`` (``trainer.should_stop``); ``_FitLoop.on_advance_end`` calls the
+    ``on_train_epoch_end`` hooks and steps the epoch schedulers, and ``_FitLoop.done`` reads ``trainer.should_stop``
+    next. ``before_validation`` runs first in the batch's ``on_advance_end``, ``after_batch`` after it, and
+    ``after_epoch`` after the epoch's."""
+    epoch_loop = trainer.fit_loop.epoch_loop
+    batch_end = epoch_loop.on_advance_end
+    epoch_end = trainer.fit_loop.on_advance_end
+
+    def on_batch_advance_end(*args: Any, **kwargs: Any) -> None:
+        before_validation()
+        batch_end(*args, **kwargs)
+        after_batch()
+
+    def on_epoch_advance_end(*args: Any, **kwargs: Any) -> None:
+        epoch_end(*args, **kwargs)
+        after_epoch()
+
+    return [
+        Patch(epoch_loop, "on_advance_end", on_batch_advance_end, name="replica decisions (batch)"),
+        Patch(trainer.fit_loop, "on_advance_end", on_epoch_advance_end, name="replica decisions (epoch)"),
+    ]
+
+
+def validation_by_wall_time(trainer: Any) -> float | None:
+    """The seconds of a time-based ``Trainer(val_check_interval=...)`` (Lightning 2.6.x:
+    ``Trainer._val_check_time_interval``; absent before 2.6, where the interval is always counted in batches)."""
+    return getattr(trainer, "_val_check_time_interval", None)
 
 
 @contextmanager

@@ -26,6 +26,9 @@ strategy hook            what happens
                          shards with the same rank of the others after the step's last backward, and heals per rank
 ``optimizer_step``       :class:`~lightning_ft.replica.step_gate.StepGate`: ``should_commit()`` (the group's vote,
                          then all groups'), the step applied or discarded and uncounted
+(batch and epoch end)    :class:`~lightning_ft.replica.one_model.OneModel`: the groups agree on ``trainer.should_stop``
+                         and compare a fingerprint of the state (a group that differs heals at the next quorum); at
+                         a new quorum, before a received state is loaded, they compare their configuration
 ``teardown``             agent watch stopped, name check and gate undone, Manager and transport shut down
 =======================  ===========================================================================================
 
@@ -78,6 +81,7 @@ from lightning_ft.replica.lighthouse_watch import (
     stop_without_lighthouse,
     wait_for_lighthouse,
 )
+from lightning_ft.replica.one_model import OneModel
 from lightning_ft.replica.step_gate import StepGate
 
 if TYPE_CHECKING:
@@ -222,6 +226,7 @@ class ReplicaSync:
         checkpoint_folders: Callable[[], list[Any]] = list,
         data_parallel: tuple[int, int] | None = None,
     ) -> None:
+        OneModel.check_trainer(trainer)  # before anything starts
         self.config = config
         self._trainer = trainer
         self._group_rank = group_rank
@@ -279,6 +284,17 @@ class ReplicaSync:
         self._agent_watch = (
             AgentWatch(agent_pid, config.replica_id, on_orphaned=self._orphaned) if agent_pid is not None else None
         )
+        self._pending_heal: dict[str, Any] | None = None  # received in the quorum, loaded once the groups agree
+        self.one_model = OneModel(
+            trainer,
+            exchange=self.exchange,
+            manager=self.manager,
+            replica_id=config.replica_id,
+            group_size=group_world_size,
+            write=self._write,
+            elastic=getattr(trainer.strategy, "elastic", None),
+        )
+        """The configuration and state compared across groups, decisions agreed (replica/one_model.py)."""
 
     # ------------------------------------------------------------------ the step
 
@@ -346,6 +362,7 @@ class ReplicaSync:
                 stall_s=self._last_wait.waited_s,
                 down_since=self._last_wait.down_since,
             )
+        self._settle_quorum(trainer)
         if first and self.resume_floor is not None and trainer.global_step < self.resume_floor:
             raise RuntimeError(
                 f"ReplicaGroups: this group left the checkpoint at step {self.resume_floor} on disk to heal from a live"
@@ -374,6 +391,20 @@ class ReplicaSync:
             self._zero_grad(trainer, batch_idx)
         return dealt
 
+    def _settle_quorum(self, trainer: pl.Trainer) -> None:
+        """The configurations compared at a new quorum, then the state a heal received loaded, unless this group or
+        its source was refused (replica/one_model.py)."""
+        pending, self._pending_heal = self._pending_heal, None
+        result = self._quorum
+        load = self.one_model.after_quorum(
+            quorum_id=getattr(result, "quorum_id", None),
+            step=trainer.global_step,
+            heal_source=self._heal_source(result) if pending is not None else None,
+            source_configuration=pending.get("one_model") if pending is not None else None,
+        )
+        if pending is not None and load:
+            self._apply_heal(pending)
+
     @staticmethod
     def _zero_grad(trainer: pl.Trainer, batch_idx: int) -> None:
         """What Lightning does at a step's first micro-batch (the LightningModule's ``optimizer_zero_grad``), for a
@@ -384,6 +415,7 @@ class ReplicaSync:
 
     def _vote(self) -> bool:
         """``should_commit`` for this step (the group's ranks, then every group), with its bookkeeping."""
+        self.one_model.voted()
         committed = bool(self.manager.should_commit())
         self._step_open = False
         self.data.after_vote(committed, step=self._trainer.global_step)
@@ -545,9 +577,23 @@ class ReplicaSync:
 
     def _state(self) -> dict[str, Any]:  # torchft's quorum thread, on a group that serves a joining one
         state = heal_state(self._trainer) if self.sharded is None else self.sharded.heal_state(self._trainer)
-        return {**state, "elastic": self._policy_state()}
+        return {
+            **state,
+            "elastic": self._policy_state(),
+            "one_model": self.one_model.configuration(),  # built at this group's first quorum
+        }
 
     def _load(self, state: dict[str, Any]) -> None:  # the training thread, inside start_quorum, on a joining group
+        self._pending_heal = state  # loaded after the configurations are compared (_settle_quorum)
+
+    @staticmethod
+    def _heal_source(result: Any) -> str | None:
+        if result is None or result.recover_src_replica_rank is None:
+            return None
+        ids = members_by_rank(result.replica_ids)
+        return ids[result.recover_src_replica_rank] if 0 <= result.recover_src_replica_rank < len(ids) else None
+
+    def _apply_heal(self, state: dict[str, Any]) -> None:
         started = time.monotonic()
         apply_heal_state(
             self._trainer, state, load_in_place=self.sharded.load_heal_state if self.sharded is not None else None
@@ -556,31 +602,34 @@ class ReplicaSync:
             self._load_policy_state(state["elastic"])
         self.data.forget_deal()  # the sampler holds the source's committed count: the quorum deals anew from it
         size, fetch_s = self.transport.last_received or (0, 0.0)
-        result = self._quorum
-        source = None
-        if result is not None and result.recover_src_replica_rank is not None:
-            ids = members_by_rank(result.replica_ids)
-            if 0 <= result.recover_src_replica_rank < len(ids):
-                source = ids[result.recover_src_replica_rank]
         record = {
             "replica_id": self.config.replica_id,
-            "source": source,
+            "source": self._heal_source(self._quorum),
             "bytes": size,
             "seconds": fetch_s + (time.monotonic() - started),
             "step": self._trainer.global_step,
         }
         self.heals.append(record)
+        self.one_model.healed()
         self._on_heal(self._trainer.global_step)
         self._write("healed", **record)
 
     # ------------------------------------------------------------------ end
 
     def close(self) -> None:
-        """Leave the quorum: undo the gate and the recorder, shut the manager and the heal server down."""
-        if self._agent_watch is not None:
-            self._agent_watch.stop()
-        self.names.uninstall()
-        self.gate.uninstall()
-        self._waiter.undo()
-        self._recorder.undo()
-        self.manager.shutdown(wait=False)
+        """Leave the quorum: undo the gate and the recorder, shut the manager and the heal server down.
+
+        Raises:
+            RuntimeError: this group's state differed from the live groups' and the fit ended before it healed.
+        """
+        try:
+            self.one_model.leave()  # the exchanges still due, so that no other group waits for this one
+            if self._agent_watch is not None:
+                self._agent_watch.stop()
+            self.names.uninstall()
+            self.gate.uninstall()
+            self._waiter.undo()
+            self._recorder.undo()
+            self.manager.shutdown(wait=False)
+        finally:
+            self.one_model.close()

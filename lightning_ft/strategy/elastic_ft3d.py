@@ -335,7 +335,10 @@ class ElasticFT3D(DDPStrategy):
         else:
             dp_mesh = self.device_mesh["data_parallel"]
             kwargs = {"num_replicas": dp_mesh.size(), "rank": dp_mesh.get_local_rank()}
-        if self._replica_config is not None:  # replica groups: part i of num_groups until the first quorum deals anew
+        trainer = attached_trainer(self.lightning_module)
+        # Replica groups: the training data is split over the groups (part i of num_groups until the first quorum
+        # deals anew); validation, test and predict run whole in every group (lightning_ft/replica/one_model.py).
+        if self._replica_config is not None and (trainer is None or trainer.training):
             size, part = kwargs["num_replicas"], self._replica_config.data_part
             kwargs = {"num_replicas": size * self._replica_config.num_groups, "rank": part * size + kwargs["rank"]}
         return kwargs

@@ -16,6 +16,11 @@ micro-batches of that step (the dataset indices, in order) and a fingerprint of 
 - ``<out>/hang``: while it exists the training step does not return (a hung rank; torchft's heartbeats go on).
 
 At the end: ``<out>/final<rank>.pt`` (the weights) and ``<out>/done.json`` (global step, pid).
+
+``--val-samples N`` adds a validation set every group shares (validated at each epoch's end; rank 0 appends
+``{step, val_loss}`` to ``<out>/val.jsonl``), ``--plateau`` a ``ReduceLROnPlateau(monitor="val_loss")`` beside the
+``StepLR`` (its state in each record as ``plateau``), ``--early-stop D`` an ``EarlyStopping(monitor="val_loss",
+min_delta=D, patience=1)``.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, EarlyStopping
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -55,6 +60,9 @@ parser.add_argument("--lighthouse-wait-s", type=float, default=300.0, help="Repl
 parser.add_argument("--policy", choices=("keep_local", "keep_global"), default="keep_local")
 parser.add_argument("--strategy", choices=("replica", "reference"), default="replica")
 parser.add_argument("--drop-sample", type=int, default=None, help="an ablation: this dataset index adds no gradient")
+parser.add_argument("--val-samples", type=int, default=0, help="a validation set every group shares (0: none)")
+parser.add_argument("--plateau", action="store_true", help="ReduceLROnPlateau(monitor='val_loss'), stepped each epoch")
+parser.add_argument("--early-stop", type=float, default=None, help="EarlyStopping(monitor='val_loss', min_delta=...)")
 args = parser.parse_args()
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
@@ -116,7 +124,21 @@ class Model(L.LightningModule):
     def configure_optimizers(self):
         optimizer = torch.optim.Adam(self.parameters(), lr=1e-3)
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=50, gamma=0.95)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        schedulers = [{"scheduler": scheduler, "interval": "step"}]
+        if args.plateau:  # Lightning steps it at each epoch's end, after the validation, with its val_loss
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0, threshold=0.02)
+            schedulers.append({"scheduler": plateau, "monitor": "val_loss"})
+        return [optimizer], schedulers
+
+    def validation_step(self, batch, batch_idx):
+        x, y, _ = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y), sync_dist=True)
+
+    def val_dataloader(self):
+        g = torch.Generator().manual_seed(99)
+        x = torch.randn(args.val_samples, 16, generator=g, dtype=torch.float64)
+        y = torch.sin(x[:, :4]) + 0.1 * torch.randn(args.val_samples, 4, generator=g, dtype=torch.float64)
+        return DataLoader(TensorDataset(x, y, torch.arange(args.val_samples)), batch_size=16)
 
     def train_dataloader(self):
         g = torch.Generator().manual_seed(1234)
@@ -148,9 +170,17 @@ class Record(Callback):
             "adam_steps": int(next(iter(optimizer.state.values()))["step"]),
             "scheduler_steps": trainer.lr_scheduler_configs[0].scheduler.last_epoch,
             "rng": digest([torch.get_rng_state(), np.random.get_state()[1], random.getstate()]),
+            "plateau": digest([c.scheduler.state_dict() for c in trainer.lr_scheduler_configs[1:]]),
             "loop": [trainer.global_step, trainer.fit_loop.epoch_loop._batches_that_stepped, trainer.current_epoch],
         }
         with open(out / "steps.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.global_rank != 0 or trainer.sanity_checking:
+            return
+        record = {"step": trainer.global_step, "val_loss": float(trainer.callback_metrics["val_loss"]).hex()}
+        with open(out / "val.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
 
 
@@ -161,6 +191,8 @@ np.random.seed(group_seed)
 random.seed(group_seed)
 policy = ElasticPolicy(batch=args.policy, lr_scaling="none")
 callbacks: list[Callback] = [Record()]
+if args.early_stop is not None:
+    callbacks.append(EarlyStopping(monitor="val_loss", min_delta=args.early_stop, patience=1))
 if args.strategy == "reference":  # one process, no replica groups: the run without failures
     strategy = ElasticFT3D(elastic=policy)
 else:
@@ -180,7 +212,8 @@ trainer = L.Trainer(
     strategy=strategy,
     max_epochs=args.max_epochs,
     accumulate_grad_batches=args.accumulate,
-    limit_val_batches=0,
+    limit_val_batches=None if args.val_samples else 0,
+    num_sanity_val_steps=0,
     enable_checkpointing=False,
     logger=CSVLogger(str(out), name="csv", version=0),
     enable_progress_bar=False,
@@ -191,4 +224,5 @@ trainer = L.Trainer(
 trainer.fit(Model())
 torch.save(trainer.lightning_module.state_dict(), out / f"final{trainer.global_rank}.pt")
 if trainer.global_rank == 0:
-    (out / "done.json").write_text(json.dumps({"global_step": trainer.global_step, "pid": os.getpid()}))
+    lr = trainer.optimizers[0].param_groups[0]["lr"]
+    (out / "done.json").write_text(json.dumps({"global_step": trainer.global_step, "pid": os.getpid(), "lr": lr}))

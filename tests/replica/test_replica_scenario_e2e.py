@@ -8,22 +8,27 @@ failures in turn, each replaced later by a new group that heals from a live one:
    later, as a supervisor would; its replacement takes id 3.
 
 Group 0 lives through all three. The run: tests/replica/scenario_script.py (``min_replicas=2``,
-``accumulate_grad_batches=2``, ``timeout=3 s``, one epoch of 24000 samples, batches of 4). While ``<tmp>/hold`` exists
-every micro-batch sleeps 0.1 s (the groups overlap in time, the SIGKILL lands mid-step, and the epoch outlasts the
-scenario); the hold is lifted once the last replacement commits and the epoch ends at full speed.
+``accumulate_grad_batches=2``, ``timeout=3 s``, epochs of 2400 samples, batches of 4, at most 16 epochs). A validation
+set every group shares is validated at each epoch's end; ``ReduceLROnPlateau(monitor="val_loss")`` (beside a
+``StepLR``) and ``EarlyStopping(monitor="val_loss")`` decide from it, and the fit stops early (:data:`VALIDATION`).
+While ``<tmp>/hold`` exists every micro-batch sleeps 0.1 s (the groups overlap in time, the SIGKILL lands mid-step, and
+the fit outlasts the scenario); the hold is lifted once the last replacement commits and the fit ends at full speed.
 
 Checked from the event logs and the per-step records: no group restarted (one pid each, one attempt; no worker left);
 each failure cost each group live at the time one ``replica_lost`` with its stall (printed with ``-s``; only generous
 sanity bounds are asserted: the machine is loaded); each replacement healed at its first step, and every group is
-bitwise every other at every committed step they share (weights, Adam state, LR scheduler, RNG, loop counters); every
-committed step is one optimizer and one scheduler step; every sample of the epoch is trained once in the committed
-history, except exactly the repeats the last ``replica_data`` event names; every group ends at the same
-``global_step`` with the same weights. A live group that misses one quorum (the lighthouse's join timeout counted
+bitwise every other at every committed step they share (weights, Adam state, LR schedulers, RNG, loop counters); every
+committed step is one optimizer and one scheduler step; every sample of each epoch is trained once in the committed
+history, except exactly the repeats the epoch's last ``replica_data`` event names; every validation gives every group
+the same ``val_loss``, bitwise; every group ends at the same ``global_step``, before ``max_epochs``, with the same
+weights and learning rate. A live group that misses one quorum (the lighthouse's join timeout counted
 from a waiting replacement: docs/replica-groups.md, "Tested") is allowed, must come back at once, and is printed.
 
 Under ``ElasticPolicy(batch="keep_global")`` (the default here, :data:`POLICY`) every committed step trains the global
 batch of the full membership, so the run is compared with the run without failures (one process, accumulation 6, the
-same stream): step by step, and the final weights within :data:`FINAL_WEIGHTS_TOLERANCE`. Under ``keep_local`` the
+same stream): step by step, its validations (the same steps, ``val_loss`` within the tolerance, so the same decisions:
+the same final learning rate, bitwise, and the same stop), and the final weights within
+:data:`FINAL_WEIGHTS_TOLERANCE`. Under ``keep_local`` the
 global batch follows the live groups, the trajectory depends on when groups were missing, and no such comparison is
 made.
 """
@@ -51,8 +56,14 @@ pytest.importorskip("torchft")
 SCRIPT = Path(__file__).with_name("scenario_script.py")
 POLICY = os.environ.get("REPLICA_SCENARIO_POLICY", "keep_global")
 """``ElasticPolicy.batch`` of the scenario; ``keep_global`` adds the comparison with the run without failures."""
-SAMPLES, BATCH, ACCUMULATE, GROUPS = 24000, 4, 2, 3
-STATE = ("weights", "optimizer", "scheduler", "lr", "rng", "loop")  # compared bitwise across groups
+SAMPLES, BATCH, ACCUMULATE, GROUPS = 2400, 4, 2, 3
+EPOCHS = 16
+VALIDATION = ("--max-epochs", str(EPOCHS), "--val-samples", "64", "--plateau", "--early-stop", "1e-5")
+"""A validation set every group shares, validated at each epoch's end; ``ReduceLROnPlateau(monitor="val_loss")`` and
+``EarlyStopping(monitor="val_loss", min_delta=1e-5, patience=1)`` decide from it (the run without failures: the
+learning rate halved at six epochs' ends, the fit stopped after epoch 11 of 16, at step 1100, well after the
+scenario's failures, which ended at steps 300-550 on this loaded machine)."""
+STATE = ("weights", "optimizer", "scheduler", "plateau", "lr", "rng", "loop")  # compared bitwise across groups
 
 
 def _start(tmp: Path, name: str, replica_id: str, address: str, *, node: str | None = None) -> subprocess.Popen:
@@ -65,7 +76,7 @@ def _start(tmp: Path, name: str, replica_id: str, address: str, *, node: str | N
     if node is not None:
         env["LIGHTNING_FT_NODE_NAME"] = node
     args = ["--out", str(tmp / name), "--samples", str(SAMPLES), "--batch-size", str(BATCH)]
-    args += ["--accumulate", str(ACCUMULATE), "--policy", POLICY]
+    args += ["--accumulate", str(ACCUMULATE), "--policy", POLICY, *VALIDATION]
     return torchrun_popen(SCRIPT, *args, log=tmp / f"{name}.log", env=env)
 
 
@@ -248,10 +259,19 @@ def test_evicted_killed_and_hung_groups_are_replaced_while_the_others_keep_train
     assert len(set(ends.values())) == 1, ends
     finals = {name: torch.load(tmp_path / name / "final0.pt") for name in ("g0", "g1b", "g3b")}
     assert all(all(torch.equal(f[k], finals["g0"][k]) for k in f) for f in finals.values())
+    # EarlyStopping stopped every group at the same committed step, before max_epochs, with the same learning rate;
+    # every validation gave every group that ran it the same val_loss, bitwise (each validates the whole set).
+    rates = {name: json.loads((tmp_path / name / "done.json").read_text())["lr"] for name in ("g0", "g1b", "g3b")}
+    assert ends["g0"] < EPOCHS * SAMPLES // (BATCH * ACCUMULATE * GROUPS) and len(set(rates.values())) == 1, rates
+    validations = {name: _validations(tmp_path, name) for name in names}
+    for name, values in validations.items():
+        for step, loss in values.items():
+            assert all(other.get(step, loss) == loss for other in validations.values()), (name, step, validations)
 
     _assert_each_sample_once_in_the_committed_history(runs, events["g0"])
     if POLICY == "keep_global":
         _assert_final_weights_match_the_run_without_failures(tmp_path, runs, finals["g0"])
+        _assert_the_decisions_match_the_run_without_failures(tmp_path, validations["g0"], rates["g0"], ends["g0"])
 
     heals = [
         (n, e["step"], e["source"], e["bytes"], round(e["seconds"], 3))
@@ -267,28 +287,46 @@ def test_evicted_killed_and_hung_groups_are_replaced_while_the_others_keep_train
 
 
 def _assert_each_sample_once_in_the_committed_history(runs: dict[str, list[dict[str, Any]]], g0: list[dict]) -> None:
-    """Over every group's committed steps (the failed groups' included), each sample of the epoch is trained exactly
-    once, plus the repeats the last deal's ``replica_data`` event names (the epoch's last steps completed from the
-    stream's head) and minus what it says is skipped; and every committed step trained the same number of
-    micro-batches in each of its groups."""
+    """Over every group's committed steps (the failed groups' included), each sample of each epoch is trained exactly
+    once in that epoch, plus the repeats the epoch's last ``replica_data`` event names (the epoch's last steps
+    completed from the stream's head) and minus what it says is skipped; and every committed step trained the same
+    number of micro-batches in each of its groups."""
     per_step: dict[int, list[dict[str, Any]]] = {}
     for records in runs.values():
         for r in records:
             per_step.setdefault(r["step"], []).append(r)
-    trained = Counter(i for records in per_step.values() for r in records for batch in r["batches"] for i in batch)
+    epoch_of = {step: records[0]["epoch"] for step, records in per_step.items()}
     deals = [e for e in g0 if e["event"] == "replica_data"]
     assert {e["live_groups"] for e in deals} == {2, 3}, deals
-    last = deals[-1]
-    expected = Counter(range(SAMPLES)) + Counter(last["repeated"])
-    expected -= Counter(last["skipped"])
-    twice = sorted(i for i in trained if trained[i] > expected[i])
-    never = sorted(i for i in expected if trained[i] < expected[i])
-    assert not twice and not never, (
-        f"{len(twice)} samples trained more often than the deal says ({twice[:10]}), {len(never)} less ({never[:10]})"
-    )
+    last_deal = {epoch_of[e["step"] + 1]: e for e in deals if e["step"] + 1 in epoch_of}  # the epoch it dealt
+    for epoch in sorted(set(epoch_of.values())):
+        trained = Counter(
+            i
+            for step, records in per_step.items()
+            if epoch_of[step] == epoch
+            for r in records
+            for batch in r["batches"]
+            for i in batch
+        )
+        last = last_deal[epoch]
+        expected = Counter(range(SAMPLES)) + Counter(last["repeated"])
+        expected -= Counter(last["skipped"])
+        twice = sorted(i for i in trained if trained[i] > expected[i])
+        never = sorted(i for i in expected if trained[i] < expected[i])
+        assert not twice and not never, (
+            f"epoch {epoch}: {len(twice)} samples trained more often than the deal says ({twice[:10]}), {len(never)}"
+            f" less ({never[:10]})"
+        )
     for step, records in per_step.items():
         assert len({len(r["batches"]) for r in records}) == 1, (step, [len(r["batches"]) for r in records])
         assert all(len(batch) == BATCH for r in records for batch in r["batches"][:-1]), step
+
+
+def _validations(tmp: Path, name: str) -> dict[int, float]:
+    """The run's ``val_loss`` at each validation, by the global step it ran at."""
+    path = tmp / name / "val.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {r["step"]: float.fromhex(r["val_loss"]) for r in map(json.loads, lines)}
 
 
 def _references(tmp: Path, runs: dict[str, tuple[str, ...]]) -> dict[str, Path]:
@@ -298,6 +336,7 @@ def _references(tmp: Path, runs: dict[str, tuple[str, ...]]) -> dict[str, Path]:
     for name, extra in runs.items():
         args = ["--out", str(tmp / name), "--samples", str(SAMPLES), "--batch-size", str(BATCH)]
         args += ["--strategy", "reference", "--accumulate", str(ACCUMULATE * GROUPS), "--policy", POLICY, *extra]
+        args += VALIDATION
         procs[name] = torchrun_popen(SCRIPT, *args, log=tmp / f"{name}.log")
     for name, proc in procs.items():
         assert proc.wait(timeout=600) == 0, _log(tmp, name)
@@ -313,7 +352,7 @@ FINAL_WEIGHTS_TOLERANCE = 1e-9
 """Max |difference| of any final weight from the run without failures under ``keep_global``. The scenario sums the 24
 per-sample gradients of a step in another order (2 micro-batches averaged in a group, then 2 or 3 groups averaged
 across, against 6 micro-batches in one process): ~1e-16 relative per step in float64, which Adam's normalisation
-carries into the weights at lr 1e-3 over ~1000 steps; one sample of the epoch left out (the ablation the test runs
+carries into the weights at lr 1e-3 over ~1100 steps; one sample of the epoch left out (the ablation the test runs
 beside) moves them by orders of magnitude more."""
 
 
@@ -326,7 +365,7 @@ def _assert_final_weights_match_the_run_without_failures(
     weights agree within :data:`FINAL_WEIGHTS_TOLERANCE`, which a reference with one sample left out exceeds."""
     import torch
 
-    references = _references(tmp, {"reference": (), "dropped": ("--drop-sample", "12345")})
+    references = _references(tmp, {"reference": (), "dropped": ("--drop-sample", "1234")})
     ref = {r["step"]: r for r in _records(tmp, "reference")}
     per_step: dict[int, set[int]] = {}
     for records in runs.values():
@@ -346,13 +385,33 @@ def _assert_final_weights_match_the_run_without_failures(
     assert worst <= FINAL_WEIGHTS_TOLERANCE, worst
 
 
+def _assert_the_decisions_match_the_run_without_failures(
+    tmp: Path, validations: dict[int, float], lr: float, end: int
+) -> None:
+    """The run without failures (run by :func:`_assert_final_weights_match_the_run_without_failures`) validated at
+    the same steps with the same ``val_loss`` within :data:`FINAL_WEIGHTS_TOLERANCE`, so it decided alike: the same
+    learning rate at the end, bitwise (the product of the same StepLR and plateau factors), and the same stop."""
+    reference = _validations(tmp, "reference")
+    done = json.loads((tmp / "reference" / "done.json").read_text())
+    assert (done["global_step"], done["lr"]) == (end, lr), (done, end, lr)
+    assert (
+        list(reference) == [s for s in sorted(validations) if s in reference] and validations.keys() <= reference.keys()
+    )
+    assert all(abs(validations[s] - reference[s]) <= FINAL_WEIGHTS_TOLERANCE for s in validations), (
+        validations,
+        reference,
+    )
+    print(f"\nreplica scenario: validations at steps {sorted(reference)}; stopped at {end}; final lr {lr:.6g}")
+
+
 @pytest.mark.slow
 @pytest.mark.extended
 @pytest.mark.timeout(1200)
 def test_three_groups_without_a_failure_end_where_one_process_with_the_global_batch_ends(tmp_path: Path) -> None:
     """The final-weights comparison of the scenario, without failures: three groups always live (``min_replicas=3``)
     train the global batch of one process with accumulation 6, step by step, and end within
-    :data:`FINAL_WEIGHTS_TOLERANCE` of it (measured: 2.2e-16), while one sample left out moves the weights by ~2.5e-4."""
+    :data:`FINAL_WEIGHTS_TOLERANCE` of it (measured: 1.1e-16, validations, plateau and stop included), while one sample
+    left out moves the weights by ~1.3e-3."""
     import torch
 
     with lighthouse(min_replicas=3, heartbeat_timeout_ms=1000, join_timeout_ms=500) as address:
@@ -360,7 +419,7 @@ def test_three_groups_without_a_failure_end_where_one_process_with_the_global_ba
         for i in range(GROUPS):
             env = {"TORCHFT_LIGHTHOUSE": address, "REPLICA_GROUP_ID": str(i), "NUM_REPLICA_GROUPS": str(GROUPS)}
             args = ["--out", str(tmp_path / f"g{i}"), "--samples", str(SAMPLES), "--batch-size", str(BATCH)]
-            args += ["--accumulate", str(ACCUMULATE), "--min-replicas", str(GROUPS), "--policy", POLICY]
+            args += ["--accumulate", str(ACCUMULATE), "--min-replicas", str(GROUPS), "--policy", POLICY, *VALIDATION]
             procs[f"g{i}"] = torchrun_popen(SCRIPT, *args, log=tmp_path / f"g{i}.log", env=env)
         for name, proc in procs.items():
             assert proc.wait(timeout=900) == 0, _log(tmp_path, name)
