@@ -48,6 +48,11 @@ skipped}`` each time the rest of the epoch is dealt anew (:mod:`~lightning_ft.re
 ``ElasticPolicy`` was applied to a new number of live groups (lightning_ft/elastic/replica_policy.py);
 ``lighthouse_outage {step, lighthouse, down_s, stall_s, down_since}`` after a quorum that waited for the lighthouse,
 and ``lighthouse_lost {step, lighthouse, waited_s, checkpoint_path}`` before a stop when it stayed away.
+
+Why one module: it is the one object that drives torchft's ``Manager`` through a fit, in the order the hooks above
+call it; each concern it composes already lives in a module of its own (the lighthouse watch, the one-model checks,
+the sharded path, the data deal, the step gate, the heal transport and state). Split further, the order of a quorum,
+a heal, the checks and the vote would be spread over several files that each need the others' state.
 """
 
 from __future__ import annotations
