@@ -20,8 +20,10 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import os
 import random
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -770,6 +772,50 @@ _LIGHTHOUSE_HEARTBEAT = re.compile(
 )
 _LIGHTHOUSE_HEARTBEAT_ITEM = re.compile(r'<li class="heartbeat')
 
+
+TORCHFT_LOGS_ENV = "LIGHTNING_FT_TORCHFT_LOGS"
+"""``1``: torchft's console output as torchft prints it (its Rust INFO lines, the traceback of a failed collective);
+lightning_ft/replica/torchft_console.py."""
+
+
+def torchft_logs_wanted() -> bool:
+    """Whether the user asked for torchft's own console output (:data:`TORCHFT_LOGS_ENV`)."""
+    return os.environ.get(TORCHFT_LOGS_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def import_torchft() -> None:
+    """Import torchft's native module with its Rust INFO lines off unless asked for (``RUST_LOG`` set by the user,
+    or :data:`TORCHFT_LOGS_ENV`). torchft 0.2.0 reads ``RUST_LOG`` once, when ``torchft._torchft`` is imported
+    (``setup_logging`` in its ``src/lib.rs``: INFO unless it says otherwise), and logs every quorum and vote at INFO.
+
+    Call it before anything imports torchft; a torchft imported earlier keeps the level it read then. Main thread, at
+    set-up: it sets ``RUST_LOG=warn`` for the import only, then removes it again.
+    """
+    if "torchft._torchft" in sys.modules or "RUST_LOG" in os.environ or torchft_logs_wanted():
+        import torchft._torchft  # noqa: F401 - the level the user chose (or torchft's default, asked for)
+
+        return
+    os.environ["RUST_LOG"] = "warn"
+    try:
+        import torchft._torchft  # noqa: F401 - reads RUST_LOG once, here
+    finally:
+        os.environ.pop("RUST_LOG", None)
+
+
+TORCHFT_MANAGER_LOGGER = "torchft.manager"
+"""torchft's ``Manager`` logs through this Python logger (``logging.getLogger(__name__)`` of ``torchft/manager.py``,
+torchft 0.2.0)."""
+TORCHFT_FAILED_COLLECTIVE_MESSAGES = (
+    "got exception waiting for work",
+    "got exception in all reduce -- skipping remaining",
+    "got exception in future -- skipping remaining",
+)
+"""How torchft 0.2.0's ``Manager`` logs a failed collective it handles itself (``logger.exception`` with the
+traceback, then ``report_error``: the step is discarded): ``_ManagedWork.wait``, ``Manager.allreduce`` and
+``Manager.wrap_future``."""
+TORCHFT_NOISE_MESSAGES = ("Unable to reset NCCL flight recorder recording",)
+"""What torchft 0.2.0's ``Manager`` warns at every reconfiguration where torch has no NCCL flight recorder (a CPU
+build): nothing to act on."""
 
 _DURATION_UNITS = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 

@@ -141,6 +141,12 @@ def run_lighthouse(args: argparse.Namespace) -> int:
     timeouts_ms = {
         name: _seconds_to_ms(name.replace("_", "-"), getattr(args, name)) for name in _DEFAULTS_S
     }  # join_timeout_s -> --join-timeout-s
+    from lightning_ft._compat import import_torchft
+
+    try:
+        import_torchft()  # first: its Rust INFO lines (every quorum, several per step) off unless asked for
+    except ImportError:
+        pass  # said next, naming the extra
     require_module("torchft", "lightning-ft lighthouse", extra="replicas")
     from torchft.coordination import LighthouseServer
 
