@@ -165,7 +165,7 @@ class ReplicaSync:
         event_log: returns the run's event log (or None).
         hold_sampler: told the training sampler whose count the data deal keeps (the strategy's data position).
         membership: applies the ``ElasticPolicy`` to the live groups of a quorum (``(live_groups, step, cause)``; sets
-            the accumulation and the learning-rate factor; ``cause``, a lost group, heads its console line), returning
+            the accumulation and the learning-rate factor; ``cause``, a lost group, ends its console line), returning
             the ``replica_policy`` event's fields when it changed something (and then said so in one line; the
             strategy's elastic resume, lightning_ft/elastic/replica_policy.py).
         policy_state: what a joining group copies of it; ``load_policy_state`` puts that in place after a heal.

@@ -223,7 +223,7 @@ class ElasticResume(Callback):
         """The quorum of the step at global ``step`` has ``live_groups`` groups: when that changed since the policy
         was last applied (or at the fit's first quorum), set the accumulation on the trainer and ramp the learning
         rate's factor of the live groups, say it on the console in one line (group rank 0; ``cause``, a lost group,
-        heads it) and return the ``replica_policy`` event's fields; ``None`` when nothing changed.
+        ends it) and return the ``replica_policy`` event's fields; ``None`` when nothing changed.
 
         Every rank of every group calls it right after the quorum and before the rest of the epoch is dealt anew
         (the deal reads the accumulation). A healed group calls it after the heal put the source's policy state in
@@ -244,7 +244,7 @@ class ElasticResume(Callback):
         self.rates.apply(step)
         self._replica_live = live_groups
         message = replica_policy_message(before, after, first=first, warmup_steps=warmup)
-        rank_zero_info(f"lightning-ft: {cause}; {message.removeprefix('lightning-ft: ')}" if cause else message)
+        rank_zero_info(f"{message}; {cause}" if cause else message)
         return {
             "live_groups": live_groups,
             "num_groups": after.num_groups,
