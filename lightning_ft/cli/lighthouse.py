@@ -16,6 +16,9 @@ still starts (imports, model set-up) and the survivors' quorum waits for it up t
 printed is the one bound (``--bind 127.0.0.1:0`` prints ``http://127.0.0.1:<port>``, the
 port the OS chose), where torchft's names the host, which need not resolve to the address bound. Only a wildcard
 bind (``0.0.0.0``, ``::``) prints the host's name, as torchft does.
+
+torchft's INFO lines (every quorum request and result, several per step) are off unless asked for:
+``RUST_LOG=info`` or ``LIGHTNING_FT_TORCHFT_LOGS=1`` (lightning_ft/replica/torchft_console.py).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ def register(subparsers: Any) -> None:
         "lighthouse",
         help="run torchft's lighthouse for replica groups; prints TORCHFT_LIGHTHOUSE=http://HOST:PORT",
         epilog="exit codes: 0 stopped by SIGTERM or SIGINT; 2 a bad option, an address in use or not on this host,"
-        " or torchft not installed",
+        " or torchft not installed. torchft's INFO lines are off: RUST_LOG=info turns them on",
     )
     lighthouse.add_argument(
         "--bind",
