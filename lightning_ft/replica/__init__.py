@@ -6,7 +6,9 @@ package are the strategy's parts: :mod:`~lightning_ft.replica.replica_sync` (tor
 :mod:`~lightning_ft.replica.gradient_sync` (the DDP communication hook), :mod:`~lightning_ft.replica.step_gate`
 (a discarded step is not applied nor counted), :mod:`~lightning_ft.replica.heal_state` and
 :mod:`~lightning_ft.replica.heal_transport` (copying the live state), :mod:`~lightning_ft.replica.checkpoint_owner`
-(which group writes checkpoints; whether a starting group reads one). Only the configuration imports without torchft.
+(which group writes checkpoints; whether a starting group reads one), :mod:`~lightning_ft.replica.lost_writer` (the
+save a writer lost mid-save left), :mod:`~lightning_ft.replica.torchft_console` (torchft's console output). Only the
+configuration imports without torchft.
 """
 
 from lightning_ft.replica.replica_groups import ReplicaGroups
