@@ -3,25 +3,37 @@
 Both modes train the same model (benchmarks/replica_recovery_worker.py: a small MLP whose steps sleep
 ``--step-sleep`` seconds, a stand-in for compute that leaves the shared cores to the recovery) on ``--world``
 data-parallel replicas of one process each, for ``--duration`` seconds from the moment every replica has committed a
-step, and SIGKILL one replica at the seeded times of one schedule (a failure every ``--min-gap``..``--max-gap``
-seconds; the same times and the same victims in both modes):
+step, with a failure at the seeded times of one schedule (one every ``--min-gap``..``--max-gap`` seconds; the same
+times, victims and kinds in both modes). ``--faults`` names the kinds drawn from (seeded):
+
+- ``sigkill``: the victim is SIGKILLed (a lost node);
+- ``hang``: the victim's training step stops returning (its heartbeats go on); ``--hang-kill-s`` seconds later a
+  supervisor SIGKILLs it (torchrun has no hang detection; lightning-ft's own watchdog waits
+  ``FaultPolicy.hang_timeout_s``, 10 minutes by default);
+- ``lighthouse`` (the replica mode only; a no-op in the restart mode): the lighthouse is SIGKILLed and started again on
+  its port ``--lighthouse-down-s`` seconds later. The groups survive that only where lightning-ft keeps them through
+  a restarted lighthouse.
+
+The modes:
 
 - ``restart``: ``ElasticFT3D`` without replica groups; the ``--world`` processes are one torchrun job
   (``--max-restarts``) that restarts all of them after the kill and resumes from the memory tier (a copy every
   ``--memory-every`` steps; a durable checkpoint every 50). A kill that falls between a worker's exit and torchrun's
   relaunch waits for the next worker (the delay is printed);
-- ``replica``: ``ElasticFT3D(replica_groups=...)``, one torchrun job of one process per group and a torchft lighthouse
-  on 127.0.0.1 (tests/replica/_lighthouse.py); the victim group's torchrun and worker are SIGKILLed together (a lost
-  node) and a replacement torchrun for the same group id is launched at once; it heals from a live group.
+- ``replica``: ``ElasticFT3D(replica_groups=ReplicaGroups(...))`` with its default ``timeout``, one torchrun job of one
+  process per group, and ``lightning-ft lighthouse --min-replicas 1`` with its defaults on 127.0.0.1: what
+  docs/replica-groups.md tells a user to run. The victim group's torchrun and worker are SIGKILLed together and a
+  replacement torchrun for the same group id is launched at once; it heals from a live group.
 
 Metrics, from the per-step records of the workers and the event logs (``lightning-ft report``'s functions):
 
 - effective training time ratio: the progress made in the window (steps of the committed history) times the
   fault-free step time (the median step-to-step time of a process), over the window; and the report's ETTR
   (:func:`~lightning_ft.monitors.goodput_report.summarize`) for the restart mode's run;
-- stall per failure: the time committed progress stopped around a kill (from the last commit before it to the first
-  commit of a step beyond it) less one fault-free step, kills whose stalls overlap counted once and split among
-  them; in the replica mode also the survivors' ``replica_lost.stall_s`` (:mod:`~lightning_ft.monitors.replica_goodput`);
+- stall per failure, per kind: the time committed progress stopped around a fault (from the last commit before it to
+  the first commit of a step beyond it) less one fault-free step, faults whose stalls overlap counted once and split
+  among them; in the replica mode also the survivors' ``replica_lost.stall_s`` of the lost group
+  (:mod:`~lightning_ft.monitors.replica_goodput`);
 - start -> first committed step of every new process (a replica mode replacement; the restart mode's rank 0 after a
   restart), split into the launcher (torchrun's start, or the kill's detection and torchrun's restart), the
   interpreter and its imports (process start, from ``/proc``, to ``import lightning`` done), set-up (the rest:
@@ -30,7 +42,8 @@ Metrics, from the per-step records of the workers and the event logs (``lightnin
   seconds before the kill (from the end of the previous outage at the earliest): samples of new steps per second,
   every replica's samples counted.
 
-Run: ``python benchmarks/replica_recovery.py --duration 600`` (the issue's 10 minutes per mode).
+Run: ``python benchmarks/replica_recovery.py --duration 600 --faults sigkill hang`` (10 minutes per mode; add
+``lighthouse`` to the kinds where the groups survive a restarted lighthouse).
 """
 
 from __future__ import annotations
@@ -70,6 +83,30 @@ def fault_schedule(seed: int, duration: float, min_gap: float, max_gap: float, t
         if t >= duration:
             return out
         out.append((t, rng.randrange(targets)))
+
+
+FAULT_KINDS = ("sigkill", "hang", "lighthouse")
+
+
+def fault_kinds(seed: int, count: int, kinds: Sequence[str]) -> list[str]:
+    """The kind of each of ``count`` failures, drawn from ``kinds`` (seeded apart from the schedule's times, so that
+    the same seed keeps the same times and victims whatever the kinds), each kind at least once when there is room."""
+    if not kinds or any(k not in FAULT_KINDS for k in kinds):
+        raise ValueError(f"kinds={list(kinds)}: must be a non-empty list of {FAULT_KINDS}")
+    rng = random.Random(seed + 1)
+    out = [kinds[i] for i in range(min(count, len(kinds)))]
+    out += [rng.choice(list(kinds)) for _ in range(count - len(out))]
+    rng.shuffle(out)
+    return out
+
+
+def stalls_by_kind(merged: Sequence[dict[str, Any]], kind_at: dict[float, str]) -> dict[str, list[float]]:
+    """:func:`stall_per_failure` by the kind of each fault (``kind_at``: fault time -> kind)."""
+    out: dict[str, list[float]] = {}
+    for m in merged:
+        for k in m["kills"]:
+            out.setdefault(kind_at.get(k, "sigkill"), []).append(m["stall_s"] / len(m["kills"]))
+    return out
 
 
 def step_time(records: Iterable[dict[str, Any]]) -> float:
@@ -278,7 +315,7 @@ def _stop(launcher: Launcher, root: Path, names: Sequence[str], records: Callabl
     launcher.kill_all()
 
 
-def run_restart(root: Path, args: argparse.Namespace, schedule: list[tuple[float, int]]) -> dict[str, Any]:
+def run_restart(root: Path, args: argparse.Namespace, schedule: list[tuple[float, int, str]]) -> dict[str, Any]:
     shm = Path(tempfile.mkdtemp(prefix="lft-replica-bench-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
     launcher = Launcher(root, args, LIGHTNING_FT_MEMORY_DIR=str(shm))
     job = root / "job"
@@ -290,16 +327,28 @@ def run_restart(root: Path, args: argparse.Namespace, schedule: list[tuple[float
         launcher.start("job", "restart", args.world, max_restarts=10_000)
         _wait(lambda: bool(records()), "the first step", 900, check)
         t0 = time.time()
-        for offset, victim in schedule:
+        for offset, victim, kind in schedule:
             _sleep_until(t0 + offset, check)
+            if kind == "lighthouse":  # nothing to restart in this mode
+                print(f"  restart: t={time.time() - t0:6.1f}s lighthouse restart: no lighthouse here", flush=True)
+                continue
             waited = time.time()
             _wait(lambda v=victim: _worker(job, v) is not None, "a worker", 600, check)
             pid = _worker(job, victim)
             if pid is None:  # it died between the look and the kill: torchrun is restarting the job anyway
                 continue
-            os.kill(pid, signal.SIGKILL)
-            kills.append({"time": time.time(), "victim": victim, "pid": pid, "delayed_s": time.time() - waited})
-            print(f"  restart: t={time.time() - t0:6.1f}s SIGKILL rank {victim} (pid {pid})", flush=True)
+            fault = {"time": time.time(), "victim": victim, "pid": pid, "delayed_s": time.time() - waited, "kind": kind}
+            if kind == "hang":  # a hung rank holds the whole job until a supervisor kills it; torchrun restarts all
+                hang = job / f"hang_rank{victim}"
+                hang.touch()
+                _sleep_until(time.time() + args.hang_kill_s, check)
+                hang.unlink()
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            kills.append(fault)
+            print(f"  restart: t={fault['time'] - t0:6.1f}s {kind} rank {victim} (pid {pid})", flush=True)
         _sleep_until(t0 + args.duration, check)
         t1 = time.time()
         _stop(launcher, root, ["job"], records)
@@ -328,46 +377,100 @@ def _restart_back(steps: list[dict[str, Any]], kills: list[dict[str, Any]]) -> l
     return out
 
 
-def run_replica(root: Path, args: argparse.Namespace, schedule: list[tuple[float, int]]) -> dict[str, Any]:
-    from tests.replica._lighthouse import lighthouse
+class Lighthouse:
+    """``lightning-ft lighthouse --min-replicas 1`` with its defaults, on 127.0.0.1; restartable on the same port."""
 
+    def __init__(self, root: Path) -> None:
+        self.root, self.port, self.proc, self.starts = root, 0, None, 0
+
+    def start(self) -> str:
+        from tests.helpers import REPO_ROOT, subprocess_env
+
+        for attempt in range(20):  # the port of a killed lighthouse may take a moment to be free again
+            log = open(self.root / f"lighthouse{self.starts}.log", "w")  # noqa: SIM115 - closed with the process
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "lightning_ft.cli", "lighthouse", "--bind", f"127.0.0.1:{self.port}"]
+                + ["--min-replicas", "1"],
+                cwd=REPO_ROOT,
+                env=subprocess_env(),
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
+            line = self.proc.stdout.readline().strip()  # type: ignore[union-attr]
+            self.starts += 1
+            if line.startswith("TORCHFT_LIGHTHOUSE="):
+                address = line.split("=", 1)[1]
+                self.port = int(address.rsplit(":", 1)[1])
+                return address
+            self.proc.wait()
+            time.sleep(0.2 * (attempt + 1))
+        raise RuntimeError(f"the lighthouse did not start again on port {self.port}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=60)
+
+
+def run_replica(root: Path, args: argparse.Namespace, schedule: list[tuple[float, int, str]]) -> dict[str, Any]:
     kills: list[dict[str, Any]] = []
     launches: list[dict[str, Any]] = []  # every replacement: {name, group, time}
     current = {g: f"g{g}" for g in range(args.world)}
     n = {g: 0 for g in range(args.world)}
-    with lighthouse(heartbeat_timeout_ms=1000, join_timeout_ms=500) as address:
-        launcher = Launcher(root, args, TORCHFT_LIGHTHOUSE=address, NUM_REPLICA_GROUPS=str(args.world))
+    lighthouse = Lighthouse(root)
+    address = lighthouse.start()
+    launcher = Launcher(root, args, TORCHFT_LIGHTHOUSE=address, NUM_REPLICA_GROUPS=str(args.world))
 
-        def records() -> list[dict[str, Any]]:
-            return [r for name in launcher.procs for r in _lines(root / name / "steps.jsonl")]
+    def records() -> list[dict[str, Any]]:
+        return [r for name in launcher.procs for r in _lines(root / name / "steps.jsonl")]
 
-        check = lambda: launcher.check(current.values())  # noqa: E731
-        try:
-            launched = time.time()
-            for g, name in current.items():
-                launcher.start(name, "replica", 1, max_restarts=0, REPLICA_GROUP_ID=str(g))
-            _wait(lambda: all(_lines(root / nm / "steps.jsonl") for nm in current.values()), "every group", 900, check)
-            t0 = time.time()
-            for offset, victim in schedule:
-                _sleep_until(t0 + offset, check)
-                old = current[victim]
-                launcher.kill(old)
-                kills.append({"time": time.time(), "victim": victim, "name": old})
-                n[victim] += 1
-                current[victim] = f"g{victim}.{n[victim]}"
-                launches.append({"name": current[victim], "group": victim, "time": time.time()})
-                launcher.start(current[victim], "replica", 1, max_restarts=0, REPLICA_GROUP_ID=str(victim))
-                print(f"  replica: t={time.time() - t0:6.1f}s SIGKILL group {victim} ({old}), relaunched", flush=True)
-            _sleep_until(t0 + args.duration, check)
-            t1 = time.time()
-            for name in current.values():  # a replacement that has not joined yet would train alone from step 0
-                if not _lines(root / name / "steps.jsonl"):
-                    launcher.kill(name)
-            _stop(launcher, root, [nm for nm in current.values() if launcher.procs[nm].poll() is None], records)
-        finally:
-            launcher.kill_all()
-        steps = [r for r in records() if r["time"] <= t1]
-        dirs = [root / name for name in launcher.procs]
+    check = lambda: launcher.check(current.values())  # noqa: E731
+    try:
+        launched = time.time()
+        for g, name in current.items():
+            launcher.start(name, "replica", 1, max_restarts=0, REPLICA_GROUP_ID=str(g))
+        _wait(lambda: all(_lines(root / nm / "steps.jsonl") for nm in current.values()), "every group", 900, check)
+        t0 = time.time()
+        for offset, victim, kind in schedule:
+            _sleep_until(t0 + offset, check)
+            fault = {"time": time.time(), "victim": victim, "kind": kind}
+            if kind == "lighthouse":
+                lighthouse.kill()
+                _sleep_until(time.time() + args.lighthouse_down_s, check)
+                lighthouse.start()
+                kills.append(fault | {"name": None})
+                print(f"  replica: t={fault['time'] - t0:6.1f}s lighthouse SIGKILLed, started again", flush=True)
+                continue
+            old = current[victim]
+            if kind == "hang":  # the survivors go on without it; a supervisor kills it later and relaunches
+                hang = root / old / "hang_rank0"
+                hang.touch()
+                _sleep_until(time.time() + args.hang_kill_s, check)
+                hang.unlink()
+            launcher.kill(old)
+            kills.append(fault | {"name": old})
+            n[victim] += 1
+            current[victim] = f"g{victim}.{n[victim]}"
+            launches.append({"name": current[victim], "group": victim, "time": time.time()})
+            launcher.start(current[victim], "replica", 1, max_restarts=0, REPLICA_GROUP_ID=str(victim))
+            print(f"  replica: t={fault['time'] - t0:6.1f}s {kind} group {victim} ({old}), relaunched", flush=True)
+        _sleep_until(t0 + args.duration, check)
+        t1 = time.time()
+        for name in current.values():  # a replacement that has not joined yet would train alone from step 0
+            if not _lines(root / name / "steps.jsonl"):
+                launcher.kill(name)
+        _stop(launcher, root, [nm for nm in current.values() if launcher.procs[nm].poll() is None], records)
+    finally:
+        launcher.kill_all()
+        lighthouse.stop()
+    steps = [r for r in records() if r["time"] <= t1]
+    dirs = [root / name for name in launcher.procs]
     from lightning_ft.events import read_events
 
     recoveries, back = [], []
@@ -382,7 +485,12 @@ def run_replica(root: Path, args: argparse.Namespace, schedule: list[tuple[float
         heal_s = max((float(e.get("seconds") or 0.0) for e in healed), default=0.0)
         recoveries.append(start_to_commit(launch["time"], starts[0], mine[0]["time"], heal_s))
         back.append(mine[0]["time"])
-    return _summarize("replica", steps, kills, recoveries, t0, t1, launched, args, dirs, back=back)
+    back_by_kill: list[float | None] = []
+    replaced = iter(back)
+    for k in kills:  # a lighthouse restart replaces no group: the groups are back at their next commit
+        span = _progress_after(steps, k["time"])
+        back_by_kill.append(next(replaced) if k["name"] is not None else (span[1] if span else None))
+    return _summarize("replica", steps, kills, recoveries, t0, t1, launched, args, dirs, back=back_by_kill)
 
 
 def _summarize(
@@ -404,6 +512,7 @@ def _summarize(
 
     step_s = step_time(steps)
     merged = stalls(steps, [k["time"] for k in kills], step_s)
+    kind_at = {k["time"]: k.get("kind", "sigkill") for k in kills}
     outages, previous = [], t0
     for k, b in zip(kills, back, strict=True):
         # Before: the --before-s seconds before the kill, from the end of the previous outage at the earliest.
@@ -422,12 +531,14 @@ def _summarize(
         "ettr": ettr(steps, t0, t1, step_s),
         "stalls": merged,
         "stall_per_failure": stall_per_failure(merged),
+        "stall_by_kind": stalls_by_kind(merged, kind_at),
         "recoveries": recoveries,
         "outages": [o for o in outages if o is not None],
     }
     if mode == "replica":
         summary = replica_summary(events) or {}
         result["event_stalls"] = [r["stall_s"] for r in summary.get("lost", []) if r.get("stall_s") is not None]
+        result["event_stalls_by_kind"] = _event_stalls_by_kind(summary.get("lost", []), kills)
         result["discarded_steps"] = summary.get("discarded_steps", 0)
         result["heals"] = [(h["seconds"], h["bytes"]) for h in summary.get("heals", [])]
     else:
@@ -438,6 +549,27 @@ def _summarize(
 
         result["breakdown"] = breakdown(str(dirs[0]))
     return result
+
+
+def _event_stalls_by_kind(lost: Sequence[dict[str, Any]], kills: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
+    """The survivors' ``replica_lost.stall_s`` of each group fault: the first loss of its victim recorded after it."""
+    out: dict[str, list[float]] = {}
+    used: set[int] = set()
+    for k in kills:
+        if k.get("name") is None:
+            continue
+        match = next(
+            (
+                i
+                for i, r in sorted(enumerate(lost), key=lambda ir: ir[1]["time"])
+                if i not in used and str(r["replica_id"]) == str(k["victim"]) and r["time"] >= k["time"]
+            ),
+            None,
+        )
+        if match is not None and lost[match].get("stall_s") is not None:
+            used.add(match)
+            out.setdefault(k.get("kind", "sigkill"), []).append(float(lost[match]["stall_s"]))
+    return out
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -453,17 +585,30 @@ def _med(values: Sequence[float], fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
 
+def _kinds(kills: Sequence[dict[str, Any]]) -> str:
+    counts = {k: sum(1 for f in kills if f.get("kind", "sigkill") == k) for k in FAULT_KINDS}
+    return f"{len(kills)} (" + ", ".join(f"{n} {k}" for k, n in counts.items() if n) + ")" if kills else "0"
+
+
 def table(results: Sequence[dict[str, Any]]) -> str:
     """The markdown table of the modes side by side: medians, with the range in brackets."""
     rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
-        ("failures (SIGKILL) in the window", lambda r: str(len(r["kills"]))),
+        ("failures in the window", lambda r: _kinds(r["kills"])),
         ("window (s)", lambda r: f"{r['window_s']:.0f}"),
         ("fault-free step time (s)", lambda r: f"{r['step_s']:.3f}"),
         ("committed steps in the window", lambda r: str(r["steps"])),
         ("effective training time ratio (steps x step time / window)", lambda r: f"{r['ettr']:.1%}"),
         ("report's ETTR (`lightning-ft report`)", lambda r: f"{r['report_ettr']:.1%}" if "report_ettr" in r else "-"),
         ("stall per failure (s)", lambda r: _med(r["stall_per_failure"])),
+        *[
+            (f"  per {kind} (s)", lambda r, kind=kind: _med(r.get("stall_by_kind", {}).get(kind, [])))
+            for kind in FAULT_KINDS
+        ],
         ("survivors' stall, `replica_lost.stall_s` (s)", lambda r: _med(r.get("event_stalls", []))),
+        *[
+            (f"  per {kind} (s)", lambda r, kind=kind: _med(r.get("event_stalls_by_kind", {}).get(kind, [])))
+            for kind in ("sigkill", "hang")
+        ],
         ("discarded steps", lambda r: str(r["discarded_steps"]) if "discarded_steps" in r else "-"),
         ("new process: start -> first committed step (s)", lambda r: _med([x["total"] for x in r["recoveries"]])),
         (
@@ -492,11 +637,18 @@ def main() -> None:
     p.add_argument("--memory-every", type=int, default=5, help="restart mode: a memory-tier copy every N steps")
     p.add_argument("--before-s", type=float, default=20.0, help="the throughput before a failure: over these seconds")
     p.add_argument("--modes", nargs="+", choices=("restart", "replica"), default=["restart", "replica"])
+    p.add_argument("--faults", nargs="+", choices=FAULT_KINDS, default=["sigkill"], help="the kinds of failure drawn")
+    p.add_argument("--hang-kill-s", type=float, default=15.0, help="a hung replica is SIGKILLed this long after")
+    p.add_argument("--lighthouse-down-s", type=float, default=2.0, help="a killed lighthouse starts again after this")
     p.add_argument("--root", type=Path, default=None, help="keep the runs' folders here (default: a temporary one)")
     p.add_argument("--json", type=Path, default=None, help="write every number here")
     args = p.parse_args()
-    schedule = fault_schedule(args.seed, args.duration, args.min_gap, args.max_gap, args.world)
-    print(f"fault schedule (s after the start, victim): {[(round(t, 1), v) for t, v in schedule]}", flush=True)
+    times = fault_schedule(args.seed, args.duration, args.min_gap, args.max_gap, args.world)
+    kinds = fault_kinds(args.seed, len(times), args.faults)
+    schedule = [(t, v, kind) for (t, v), kind in zip(times, kinds, strict=True)]
+    print(
+        f"fault schedule (s after the start, victim, kind): {[(round(t, 1), v, k) for t, v, k in schedule]}", flush=True
+    )
     tmp = None
     if args.root is None:
         tmp = tempfile.TemporaryDirectory(prefix="replica-recovery-")

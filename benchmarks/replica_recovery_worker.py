@@ -14,8 +14,9 @@ What it writes under ``--out`` (the benchmark reads it back):
 - ``steps.jsonl`` (rank 0): ``{step, time, pid, samples}`` once per committed step (``samples``: the samples that
   step trained across this job's ranks).
 
-Every step sleeps ``--step-sleep`` seconds (a stand-in for compute that does not compete for the shared cores). The
-run stops at the step written in ``--stop-file`` once it exists (every rank reads the same number, so the ranks and the
+Every step sleeps ``--step-sleep`` seconds (a stand-in for compute that does not compete for the shared cores).
+While ``<out>/hang_rank<RANK>`` exists that rank's training step does not return (a hung rank: torchft's heartbeats
+go on). The run stops at the step written in ``--stop-file`` once it exists (every rank reads the same number, so the ranks and the
 groups stop at the same step).
 """
 
@@ -52,7 +53,7 @@ parser.add_argument("--step-sleep", type=float, default=0.1)
 parser.add_argument("--batch-size", type=int, default=8)
 parser.add_argument("--memory-every", type=int, default=5)
 parser.add_argument("--ckpt-every", type=int, default=50)
-parser.add_argument("--timeout-s", type=float, default=3.0)
+parser.add_argument("--timeout-s", type=float, default=None, help="ReplicaGroups.timeout (default: its default)")
 args = parser.parse_args()
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
@@ -82,6 +83,8 @@ class Model(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         time.sleep(args.step_sleep)
+        while (out / f"hang_rank{_RANK}").exists():
+            time.sleep(0.05)
         x, y = batch
         return torch.nn.functional.mse_loss(self.net(x), y)
 
@@ -124,7 +127,8 @@ if args.mode == "replica":
 
     from lightning_ft import ElasticPolicy, ReplicaGroups
 
-    groups = ReplicaGroups(address="127.0.0.1", min_replicas=1, timeout=timedelta(seconds=args.timeout_s))
+    timeout = {} if args.timeout_s is None else {"timeout": timedelta(seconds=args.timeout_s)}
+    groups = ReplicaGroups(address="127.0.0.1", min_replicas=1, **timeout)
     # The per-group batch kept through an outage (as torchft does; what the benchmark measured): three groups of
     # accumulation 1 cannot keep the global batch at two.
     keep_local = ElasticPolicy(batch="keep_local", lr_scaling="none")

@@ -10,9 +10,8 @@ build CI installs), 2.14.1 and 2.15.0 (the on-demand passes, ``TORCH=... scripts
 their source, its signature compared with 2.13.0's), Lightning 2.5.0 (the lowest, ``scripts/test.sh``) and 2.6.6,
 torchsnapshot-nightly 2024.7.26 (the last build). The replica-group names (torchft's and the Lightning loop internals
 that :mod:`lightning_ft.replica` uses) were checked against torchft 0.2.0 and Lightning 2.6.x only. One private name
-lives elsewhere: ``lightning-ft lighthouse`` loads torchft's native module ``torchft._torchft`` itself
-(:func:`lightning_ft.cli.lighthouse.lighthouse_server_class`), because this module imports torch, which the lighthouse
-must not wait for.
+lives elsewhere: torchft's native module ``torchft._torchft`` is loaded by :mod:`lightning_ft.replica.torchft_native`,
+because this module imports torch, which ``lightning-ft lighthouse`` must not wait for.
 
 Why one module: its point is that there is one file to read when a release of another library breaks a private name;
 split by library or by user, a reader would have to search several.
@@ -923,6 +922,21 @@ _LIGHTHOUSE_HEARTBEAT = re.compile(
 )
 _LIGHTHOUSE_HEARTBEAT_ITEM = re.compile(r'<li class="heartbeat')
 
+
+TORCHFT_MANAGER_LOGGER = "torchft.manager"
+"""torchft's ``Manager`` logs through this Python logger (``logging.getLogger(__name__)`` of ``torchft/manager.py``,
+torchft 0.2.0)."""
+TORCHFT_FAILED_COLLECTIVE_MESSAGES = (
+    "got exception waiting for work",
+    "got exception in all reduce -- skipping remaining",
+    "got exception in future -- skipping remaining",
+)
+"""How torchft 0.2.0's ``Manager`` logs a failed collective it handles itself (``logger.exception`` with the
+traceback, then ``report_error``: the step is discarded): ``_ManagedWork.wait``, ``Manager.allreduce`` and
+``Manager.wrap_future``."""
+TORCHFT_NOISE_MESSAGES = ("Unable to reset NCCL flight recorder recording",)
+"""What torchft 0.2.0's ``Manager`` warns at every reconfiguration where torch has no NCCL flight recorder (a CPU
+build): nothing to act on."""
 
 _DURATION_UNITS = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 

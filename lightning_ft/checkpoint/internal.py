@@ -20,7 +20,7 @@ from lightning_ft.checkpoint.export import export_checkpoint, export_state_dict,
 from lightning_ft.checkpoint.file_commit import writes_files
 from lightning_ft.checkpoint.file_reader import file_reader_scope, load_checkpoint_file
 from lightning_ft.checkpoint.foreign_discovery import list_foreign
-from lightning_ft.checkpoint.in_progress import IN_PROGRESS_RECORD
+from lightning_ft.checkpoint.in_progress import IN_PROGRESS_RECORD, discard
 from lightning_ft.checkpoint.inspect import describe, format_description
 from lightning_ft.checkpoint.location import (
     CheckpointLocation,
@@ -74,6 +74,7 @@ from lightning_ft.checkpoint.storage.registry import (
     storage_for_path,
     storage_named,
 )
+from lightning_ft.checkpoint.unfinished import UnfinishedSave, unfinished_saves
 from lightning_ft.checkpoint.writer_threads import lower_thread_priority
 
 __all__ = [
@@ -144,4 +145,7 @@ __all__ = [
     "without_sampler_states",
     "write_copy",
     "writes_files",
+    "UnfinishedSave",
+    "discard",
+    "unfinished_saves",
 ]

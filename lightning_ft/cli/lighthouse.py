@@ -16,19 +16,19 @@ still starts (imports, model set-up) and the survivors' quorum waits for it up t
 printed is the one bound (``--bind 127.0.0.1:0`` prints ``http://127.0.0.1:<port>``, the
 port the OS chose), where torchft's names the host, which need not resolve to the address bound. Only a wildcard
 bind (``0.0.0.0``, ``::``) prints the host's name, as torchft does.
+
+torchft's INFO lines (every quorum request and result, several per step) are off unless asked for:
+``RUST_LOG=info`` or ``LIGHTNING_FT_TORCHFT_LOGS=1`` (lightning_ft/replica/torchft_console.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.machinery
-import importlib.util
 import ipaddress
 import math
 import signal
 import sys
 import threading
-from pathlib import Path
 from typing import Any
 
 from lightning_ft.cli.errors import EXIT_OK, CLIError
@@ -48,7 +48,7 @@ def register(subparsers: Any) -> None:
         "lighthouse",
         help="run torchft's lighthouse for replica groups; prints TORCHFT_LIGHTHOUSE=http://HOST:PORT",
         epilog="exit codes: 0 stopped by SIGTERM or SIGINT; 2 a bad option, an address in use or not on this host,"
-        " or torchft not installed",
+        " or torchft not installed. torchft's INFO lines are off: RUST_LOG=info turns them on",
     )
     lighthouse.add_argument(
         "--bind",
@@ -175,49 +175,18 @@ def run_lighthouse(args: argparse.Namespace) -> int:
 
 
 def lighthouse_server_class() -> type:
-    """torchft's ``LighthouseServer`` (what ``torchft.coordination`` exports), loaded without importing torch.
-
-    The server is torchft's native module, ``torchft._torchft``, which does not need torch; importing it through the
-    ``torchft`` package imports torch first (2 s on an idle machine, 10-30 s on a loaded one), and a lighthouse
-    restarted after a failure keeps the groups waiting for as long as it takes to start. So the native module is
-    loaded from its file and registered under its own name (a later ``import torchft`` in the process uses it);
-    where that fails (another layout of the package), the package is imported as torchft documents it.
-    Checked against torchft 0.2.0 (``torchft/_torchft.*.so``).
+    """torchft's ``LighthouseServer`` (what ``torchft.coordination`` exports), from its native module, without torch
+    and with its Rust INFO lines off unless asked for (:mod:`lightning_ft.replica.torchft_native`).
 
     Raises:
         CLIError: torchft is not installed (exit code 2).
     """
-    name = "torchft._torchft"
-    native = sys.modules.get(name)
-    if native is None:
-        package = importlib.util.find_spec("torchft")
-        if package is None:
-            raise CLIError("lightning-ft lighthouse needs torchft: pip install 'lightning-ft[replicas]'")
-        native = _load_native(name, package.submodule_search_locations or [])
-    if native is None or not hasattr(native, "LighthouseServer"):
-        from torchft.coordination import LighthouseServer
+    from lightning_ft.replica.torchft_native import import_torchft
 
-        return LighthouseServer
-    return native.LighthouseServer
-
-
-def _load_native(name: str, locations: list[str]) -> Any:
-    for location in locations:
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            path = Path(location) / f"_torchft{suffix}"
-            if not path.is_file():
-                continue
-            spec = importlib.util.spec_from_file_location(name, path)
-            if spec is None or spec.loader is None:
-                return None
-            try:
-                module = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(module)
-            except ImportError:
-                return None
-            sys.modules[name] = module
-            return module
-    return None
+    try:
+        return import_torchft().LighthouseServer
+    except ImportError:
+        raise CLIError("lightning-ft lighthouse needs torchft: pip install 'lightning-ft[replicas]'") from None
 
 
 def _bind_error(bind: str, error: RuntimeError) -> str:

@@ -23,6 +23,7 @@ from lightning_ft.elastic.replica_data import (
     GroupRemainder,
     ReplicaMembership,
     committed_after,
+    deal_changes,
     group_remainder,
     reshard_sampler,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "check_replica_policy",
     "committed_after",
     "find_resumable_sampler",
+    "deal_changes",
     "group_remainder",
     "new_rank_rng_states",
     "plan_replica_batch",

@@ -146,9 +146,15 @@ class ResumableSampler(Sampler[int]):
     def _global_order(self) -> list[int]:
         if not self.shuffle:
             return list(range(self.dataset_len))
+        return self._order_tensor().tolist()
+
+    def _order_tensor(self) -> torch.Tensor:
+        """The epoch's order (:meth:`_global_order`) as a tensor, for vectorized readers of the whole epoch."""
+        if not self.shuffle:
+            return torch.arange(self.dataset_len, dtype=torch.int64)
         generator = torch.Generator()
         generator.manual_seed(self.order_seed + self.epoch)
-        return torch.randperm(self.dataset_len, generator=generator).tolist()
+        return torch.randperm(self.dataset_len, generator=generator)
 
     @property
     def order_seed(self) -> int:
@@ -193,14 +199,46 @@ class ResumableSampler(Sampler[int]):
             rest += [(index, self.total_size + i) for i, (index, _) in enumerate(extra)]
         return rest
 
+    def _rest_length(self, start: int | None = None) -> int:
+        """``len(self._remaining_stream(start))``, by arithmetic."""
+        start = self.consumed if start is None else start
+        end = self.epoch_end
+        if start >= self.dataset_len or start >= end:
+            return 0
+        unit = self.num_replicas * (self.batch_size if self.drop_last_batch else 1)  # type: ignore[operator]
+        return math.ceil((end - start) / unit) * unit
+
+    def _replica_stream(self, start: int | None = None) -> tuple[list[int], list[int]]:
+        """``(indices, positions)`` of this replica's share of :meth:`_remaining_stream` (its ``[rank::num_replicas]``
+        slice), built with tensor operations: an iterator is created at every epoch and, in the replica mode, twice
+        per lost group, and the list of the whole rest took a Python loop over the epoch."""
+        start = self.consumed if start is None else start
+        total = self._rest_length(start)
+        if total == 0:
+            return [], []
+        end = self.epoch_end
+        # The stream holds order[k % n] at position k: cut to total_size (drop_last) or padded by repeating its head.
+        positions = torch.arange(start, end, dtype=torch.int64)
+        indices = self._order_tensor()[positions % self.dataset_len]
+        extra = total - positions.numel()
+        if extra:  # the head of the rest again, at new positions past the stream's end
+            indices = torch.cat([indices, indices[torch.arange(extra) % positions.numel()]])
+            positions = torch.cat([positions, self.total_size + torch.arange(extra, dtype=torch.int64)])
+        return indices[self.rank :: self.num_replicas].tolist(), positions[self.rank :: self.num_replicas].tolist()
+
     def __iter__(self) -> Iterator[int]:
         # Built eagerly, like DistributedSampler: the iterator is fixed when created, so a later mark_consumed (the
         # loop runs behind a prefetching DataLoader) does not shift the batches already being served.
-        mine = self._remaining_stream(0 if self._new_pass else None)[self.rank :: self.num_replicas]
+        indices, positions = self._replica_stream(0 if self._new_pass else None)
         if not self.per_sample_seeds:
-            return self._issue([index for index, _ in mine])
+            return self._issue(indices)
         # Each index carries its sample's seed (see lightning_ft.elastic.data_rng); it is the same int otherwise.
-        return self._issue([SeededIndex(index, sample_seed(self.order_seed, self.epoch, pos)) for index, pos in mine])
+        return self._issue(
+            [
+                SeededIndex(index, sample_seed(self.order_seed, self.epoch, pos))
+                for index, pos in zip(indices, positions, strict=True)
+            ]
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         # The hook belongs to the run of the process that set it (the strategy's tracker, which holds the run's
@@ -217,7 +255,7 @@ class ResumableSampler(Sampler[int]):
 
     def remaining(self) -> int:
         """Samples this replica still yields in the current epoch (``len(list(iter(self)))``)."""
-        return len(self._remaining_stream()) // self.num_replicas
+        return self._rest_length() // self.num_replicas
 
     def completed_batches(self, batch_size: int | None = None, *, drop_last: bool | None = None) -> int:
         """Batches of ``batch_size`` per replica that count as done in the current epoch on the current world.

@@ -142,6 +142,14 @@ def leave_through_agent(*, signal_agent: bool, timeout_s: float = AGENT_ACK_TIME
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(time.time()))
     try:
         if signal_agent:
+            # torchrun prints the SIGTERM as a crash of its own (a traceback ending in SignalException): say first
+            # that it is this node leaving on purpose.
+            log.warning(
+                "lightning-ft: this node leaves the job: its torchrun agent (pid %d) is stopped with SIGTERM; its"
+                " 'SignalException: Process %d got signal: 15' traceback below is that, not a failure",
+                pid,
+                pid,
+            )
             os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         while not received and time.monotonic() < deadline:

@@ -18,8 +18,10 @@ After a restart, the steps an earlier attempt already reached are trained again;
 (the earlier values stay in TensorBoard), and the first value logged past them carries ``goodput/replayed_steps``.
 
 In the replica mode (docs/replica-groups.md) a lost group restarts nothing: rank 0 reads the replica events its own
-rank appends to the event log (:mod:`~lightning_ft.monitors.replica_goodput`) as they come, counts the survivors'
-stall as lost time and the heals. The live groups themselves are logged by the strategy (``replica/live_groups``),
+rank appends to the event log (:mod:`~lightning_ft.monitors.replica_goodput`) as they come, counts the steps the
+survivors discarded as lost time (their wait for the next quorum is outside the productive time already) and the
+heals. A group that heals from a live group before its first step (a replacement) starts at the live step: nothing
+before it was lost or is replayed. The live groups themselves are logged by the strategy (``replica/live_groups``),
 not here: one tag for one thing.
 """
 
@@ -37,7 +39,7 @@ from lightning_ft.batch_timer import BatchTimer
 from lightning_ft.events import get_event_log, open_event_log, process_start_time, read_events
 from lightning_ft.monitors._replay import replayed_through
 from lightning_ft.monitors.goodput_report import summarize
-from lightning_ft.monitors.replica_goodput import ReplicaTally, read_new_lines
+from lightning_ft.monitors.replica_goodput import ReplicaTally, discarded_seconds, read_new_lines
 from lightning_ft.monitors.straggler_monitor import STRAGGLER_EXIT_CODE, StragglerMonitor
 
 log = logging.getLogger(__name__)
@@ -122,6 +124,9 @@ class GoodputMonitor(Callback):
         self._replicas: ReplicaTally | None = None
         self._events_path: Any = None
         self._events_offset = 0
+        self._start_step = 0  # the global step this attempt's training started from (a resume's, a heal's)
+        self._committed_steps = 0  # steps committed by this attempt so far
+        self._before: list[dict[str, Any]] = []  # the earlier attempts' events, for the prior totals
 
     @property
     @override
@@ -147,35 +152,17 @@ class GoodputMonitor(Callback):
         self._restarted, self._fault_time = False, None
         self._replayed_through = replayed_through(trainer)
         self._replayed_steps = max(self._replayed_through - trainer.global_step, 0)
+        self._start_step = trainer.global_step
         event_log = get_event_log(trainer)
         self._replicas = ReplicaTally(run_id=event_log.run_id, attempt=event_log.attempt)
         self._events_path, self._events_offset = event_log.path, 0
-        before = [
+        self._before = [
             e
             for e in read_events(event_log.path.parent)
             if e.get("run_id") == event_log.run_id and int(e.get("attempt", 0) or 0) < event_log.attempt
         ]
-        if before:
-            # The current attempt as summarize() will see it once it has run: started at process start, resumed at
-            # the loop's current step. That makes the lost work and the gap before this attempt part of the prior.
-            current = {"run_id": event_log.run_id, "attempt": event_log.attempt, "rank": 0, "time": self._start_time}
-            s = summarize(
-                [
-                    *before,
-                    {**current, "event": "attempt_start", "step": None, "world_size": self._world_size},
-                    {**current, "event": "resumed", "step": trainer.global_step},
-                ]
-            )
-            t = s["totals"]
-            self._prior = {k: float(t[k]) for k in _TOTAL_KEYS if k in t}
-            self._prior["useful_device_s"] = sum(
-                (a["productive_s"] - a["lost_s"]) * a["world_size"] for a in s["attempts"]
-            )
-            self._prior["straggler_detections"] = float(s["stragglers"]["count"])
-            restart = next((r for r in s["restarts"] if r["attempt"] == event_log.attempt), None)
-            self._restarted = restart is not None
-            self._fault_time = restart["fault_time"] if restart is not None else None
-            self._prior_counts_current = True
+        if self._before:
+            self._prior_from_log(event_log, trainer.global_step)
         elif self._restored:
             # No record of earlier attempts here: the checkpoint's totals, which miss the work after that checkpoint
             # and cannot tell how the attempt ended; counted as a restart from this process's start.
@@ -183,6 +170,40 @@ class GoodputMonitor(Callback):
             self._prior_counts_current = False
             self._restarted = True
             self._fault_time = self._start_time
+
+    def _prior_from_log(self, event_log: Any, start_step: int) -> None:
+        """The earlier attempts' totals from the log, with the current attempt as summarize() will see it once it
+        has run: started at process start, resumed at ``start_step``. That makes the lost work and the gap before
+        this attempt part of the prior."""
+        current = {"run_id": event_log.run_id, "attempt": event_log.attempt, "rank": 0, "time": self._start_time}
+        s = summarize(
+            [
+                *self._before,
+                {**current, "event": "attempt_start", "step": None, "world_size": self._world_size},
+                {**current, "event": "resumed", "step": start_step},
+            ]
+        )
+        t = s["totals"]
+        self._prior = {k: float(t[k]) for k in _TOTAL_KEYS if k in t}
+        self._prior["useful_device_s"] = sum((a["productive_s"] - a["lost_s"]) * a["world_size"] for a in s["attempts"])
+        self._prior["straggler_detections"] = float(s["stragglers"]["count"])
+        restart = next((r for r in s["restarts"] if r["attempt"] == event_log.attempt), None)
+        self._restarted = restart is not None
+        self._fault_time = restart["fault_time"] if restart is not None else None
+        self._prior_counts_current = True
+
+    def _after_heal(self, trainer: pl.Trainer) -> None:
+        """This attempt healed from a live group before its first step (a replacement group): it starts at the live
+        step, which the live groups committed. Nothing an earlier attempt reached below it was lost, none of it is
+        trained again (rank 0, at the first step's end)."""
+        heals = (self._replicas.summary or {}).get("heals", []) if self._replicas is not None else []
+        step = next((h["step"] for h in heals if isinstance(h.get("step"), int)), None)
+        if step is None or step <= self._start_step:
+            return
+        self._start_step = step
+        self._replayed_steps = max(self._replayed_through - step, 0)
+        if self._before:
+            self._prior_from_log(get_event_log(trainer), step)
 
     @override
     def on_train_batch_start(
@@ -203,11 +224,13 @@ class GoodputMonitor(Callback):
             return
         self._read_replica_events()
         if self._first_step_time is None:
+            self._after_heal(trainer)
             self._first_step_time = time.time()
             if self._writes_progress:  # under ElasticFT3D the strategy writes first_step and progress itself
                 get_event_log(trainer).write(
                     "first_step", since_attempt_start_s=self._first_step_time - self._start_time
                 )
+        self._committed_steps = max(trainer.global_step - self._start_step, 0)
         every = self.log_every_n_steps or trainer.log_every_n_steps or 50
         step = trainer.global_step
         now = time.monotonic()
@@ -311,6 +334,7 @@ class GoodputMonitor(Callback):
             recovery_now = self._first_step_time - self._start_time
         replicas = self._replicas
         stall_now = replicas.stall_s if replicas is not None else 0.0
+        discarded_now = discarded_seconds(self._discarded_steps(), self._loop.productive_s, self._committed_steps)
 
         def replica_total(key: str) -> float:
             return p.get(key, 0.0) + (replicas.total(key) if replicas is not None else 0.0)
@@ -321,25 +345,36 @@ class GoodputMonitor(Callback):
             "continuations": p.get("continuations", 0.0),
             "wall_s": p.get("wall_s", 0.0) + wall_now,
             "productive_s": p.get("productive_s", 0.0) + self._loop.productive_s,
-            "useful_productive_s": p.get("useful_productive_s", 0.0) + self._loop.productive_s - stall_now,
+            "useful_productive_s": p.get("useful_productive_s", 0.0)
+            + max(self._loop.productive_s - discarded_now, 0.0),
             "data_wait_s": p.get("data_wait_s", 0.0) + self._loop.data_wait_s,
             "checkpoint_stall_s": p.get("checkpoint_stall_s", 0.0) + self._loop.stall_s,
             "restart_s": p.get("restart_s", 0.0) + restart_now,
             "recovery_s": p.get("recovery_s", 0.0) + recovery_now,
             "lost_steps": p.get("lost_steps", 0.0),
-            "lost_s": p.get("lost_s", 0.0) + stall_now,
+            "lost_s": p.get("lost_s", 0.0) + discarded_now,
             "straggler_s": p.get("straggler_s", 0.0) + straggler_s,
             "straggler_detections": p.get("straggler_detections", 0.0) + detections,
             "replica_stall_s": p.get("replica_stall_s", 0.0) + stall_now,
             **{k: replica_total(k) for k in ("heal_s", "replicas_lost", "replicas_joined", "discarded_steps")},
         }
         held = p.get("device_s_held", 0.0) + self._world_size * wall_now
-        useful_dev = p.get("useful_device_s", 0.0) + self._world_size * (self._loop.productive_s - stall_now)
+        useful_dev = p.get("useful_device_s", 0.0) + self._world_size * max(
+            self._loop.productive_s - discarded_now, 0.0
+        )
         out["device_s_held"] = held
         out["useful_device_s"] = useful_dev
         out["ettr"] = out["useful_productive_s"] / out["wall_s"] if out["wall_s"] else None  # type: ignore[operator]
         out["device_utilisation"] = useful_dev / held if held > 0 else None
         return out
+
+    def _discarded_steps(self) -> int:
+        """Steps this attempt discarded when groups were lost (each step once, however many groups it lost)."""
+        summary = self._replicas.summary if self._replicas is not None else None
+        by_step: dict[Any, int] = {}
+        for r in (summary or {}).get("lost", []):
+            by_step[r.get("step")] = max(by_step.get(r.get("step"), 0), int(r.get("discarded_steps") or 0))
+        return sum(by_step.values())
 
     @override
     def state_dict(self) -> dict[str, Any]:

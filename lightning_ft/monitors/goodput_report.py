@@ -21,10 +21,12 @@ Definitions (all wall-clock seconds):
 - lost steps are the steps a stopped attempt reached beyond the checkpoint the next one resumed from
   (``resumed.step``, 0 without a ``resumed`` event); lost time is the productive time spent on them, prorated within
   ``progress`` intervals;
-- in the replica mode a lost group restarts nothing: the survivors' stall (``replica_lost.stall_s``, within their
-  steps, once per lost group) is lost time too, and a heal (``healed.seconds``) is the joining group's recovery
+- in the replica mode a lost group restarts nothing: the survivors' stall (``replica_lost.stall_s``, once per lost
+  group) is reported; its wait for the next quorum is wall time outside the productive time, and the steps it
+  discarded are lost time (their share of the attempt's productive time); a heal (``healed.seconds``) is the joining
+  group's recovery, and an attempt that healed before its first step starts at the live step, recomputing nothing
   (:mod:`~lightning_ft.monitors.replica_goodput`);
-- effective training time ratio (ETTR) = useful productive time / the run's wall time;
+- effective training time ratio (ETTR) = useful productive time / the run's wall time (never below 0);
 - device utilisation = useful productive device-seconds / device-seconds held over the run's wall time (seconds times
   the world size of the attempt, or of the attempt being relaunched during a gap);
 - the suggested checkpoint interval is Young and Daly's ``sqrt(2 * C * MTBF)``, per save tier: ``C`` the median
@@ -51,7 +53,7 @@ from lightning_ft.monitors.checkpoint_tiers import (
 )
 from lightning_ft.monitors.goodput_projection import DEFAULT_MTTF_HOURS_AT, MTTF_SOURCE, project, restart_cost
 from lightning_ft.monitors.goodput_text import fmt_ratio
-from lightning_ft.monitors.replica_goodput import replica_summary
+from lightning_ft.monitors.replica_goodput import discarded_seconds, replica_summary
 from lightning_ft.monitors.run_history import attempts as attempt_records
 from lightning_ft.monitors.run_history import latest_run, link, num
 
@@ -127,14 +129,16 @@ def summarize(
 
     by_number = {a["attempt"]: a for a in attempts}
     replicas = replica_summary(run_events)
-    # A replica group's failure restarts nothing: the survivors' stall, within their steps, is the time it cost.
+    # A replica group's failure restarts nothing: the survivors wait for the next quorum (wall time outside the
+    # productive time) and the steps that saw it are discarded (productive time lost).
     stalls = replicas["lost"] if replicas is not None else []
     replica_stall_s = sum(num(r["stall_s"]) for r in stalls)
+    discarded = _replica_discarded_s(stalls, attempts)
     wall_s = sum(a["wall_s"] for a in attempts) + sum(r["gap_s"] for r in restarts)
     productive_s = sum(a["productive_s"] for a in attempts)
-    lost_s = sum(a["lost_s"] for a in attempts) + replica_stall_s
-    useful_device_s = sum((a["productive_s"] - a["lost_s"]) * a["world_size"] for a in attempts) - sum(
-        num(r["stall_s"]) * by_number.get(r["attempt"], {"world_size": 1})["world_size"] for r in stalls
+    lost_s = sum(a["lost_s"] for a in attempts) + sum(discarded.values())
+    useful_device_s = sum(
+        max(a["productive_s"] - a["lost_s"] - discarded.get(a["attempt"], 0.0), 0.0) * a["world_size"] for a in attempts
     )
     held_device_s = sum(a["wall_s"] * a["world_size"] for a in attempts) + sum(
         r["gap_s"] * by_number[r["attempt"]]["world_size"] for r in restarts
@@ -151,7 +155,7 @@ def summarize(
         "wall_s": wall_s,
         "span_s": (attempts[-1]["end_time"] - attempts[0]["start_time"]) if attempts else 0.0,
         "productive_s": productive_s,
-        "useful_productive_s": productive_s - lost_s,
+        "useful_productive_s": max(productive_s - lost_s, 0.0),
         "data_wait_s": sum(a["data_wait_s"] for a in attempts),
         "checkpoint_stall_s": sum(a["checkpoint_stall_s"] for a in attempts),
         "startup_s": _startup_s(attempts, restarts),
@@ -162,6 +166,7 @@ def summarize(
         "straggler_s": sum(num(e.get("lost_s")) for e in run_events if e.get("event") == "straggler_cleared"),
         "device_s_held": held_device_s,
         "replica_stall_s": replica_stall_s,
+        "replica_discarded_s": sum(discarded.values()),
         "heal_s": replicas["heal_s"] if replicas is not None else 0.0,
         "replicas_lost": replicas["replicas_lost"] if replicas is not None else 0,
         "replicas_joined": replicas["replicas_joined"] if replicas is not None else 0,
@@ -186,7 +191,7 @@ def summarize(
         "restarts": restarts,
         "continuations": continuations,
         "totals": totals,
-        "ettr": (productive_s - lost_s) / wall_s if wall_s > 0 else None,
+        "ettr": max(productive_s - lost_s, 0.0) / wall_s if wall_s > 0 else None,
         "device_utilisation": useful_device_s / held_device_s if held_device_s > 0 else None,
         "tiers": tiers,
         "checkpoint_intervals": intervals,
@@ -245,6 +250,22 @@ def _check_projection_options(durable_fraction: Any, project_gpus: Any, mttf_hou
         raise ValueError(
             f"summarize(mttf_hours_at={mttf_hours_at!r}): must map positive GPU counts to positive, finite hours"
         )
+
+
+def _replica_discarded_s(lost: list[dict[str, Any]], attempts: list[dict[str, Any]]) -> dict[int, float]:
+    """Per attempt, the productive seconds of the steps its group discarded when groups were lost (each step once,
+    however many groups its loss names)."""
+    by_attempt: dict[int, dict[Any, int]] = {}
+    for r in lost:
+        steps = by_attempt.setdefault(int(num(r.get("attempt"))), {})
+        steps[r.get("step")] = max(steps.get(r.get("step"), 0), int(num(r.get("discarded_steps"))))
+    out = {}
+    for a in attempts:
+        discarded = sum(by_attempt.get(a["attempt"], {}).values())
+        if discarded:
+            committed = max((a["last_step"] or a["start_step"]) - a["start_step"], 0)
+            out[a["attempt"]] = discarded_seconds(discarded, a["productive_s"], committed)
+    return out
 
 
 def _observed_durable_fraction(restarts: list[dict[str, Any]]) -> dict[str, int] | None:

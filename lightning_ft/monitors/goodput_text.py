@@ -109,8 +109,13 @@ def format_report(summary: dict[str, Any]) -> str:
         )
         lines.append(
             f"  restart before attempt {r['attempt']} (after: {ended_by.get(r['after_attempt'], r['cause'])}): "
-            f"{_fmt_s(r['restart_s'])} = {phases}; resumed at step {r['resumed_step']}"
-            + (f" from the {r['resumed_tier'] or 'no'} tier" if memory_in_use else "")
+            f"{_fmt_s(r['restart_s'])} = {phases}; "
+            + (
+                f"healed at step {r['resumed_step']} from a live replica group"
+                if r.get("healed")
+                else f"resumed at step {r['resumed_step']}"
+                + (f" from the {r['resumed_tier'] or 'no'} tier" if memory_in_use else "")
+            )
             + ", "
             f"recomputed {r['lost_steps']} steps ({_fmt_s(r['lost_s'])})"
             + (

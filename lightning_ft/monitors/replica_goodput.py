@@ -18,10 +18,12 @@ these as events (docs/replica-groups.md, "Events"):
   group stopped (after committing ``checkpoint_path``, on the writing group).
 
 Every rank of every group may write the same event: :func:`replica_summary` keeps one per group and step (the
-longest stall, the largest count), so the totals count each failure once. A stall is lost time (the report's
-``lost_s`` includes it, the ETTR leaves it out of the useful time); a heal is the joining group's recovery, which the
-survivors do not wait for. A lighthouse outage's stall is a quorum's wait, before the step's first batch starts: the
-productive time does not hold it (the wall time does), so the ETTR counts it without subtracting it again. :class:`ReplicaTally` keeps the same totals live for
+longest stall, the largest count), so the totals count each failure once. Of a stall, the wait for the next quorum
+lies before a batch's start hook, outside the productive time (so the ETTR, productive time over wall time, already
+pays it); what the loss wasted of the productive time is the discarded steps' compute (:func:`discarded_seconds`:
+the report's ``lost_s`` includes it, the ETTR leaves it out of the useful time). A lighthouse outage's stall is a
+quorum's wait too: the wall time holds it, nothing is subtracted for it. A heal is the joining group's recovery, which
+the survivors do not wait for. :class:`ReplicaTally` keeps the same totals live for
 :class:`~lightning_ft.monitors.GoodputMonitor`, from the lines its rank appends to the event log.
 """
 
@@ -34,7 +36,7 @@ from typing import Any
 
 from lightning_ft.monitors.run_history import num
 
-__all__ = ["REPLICA_EVENTS", "ReplicaTally", "read_new_lines", "replica_summary"]
+__all__ = ["REPLICA_EVENTS", "ReplicaTally", "discarded_seconds", "read_new_lines", "replica_summary"]
 
 REPLICA_EVENTS = (
     "replica_lost",
@@ -123,6 +125,14 @@ def replica_summary(events: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
         "lighthouse_down_s": sum(num(r["down_s"]) for r in outages),
         "lighthouse_stall_s": sum(num(r["stall_s"]) for r in outages),
     }
+
+
+def discarded_seconds(discarded_steps: float, productive_s: float, committed_steps: float) -> float:
+    """The productive seconds that ``discarded_steps`` discarded steps took, of ``productive_s`` spent on them and on
+    ``committed_steps`` committed ones (each step the same share: the discarded one ran the same forward and
+    backward)."""
+    steps = max(discarded_steps, 0.0) + max(committed_steps, 0.0)
+    return productive_s * max(discarded_steps, 0.0) / steps if steps > 0 else 0.0
 
 
 def read_new_lines(path: str | Path, offset: int) -> tuple[list[dict[str, Any]], int]:

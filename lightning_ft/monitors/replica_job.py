@@ -19,12 +19,13 @@ job joins the same lighthouse), the replica id the group. :func:`find_group_runs
   time they waited, the checkpoint committed);
 - ``groups``: per group, its attempts (steps, how each ended) and the single-run report's own ETTR;
 - the job's effective training time ratio, measured as the single-run report measures a run's (the time of the
-  steps trained, less the stalls, over the wall time), with each committed step counted once for the job: the groups
-  of a quorum train the same step side by side, a whole-job restart trains some steps again. A step's time is the
-  productive time the groups' ``progress`` records give it (the median over the groups that trained it); the wall
-  time runs from the first group's process start to the end of the last attempt that trained a step. A lighthouse
-  outage is a wait outside the steps' time: the wall time holds it, nothing is subtracted for it. The stalls
-  subtracted (the lost groups') never take the ratio below 0.
+  steps trained, less the steps discarded, over the wall time; never below 0), with each committed step counted once
+  for the job: the groups of a quorum train the same step side by side, a whole-job restart trains some steps again.
+  A step's time is the productive time the groups' ``progress`` records give it (the median over the groups that
+  trained it); a failure's discarded steps cost that time each, and the rest of its stall (the wait for the next
+  quorum) is wall time no step was trained in, counted once that way. A lighthouse outage is such a wait too: the
+  wall time holds it, nothing is subtracted for it. The wall time runs from the first group's process start to the end
+  of the last attempt that trained a step.
 """
 
 from __future__ import annotations
@@ -89,9 +90,9 @@ def _id_key(replica_id: str) -> tuple[int, Any]:
 def summarize_job(runs: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """One job's summary from its groups' runs (:func:`find_group_runs`, all of one ``job``). JSON-able; times are
     seconds, ``t`` fields seconds from the job's start. Keys: ``job``, ``start_time``, ``wall_s``,
-    ``committed_steps``, ``step_s`` (the committed steps' time, each once), ``stall_s``, ``ettr``,
-    ``discarded_steps``, ``live_groups``, ``failures``, ``heals``, ``lighthouse`` and ``groups`` (module
-    docstring)."""
+    ``committed_steps``, ``step_s`` (the committed steps' time, each once), ``stall_s``, ``discarded_s`` (the discarded
+    steps' time), ``ettr``, ``discarded_steps``, ``live_groups``, ``failures``, ``heals``, ``lighthouse`` and
+    ``groups`` (module docstring)."""
     runs = list(runs)
     if not runs:
         raise ValueError("summarize_job(runs=[]): no replica group's run to summarize")
@@ -104,6 +105,8 @@ def summarize_job(runs: Iterable[dict[str, Any]]) -> dict[str, Any]:
     heals = _heals(runs, start)
     steps, step_s = _committed_step_time(runs)
     stall_s = sum(f["stall_s"] for f in failures)
+    discarded = sum(f["discarded_steps"] for f in failures)
+    discarded_s = discarded * step_s / steps if steps else 0.0
     wall_s = max(end - start, 0.0)
     lighthouse = _lighthouse(runs, start)
     return {
@@ -113,8 +116,9 @@ def summarize_job(runs: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "committed_steps": steps,
         "step_s": step_s,
         "stall_s": stall_s,
-        "ettr": max(step_s - stall_s, 0.0) / wall_s if wall_s > 0 else None,
-        "discarded_steps": sum(f["discarded_steps"] for f in failures),
+        "discarded_s": discarded_s,
+        "ettr": max(step_s - discarded_s, 0.0) / wall_s if wall_s > 0 else None,
+        "discarded_steps": discarded,
         "live_groups": _live_groups(runs, start),
         "failures": failures,
         "heals": heals,
@@ -164,7 +168,7 @@ def _failures(
             record["discarded"] = max(record["discarded"], int(num(e.get("discarded_steps"))))
     out = []
     for r in sorted(merged.values(), key=lambda r: r["time"]):
-        how, detail = _how_it_left(r["replica_id"], r["time"], per_run)
+        how, detail = _how_it_left(r["replica_id"], r["time"], per_run, r["step"])
         out.append(
             {
                 "t": r["time"] - start,
@@ -181,10 +185,10 @@ def _failures(
 
 
 def _how_it_left(
-    replica_id: str, seen_at: float, per_run: list[tuple[dict[str, Any], dict[str, Any]]]
+    replica_id: str, seen_at: float, per_run: list[tuple[dict[str, Any], dict[str, Any]]], loss_step: Any = None
 ) -> tuple[str, str | None]:
-    """How group ``replica_id`` left before ``seen_at`` (when a survivor recorded the loss), from its own log: its
-    attempt that started last before then."""
+    """How group ``replica_id`` left before ``seen_at`` (when a survivor recorded the loss, at ``loss_step``), from
+    its own log: its attempt that started last before then (``rejoined`` when that attempt trained past the loss)."""
     candidates = [
         (a, run)
         for run, s in per_run
@@ -205,6 +209,8 @@ def _how_it_left(
         return "evicted", f"{evicted.get('source')}: {evicted.get('reason')}"
     if any(e["event"] == "hang" for e in within) or attempt["end_reason"] == "hung":
         return "hung", "its watchdog reported a hang"
+    if isinstance(loss_step, int) and attempt["last_step"] is not None and attempt["last_step"] > loss_step:
+        return "rejoined", "it missed a quorum and trained on after a heal: its process never stopped"
     reason = attempt["end_reason"]
     if reason in ("crashed", "stopped", "preempted", "finished"):
         return reason, None
@@ -391,7 +397,7 @@ def format_job_report(job: dict[str, Any]) -> str:
     lines = [
         f"replica job (lighthouse {job['job']}): {len(job['groups'])} group run(s), wall {_s(job['wall_s'])},"
         f" effective training time {ettr} ({job['committed_steps']} committed steps, {_s(job['step_s'])} of steps"
-        f" counted once, less {_s(job['stall_s'])} of stalls)",
+        f" counted once, less {_s(job['discarded_s'])} of discarded steps)",
     ]
     live = ", ".join(f"{c['live_groups']} from t={_s(c['t'])} (step {c['step']})" for c in job["live_groups"])
     lines.append(f"  live groups: {live or 'no quorum recorded'}")

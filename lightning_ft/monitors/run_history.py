@@ -8,7 +8,9 @@ adds them up. The rules, in one place:
   ``attempt_end`` was killed (a later attempt followed) or is still running (``unknown``, the last attempt). When
   every rank records its end but some rank of an attempt did not, that rank was killed and the attempt ended
   ``killed`` whatever the others wrote (they were stopped because of it; ``recorded_reason`` keeps what they wrote).
-- An attempt's steps run from the step it resumed at to the highest step its records show (its live-step events,
+- An attempt's steps run from the step it resumed at (``resumed.step``; for a replica group that started beside a
+  live quorum, the step its ``healed`` event copied from a live group before its first step) to the highest step its
+  records show (its live-step events,
   its own ``checkpoint_committed`` saves and ``fault_injected``); records with a lower step were written before the
   checkpoint was restored (a crash while loading), and an attempt that trained no step has ``last_step`` ``None``.
   Logs without ``attempt_end`` (lightning-ft 0.1.0) fall back on ``hang`` and ``preempted`` events.
@@ -20,7 +22,9 @@ adds them up. The rules, in one place:
 - An attempt that follows a ``finished`` one is a *continuation* (the run was launched again to train longer): the
   wall-clock gap between them is not lost time and no step counts as recomputed. Any other next attempt is a
   *restart*: the time from the fault to its first step is restart time, the gap is part of the run's wall time, and
-  the steps the stopped attempt reached beyond the checkpoint it resumed from were recomputed.
+  the steps the stopped attempt reached beyond the checkpoint it resumed from were recomputed. A replica group's
+  attempt that healed from a live group (no ``resumed``) started at the live step, which the live groups committed:
+  it recomputed nothing that the stopped attempt had reached below it.
 - A restart's time is split into: *detection*, from the fault (the first ``signal_time`` of a preemption; a hang's
   last progress, ``hang`` time minus ``idle_s``; the first ``attempt_end`` of a crash or a stop) to the last rank's
   ``attempt_end`` (for a kill, from the first record of the attempt's last step to the next process start, which then
@@ -142,6 +146,7 @@ def _attempt(attempt: int, evs: list[dict[str, Any]], *, every_rank_ends: bool) 
     first = next((e for e in rank0 if e.get("event") == "first_step"), None)
     resumed = next((e for e in rank0 if e.get("event") == "resumed"), None)
     resumed_step = int(resumed["step"]) if resumed is not None and isinstance(resumed.get("step"), int) else None
+    healed_step = _healed_step(rank0, first) if resumed_step is None else None
     stepped = [e for e in evs if e.get("event") in _TRAINED_STEP_EVENTS and isinstance(e.get("step"), int)]
     if resumed_step is not None:  # records written before the checkpoint's step was restored (a crash while loading)
         stepped = [e for e in stepped if e["step"] >= resumed_step]
@@ -164,10 +169,11 @@ def _attempt(attempt: int, evs: list[dict[str, Any]], *, every_rank_ends: bool) 
         "first_step_time": num(first.get("time")) if first else None,
         "recovery_s": num(first.get("time")) - start_time if first else None,
         "resumed_step": resumed_step,
+        "healed_step": healed_step,
         "resumed_tier": (str(resumed.get("tier") or "durable")) if resumed is not None else None,
         "load_s": num(resumed.get("load_s"), math.nan) if resumed is not None else math.nan,
         "resume_startup_s": num(resumed.get("startup_s"), math.nan) if resumed is not None else math.nan,
-        "start_step": resumed_step or 0,
+        "start_step": resumed_step or healed_step or 0,
         "last_step": last_step,
         "last_progress_time": last_progress_time,
         "productive_s": sum(num(e.get("productive_s")) for e in progress),
@@ -181,8 +187,8 @@ def _attempt(attempt: int, evs: list[dict[str, Any]], *, every_rank_ends: bool) 
         "lost_steps": 0,
         "lost_s": 0.0,
         "_progress": [(int(e["step"]), num(e.get("productive_s"))) for e in progress if isinstance(e.get("step"), int)],
-        "_progress_step": max(progress_steps, default=resumed_step or 0),
-        "_recorded_steps": max(max(progress_steps, default=0) - (resumed_step or 0), 0),
+        "_progress_step": max(progress_steps, default=resumed_step or healed_step or 0),
+        "_recorded_steps": max(max(progress_steps, default=0) - (resumed_step or healed_step or 0), 0),
         "_recorded_productive_s": sum(num(e.get("productive_s")) for e in progress),
         "_first_step_step": first["step"] if first is not None and isinstance(first.get("step"), int) else None,
         "_last_step_time": last_step_time,
@@ -193,6 +199,15 @@ def _attempt(attempt: int, evs: list[dict[str, Any]], *, every_rank_ends: bool) 
         if record[key] != record[key]:  # NaN: not recorded
             record[key] = None
     return record
+
+
+def _healed_step(rank0: list[dict[str, Any]], first: dict[str, Any] | None) -> int | None:
+    """The step a replica group's attempt healed to from a live group before its first step (it then trains on from
+    there, as from a resume), or ``None``: no heal, or a heal later on (a live group that missed a quorum)."""
+    healed = next((e for e in rank0 if e.get("event") == "healed" and isinstance(e.get("step"), int)), None)
+    if healed is None or (first is not None and num(healed.get("time")) > num(first.get("time"))):
+        return None
+    return int(healed["step"])
 
 
 def _end(
@@ -249,7 +264,7 @@ def link(prev: dict[str, Any], cur: dict[str, Any]) -> dict[str, Any]:
             "gap_s": gap_s,
             "startup_s": cur["recovery_s"],
         }
-    resume_step = cur["resumed_step"] if cur["resumed_step"] is not None else 0
+    resume_step = cur["start_step"]  # the checkpoint's step, the live step a heal copied, else 0
     lost_steps = max(prev["last_step"] - resume_step, 0) if prev["last_step"] is not None else 0
     lost_s = _lost_productive_s(prev["_progress"], prev["start_step"], resume_step)
     prev["lost_steps"], prev["lost_s"] = lost_steps, lost_s
@@ -286,6 +301,7 @@ def link(prev: dict[str, Any], cur: dict[str, Any]) -> dict[str, Any]:
         **phases,
         "gap_s": gap_s,
         "resumed_step": resume_step,
+        "healed": cur["healed_step"] is not None,
         "resumed_tier": cur["resumed_tier"],
         "lost_steps": lost_steps,
         "lost_s": lost_s,

@@ -33,8 +33,8 @@ from lightning_ft import _compat
 from lightning_ft.elastic.internal import (
     ReplicaMembership,
     committed_after,
+    deal_changes,
     find_resumable_sampler,
-    group_remainder,
     reshard_sampler,
 )
 
@@ -166,16 +166,16 @@ class ReplicaDataDeal:
             "committed": committed,
             "reason": reason,
         }
-        if trainer.global_rank == 0:  # group rank 0: what the rest of the epoch repeats or skips (O(epoch))
-            rest = group_remainder(
-                sampler._global_order(),
+        if trainer.global_rank == 0:  # group rank 0: what the rest of the epoch repeats or skips (tensor ops)
+            repeated, skipped = deal_changes(
+                sampler._order_tensor(),
                 committed,
                 membership,
                 drop_last=sampler.drop_last,
                 drop_last_batch=sampler.drop_last_batch,
             )
-            record["repeated"] = list(rest.repeated)
-            record["skipped"] = list(rest.skipped)
+            record["repeated"] = list(repeated)
+            record["skipped"] = list(skipped)
             self._write("replica_data", step=step, **record)
         self.deals.append({"step": step, **record})
 

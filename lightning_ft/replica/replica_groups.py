@@ -49,8 +49,9 @@ class ReplicaGroups:
     and a replacement copies the live state from a healthy group.
 
     Off unless given: ``ElasticFT3D(replica_groups=None)`` (the default) restarts every process at a failure, as
-    before. Start one lighthouse for the job (``torchft_lighthouse --min_replicas 1 --bind 0.0.0.0:29510``, or
-    ``lightning-ft lighthouse``), then one torchrun per group with ``REPLICA_GROUP_ID`` set.
+    before. Start one lighthouse for the job (``lightning-ft lighthouse --min-replicas 1``: its defaults cost the
+    survivors about a second per lost group; docs/replica-groups.md), then one torchrun per group with
+    ``REPLICA_GROUP_ID`` set.
 
     Example::
 

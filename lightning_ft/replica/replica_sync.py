@@ -37,6 +37,11 @@ vote (RPCs to the lighthouse and the group's manager server), and a heal's state
 and torchmetrics do through the strategy (``sync_dist``, ``reduce_boolean_decision``, barriers, ``ModelCheckpoint``'s
 collectives, ``all_gather``) stays inside the group, so none of it can wait on a dead group.
 
+On the console (group rank 0), a lost group is one line on each survivor, naming it, the step and the failed
+all-reduce, with the ``ElasticPolicy``'s change (torchft's own INFO lines and tracebacks are off unless asked for:
+:mod:`~lightning_ft.replica.torchft_console`); a group that takes over writing checkpoints from a writer lost mid-save
+removes the save it left unfinished, or names it (:mod:`~lightning_ft.replica.lost_writer`).
+
 The live groups are logged as ``replica/live_groups`` through the trainer's loggers (TensorBoard, CSV, ...) at each
 change and every ``log_every_n_steps``. Events (group rank 0, through the run's event log): ``replica_group {step, replica_id, lighthouse, group_size,
 num_groups}`` once, before the first quorum (which group of which job this run is), ``replica_quorum {step, live_groups}`` when the membership
@@ -86,8 +91,10 @@ from lightning_ft.replica.lighthouse_watch import (
     stop_without_lighthouse,
     wait_for_lighthouse,
 )
+from lightning_ft.replica.lost_writer import settle_lost_writer
 from lightning_ft.replica.one_model import OneModel
 from lightning_ft.replica.step_gate import StepGate
+from lightning_ft.replica.torchft_console import TorchftConsole
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -196,9 +203,10 @@ class ReplicaSync:
         group: the group's process group (``None``: the default group).
         event_log: returns the run's event log (or None).
         hold_sampler: told the training sampler whose count the data deal keeps (the strategy's data position).
-        membership: applies the ``ElasticPolicy`` to the live groups of a quorum (``(live_groups, step)``; sets the
-            accumulation and the learning-rate factor), returning the ``replica_policy`` event's fields when it changed
-            something (the strategy's elastic resume, lightning_ft/elastic/replica_policy.py).
+        membership: applies the ``ElasticPolicy`` to the live groups of a quorum (``(live_groups, step, cause)``; sets
+            the accumulation and the learning-rate factor; ``cause``, a lost group, ends its console line), returning
+            the ``replica_policy`` event's fields when it changed something (and then said so in one line; the
+            strategy's elastic resume, lightning_ft/elastic/replica_policy.py).
         policy_state: what a joining group copies of it; ``load_policy_state`` puts that in place after a heal.
         on_heal: called with the healed step once a heal's state is in place (the memory tier drops its copies of the
             state the heal replaced).
@@ -223,7 +231,7 @@ class ReplicaSync:
         group: Any = None,
         event_log: Callable[[], EventLog | None] = lambda: None,
         hold_sampler: Callable[[Any], None] = lambda sampler: None,
-        membership: Callable[[int, int], dict[str, Any] | None] = lambda live_groups, step: None,
+        membership: Callable[[int, int, str | None], dict[str, Any] | None] = lambda live_groups, step, cause: None,
         policy_state: Callable[[], dict[str, Any] | None] = lambda: None,
         load_policy_state: Callable[[dict[str, Any]], None] = lambda state: None,
         on_heal: Callable[[int], None] = lambda step: None,
@@ -238,6 +246,9 @@ class ReplicaSync:
         self._group_world_size = group_world_size
         self._event_log = event_log
         self._on_heal = on_heal
+        self.console = TorchftConsole().install()
+        """torchft's console output for this fit (replica/torchft_console.py); holds the last failed collective."""
+        self._failure: str | None = None  # the failed collective of the steps discarded since the last commit
         self.transport = HealTransport(address=config.address, timeout=config.timeout)
         self.manager = replica_manager(
             config, group_rank=group_rank, group_world_size=group_world_size, transport=self.transport
@@ -374,18 +385,25 @@ class ReplicaSync:
                 f" group, but the quorum's newest step is {trainer.global_step} (the groups seen live were gone);"
                 " stopping rather than rewinding: restart the group, it then resumes from the checkpoint"
             )
+        writer = checkpoint_writer(self._members or ())
         changed = self._after_quorum(trainer.global_step)
+        if changed and writer is not None and self._group_rank == 0 and self.writes_checkpoints:
+            if writer in {rid for rid, at in self._lost if at == trainer.global_step}:  # lost mid-save, maybe
+                settle_lost_writer(self._checkpoint_folders(), lost_writer=writer)
         if self.writes_checkpoints:
             self.names.clear()
         else:  # no group has started a save of this step yet: the folders as the writer will see them
             self.names.refresh(self._checkpoint_folders())
         self._log_live_groups(trainer, changed)
         live = self.manager.num_participants()
+        cause = self._loss_cause(trainer.global_step) if changed else None
         # The policy first: the deal reads the accumulation it sets, and sizes the epoch so that its first batch
         # starts a step of that accumulation.
-        policy = self._membership(live, trainer.global_step) if live >= 1 else None
+        policy = self._membership(live, trainer.global_step, cause) if live >= 1 else None
         if policy is not None:
             self._write("replica_policy", step=trainer.global_step, **policy)
+        elif cause is not None:  # the policy said nothing (unchanged, or none): the loss in a line of its own
+            _log.warning("lightning-ft: %s; %d of %d replica group(s) live", cause, live, self.config.num_groups)
         dealt = self.data.after_quorum(
             live_groups=live,
             group_index=self.manager.participating_rank(),
@@ -423,6 +441,7 @@ class ReplicaSync:
         self.one_model.voted()
         committed = bool(self.manager.should_commit())
         self._step_open = False
+        self._failure = self.console.take_failure() or self._failure
         self.data.after_vote(committed, step=self._trainer.global_step)
         now = time.monotonic()
         if not committed:
@@ -444,10 +463,16 @@ class ReplicaSync:
                     discarded_steps=self._discarded_since_commit,
                 )
             if not self._lost and self._discarded_since_commit:
-                _log.info("replica groups: %d step(s) discarded, no group lost", self._discarded_since_commit)
+                _log.warning(
+                    "lightning-ft: %d step(s) discarded before step %d (%s); no replica group was lost",
+                    self._discarded_since_commit,
+                    self._trainer.global_step,
+                    f"the all-reduce across groups failed: {self._failure}" if self._failure else "a group's vote",
+                )
             self._lost = []
             self._commit_before_loss = None
             self._discarded_since_commit = 0
+            self._failure = None
         elif self._last_commit is not None:
             self._intervals.append(now - self._last_commit)
         self._last_commit = now
@@ -495,6 +520,22 @@ class ReplicaSync:
         for replica_id in sorted(set(members) - set(previous)):
             self._write("replica_joined", replica_id=replica_id, step=step)
         return True
+
+    def _loss_cause(self, step: int) -> str | None:
+        """The console's words for the groups this quorum lost (``None``: none): which, at which step, and what the
+        survivors saw (the failed all-reduce, in a few words, with the steps it discarded)."""
+        lost = [replica_id for replica_id, at in self._lost if at == step]
+        if not lost:
+            return None
+        which = f"replica group {lost[0]}" if len(lost) == 1 else f"replica groups {', '.join(lost)}"
+        if self._failure:
+            seen = f"the all-reduce across groups failed: {self._failure}"
+        else:
+            seen = "it left the quorum"
+        discarded = self._discarded_since_commit
+        if discarded:
+            seen += f"; {discarded} step{'s' if discarded > 1 else ''} discarded"
+        return f"{which} lost at step {step} ({seen})"
 
     def _check_duplicates(self, result: Any) -> None:
         """Refuse (first quorum) or record another participant with this group's id (replica/duplicate_id.py)."""
@@ -638,3 +679,4 @@ class ReplicaSync:
             self.manager.shutdown(wait=False)
         finally:
             self.one_model.close()
+            self.console.uninstall()

@@ -563,7 +563,9 @@ class ElasticFT3D(DDPStrategy):
             group_world_size=self.world_size,
             event_log=lambda: self.event_log,
             hold_sampler=self._data_position.hold,
-            membership=lambda live_groups, step: resume.replica_membership(trainer, live_groups, step),
+            membership=lambda live_groups, step, cause: resume.replica_membership(
+                trainer, live_groups, step, cause=cause
+            ),
             policy_state=resume.replica_state,
             load_policy_state=lambda state: resume.load_replica_state(trainer, state),
             on_heal=self._memory.superseded if self._memory is not None else lambda step: None,

@@ -217,11 +217,13 @@ class ElasticResume(Callback):
             accumulate=self._replica_accumulate,
         )
 
-    def replica_membership(self, trainer: pl.Trainer, live_groups: int, step: int) -> dict[str, Any] | None:
+    def replica_membership(
+        self, trainer: pl.Trainer, live_groups: int, step: int, *, cause: str | None = None
+    ) -> dict[str, Any] | None:
         """The quorum of the step at global ``step`` has ``live_groups`` groups: when that changed since the policy
         was last applied (or at the fit's first quorum), set the accumulation on the trainer and ramp the learning
-        rate's factor of the live groups, say it on the console (group rank 0) and return the ``replica_policy``
-        event's fields; ``None`` when nothing changed.
+        rate's factor of the live groups, say it on the console in one line (group rank 0; ``cause``, a lost group,
+        ends it) and return the ``replica_policy`` event's fields; ``None`` when nothing changed.
 
         Every rank of every group calls it right after the quorum and before the rest of the epoch is dealt anew
         (the deal reads the accumulation). A healed group calls it after the heal put the source's policy state in
@@ -241,7 +243,8 @@ class ElasticResume(Callback):
         self.rates.replica.ramp_to(after.lr_scale, step=step, warmup_steps=warmup)
         self.rates.apply(step)
         self._replica_live = live_groups
-        rank_zero_info(replica_policy_message(before, after, first=first, warmup_steps=warmup))
+        message = replica_policy_message(before, after, first=first, warmup_steps=warmup)
+        rank_zero_info(f"{message}; {cause}" if cause else message)
         return {
             "live_groups": live_groups,
             "num_groups": after.num_groups,

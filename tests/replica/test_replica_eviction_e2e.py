@@ -52,6 +52,7 @@ def test_a_straggler_group_is_evicted_and_the_others_keep_stepping_without_a_res
             except subprocess.TimeoutExpired:
                 pytest.fail("the slow group was not evicted:\n" + "\n".join(_log(tmp_path, n) for n in procs))
             evicted_at = time.time()
+            evicted_log = (tmp_path / "g2.log").read_text()  # before the relaunch writes over it
             assert code != 0, _log(tmp_path, "g2")
             for name in ("g0", "g1"):
                 assert procs[name].wait(timeout=600) == 0, _log(tmp_path, name)
@@ -78,6 +79,11 @@ def test_a_straggler_group_is_evicted_and_the_others_keep_stepping_without_a_res
     assert relaunch != 0 and any(e["event"] == "join_refused" for e in read_events(tmp_path / "g2")), _log(
         tmp_path, "g2"
     )
+    # torchrun reports the SIGTERM that makes its agent leave as a crash (a traceback): one line said why, before it.
+    explained = "lightning-ft: this node leaves the job: its torchrun agent"
+    assert evicted_log.count(explained) == 1 and "SignalException" in evicted_log.split(explained)[1], evicted_log[
+        -4000:
+    ]
     slow = _records(tmp_path, "g2")
     last_slow_step = max(r["step"] for r in slow if r["time"] <= evicted_at)
 
