@@ -10,7 +10,7 @@ build CI installs), 2.14.1 and 2.15.0 (the on-demand passes, ``TORCH=... scripts
 their source, its signature compared with 2.13.0's), Lightning 2.5.0 (the lowest, ``scripts/test.sh``) and 2.6.6,
 torchsnapshot-nightly 2024.7.26 (the last build). The replica-group names (torchft's and the Lightning loop internals
 that :mod:`lightning_ft.replica` uses) were checked against torchft 0.2.0 and Lightning 2.6.x only. One private name
-lives elsewhere: torchft's native module ``torchft._torchft`` is loaded by :mod:`lightning_ft.replica.torchft_native`,
+lives elsewhere: torchft's native module ``torchft._torchft`` is loaded by :mod:`lightning_ft._torchft_native`,
 because this module imports torch, which ``lightning-ft lighthouse`` must not wait for.
 
 Why one module: its point is that there is one file to read when a release of another library breaks a private name;

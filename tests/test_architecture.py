@@ -32,7 +32,7 @@ ALLOWED = {
     "strategy": {"strategy", "checkpoint", "elastic", "parallel", "fault", "replica"},
     "cli": {"cli", "checkpoint", "monitors", "parallel", "fault"},
 }
-SHARED = {"_compat", "events", "batch_timer", "nvml", "stop"}
+SHARED = {"_compat", "_torchft_native", "events", "batch_timer", "nvml", "stop"}
 
 # The public API: the ``__all__`` of every package (each ``__init__.py``: a package added later is public from its first
 # day) and of these modules, and nothing else, is what docs/ teaches users to import. (An ``__all__`` elsewhere lists

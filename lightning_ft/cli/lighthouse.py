@@ -176,12 +176,12 @@ def run_lighthouse(args: argparse.Namespace) -> int:
 
 def lighthouse_server_class() -> type:
     """torchft's ``LighthouseServer`` (what ``torchft.coordination`` exports), from its native module, without torch
-    and with its Rust INFO lines off unless asked for (:mod:`lightning_ft.replica.torchft_native`).
+    and with its Rust INFO lines off unless asked for (:mod:`lightning_ft._torchft_native`).
 
     Raises:
         CLIError: torchft is not installed (exit code 2).
     """
-    from lightning_ft.replica.torchft_native import import_torchft
+    from lightning_ft._torchft_native import import_torchft
 
     try:
         return import_torchft().LighthouseServer

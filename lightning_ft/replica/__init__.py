@@ -9,8 +9,8 @@ package are the strategy's parts: :mod:`~lightning_ft.replica.replica_sync` (tor
 (which group writes checkpoints; whether a starting group reads one), :mod:`~lightning_ft.replica.one_model` and
 :mod:`~lightning_ft.replica.run_configuration` (the groups compare their configuration and state, and agree on a
 stop), :mod:`~lightning_ft.replica.lost_writer` (the save a writer lost mid-save left),
-:mod:`~lightning_ft.replica.torchft_console` and :mod:`~lightning_ft.replica.torchft_native` (torchft's console
-output, its native module). Only the configuration imports without torchft.
+:mod:`~lightning_ft.replica.torchft_console` (torchft's console output). Only the configuration imports without
+torchft.
 """
 
 from lightning_ft.replica.replica_groups import ReplicaGroups

@@ -1,6 +1,6 @@
 """What the strategy uses from the replica package beyond its public configuration (imports torchft)."""
 
-from lightning_ft.replica.torchft_native import import_torchft
+from lightning_ft._torchft_native import import_torchft
 
 import_torchft()  # first, before the modules below import it: torchft's Rust INFO lines off unless asked for
 

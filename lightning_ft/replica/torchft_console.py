@@ -8,7 +8,7 @@ on every survivor, at every loss that it handles itself (the step is discarded),
 on a machine without NCCL's flight recorder.
 
 Here, by default: torchft is imported with ``RUST_LOG=warn`` when the user has not set ``RUST_LOG`` (the process
-environment is left as it was; :func:`lightning_ft.replica.torchft_native.import_torchft`, which the strategy's replica seam and
+environment is left as it was; :func:`lightning_ft._torchft_native.import_torchft`, which the strategy's replica seam and
 ``lightning-ft lighthouse`` call first); for a fit, :class:`TorchftConsole` drops the traceback of a failed collective from
 torchft's ``torchft.manager`` logger and keeps its text for lightning-ft's own line
 (:mod:`~lightning_ft.replica.replica_sync`: one line per lost group on each survivor), and drops the flight-recorder
@@ -22,7 +22,7 @@ import logging
 import re
 
 from lightning_ft import _compat
-from lightning_ft.replica.torchft_native import torchft_logs_wanted
+from lightning_ft._torchft_native import torchft_logs_wanted
 
 __all__ = ["TorchftConsole", "short_error"]
 

@@ -105,11 +105,12 @@ def test_a_lighthouse_gone_past_lighthouse_wait_names_the_groups_that_stopped_an
 
 
 def test_the_job_ettr_is_never_negative():
-    """Stalls of lost groups longer than the steps' time (a job whose groups all stalled and stopped): 0, not below."""
+    """Lost groups that cost more discarded steps than the job committed (a job whose groups all failed and stopped):
+    0, not below. The survivors' wait for the next quorum is wall time, never subtracted again."""
     run = "r0"
     events = [_event("attempt_start", 0.0, run, world_size=1, process_start_time=0.0)]
     events.append(_event("first_step", 1.0, run, step=1))
-    events.append(_event("replica_lost", 5.0, run, replica_id="1", step=3, stall_s=30.0, discarded_steps=1))
+    events.append(_event("replica_lost", 5.0, run, replica_id="1", step=3, stall_s=30.0, discarded_steps=10))
     events.append(_event("progress", 40.0, run, step=4, productive_s=2.0))
     job = summarize_job([_group("0", run, events)])
-    assert job["stall_s"] > job["step_s"] and job["ettr"] == 0.0
+    assert job["discarded_s"] > job["step_s"] and job["ettr"] == 0.0

@@ -20,7 +20,7 @@ _SERVE = textwrap.dedent(
     """
     import os
     from datetime import timedelta
-    from lightning_ft.replica.torchft_native import import_torchft
+    from lightning_ft._torchft_native import import_torchft
     import_torchft()
     from torchft.coordination import LighthouseClient, LighthouseServer
     server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1)
