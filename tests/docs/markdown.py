@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -84,15 +85,23 @@ def run_recipe(path: Path, name: str, cwd: Path, *, timeout: float, **env: str) 
     script.write_text(recipe(path, name))
     run_env = subprocess_env(**env)
     run_env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + run_env.get("PATH", "")
-    return subprocess.run(
+    # Its own session: on a timeout the recipe's background commands (a lighthouse, torchrun agents) end with it.
+    with subprocess.Popen(
         ["bash", "-e", str(script)],
         cwd=cwd,
         env=run_env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        timeout=timeout,
-    )
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, None)
 
 
 def expected_output(path: Path, name: str) -> list[str]:
