@@ -1,5 +1,5 @@
 """The whole job of replica groups, from every group's event log: ``lightning-ft report FOLDER`` on a folder that holds
-the groups' runs (docs/replica-groups.md, "One report for the job").
+the groups' runs (docs/replica-groups-reference.md, "One report for the job").
 
 Each replica group is its own torchrun job with its own run (its own run id and event log, under its own
 ``default_root_dir`` or as one of the runs of a shared one). Group rank 0 writes ``replica_group {replica_id,

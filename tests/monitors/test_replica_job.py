@@ -7,7 +7,7 @@ and ``ThermalMonitor(action="evict")`` evicts it after step 16; groups 0 and 1 r
 0.595 s) and finish at step 160; group 2's relaunch is refused (its node's cooldown). ``histories/replica_job_killed``
 is recorded from tests/replica/test_replica_groups_e2e.py's ``sigkill`` case: group 2 is SIGKILLed mid-step after step
 9 (stalls 0.864 s and 0.853 s, one discarded step), its replacement (folder ``g2b``, the same replica id) heals from
-group 0 at step 66; all finish at step 600. The other cases are written by hand, fields as docs/replica-groups.md
+group 0 at step 66; all finish at step 600. The other cases are written by hand, fields as docs/replica-groups-reference.md
 lists them.
 """
 
