@@ -85,23 +85,28 @@ def run_recipe(path: Path, name: str, cwd: Path, *, timeout: float, **env: str) 
     script.write_text(recipe(path, name))
     run_env = subprocess_env(**env)
     run_env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + run_env.get("PATH", "")
-    # Its own session: on a timeout the recipe's background commands (a lighthouse, torchrun agents) end with it.
-    with subprocess.Popen(
-        ["bash", "-e", str(script)],
-        cwd=cwd,
-        env=run_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    ) as proc:
+    # Its own session, and its output in a file: when bash ends (or times out), what it left in the background (a
+    # lighthouse after a failed step) is ended with it, and cannot hold the output open.
+    output = cwd / f".recipe-{name}.out"
+    with (
+        output.open("w") as out,
+        subprocess.Popen(
+            ["bash", "-e", str(script)],
+            cwd=cwd,
+            env=run_env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        ) as proc,
+    ):
         try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, None)
+            proc.wait(timeout=timeout)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return subprocess.CompletedProcess(proc.args, proc.returncode, output.read_text(), None)
 
 
 def expected_output(path: Path, name: str) -> list[str]:
@@ -136,7 +141,7 @@ def prose(markdown: str) -> list[str]:
             current.clear()
 
     for raw in markdown.splitlines():
-        line = raw.strip()
+        line = re.sub(r"^>\s?", "", raw.strip())  # a quote (a box) is prose too
         if fence is not None:
             if line.startswith(fence):
                 fence = None

@@ -38,10 +38,11 @@ def _processes_in(folder: Path) -> list[int]:
     return found
 
 
+@pytest.mark.timeout(360)
 def test_the_one_machine_recipe_runs_as_written_and_the_relaunched_group_heals(tmp_path):
     (tmp_path / "examples").symlink_to(Path(REPO_ROOT) / "examples")
     try:
-        done = run_recipe(PAGE, "replica-groups", tmp_path, timeout=420, OMP_NUM_THREADS="1")
+        done = run_recipe(PAGE, "replica-groups", tmp_path, timeout=300, OMP_NUM_THREADS="1")
     finally:
         leftover = _processes_in(tmp_path.resolve())
         for pid in leftover:
