@@ -14,7 +14,7 @@ lightning-ft launches nothing; torchrun's agents own the membership. :func:`evic
    waiting beyond ``--nnodes`` MAX if there is one; the new world resumes from the newest checkpoint with the
    ``ElasticPolicy``'s batch rules.
 
-With replica groups (``ElasticFT3D(replica_groups=...)``, docs/replica-groups.md, "Eviction") the job is one replica
+With replica groups (``ElasticFT3D(replica_groups=...)``, docs/replica-groups-reference.md, "Eviction") the job is one replica
 group of several, and nothing restarts: the evicted node's workers write its record, leave through their agent and
 exit with :data:`NODE_UNAVAILABLE_EXIT_CODE` without a checkpoint (the live groups hold the state, and a replacement
 heals from them); the group leaves the quorum, and to the other groups it is a lost group (``replica_lost``, the step

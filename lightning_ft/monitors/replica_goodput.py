@@ -2,7 +2,7 @@
 
 In the replica mode (docs/replica-groups.md) a failure restarts no attempt: the surviving groups stall for a few
 seconds, discard the step that saw it, and go on; a replacement group heals from a live peer. The strategy records
-these as events (docs/replica-groups.md, "Events"):
+these as events (docs/replica-groups-reference.md, "Events and metrics"):
 
 - ``replica_lost {replica_id, step, stall_s, discarded_steps}``: a group left the quorum; the survivors waited
   ``stall_s`` seconds, within their training steps, from the failure to their next committed step, and discarded

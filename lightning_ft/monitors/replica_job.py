@@ -1,5 +1,5 @@
 """The whole job of replica groups, from every group's event log: ``lightning-ft report FOLDER`` on a folder that holds
-the groups' runs (docs/replica-groups.md, "One report for the job").
+the groups' runs (docs/replica-groups-reference.md, "One report for the job").
 
 Each replica group is its own torchrun job with its own run (its own run id and event log, under its own
 ``default_root_dir`` or as one of the runs of a shared one). Group rank 0 writes ``replica_group {replica_id,
@@ -188,13 +188,15 @@ def _how_it_left(
     replica_id: str, seen_at: float, per_run: list[tuple[dict[str, Any], dict[str, Any]]], loss_step: Any = None
 ) -> tuple[str, str | None]:
     """How group ``replica_id`` left before ``seen_at`` (when a survivor recorded the loss, at ``loss_step``), from
-    its own log: its attempt that started last before then (``rejoined`` when that attempt trained past the loss)."""
+    its own log: its attempt that started last before then (``rejoined`` when that attempt trained past the loss).
+    An attempt whose first step comes after the loss is the group's relaunch, not the attempt that left, even when it
+    started before the survivors recorded the loss (a long stall, or a relaunch into the lost group's run)."""
     candidates = [
         (a, run)
         for run, s in per_run
         if run["replica_id"] == replica_id
         for a in s["attempts"]
-        if a["start_time"] <= seen_at
+        if a["start_time"] <= seen_at and not _first_step_after(run, a["attempt"], loss_step)
     ]
     if not candidates:
         return "lost", f"no event log of group {replica_id} under the folder"
@@ -215,6 +217,19 @@ def _how_it_left(
     if reason in ("crashed", "stopped", "preempted", "finished"):
         return reason, None
     return "lost", "its log ends without a record (killed, or its node went away)"
+
+
+def _first_step_after(run: dict[str, Any], attempt: int, step: Any) -> bool:
+    """Whether attempt ``attempt`` of ``run`` trained its first step after ``step``."""
+    first = next(
+        (
+            e.get("step")
+            for e in run["events"]
+            if e.get("event") == "first_step" and int(e.get("attempt", 0) or 0) == attempt
+        ),
+        None,
+    )
+    return isinstance(step, int) and isinstance(first, int) and first > step
 
 
 def _heals(runs: list[dict[str, Any]], start: float) -> list[dict[str, Any]]:

@@ -100,7 +100,7 @@ class StragglerMonitor(Callback):
             health record that keeps it out for ``FaultPolicy.eviction_cooldown_s``, and the other nodes restart
             without it or with a waiting spare; needs torchrun with ``--max-restarts`` > 0, checked at setup; see
             docs/fault-tolerance.md; with replica groups the node's group leaves the quorum instead and nothing
-            restarts, and groups slower than the others are named too: docs/replica-groups.md, "Eviction"), or a
+            restarts, and groups slower than the others are named too: docs/replica-groups-reference.md, "Eviction"), or a
             callable ``action(trainer, suspect_rank, ratio)`` called on every rank
             with the same arguments.
         log_per_rank: log ``straggler/<field>_ms/rank_<r>`` for every rank (turn off for very large fleets; fleet
@@ -180,7 +180,7 @@ class StragglerMonitor(Callback):
         self._replayed_through = -1
         self._gathers_on_own_group = False
         self._windows: deque[tuple[int, dict[str, list[float]]]] = deque(maxlen=self.config.noise_windows)
-        # Replica groups (docs/replica-groups.md, "Eviction"): this rank's own times since the last exchange across
+        # Replica groups (docs/replica-groups-reference.md, "Eviction"): this rank's own times since the last exchange across
         # groups, the groups of the last exchange, their detector, and the ranks of this group to evict after the vote.
         self._group_own: list[float] = []
         self._group_members: list[str] = []

@@ -2,7 +2,7 @@
 
 Each group trains on its own share of the global batch, but everything Lightning decides from a metric runs in every
 group on its own: validation, ``EarlyStopping``, ``ReduceLROnPlateau``, ``ModelCheckpoint(monitor=...)``, a callback's
-``trainer.should_stop``. Three rules keep the groups one model (docs/replica-groups.md, "One model"):
+``trainer.should_stop``. Three rules keep the groups one model (docs/replica-groups-reference.md, "One model"):
 
 - **Validation runs whole in every group.** The strategy splits only the training data over the groups
   (``ElasticFT3D.distributed_sampler_kwargs``); a validation, test or predict loader is split over the group's own

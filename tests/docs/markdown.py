@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -84,15 +85,28 @@ def run_recipe(path: Path, name: str, cwd: Path, *, timeout: float, **env: str) 
     script.write_text(recipe(path, name))
     run_env = subprocess_env(**env)
     run_env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + run_env.get("PATH", "")
-    return subprocess.run(
-        ["bash", "-e", str(script)],
-        cwd=cwd,
-        env=run_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
-    )
+    # Its own session, and its output in a file: when bash ends (or times out), what it left in the background (a
+    # lighthouse after a failed step) is ended with it, and cannot hold the output open.
+    output = cwd / f".recipe-{name}.out"
+    with (
+        output.open("w") as out,
+        subprocess.Popen(
+            ["bash", "-e", str(script)],
+            cwd=cwd,
+            env=run_env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        ) as proc,
+    ):
+        try:
+            proc.wait(timeout=timeout)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return subprocess.CompletedProcess(proc.args, proc.returncode, output.read_text(), None)
 
 
 def expected_output(path: Path, name: str) -> list[str]:
@@ -127,7 +141,7 @@ def prose(markdown: str) -> list[str]:
             current.clear()
 
     for raw in markdown.splitlines():
-        line = raw.strip()
+        line = re.sub(r"^>\s?", "", raw.strip())  # a quote (a box) is prose too
         if fence is not None:
             if line.startswith(fence):
                 fence = None

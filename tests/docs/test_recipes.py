@@ -12,6 +12,7 @@ from tests.docs.markdown import DOCS, ROOT, blocks
 
 RUN_BY = {
     ("README.md", "quickstart"): "tests/e2e/test_first_hour.py",
+    ("replica-groups.md", "replica-groups"): "tests/replica/test_replica_groups_recipe_e2e.py",
 }
 """(page, recipe name) -> the test file that runs it."""
 

@@ -1,7 +1,7 @@
 """Lighthouse outages in the reports (``lightning-ft report``, one group's run and ``--job``): each outage listed with
 how long the lighthouse did not answer and what it cost, each loss past ``lighthouse_wait`` with the checkpoint
 committed; the ETTR holds an outage in the wall time only, and the job's is never negative. Events written by hand,
-fields as docs/replica-groups.md lists them."""
+fields as docs/replica-groups-reference.md lists them."""
 
 from __future__ import annotations
 

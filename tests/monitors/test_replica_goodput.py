@@ -1,7 +1,7 @@
 """The replica mode's events in the report and in GoodputMonitor: a lost group's stall is lost time, counted once
 however many survivors recorded it; a heal is the joining group's recovery; the live groups are shown per step.
 
-The history ``histories/replicas`` is written as the strategy writes these events (fields as docs/replica-groups.md
+The history ``histories/replicas`` is written as the strategy writes these events (fields as docs/replica-groups-reference.md
 lists them): one attempt of 2 ranks, 3 groups; group g2 is lost at step 13 (both ranks record it, with stalls of
 1.5 s and 1.25 s) and g3 joins and heals at step 25.
 """

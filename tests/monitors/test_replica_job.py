@@ -7,7 +7,7 @@ and ``ThermalMonitor(action="evict")`` evicts it after step 16; groups 0 and 1 r
 0.595 s) and finish at step 160; group 2's relaunch is refused (its node's cooldown). ``histories/replica_job_killed``
 is recorded from tests/replica/test_replica_groups_e2e.py's ``sigkill`` case: group 2 is SIGKILLed mid-step after step
 9 (stalls 0.864 s and 0.853 s, one discarded step), its replacement (folder ``g2b``, the same replica id) heals from
-group 0 at step 66; all finish at step 600. The other cases are written by hand, fields as docs/replica-groups.md
+group 0 at step 66; all finish at step 600. The other cases are written by hand, fields as docs/replica-groups-reference.md
 lists them.
 """
 
@@ -261,3 +261,26 @@ def test_the_job_report_imports_neither_lightning_nor_torch():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("replica job (lighthouse http://127.0.0.1:38863): 4 group run(s)")
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_relaunch_that_started_before_the_survivors_recorded_the_loss_is_not_the_attempt_that_left():
+    """A group SIGKILLed at step 100 and relaunched into its own run (a shared folder): the relaunch's attempt 1
+    starts before the survivors record the loss (a long stall), heals at step 441 and trains to the end. The failure
+    is a lost group, not one that "missed a quorum and trained on"; a group that did train on is still ``rejoined``."""
+    killed = _gone("2", [], end=12.0)
+    killed["events"] += [
+        _event("attempt_start", 14.0, "r2", attempt=1, world_size=1, process_start_time=14.0),
+        _event("healed", 27.8, "r2", attempt=1, replica_id="2", source="0", step=441, bytes=100, seconds=0.03),
+        _event("first_step", 27.9, "r2", attempt=1, step=441),
+        _event("progress", 66.0, "r2", attempt=1, step=1500, productive_s=20.0),
+        _event("attempt_end", 66.0, "r2", attempt=1, step=1500, exit_code=0),
+    ]
+    stayed = _gone("3", [], end=12.0)
+    stayed["events"] += [_event("progress", 60.0, "r3", step=1500, productive_s=40.0)]
+    runs = [_survivor("0", [("2", 101, 5.0, 0), ("3", 101, 1.0, 0)], end=66.0), killed, stayed]
+    for run in runs[:1]:
+        for e in run["events"]:
+            if e["event"] == "replica_lost":
+                e["time"] = 17.1
+    job = summarize_job(runs)
+    assert [(f["replica_id"], f["how"]) for f in job["failures"]] == [("2", "lost"), ("3", "rejoined")]

@@ -22,7 +22,7 @@ committed step is one optimizer and one scheduler step; every sample of each epo
 history, except exactly the repeats the epoch's last ``replica_data`` event names; every validation gives every group
 the same ``val_loss``, bitwise; every group ends at the same ``global_step``, before ``max_epochs``, with the same
 weights and learning rate. A live group that misses one quorum (the lighthouse's join timeout counted
-from a waiting replacement: docs/replica-groups.md, "Tested") is allowed, must come back at once, and is printed.
+from a waiting replacement: docs/replica-groups-reference.md, "Tested") is allowed, must come back at once, and is printed.
 
 Under ``ElasticPolicy(batch="keep_global")`` (the default here, :data:`POLICY`) every committed step trains the global
 batch of the full membership, so the run is compared with the run without failures (one process, accumulation 6, the
@@ -208,7 +208,7 @@ def test_evicted_killed_and_hung_groups_are_replaced_while_the_others_keep_train
     # Each failure cost each group live at the time one replica_lost, written with the stall it cost. Counted from the
     # first quorum of all three groups (the groups start seconds apart, and a late one may miss the next quorum while
     # still in its first step). Any other replica_lost is a live group that missed one quorum and comes back at once
-    # (it heals, without a restart: docs/replica-groups.md, "Tested"); the bitwise checks below cover it.
+    # (it heals, without a restart: docs/replica-groups-reference.md, "Tested"); the bitwise checks below cover it.
     full = min(e["step"] for e in events["g0"] if e["event"] == "replica_quorum" and e["live_groups"] == 3)
     assert runs["g0"][0]["step"] <= full + 1  # group 0 was there from the first full quorum to the end
     kinds, fault_steps = {"2": "eviction", "1": "sigkill", "3": "hang"}, {"2": full, "1": killed_step, "3": hung_step}
