@@ -110,7 +110,8 @@ def parameter_checksum(
     rounds it takes), a window of ``window`` elements (all of a smaller tensor; else from an offset that moves on by
     ``window`` every round, wrapping), its bits summed as 32-bit (16-bit, 8-bit for smaller dtypes) integers in int64
     on the tensor's device, one sum per tensor, one copy of the sums to the host. A changed bit changes the sum; the
-    same bits give the same sum whatever the device's order of summation."""
+    same bits give the same sum whatever the device's order of summation. A sharded parameter (a DTensor: FSDP2,
+    tensor parallel) counts this rank's own shard: each rank compares with the same rank of the other groups."""
     params = [p for p in module.parameters() if p.numel() > 0]
     if not params:
         return 0
@@ -118,7 +119,7 @@ def parameter_checksum(
     turn, lap = step % rounds, step // rounds
     sums = []
     for p in params[turn::rounds]:
-        flat = p.detach().reshape(-1)
+        flat = (p.to_local() if isinstance(p, _compat.DTensor) else p).detach().reshape(-1)
         n = flat.numel()
         if n > window:
             start = (lap * window) % n

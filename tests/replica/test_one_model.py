@@ -434,3 +434,32 @@ def test_the_parameter_checksum_of_cuda_tensors_is_the_cpu_checksum_of_the_same_
     for step in range(3):
         on_cpu = parameter_checksum(module, step, window=100_000, tensors=4)
         assert parameter_checksum(copy.deepcopy(module).cuda(), step, window=100_000, tensors=4) == on_cpu
+
+
+def _checksum_of_shards(rank: int, world_size: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)).double()
+    plain = copy.deepcopy(module)
+    fully_shard(module, mesh=init_device_mesh("cpu", (world_size,)))
+    shards = [p.to_local().detach().clone() for p in module.parameters()]
+    for own, shard in zip(plain.parameters(), shards, strict=True):  # the same parameters, this rank's shards only
+        own.data = shard
+    for step in range(3):
+        assert parameter_checksum(module, step, window=100, tensors=2) == parameter_checksum(
+            plain, step, window=100, tensors=2
+        )
+    mine = torch.tensor([parameter_checksum(module, 0)], dtype=torch.int64)
+    gathered = [torch.zeros_like(mine) for _ in range(world_size)]
+    dist.all_gather(gathered, mine)
+    assert gathered[0] != gathered[1]  # each rank's own shard: rank r is compared with rank r of the other groups
+
+
+def test_the_parameter_checksum_of_a_sharded_model_is_this_ranks_shards() -> None:
+    """A model sharded inside a group (FSDP2: DTensor parameters) is checksummed by its local shards, on each rank,
+    as a module holding those shards would be (a DTensor itself cannot be viewed as words)."""
+    from tests.helpers import run_distributed
+
+    run_distributed(_checksum_of_shards, 2)
