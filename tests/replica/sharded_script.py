@@ -3,7 +3,7 @@ tests/replica/test_replica_sharded_e2e.py.
 
 ``--model fsdp2``: a float64 MLP whose ``configure_model`` calls ``fully_shard`` on the ``"data_parallel"`` mesh of the
 group (2 data-parallel ranks, each holding half of every parameter). ``--model tp``: Lightning's
-``examples/pytorch/tensor_parallel`` Llama model and its ``parallelize`` function (tests/replica/tp_example/) at tiny
+``examples/pytorch/tensor_parallel`` Llama model and its ``parallelize`` function (tests/e2e/tensor_parallel_example/) at tiny
 dimensions, ``tensor_parallel_size=2`` (one data-parallel rank; the two ranks hold different shards and read the same
 batches), in float64 with ``loss_parallel`` as in the example.
 
@@ -50,7 +50,9 @@ from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-sys.path.insert(0, str(Path(__file__).with_name("tp_example")))  # the example imports its model as `model`
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1] / "e2e" / "tensor_parallel_example")
+)  # the example imports `model`
 
 from lightning_ft import ElasticFT3D, ElasticPolicy, ReplicaGroups  # noqa: E402
 

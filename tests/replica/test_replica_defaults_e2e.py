@@ -211,11 +211,12 @@ def test_with_every_default_a_killed_writer_costs_a_second_one_line_and_no_lefto
 
 
 def _tensorboard(folder: Path) -> dict[str, list[tuple[float, float]]]:
-    """Every scalar under ``folder`` (all logger versions) as ``tag -> [(wall time, value)]``."""
+    """Every scalar under ``folder`` (all logger versions, each replica group's ``group_<id>`` folder in them) as
+    ``tag -> [(wall time, value)]``."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out: dict[str, list[tuple[float, float]]] = {}
-    for version in sorted(p for p in folder.iterdir() if p.is_dir()):
+    for version in sorted({p.parent for p in folder.rglob("events.out.tfevents.*")}):
         accumulator = EventAccumulator(str(version))
         accumulator.Reload()
         for tag in accumulator.Tags().get("scalars", []):

@@ -1,5 +1,5 @@
 # Lightning 2.6.5, examples/pytorch/tensor_parallel/model.py, as Lightning ships it (Apache-2.0); only ruff's fixes applied
-# (typing syntax, import order). tests/e2e/tensor_parallel_script.py runs it under ElasticFT3D.
+# (typing syntax, import order). tests/e2e/tensor_parallel_script.py runs it under ElasticFT3D; tests/replica/sharded_script.py as replica groups.
 # Copyright (c) Meta Platforms, Inc. and affiliates.
 # All rights reserved.
 #
