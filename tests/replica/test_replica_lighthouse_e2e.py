@@ -6,8 +6,9 @@ SIGKILLed under replica groups that train, as a node loss or an OOM kill would e
   was down: no group exits or restarts, every group records the outage, and the run
   trains what it trains without the outage: every group bitwise equal to the others at every committed step, each
   step's samples those of the same step of one process with the global batch, and the final weights within
-  :data:`~tests.replica.test_replica_scenario_e2e.FINAL_WEIGHTS_TOLERANCE` of it. After ~1 s (default tier; the
-  downtime also holds the new process's start, ~3-12 s on this machine) and after ~60 s (extended).
+  :data:`~tests.replica.test_replica_scenario_e2e.FINAL_WEIGHTS_TOLERANCE` of it. After ~1 s (the
+  downtime also holds the new process's start) and after ~60 s, both extended: the default tier's scenario
+  (tests/replica/test_replica_scenario_e2e.py) restarts the lighthouse after 1 s and after 3 s.
 - Kept down past ``ReplicaGroups(lighthouse_wait=...)``: the writing group commits ``preempt-step=<N>``, every group
   stops with one line naming the lighthouse and the time waited, its worker exiting with 75; relaunched with the
   lighthouse back, the groups resume from that checkpoint and end bitwise equal to the run without the outage.
@@ -232,6 +233,7 @@ def _restart_run(tmp: Path, reference: Path, outage_s: float) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # the default tier's scenario (test_replica_scenario_e2e.py) restarts the lighthouse after 1 s
 @pytest.mark.timeout(1200)
 def test_a_lighthouse_restarted_at_its_address_costs_the_groups_only_its_downtime(
     tmp_path: Path, reference: Path

@@ -1,28 +1,34 @@
-"""Issue 31's scenario in one run: three replica groups under torchrun, a plain float64 LightningModule, and three
-failures in turn, each replaced later by a new group that heals from a live one:
+"""The held-out scenario in one run: three replica groups under torchrun, a plain float64
+LightningModule, and five faults in turn, one at a time, each group failure replaced later by a new group that heals
+from a live one:
 
 1. group 2 is a straggler (its steps sleep) and ``StragglerMonitor(action="evict")`` evicts it while three groups are
    live; its replacement (id 3) starts on another node name (the evicted node's health record refuses it);
-2. group 1's worker is SIGKILLed mid-step, then its torchrun agent (a lost node); its replacement takes id 1;
-3. group 3 (the first replacement) hangs inside a step past ``timeout`` (its heartbeats go on) and is SIGKILLed
-   later, as a supervisor would; its replacement takes id 3.
+2. the lighthouse (``lightning-ft lighthouse`` in its own process) is SIGKILLed and started again at its address 1 s
+   later;
+3. group 1's worker is SIGKILLed mid-step, then its torchrun agent (a lost node); its replacement takes id 1;
+4. group 3 (the first replacement) hangs inside a step past ``timeout`` (its heartbeats go on) and is SIGKILLed
+   later, as a supervisor would; its replacement takes id 3;
+5. the lighthouse is SIGKILLed again and started again after 3 s (default tier) or 60 s (extended).
 
-Group 0 lives through all three. The run: tests/replica/scenario_script.py (``min_replicas=2``,
+Group 0 lives through all five. The run: tests/replica/scenario_script.py (``min_replicas=2``,
 ``accumulate_grad_batches=2``, ``timeout=3 s``, epochs of 2400 samples, batches of 4, at most 16 epochs). A validation
 set every group shares is validated at each epoch's end; ``ReduceLROnPlateau(monitor="val_loss")`` (beside a
 ``StepLR``) and ``EarlyStopping(monitor="val_loss")`` decide from it, and the fit stops early (:data:`VALIDATION`).
 While ``<tmp>/hold`` exists every micro-batch sleeps 0.1 s (the groups overlap in time, the SIGKILL lands mid-step, and
-the fit outlasts the scenario); the hold is lifted once the last replacement commits and the fit ends at full speed.
+the fit outlasts the scenario); the hold is lifted after the second outage and the fit ends at full speed.
 
 Checked from the event logs and the per-step records: no group restarted (one pid each, one attempt; no worker left);
-each failure cost each group live at the time one ``replica_lost`` with its stall (printed with ``-s``; only generous
+each group failure cost each group live at the time one ``replica_lost`` with its stall, each lighthouse outage
+each live group one ``lighthouse_outage`` with its downtime (printed with ``-s``; only generous
 sanity bounds are asserted: the machine is loaded); each replacement healed at its first step, and every group is
 bitwise every other at every committed step they share (weights, Adam state, LR schedulers, RNG, loop counters); every
 committed step is one optimizer and one scheduler step; every sample of each epoch is trained once in the committed
 history, except exactly the repeats the epoch's last ``replica_data`` event names; every validation gives every group
 the same ``val_loss``, bitwise; every group ends at the same ``global_step``, before ``max_epochs``, with the same
-weights and learning rate. A live group that misses one quorum (the lighthouse's join timeout counted
-from a waiting replacement: docs/replica-groups.md, "Tested") is allowed, must come back at once, and is printed.
+weights and learning rate, after every fault. A live group that misses one quorum (the lighthouse's join timeout
+counted from a waiting replacement: docs/replica-groups.md, "Tested"; or the restarted lighthouse's first quorum
+formed before its probe reached it) is allowed, must come back at once, and is printed.
 
 Under ``ElasticPolicy(batch="keep_global")`` (the default here, :data:`POLICY`) every committed step trains the global
 batch of the full membership, so the run is compared with the run without failures (one process, accumulation 6, the
@@ -233,10 +239,13 @@ def test_groups_stay_one_model_through_an_eviction_a_sigkill_a_hang_and_two_ligh
         ends = [e for e in events[name] if e["event"] == "attempt_end"]
         assert [e["reason"] for e in ends] == ["finished"], (name, ends)
 
-    # Each lighthouse outage cost the groups live at the time its downtime and nothing else: each records it once
-    # (how long the lighthouse did not answer), and none is lost, heals or discards a step until the next fault (a
-    # restarted lighthouse knows no group; the groups' probes heartbeat it before its first quorum).
-    outage_stalls = []
+    # Each lighthouse outage cost the groups live at the time its downtime: each records it once (how long the
+    # lighthouse did not answer), none restarts (checked above). A restarted lighthouse knows no group; the groups'
+    # probes heartbeat it while they wait, but a group whose probe reaches it after the others' quorum requests misses
+    # its first quorum: it heals at the next step, without a restart, and the others see it lost and joined again
+    # (allowed, printed as missed; the bitwise and sample checks below cover it).
+    outage_stalls, missed = [], []
+    ids = {"g0": "0", "g1": "1", "g3": "3", "g1b": "1", "g3b": "3"}
     for number, o in enumerate(outages, start=1):
         window = [o["killed"], o["until"]]
         for name in o["names"]:
@@ -244,13 +253,16 @@ def test_groups_stay_one_model_through_an_eviction_a_sigkill_a_hang_and_two_ligh
             recorded = [e for e in seen if e["event"] == "lighthouse_outage"]
             assert len(recorded) == 1, (number, name, recorded)
             assert 0 < recorded[0]["down_s"] <= o["up"] - o["killed"] + 2, (number, name, recorded, o)
-            others = [
-                (e["event"], e["step"])
-                for e in seen
-                if e["event"] in ("replica_lost", "healed")
-                or (e["event"] == "replica_data" and e["reason"] == "discarded")
-            ]
-            assert not others, (number, name, others)
+            heals = [e["step"] for e in seen if e["event"] == "healed"]
+            assert len(heals) <= 1, (number, name, heals)
+            missed += [(number, name, step) for step in heals]
+        back = {ids[name] for number_, name, _ in missed if number_ == number}
+        for name in o["names"]:
+            seen = [e for e in events[name] if window[0] <= e["time"] <= window[1]]
+            lost = [e["replica_id"] for e in seen if e["event"] == "replica_lost"]
+            assert set(lost) <= back, (number, name, lost, back)
+        for name in o["names"]:
+            recorded = [e for e in events[name] if e["event"] == "lighthouse_outage" and window[0] <= e["time"]]
             before = max(r["time"] for r in runs[name] if r["time"] < o["killed"])
             after = min(r["time"] for r in runs[name] if r["time"] > o["up"])
             outage_stalls.append(
@@ -349,7 +361,8 @@ def test_groups_stay_one_model_through_an_eviction_a_sigkill_a_hang_and_two_ligh
     ]
     print(
         f"\nreplica scenario ({POLICY}): stall per failure {stalls} s; discarded steps {discarded}; lighthouse"
-        f" outages (number, group, down s, gap between commits s, stall_s) {outage_stalls}; heals (group, step,"
+        f" outages (number, group, down s, gap between commits s, stall_s) {outage_stalls}; a group missing the"
+        f" restarted lighthouse's first quorum (outage, group, step healed) {missed}; heals (group, step,"
         f" source, bytes, s) {[h for h in heals if h[1] >= full]}; replacements (heal s, heal to first commit s)"
         f" {first_commit}; a live group missing one quorum {churn}; faults at steps {evicted_step} (eviction),"
         f" {outages[0]['step']} (outage 1), {killed_step} (SIGKILL), {hung_step} (hang), {outages[1]['step']}"
