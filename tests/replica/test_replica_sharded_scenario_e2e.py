@@ -56,6 +56,12 @@ OUTAGE_S = 1.0
 LIGHTHOUSE = ("--join-timeout-s", "3")
 """A join timeout of 3 s: on a loaded machine a group a little late for a quorum still makes it."""
 RANKS = (0, 1)
+HANG_S = 8.0
+"""How long the hung group hangs before a supervisor SIGKILLs it. Past the groups' ``timeout`` (3 s), within the
+quorum timeout (36 s). With two groups the survivor cannot go on before the kill: torchft's lighthouse forms a quorum
+only from more than half of the groups that heartbeat (against a split brain), and a hung group's heartbeats go on;
+the survivor waits, and stops with "no quorum ... formed" after the quorum timeout if nothing kills the hung group.
+With three or more groups the others go on after ``timeout`` (tests/replica/test_replica_scenario_e2e.py)."""
 
 
 def _validations(tmp: Path, name: str) -> dict[int, float]:
@@ -132,13 +138,17 @@ def _run(tmp: Path, model: str, *, faults: bool) -> dict[str, Any]:
         launch("g1b")
         healed_and_committed("g1b")
 
-        # 3. The relaunched group hangs inside a step on both ranks; a supervisor SIGKILLs it later, and relaunches it.
+        # 3. The relaunched group hangs inside a step on both ranks; a supervisor SIGKILLs it HANG_S later, and
+        # relaunches it. Group 0 waits for the kill: with two groups the lighthouse forms no quorum while the hung one
+        # heartbeats (see HANG_S).
         workers = [records(tmp, "g1b", r)[-1]["pid"] for r in RANKS]
         (tmp / "g1b" / "hang").touch()
         found["faults"]["hang"] = step("g0")
         hung = live.pop("g1b")
-        went_on("g0", found["faults"]["hang"])
+        time.sleep(HANG_S)
+        found["hang_killed"] = time.time()
         _kill_group(hung, workers)
+        went_on("g0", found["faults"]["hang"])
         launch("g1c")
         healed_and_committed("g1c")
         found["released"] = step("g0")
@@ -154,6 +164,13 @@ def _run(tmp: Path, model: str, *, faults: bool) -> dict[str, Any]:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        for name in procs:  # workers whose agent was killed first
+            for rank in RANKS:
+                for pid in {x["pid"] for x in records(tmp, name, rank)}:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
         house.stop()
     found["runs"] = {n: {r: records(tmp, n, r) for r in RANKS} for n in ("g0", "g1", "g1b", "g1c")}
     return found
@@ -180,15 +197,18 @@ def test_sharded_groups_stay_one_model_through_a_lighthouse_outage_a_lost_group_
     per_epoch = SAMPLES // (2 * len(data_ranks(model)) * BATCH)
     assert ref_done["global_step"] % per_epoch == 0 and ref_done["global_step"] < 30 * per_epoch, ref_done
 
-    # Group 0 never restarted; every group counts its committed steps one by one, one optimizer step each.
+    # Group 0 never restarted; every group counts its committed steps one by one, one optimizer step each, except
+    # across a heal (a group that missed a quorum heals at the next step without a restart).
+    events = {name: read_events(fault / name) for name in names}
     for name, by_rank in runs.items():
+        healed_at = {e["step"] for e in events[name] if e["event"] == "healed"}
         for rank, rs in by_rank.items():
             steps = [r["step"] for r in rs]
-            assert steps == list(range(steps[0], steps[0] + len(steps))), (name, rank, steps)
+            gaps = [(a, b) for a, b in zip(steps, steps[1:], strict=False) if b != a + 1]
+            assert all(a < b and b - 1 in healed_at for a, b in gaps), (name, rank, steps, healed_at)
             assert all(r["adam_steps"] == r["step"] for r in rs), (name, rank)
     assert all(len({r["pid"] for r in runs["g0"][rank]}) == 1 for rank in RANKS), "group 0 restarted"
-    events = {name: read_events(fault / name) for name in names}
-    assert [e["reason"] for e in events["g0"] if e["event"] == "attempt_end"] == ["finished"]
+    assert [e["reason"] for e in events["g0"] if e["event"] == "attempt_end"] == ["finished"] * len(RANKS)
 
     # Every group is every other, bitwise, at every shared committed step (rank r's shards against rank r's), and at
     # the end; each relaunched group healed once, from group 0, at its first step.
@@ -216,15 +236,24 @@ def test_sharded_groups_stay_one_model_through_a_lighthouse_outage_a_lost_group_
         for s, loss in values.items():
             assert all(other.get(s, loss) == loss for other in validations.values()), (name, s)
 
-    # The lighthouse outage cost each group its downtime and nothing else: one lighthouse_outage each, no group lost.
+    # The lighthouse outage cost each group its downtime: at most one lighthouse_outage each (a group whose quorum
+    # requests fell between the kill and the restart records none). A restarted lighthouse knows no group, and with
+    # min_replicas=1 the first group to ask makes its first quorum alone: the other misses that quorum and heals at
+    # the next step, without a restart (allowed, printed; the bitwise and sample checks cover it). Nothing else.
     outage = scenario["outages"][0]
-    outage_stalls = []
+    outage_stalls, missed = [], []
     for name in ("g0", "g1"):
         seen = [e for e in events[name] if outage["killed"] <= e["time"] <= scenario["until"]]
-        recorded = [e for e in seen if e["event"] == "lighthouse_outage"]
-        assert len(recorded) == 1, (name, recorded)
-        assert not [e for e in seen if e["event"] in ("replica_lost", "healed")], (name, seen)
-        outage_stalls.append((name, round(outage["up"] - outage["killed"], 2), round(recorded[0]["stall_s"], 2)))
+        recorded = [round(e["stall_s"], 2) for e in seen if e["event"] == "lighthouse_outage"]
+        assert len(recorded) <= 1, (name, recorded)
+        healed_at = [e["step"] for e in seen if e["event"] == "healed"]
+        assert len(healed_at) <= 1, (name, healed_at)
+        missed += [(name, step) for step in healed_at]
+        outage_stalls.append((name, round(outage["up"] - outage["killed"], 2), recorded))
+    for name in ("g0", "g1"):
+        seen = [e for e in events[name] if outage["killed"] <= e["time"] <= scenario["until"]]
+        lost = {e["replica_id"] for e in seen if e["event"] == "replica_lost"}
+        assert lost <= {"0" if n == "g0" else "1" for n, _ in missed}, (name, lost, missed)
 
     # Against the run without a failure: each committed step trained that run's samples (each once; the steps a group
     # died in may be committed without its record), the same validations within RTOL, the same decisions, and the
@@ -262,10 +291,15 @@ def test_sharded_groups_stay_one_model_through_a_lighthouse_outage_a_lost_group_
             worst = max(worst, float(((got[key] - value).abs() / value.abs().clamp_min(1e-3)).max()))
 
     lost = [(e["step"], round(e["stall_s"], 2)) for e in events["g0"] if e["event"] == "replica_lost"]
+    before_hang = max(r["time"] for r in runs["g0"][0] if r["time"] < scenario["hang_killed"])
+    after_kill = min(r["time"] for r in runs["g0"][0] if r["time"] > scenario["hang_killed"])
+    hang_stall = (round(after_kill - before_hang, 2), round(after_kill - scenario["hang_killed"], 2))
     lrs = sorted({r["lr"] for r in runs["g0"][0]}, reverse=True)
     print(
-        f"\nsharded scenario ({model}): outage (group, down s, stall_s) {outage_stalls}; faults at steps"
-        f" {scenario['faults']}; group 0's replica_lost (step, stall_s) {lost}; heals (step, bytes, s) {heals};"
+        f"\nsharded scenario ({model}): outage (group, down s, stall_s) {outage_stalls}; a group missing the"
+        f" restarted lighthouse's first quorum (group, step healed) {missed}; faults at steps"
+        f" {scenario['faults']}; group 0's replica_lost (step, stall_s) {lost}; hang: group 0's gap between commits"
+        f" and the kill to its next commit {hang_stall} s (hung {HANG_S} s); heals (step, bytes, s) {heals};"
         f" validations {sorted(ref_validations)}; stopped at {end} of {30 * per_epoch}, lr {lrs[0]:.3g} ->"
         f" {done['g0']['lr']:.3g}; largest relative difference to the run without a failure {worst:.1e}; fault run"
         f" {fault_s:.0f} s, reference {reference_s:.0f} s"
