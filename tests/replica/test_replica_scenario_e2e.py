@@ -105,6 +105,15 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def _kill_if_running(pid: int, out: str) -> None:
+    """SIGKILL ``pid`` if it is still the worker whose command line names ``out``."""
+    try:
+        if out in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0"):
+            os.kill(pid, signal.SIGKILL)
+    except (OSError, ProcessLookupError):
+        pass
+
+
 def _last_step(tmp: Path, name: str) -> int:
     records = _records(tmp, name)
     return records[-1]["step"] if records else 0
@@ -205,6 +214,9 @@ def test_groups_stay_one_model_through_an_eviction_a_sigkill_a_hang_and_two_ligh
         for pid in workers.values():
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        for name in everything:  # a worker whose agent was killed above while it still ran (a failed test)
+            for pid in {r["pid"] for r in _records(tmp_path, name)}:
+                _kill_if_running(pid, str(tmp_path / name))
         house.stop()
 
     names = ("g0", "g1", "g2", "g3", "g1b", "g3b")

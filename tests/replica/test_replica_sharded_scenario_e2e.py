@@ -41,6 +41,7 @@ import pytest
 
 from lightning_ft.events import read_events
 from tests.replica._lighthouse import Lighthouse
+from tests.replica.test_replica_scenario_e2e import _kill_if_running
 from tests.replica.test_replica_sharded_e2e import BATCH, data_ranks, log_tail, records, start_group, wait_for
 
 pytest.importorskip("torchft")
@@ -167,10 +168,7 @@ def _run(tmp: Path, model: str, *, faults: bool) -> dict[str, Any]:
         for name in procs:  # workers whose agent was killed first
             for rank in RANKS:
                 for pid in {x["pid"] for x in records(tmp, name, rank)}:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                    _kill_if_running(pid, str(tmp / name))
         house.stop()
     found["runs"] = {n: {r: records(tmp, n, r) for r in RANKS} for n in ("g0", "g1", "g1b", "g1c")}
     return found
