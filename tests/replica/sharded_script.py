@@ -11,8 +11,17 @@ After every committed step, every rank appends one JSON line to ``<out>/steps-ra
 pid, a fingerprint of its own shards of each part of the state a heal must copy (weights, optimizer, LR scheduler,
 torch/numpy/Python RNG, the loop counters), the accumulation in force and the sample ids of every micro-batch of the
 step. While ``<out>/../hold`` exists each training step sleeps the seconds it holds (empty: ``--step-sleep``), so that
-the test can kill and replace a group mid-run; ``--start-gate`` holds the first step until the test has seen every
-group start. At the end each rank saves its local shards to ``<out>/final<r>.pt``.
+the test can kill and replace a group mid-run; while ``<out>/hang`` exists the training step does not return (a hung
+group: every rank stops, torchft's heartbeats go on); ``--start-gate`` holds the first step until the test has seen
+every group start. At the end each rank saves its local shards to ``<out>/final<r>.pt``.
+
+The decisions of tests/replica/test_replica_sharded_scenario_e2e.py: ``--learnable`` gives the model something to learn
+(FSDP2: targets ``sin(x[:, :4])`` plus noise; tensor parallel: each next token is the previous one plus 1 with
+probability 1/2) and a slower ``StepLR`` (every 50 steps by 0.95); ``--samples`` the epoch's length; ``--val-samples N``
+a validation set every group shares, validated at each epoch's end (global rank 0 appends ``{step, val_loss}`` to
+``<out>/val.jsonl``); ``--plateau`` a ``ReduceLROnPlateau(monitor="val_loss")`` beside the ``StepLR`` (its state in
+each record as ``plateau``); ``--early-stop D`` an ``EarlyStopping(monitor="val_loss", min_delta=D, patience=1)``;
+``--max-epochs`` bounds the fit by epochs instead of ``--max-steps``.
 
 ``--accelerator cuda --process-group nccl`` runs it on GPUs, the groups joined over NCCL
 (tests/replica/test_replica_sharded_gpu.py). ``--strategy elastic`` runs one ``ElasticFT3D`` job without replica groups (the same model, sharding and sample
@@ -36,7 +45,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
@@ -62,11 +71,17 @@ parser.add_argument("--pause-at", type=int, default=0)
 parser.add_argument("--accelerator", default="cpu")
 parser.add_argument("--process-group", default="gloo", help="ReplicaGroups(process_group=...)")
 parser.add_argument("--start-gate", default=None, help="at on_train_start: write <out>/ready<r>, wait for this file")
+parser.add_argument("--samples", type=int, default=4096, help="training samples (an epoch)")
+parser.add_argument("--max-epochs", type=int, default=0, help="bound the fit by epochs (0: by --max-steps)")
+parser.add_argument("--learnable", action="store_true", help="targets a model can learn, a slower StepLR")
+parser.add_argument("--val-samples", type=int, default=0, help="a validation set every group shares (0: none)")
+parser.add_argument("--plateau", action="store_true", help="ReduceLROnPlateau(monitor='val_loss'), stepped each epoch")
+parser.add_argument("--early-stop", type=float, default=None, help="EarlyStopping(monitor='val_loss', min_delta=...)")
 args = parser.parse_args()
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
 hold = out.parent / "hold"
-SAMPLES = 4096
+SAMPLES = args.samples
 BATCH = 4
 
 
@@ -101,14 +116,20 @@ def digest(obj) -> str:
 
 
 class Tokens(Dataset):
-    """The example's ``RandomTokenDataset`` (seeded, the same on every rank), with each sample's id."""
+    """The example's ``RandomTokenDataset`` (seeded, the same on every rank), with each sample's id; ``--learnable``:
+    each next token is the previous one plus 1 (modulo the vocabulary) with probability 1/2."""
 
-    def __init__(self, vocab_size: int, seq_length: int) -> None:
-        g = torch.Generator().manual_seed(42)
-        self.tokens = torch.randint(vocab_size, size=(SAMPLES, seq_length + 1), generator=g)
+    def __init__(self, vocab_size: int, seq_length: int, samples: int = SAMPLES, seed: int = 42) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.tokens = torch.randint(vocab_size, size=(samples, seq_length + 1), generator=g)
+        if args.learnable:
+            follow = torch.rand(samples, seq_length + 1, generator=g) < 0.5
+            for i in range(1, seq_length + 1):
+                successor = (self.tokens[:, i - 1] + 1) % vocab_size
+                self.tokens[:, i] = torch.where(follow[:, i], successor, self.tokens[:, i])
 
     def __len__(self) -> int:
-        return SAMPLES
+        return len(self.tokens)
 
     def __getitem__(self, item: int):
         return self.tokens[item], item
@@ -120,11 +141,21 @@ class Sleepy(L.LightningModule):
             time.sleep(float(hold.read_text() or args.step_sleep))
         except FileNotFoundError:
             pass
+        while (out / "hang").exists():  # a hung group: the training thread stops, torchft's heartbeat thread goes on
+            time.sleep(0.1)
 
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(self.parameters(), lr=3e-3, weight_decay=0.01, foreach=True)
-        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.9)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        step_size, gamma = (50, 0.95) if args.learnable else (7, 0.9)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=step_size, gamma=gamma)
+        schedulers = [{"scheduler": scheduler, "interval": "step"}]
+        if args.plateau:  # Lightning steps it at each epoch's end, after the validation, with its val_loss
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0, threshold=0.02)
+            schedulers.append({"scheduler": plateau, "monitor": "val_loss"})
+        return [optimizer], schedulers
+
+    def val_dataloader(self):
+        return DataLoader(self.dataset(args.val_samples, seed=99), batch_size=BATCH)
 
 
 class FSDP2Model(Sleepy):
@@ -145,10 +176,20 @@ class FSDP2Model(Sleepy):
         x, y, _ = batch
         return F.mse_loss(self.net(x), y)
 
+    def validation_step(self, batch, batch_idx):
+        x, y, _ = batch
+        self.log("val_loss", F.mse_loss(self.net(x), y), sync_dist=True)
+
+    @staticmethod
+    def dataset(samples: int, seed: int) -> TensorDataset:
+        g = torch.Generator().manual_seed(seed)
+        x, y = torch.randn(samples, 16, generator=g), torch.randn(samples, 4, generator=g)
+        if args.learnable:
+            y = torch.sin(x[:, :4]) + 0.1 * y
+        return TensorDataset(x.double(), y.double(), torch.arange(samples))
+
     def train_dataloader(self):
-        g = torch.Generator().manual_seed(1234)
-        x, y = torch.randn(SAMPLES, 16, generator=g), torch.randn(SAMPLES, 4, generator=g)
-        return DataLoader(TensorDataset(x.double(), y.double(), torch.arange(SAMPLES)), batch_size=BATCH, shuffle=True)
+        return DataLoader(self.dataset(SAMPLES, seed=1234), batch_size=BATCH, shuffle=True)
 
 
 class Llama3(Sleepy):
@@ -167,14 +208,20 @@ class Llama3(Sleepy):
         parallelize(self.model, device_mesh=self.device_mesh)
 
     def training_step(self, batch, batch_idx):
+        self.hold()
+        return self.loss(batch)
+
+    def loss(self, batch):
         from torch.distributed.tensor.parallel import loss_parallel
 
-        self.hold()
         tokens, _ = batch
         inputs, labels = tokens[:, :-1], tokens[:, 1:]
         output = self.model(inputs)
         with loss_parallel():
             return F.cross_entropy(output.reshape(-1, output.size(-1)), labels.reshape(-1))
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", local(self.loss(batch)), sync_dist=True)  # a replicated DTensor under loss_parallel
 
     def backward(self, *args, **kwargs):
         from torch.distributed.tensor.parallel import loss_parallel
@@ -184,6 +231,9 @@ class Llama3(Sleepy):
 
     def train_dataloader(self):
         return DataLoader(Tokens(self.model_args.vocab_size, seq_length=8), batch_size=BATCH, shuffle=True)
+
+    def val_dataloader(self):
+        return DataLoader(Tokens(self.model_args.vocab_size, 8, samples=args.val_samples, seed=99), batch_size=BATCH)
 
 
 class Record(Callback):
@@ -216,6 +266,7 @@ class Record(Callback):
             "weights": digest(pl_module.state_dict()),
             "optimizer": digest(optimizer.state_dict()),
             "scheduler": digest(trainer.lr_scheduler_configs[0].scheduler.state_dict()),
+            "plateau": digest([c.scheduler.state_dict() for c in trainer.lr_scheduler_configs[1:]]),
             "lr": optimizer.param_groups[0]["lr"],
             "adam_steps": int(opt_state["step"]),
             "rng": digest([torch.get_rng_state(), np.random.get_state()[1], random.getstate()]),
@@ -224,6 +275,13 @@ class Record(Callback):
             "step_samples": self.closed,
         }
         with open(out / f"steps-rank{trainer.global_rank}.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.global_rank != 0 or trainer.sanity_checking:
+            return
+        record = {"step": trainer.global_step, "val_loss": float(trainer.callback_metrics["val_loss"]).hex()}
+        with open(out / "val.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
 
 
@@ -276,14 +334,18 @@ if args.pause_at:
     callbacks.append(PauseAt(args.pause_at))
 if args.ckpt_dir:
     callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, every_n_train_steps=args.every_n, save_top_k=-1))
+if args.early_stop is not None:
+    callbacks.append(EarlyStopping(monitor="val_loss", min_delta=args.early_stop, patience=1))
 trainer = L.Trainer(
     accelerator=args.accelerator,
     devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
     strategy=strategy,
-    max_steps=args.max_steps,
+    max_steps=-1 if args.max_epochs else args.max_steps,
+    max_epochs=args.max_epochs or None,
     accumulate_grad_batches=args.accumulate,
     precision="64-true",
-    limit_val_batches=0,
+    limit_val_batches=None if args.val_samples else 0,
+    num_sanity_val_steps=0,
     enable_checkpointing=bool(args.ckpt_dir),
     logger=False,
     enable_progress_bar=False,
@@ -295,4 +357,5 @@ trainer.fit(FSDP2Model() if args.model == "fsdp2" else Llama3())
 shards = {k: local(v).detach().cpu().clone() for k, v in trainer.lightning_module.state_dict().items()}
 torch.save(shards, out / f"final{trainer.global_rank}.pt")
 if trainer.global_rank == 0:
-    (out / "done.json").write_text(json.dumps({"global_step": trainer.global_step, "pid": os.getpid()}))
+    lr = trainer.optimizers[0].param_groups[0]["lr"]
+    (out / "done.json").write_text(json.dumps({"global_step": trainer.global_step, "pid": os.getpid(), "lr": lr}))

@@ -6,8 +6,9 @@ SIGKILLed under replica groups that train, as a node loss or an OOM kill would e
   was down: no group exits or restarts, every group records the outage, and the run
   trains what it trains without the outage: every group bitwise equal to the others at every committed step, each
   step's samples those of the same step of one process with the global batch, and the final weights within
-  :data:`~tests.replica.test_replica_scenario_e2e.FINAL_WEIGHTS_TOLERANCE` of it. After ~1 s (default tier; the
-  downtime also holds the new process's start, ~3-12 s on this machine) and after ~60 s (extended).
+  :data:`~tests.replica.test_replica_scenario_e2e.FINAL_WEIGHTS_TOLERANCE` of it. After ~1 s (the
+  downtime also holds the new process's start) and after ~60 s, both extended: the default tier's scenario
+  (tests/replica/test_replica_scenario_e2e.py) restarts the lighthouse after 1 s and after 3 s.
 - Kept down past ``ReplicaGroups(lighthouse_wait=...)``: the writing group commits ``preempt-step=<N>``, every group
   stops with one line naming the lighthouse and the time waited, its worker exiting with 75; relaunched with the
   lighthouse back, the groups resume from that checkpoint and end bitwise equal to the run without the outage.
@@ -21,7 +22,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +33,7 @@ import pytest
 from lightning_ft.events import read_events
 from tests.e2e._torchrun import torchrun_popen
 from tests.helpers import REPO_ROOT, subprocess_env
+from tests.replica._lighthouse import Lighthouse, accepts
 from tests.replica.test_replica_groups_e2e import STATE, _log, _records, _wait
 from tests.replica.test_replica_scenario_e2e import FINAL_WEIGHTS_TOLERANCE
 
@@ -43,60 +44,6 @@ REPLICA = Path(__file__).with_name("replica_script.py")
 LOOP = Path(REPO_ROOT) / "examples" / "lighthouse" / "lighthouse_loop.sh"
 SAMPLES, BATCH, ACCUMULATE, GROUPS = 1200, 4, 2, 3  # 50 steps of 3 groups x 2 micro-batches of 4
 SCENARIO_STATE = ("weights", "optimizer", "scheduler", "lr", "rng", "loop")
-
-
-class Lighthouse:
-    """``lightning-ft lighthouse`` in its own process, on a port the OS chose at its first start; :meth:`kill` ends it
-    with SIGKILL, :meth:`start` starts it again at the same address."""
-
-    def __init__(self, tmp: Path, *, min_replicas: int) -> None:
-        self.tmp, self.min_replicas = tmp, min_replicas
-        self.port = 0
-        self.starts = 0
-        self.proc: subprocess.Popen | None = None
-        self.start()
-
-    @property
-    def address(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> float:
-        """Start it; return the time (Unix seconds) it accepts connections."""
-        log = open(self.tmp / f"lighthouse{self.starts}.log", "w")  # noqa: SIM115 - the child holds it
-        args = ["--bind", f"127.0.0.1:{self.port}", "--min-replicas", str(self.min_replicas)]
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lightning_ft.cli", "lighthouse", *args],
-            cwd=REPO_ROOT,
-            env=subprocess_env(),
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-        )
-        log.close()
-        self.starts += 1
-        line = self.proc.stdout.readline()  # TORCHFT_LIGHTHOUSE=http://127.0.0.1:<port>, once it listens
-        match = re.match(r"TORCHFT_LIGHTHOUSE=http://127\.0\.0\.1:(\d+)", line)
-        assert match, f"lighthouse did not start: {line!r}"
-        assert self.port in (0, int(match.group(1)))
-        self.port = int(match.group(1))
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return time.time()
-            except OSError:
-                time.sleep(0.05)
-
-    def kill(self) -> float:
-        """SIGKILL it; return the time."""
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait()
-        return time.time()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 class LoopedLighthouse:
@@ -130,14 +77,14 @@ class LoopedLighthouse:
         """SIGKILL the lighthouse (not the loop); return the time."""
         pid = self._lighthouse_pid()
         os.kill(pid, signal.SIGKILL)
-        while Path(f"/proc/{pid}").exists() and _accepts(self.port):
+        while Path(f"/proc/{pid}").exists() and accepts(self.port):
             time.sleep(0.01)
         return time.time()
 
     def wait_until_back(self, timeout_s: float = 300) -> float:
         """Block until the restarted lighthouse accepts connections; return the time."""
         deadline = time.monotonic() + timeout_s
-        while not _accepts(self.port):
+        while not accepts(self.port):
             assert time.monotonic() < deadline, "the loop did not restart the lighthouse"
             time.sleep(0.05)
         return time.time()
@@ -151,14 +98,6 @@ class LoopedLighthouse:
         except subprocess.TimeoutExpired:
             self.loop.kill()
             return self.loop.wait()
-
-
-def _accepts(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def _events(tmp: Path, name: str, event: str) -> list[dict[str, Any]]:
@@ -294,6 +233,7 @@ def _restart_run(tmp: Path, reference: Path, outage_s: float) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # the default tier's scenario (test_replica_scenario_e2e.py) restarts the lighthouse after 1 s
 @pytest.mark.timeout(1200)
 def test_a_lighthouse_restarted_at_its_address_costs_the_groups_only_its_downtime(
     tmp_path: Path, reference: Path
