@@ -373,23 +373,27 @@ def test_a_group_that_does_not_validate_where_another_does_takes_part_in_its_sec
     assert [(f["step"], f["decided_by"]) for e, f in drive.events if e == "replica_stop"] == [(3, ["0"])]
 
 
-def test_a_group_named_at_both_exchanges_of_a_step_is_named_once() -> None:
-    """This group differs from the reference from step 4, a step that validates: the first exchange names it and sets
-    it back; the second sees the same difference and names nothing more."""
+@pytest.mark.parametrize("me", ["0", "1"])
+def test_a_group_named_at_both_exchanges_of_a_step_is_named_once(me: str) -> None:
+    """Group "1" differs from group "0" (the reference) from step 4, a step that validates: the first exchange names
+    it (and sets it back, on group "1"); the second sees the same difference and names nothing more."""
 
     def other(row: list[float], trainer: L.Trainer) -> list[float]:
         if row[1] >= 4:
-            row[9] += 1.0  # the reference's parameter checksum
+            row[9] += 1.0  # the other group's parameter checksum
         return row
 
-    drive = Drive(other)
+    drive = Drive(other, replica_id=me)
     trainer = _trainer(max_steps=4, limit_val_batches=None, val_check_interval=4, callbacks=[drive])
-    with pytest.raises(RuntimeError, match="fit ended before it could heal"):
+    if me == "1":
+        with pytest.raises(RuntimeError, match="fit ended before it could heal"):
+            trainer.fit(Model())
+    else:
         trainer.fit(Model())
     assert drive.validated_at == [4]
-    diverged = [(f["step"], f["fields"]) for e, f in drive.events if e == "replica_diverged"]
-    assert diverged == [(4, ["parameters"])]
-    assert drive.manager.loaded == [{"step": 3, "batches_committed": 0}]
+    diverged = [(f["step"], f["replica_id"], f["fields"]) for e, f in drive.events if e == "replica_diverged"]
+    assert diverged == [(4, "1", ["parameters"])]
+    assert drive.manager.loaded == ([{"step": 3, "batches_committed": 0}] if me == "1" else [])
 
 
 def test_a_stop_raised_after_the_first_exchange_of_a_step_without_a_second_waits_for_the_next_exchange() -> None:
