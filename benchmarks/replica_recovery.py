@@ -161,13 +161,31 @@ def _progress_after(records: Sequence[dict[str, Any]], t: float) -> tuple[float,
     return (max(r["time"] for r in before), min(after)) if after else None
 
 
-def stalls(records: Sequence[dict[str, Any]], kills: Sequence[float], step_s: float) -> list[dict[str, Any]]:
+def _longest_gap(records: Sequence[dict[str, Any]], a: float, b: float) -> tuple[float, float] | None:
+    """``(start, end)`` of the longest wait between the commits of consecutive new steps that starts in ``[a, b]``."""
+    first: dict[int, float] = {}
+    for r in records:
+        first[r["step"]] = min(first.get(r["step"], r["time"]), r["time"])
+    times = sorted(first.values())
+    gaps = [(x, y) for x, y in zip(times, times[1:], strict=False) if a <= x <= b]
+    return max(gaps, key=lambda g: g[1] - g[0]) if gaps else None
+
+
+def stalls(
+    records: Sequence[dict[str, Any]], kills: Sequence[float], step_s: float, *, later: dict[float, float] | None = None
+) -> list[dict[str, Any]]:
     """The progress stalls around the kills: one per set of kills whose stalls overlap, ``{kills, start, end,
     stall_s}``; ``stall_s`` is the time from the last commit before the first kill to the first commit of a new step
-    after the set, less one fault-free step (the step a run without the failure would have spent)."""
+    after the set, less one fault-free step (the step a run without the failure would have spent). A kill in
+    ``later`` (its time: seconds) may stop progress only later, within that many seconds (a lighthouse restart
+    stalls the next quorum, after the steps in flight commit): its stall is the longest wait between new steps that
+    starts from the last commit before it to that many seconds after it."""
+    later = later or {}
     spans = []
     for k in sorted(kills):
         span = _progress_after(records, k)
+        if k in later and span is not None:
+            span = _longest_gap(records, span[0], k + later[k]) or span
         if span is not None:
             spans.append({"kills": [k], "start": span[0], "end": span[1]})
     merged: list[dict[str, Any]] = []
@@ -528,7 +546,9 @@ def _summarize(
     from lightning_ft.monitors.replica_goodput import replica_summary
 
     step_s = step_time(steps)
-    merged = stalls(steps, [k["time"] for k in kills], step_s)
+    # A lighthouse restart stalls the groups at their next quorum: within the time it is down and 10 s more.
+    later = {k["time"]: args.lighthouse_down_s + 10.0 for k in kills if k.get("kind") == "lighthouse"}
+    merged = stalls(steps, [k["time"] for k in kills], step_s, later=later)
     kind_at = {k["time"]: k.get("kind", "sigkill") for k in kills}
     outages, previous = [], t0
     for k, b in zip(kills, back, strict=True):

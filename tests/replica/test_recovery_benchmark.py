@@ -88,6 +88,16 @@ def test_with_the_mean_fault_free_step_a_run_without_a_failure_scores_one_and_a_
     assert mean_step_time(replica, stalls(replica, [kill], STEP)) == pytest.approx(STEP)  # the 2 s gap left out
 
 
+def test_a_lighthouse_restart_s_stall_is_found_after_the_steps_in_flight() -> None:
+    """The lighthouse dies at t = 10.1; the groups commit steps 21 and 22 (t = 10.5, 11.0), then wait 2.5 s at the
+    next quorum (step 23 at t = 13.5): a stall of 2.5 - 0.5 s, which the first commit after the kill does not show."""
+    times = [s * STEP for s in range(1, 23)] + [13.5 + (s - 23) * STEP for s in range(23, 40)]
+    records = [{"step": s, "time": t, "pid": 1, "samples": 8} for s, t in zip(range(1, 40), times, strict=True)]
+    assert stalls(records, [10.1], STEP)[0]["stall_s"] == pytest.approx(0.0)
+    (merged,) = stalls(records, [10.1], STEP, later={10.1: 12.0})
+    assert merged["stall_s"] == pytest.approx(2.0) and merged["start"] == pytest.approx(11.0)
+
+
 def test_overlapping_stalls_are_counted_once_and_split() -> None:
     records, kill = _restart_run()
     merged = stalls(records, [kill, 25.0], STEP)  # a second kill during the restart: one stall, two failures
