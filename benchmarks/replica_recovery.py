@@ -121,6 +121,23 @@ def step_time(records: Iterable[dict[str, Any]]) -> float:
     return statistics.median(gaps) if gaps else float("nan")
 
 
+def mean_step_time(records: Iterable[dict[str, Any]], spans: Sequence[dict[str, Any]]) -> float:
+    """The mean time between a process's consecutive committed steps, of the steps outside every stall span
+    (:func:`stalls`): the fault-free steps as they were, their jitter included. With it the effective training time
+    ratio of a run without a failure is 1; with the median step time it is the median over the mean, below 1 on a
+    machine whose step time jitters."""
+    by_pid: dict[int, list[dict[str, Any]]] = {}
+    for r in records:
+        by_pid.setdefault(r["pid"], []).append(r)
+    gaps = []
+    for rs in by_pid.values():
+        rs.sort(key=lambda r: r["time"])
+        for a, b in zip(rs, rs[1:], strict=False):
+            if b["step"] == a["step"] + 1 and not any(a["time"] < m["end"] and b["time"] > m["start"] for m in spans):
+                gaps.append(b["time"] - a["time"])
+    return statistics.mean(gaps) if gaps else float("nan")
+
+
 def step_at(records: Sequence[dict[str, Any]], t: float) -> int:
     """The committed step the run stood at, at time ``t``: that of the latest commit (a restart goes back to its
     checkpoint, so the latest commit is the run's position, not the highest one). 0 before the first."""
@@ -144,13 +161,31 @@ def _progress_after(records: Sequence[dict[str, Any]], t: float) -> tuple[float,
     return (max(r["time"] for r in before), min(after)) if after else None
 
 
-def stalls(records: Sequence[dict[str, Any]], kills: Sequence[float], step_s: float) -> list[dict[str, Any]]:
+def _longest_gap(records: Sequence[dict[str, Any]], a: float, b: float) -> tuple[float, float] | None:
+    """``(start, end)`` of the longest wait between the commits of consecutive new steps that starts in ``[a, b]``."""
+    first: dict[int, float] = {}
+    for r in records:
+        first[r["step"]] = min(first.get(r["step"], r["time"]), r["time"])
+    times = sorted(first.values())
+    gaps = [(x, y) for x, y in zip(times, times[1:], strict=False) if a <= x <= b]
+    return max(gaps, key=lambda g: g[1] - g[0]) if gaps else None
+
+
+def stalls(
+    records: Sequence[dict[str, Any]], kills: Sequence[float], step_s: float, *, later: dict[float, float] | None = None
+) -> list[dict[str, Any]]:
     """The progress stalls around the kills: one per set of kills whose stalls overlap, ``{kills, start, end,
     stall_s}``; ``stall_s`` is the time from the last commit before the first kill to the first commit of a new step
-    after the set, less one fault-free step (the step a run without the failure would have spent)."""
+    after the set, less one fault-free step (the step a run without the failure would have spent). A kill in
+    ``later`` (its time: seconds) may stop progress only later, within that many seconds (a lighthouse restart
+    stalls the next quorum, after the steps in flight commit): its stall is the longest wait between new steps that
+    starts from the last commit before it to that many seconds after it."""
+    later = later or {}
     spans = []
     for k in sorted(kills):
         span = _progress_after(records, k)
+        if k in later and span is not None:
+            span = _longest_gap(records, span[0], k + later[k]) or span
         if span is not None:
             spans.append({"kills": [k], "start": span[0], "end": span[1]})
     merged: list[dict[str, Any]] = []
@@ -511,7 +546,9 @@ def _summarize(
     from lightning_ft.monitors.replica_goodput import replica_summary
 
     step_s = step_time(steps)
-    merged = stalls(steps, [k["time"] for k in kills], step_s)
+    # A lighthouse restart stalls the groups at their next quorum: within the time it is down and 10 s more.
+    later = {k["time"]: args.lighthouse_down_s + 10.0 for k in kills if k.get("kind") == "lighthouse"}
+    merged = stalls(steps, [k["time"] for k in kills], step_s, later=later)
     kind_at = {k["time"]: k.get("kind", "sigkill") for k in kills}
     outages, previous = [], t0
     for k, b in zip(kills, back, strict=True):
@@ -529,6 +566,8 @@ def _summarize(
         "steps": step_at(steps, t1) - step_at(steps, t0),
         "samples": sum(r["samples"] for r in steps if r["time"] > t0),
         "ettr": ettr(steps, t0, t1, step_s),
+        "step_mean_s": mean_step_time(steps, merged),
+        "ettr_mean_step": ettr(steps, t0, t1, mean_step_time(steps, merged)),
         "stalls": merged,
         "stall_per_failure": stall_per_failure(merged),
         "stall_by_kind": stalls_by_kind(merged, kind_at),
@@ -541,6 +580,11 @@ def _summarize(
         result["event_stalls_by_kind"] = _event_stalls_by_kind(summary.get("lost", []), kills)
         result["discarded_steps"] = summary.get("discarded_steps", 0)
         result["heals"] = [(h["seconds"], h["bytes"]) for h in summary.get("heals", [])]
+        from lightning_ft.monitors.replica_job import find_group_runs, summarize_job
+
+        runs = find_group_runs(dirs[0].parent)
+        if runs:  # the job report's ETTR, from the first group's process start
+            result["report_ettr"] = summarize_job(runs)["ettr"]
     else:
         report = summarize(events)
         result["report_ettr"] = report["ettr"]
@@ -595,10 +639,17 @@ def table(results: Sequence[dict[str, Any]]) -> str:
     rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
         ("failures in the window", lambda r: _kinds(r["kills"])),
         ("window (s)", lambda r: f"{r['window_s']:.0f}"),
-        ("fault-free step time (s)", lambda r: f"{r['step_s']:.3f}"),
+        ("fault-free step time, median / mean (s)", lambda r: f"{r['step_s']:.3f} / {r.get('step_mean_s', 0):.3f}"),
         ("committed steps in the window", lambda r: str(r["steps"])),
-        ("effective training time ratio (steps x step time / window)", lambda r: f"{r['ettr']:.1%}"),
-        ("report's ETTR (`lightning-ft report`)", lambda r: f"{r['report_ettr']:.1%}" if "report_ettr" in r else "-"),
+        ("effective training time ratio (steps x median step time / window)", lambda r: f"{r['ettr']:.1%}"),
+        (
+            "  with the mean fault-free step time (1 without a failure)",
+            lambda r: f"{r['ettr_mean_step']:.1%}" if "ettr_mean_step" in r else "-",
+        ),
+        (
+            "report's ETTR (`lightning-ft report`; replica: the job's), from process start",
+            lambda r: f"{r['report_ettr']:.1%}" if "report_ettr" in r else "-",
+        ),
         ("stall per failure (s)", lambda r: _med(r["stall_per_failure"])),
         *[
             (f"  per {kind} (s)", lambda r, kind=kind: _med(r.get("stall_by_kind", {}).get(kind, [])))

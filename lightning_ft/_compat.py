@@ -90,6 +90,7 @@ __all__ = [
     "training_fetcher",
     "loop_decision_patches",
     "validation_by_wall_time",
+    "validation_due",
 ]
 
 # Lightning is imported where a name is used, never at module level: the checkpoint package imports this module, and
@@ -817,6 +818,22 @@ def loop_decision_patches(
         Patch(epoch_loop, "on_advance_end", on_batch_advance_end, name="replica decisions (batch)"),
         Patch(trainer.fit_loop, "on_advance_end", on_epoch_advance_end, name="replica decisions (epoch)"),
     ]
+
+
+def validation_due(trainer: Any, *, stopping: bool) -> bool | None:
+    """Whether the running batch's ``on_advance_end`` will validate, were ``trainer.should_stop`` ``stopping`` (it
+    validates when a fit is told to stop): ``_TrainingEpochLoop._should_check_val_fx(data_fetcher)`` and not
+    ``_skip_next_val`` (Lightning 2.6.x and 2.5.x), asked with ``should_stop`` set so and then restored. ``None`` when
+    this Lightning has no such check or it fails (the caller then assumes a validation)."""
+    loop = trainer.fit_loop.epoch_loop
+    saved = trainer.should_stop
+    try:
+        trainer.should_stop = stopping
+        return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher)) and not loop._skip_next_val
+    except Exception:  # noqa: BLE001 - another Lightning, or a loop not running: the caller assumes a validation
+        return None
+    finally:
+        trainer.should_stop = saved
 
 
 def validation_by_wall_time(trainer: Any) -> float | None:

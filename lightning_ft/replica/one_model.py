@@ -15,13 +15,17 @@ group on its own: validation, ``EarlyStopping``, ``ReduceLROnPlateau``, ``ModelC
   elastic policy, the validation schedule and the run length. A group that differs from the live groups (those at
   the newest step; among equals, the most groups, then the lowest replica id) is refused with a ``ValueError`` naming
   the field and both values; the others discard the step and go on without it.
-- **The decisions and the state are compared after every optimizer step.** Twice per step, after the batch's
-  ``on_train_batch_end`` hooks and again after its validation and plateau schedulers (and once more after the
-  epoch-end hooks), the groups exchange ``trainer.should_stop`` and, the second time, a fingerprint of the state:
-  the step, the learning rates, the LR schedulers' state, the accumulation in force, a checksum of the parameters
+- **The decisions and the state are compared after every optimizer step.** After the batch's ``on_train_batch_end``
+  hooks, before Lightning decides whether to validate, the groups exchange ``trainer.should_stop`` and a fingerprint
+  of the state; again after the validation and plateau schedulers, at a step where they run in any group (each group
+  says in the first exchange whether it validates at this step, stopping or not); and once more after the epoch-end
+  hooks. The fingerprint holds the step, the learning rates, the LR schedulers' state, the accumulation in force, a checksum of the parameters
   (the bits of a rotating sample: up to :data:`PARAMETER_TENSORS` tensors a step, up to :data:`PARAMETER_WINDOW`
   elements of each, so a flipped bit in the sample shows) and a digest of the configuration. A stop any group
-  decided is every group's, at the same step, before Lightning reads it. A group whose state differs from the
+  decided is every group's, at the same step, before Lightning reads it (a stop raised between the exchanges at a
+  step with no second one, which Lightning's loop does not do, is held for the next exchange: every group's one step
+  later). A step without validation costs one exchange: nothing between the two points can change a decision or the
+  state there. A group whose state differs from the
   others' is named (``replica_diverged``) and heals from a live group at the next step (its torchft step is set one
   back, so the quorum sends it the live state); one that differs again right after its heal, or when the fit ends
   before it could heal, stops with a ``RuntimeError``.
@@ -80,11 +84,13 @@ PARAMETER_TENSORS = 32
 
 
 # The fingerprint row: the exchange point, the committed step, the stop flag, whether this group's configuration is
-# unchecked, then the compared values.
+# unchecked, then the compared values, then (first point) whether this group validates at this step, going on or
+# stopping.
 _POINT, _STEP, _STOP, _UNCHECKED, _CONFIG = 0, 1, 2, 3, 4
 _STATE_FIELDS = (("accumulate_grad_batches", 5), ("learning rate", 6), ("learning rates", 7), ("lr_schedulers", 8))
 _STATE_FIELDS += (("parameters", 9),)
-_ROW = 10
+_VALIDATES, _VALIDATES_STOPPING = 10, 11
+_ROW = 12
 _BEFORE_VALIDATION, _AFTER_BATCH, _AFTER_EPOCH = 1, 2, 3
 
 
@@ -212,6 +218,11 @@ class OneModel:
         self._unchecked = False  # this group's last configuration exchange failed
         self._joined = False  # this process has had a quorum
         self._due: list[int] = []  # the exchange points still due in the running batch (an optimizer step ended in it)
+        self._stop_agreed = False  # the stop the last exchange agreed on
+        self._reported: set[tuple[int, str]] = set()  # (step, replica id) of the divergences named
+        self._plateau_each_step = any(
+            c.reduce_on_plateau and c.interval == "step" for c in trainer.lr_scheduler_configs
+        )  # a plateau scheduler that steps in every batch's ``on_advance_end``: the second exchange at every step
         self._leaving = False
         self._held_stop = False  # a stop decided here that no exchange has carried yet
         self._stop_announced = False
@@ -361,18 +372,23 @@ class OneModel:
     # ------------------------------------------------------------------ after a step
 
     def voted(self) -> None:
-        """An optimizer step ended (committed or discarded): the exchanges of this batch's end are due."""
-        self._due = [_BEFORE_VALIDATION, _AFTER_BATCH]
+        """An optimizer step ended (committed or discarded): the first exchange of this batch's end is due (it says
+        whether the second is)."""
+        self._due = [_BEFORE_VALIDATION]
 
     def _before_validation(self) -> None:
         if _BEFORE_VALIDATION in self._due:
             self._due.remove(_BEFORE_VALIDATION)
-            self._compare(_BEFORE_VALIDATION, state=False)
+            self._compare(_BEFORE_VALIDATION)
 
     def _after_batch(self) -> None:
         if _AFTER_BATCH in self._due:
             self._due.remove(_AFTER_BATCH)
-            self._compare(_AFTER_BATCH, state=True)
+            self._compare(_AFTER_BATCH)
+        elif self._trainer.should_stop and not self._stop_agreed:
+            # Raised after the first exchange at a step with no second one: every group's at the next exchange.
+            self._held_stop = True
+            self._trainer.should_stop = False
 
     def leave(self) -> None:
         """This group leaves the fit between a step's vote and the end of its exchanges (an eviction, an error in a
@@ -382,33 +398,38 @@ class OneModel:
         while self._due:
             point = self._due.pop(0)
             try:
-                self._compare(point, state=point == _AFTER_BATCH)
+                self._compare(point)
             except Exception as e:  # noqa: BLE001 - leaving anyway: the others see this group gone at the next quorum
                 _log.info("lightning-ft: this replica group left without its exchange at point %d: %s", point, e)
                 return
 
     def _after_epoch(self) -> None:
         if self._joined:  # not before this process's first quorum (every group has had one by an epoch's end)
-            self._compare(_AFTER_EPOCH, state=True)
+            self._compare(_AFTER_EPOCH)
 
-    def _compare(self, point: int, *, state: bool) -> None:
-        """One exchange point (collective across the groups: every group reaches the same points at the same step)."""
+    def _compare(self, point: int) -> None:
+        """One exchange point (collective across the groups: every group reaches the same points at the same step;
+        whether a step has the second point is decided from the first point's rows, the same in every group)."""
         started = time.perf_counter()
         trainer = self._trainer
         local_stop = (bool(trainer.should_stop) or self._held_stop) and not self._leaving  # leaving is not stopping
-        row = [float(point), float(trainer.global_step), float(local_stop), float(self._unchecked), 0.0]
-        if state:
-            before = time.perf_counter()
-            row[_CONFIG] = float(self.configuration_digest)
-            row += state_fingerprint(trainer)
-            self.fingerprint_seconds += time.perf_counter() - before
+        row = [float(point), float(trainer.global_step), float(local_stop), float(self._unchecked)]
+        before = time.perf_counter()
+        row.append(float(self.configuration_digest))
+        row += state_fingerprint(trainer)
+        self.fingerprint_seconds += time.perf_counter() - before
+        if point == _BEFORE_VALIDATION and not self._leaving:  # a group that leaves validates nowhere
+            row += [float(_compat.validation_due(trainer, stopping=s) is not False) for s in (False, True)]
         row += [0.0] * (_ROW - len(row))
         result = self._exchange(row)
         self.exchanges += 1
         try:
             if result is None:  # nothing agreed: a stop decided here waits for the next exchange
                 self._held_stop = local_stop
+                self._stop_agreed = False
                 trainer.should_stop = False
+                if point == _BEFORE_VALIDATION:  # no rows to decide from (this group's exchanges are off this step)
+                    self._due.append(_AFTER_BATCH)
                 return
             members, slot, rows = result
             if any(int(r[_POINT]) != point for r in rows):
@@ -418,8 +439,11 @@ class OneModel:
                     " that ended at another step in another group)"
                 )
             self._agree_on_stop(members, rows)
-            if state:
-                self._compare_state(members, slot, rows)
+            self._compare_state(members, slot, rows)
+            if point == _BEFORE_VALIDATION:
+                column = _VALIDATES_STOPPING if trainer.should_stop else _VALIDATES
+                if self._plateau_each_step or any(r[column] for r in rows):
+                    self._due.append(_AFTER_BATCH)
         finally:
             self.seconds += time.perf_counter() - started
 
@@ -432,7 +456,7 @@ class OneModel:
             if not trainer.should_stop:
                 _log.info("lightning-ft: replica group(s) %s stop the fit; this group stops with them", deciders)
             self._write("replica_stop", step=trainer.global_step, decided_by=deciders)
-        trainer.should_stop = bool(deciders)
+        trainer.should_stop = self._stop_agreed = bool(deciders)
 
     def _compare_state(self, members: list[str], slot: int, rows: list[list[float]]) -> None:
         step = self._trainer.global_step
@@ -448,6 +472,9 @@ class OneModel:
         for i in diverged:
             fields = [name for name, j in _STATE_FIELDS if rows[i][j] != rows[ref][j]]
             shown = ", ".join(_state_field(name, j, rows[i], rows[ref]) for name, j in _STATE_FIELDS if name in fields)
+            if (step, members[i]) in self._reported:  # named at this step's earlier exchange
+                continue
+            self._reported.add((step, members[i]))
             if i != slot:
                 _log.warning(
                     "lightning-ft: replica group %r differs from replica group %r at step %d in %s; it heals from a"

@@ -184,7 +184,7 @@ class Record(Callback):
 if args.no_checks:  # the cost's baseline: the groups exchange nothing beyond torchft's own
     from lightning_ft.replica.one_model import OneModel
 
-    OneModel._compare = lambda self, point, *, state: None
+    OneModel._compare = lambda self, point, **kwargs: None
     OneModel.after_quorum = lambda self, **kwargs: True
 
 L.seed_everything(0)  # the job's seed: the sampler's order (PL_GLOBAL_SEED) is the same in every group

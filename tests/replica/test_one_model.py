@@ -253,7 +253,7 @@ def test_without_an_exchange_a_joiner_compares_with_the_group_it_heals_from() ->
     one.close()
 
 
-_EQUAL_ROW = [0.0] * 10  # the length of a state row
+_EQUAL_ROW = [0.0] * 12  # the length of a state row
 
 
 class Drive(Callback):
@@ -307,7 +307,7 @@ def test_a_state_that_differs_is_named_set_back_one_step_and_refused_if_it_diffe
     difference stops it with a ``RuntimeError``."""
 
     def other(row: list[float], trainer: L.Trainer) -> list[float]:
-        if row[0] != 1 and row[1] >= 2:
+        if row[1] >= 2:  # at every exchange point from step 2
             row[6] = row[6] * 2  # the other group's first learning rate
         return row
 
@@ -333,14 +333,122 @@ def test_a_state_that_differs_is_named_set_back_one_step_and_refused_if_it_diffe
 
 
 def test_equal_groups_agree_on_everything_and_cost_little() -> None:
-    drive = Drive(lambda row, trainer: row)
+    """One exchange a step; a second after validation at the steps that validate (4, 8, 12, 16), announced in the
+    first; one at the epoch's end."""
+    points: dict[int, list[int]] = {}
+
+    def other(row: list[float], trainer: L.Trainer) -> list[float]:
+        points.setdefault(int(row[1]), []).append(int(row[0]))
+        return row
+
+    drive = Drive(other)
     trainer = _trainer(max_steps=16, limit_val_batches=None, val_check_interval=4, callbacks=[drive])
     trainer.fit(Model())
     assert trainer.global_step == 16 and drive.manager.loaded == [] and drive.manager.errors == []
     assert not [e for e, _ in drive.events if e in ("replica_diverged", "replica_stop", "replica_refused")]
+    assert drive.validated_at == [4, 8, 12, 16]
+    assert points == {s: [1, 2] if s % 4 == 0 else [1] for s in range(1, 16)} | {16: [1, 2, 3]}
     checks = [f for e, f in drive.events if e == "replica_checks"]
-    assert checks and checks[0]["exchanges"] == 2 * 16 + 1  # two per step, one at the epoch's end
+    assert checks and checks[0]["exchanges"] == 16 + 4 + 1
     print(f"\none model, one process: {checks[0]['seconds'] / checks[0]['exchanges'] * 1e6:.0f} us per comparison")
+
+
+def test_a_group_that_does_not_validate_where_another_does_takes_part_in_its_second_exchange() -> None:
+    """The other group says in the first exchange of step 3 that it validates there (this one does not): this group
+    takes part in the second exchange of step 3 too, and stops with the other group's stop decided in it."""
+    points: dict[int, list[int]] = {}
+
+    def other(row: list[float], trainer: L.Trainer) -> list[float]:
+        points.setdefault(int(row[1]), []).append(int(row[0]))
+        if row[1] == 3:
+            row[10] = float(row[0] == 1)  # it validates at step 3
+            row[2] = float(row[0] == 2)  # and stops after its validation
+        return row
+
+    drive = Drive(other)
+    trainer = _trainer(max_steps=8, callbacks=[drive])
+    trainer.fit(Model())
+    assert drive.validated_at == [] and points == {1: [1], 2: [1], 3: [1, 2, 3]}  # 3: the epoch's end
+    assert trainer.global_step == 3
+    assert [(f["step"], f["decided_by"]) for e, f in drive.events if e == "replica_stop"] == [(3, ["0"])]
+
+
+@pytest.mark.parametrize("me", ["0", "1"])
+def test_a_group_named_at_both_exchanges_of_a_step_is_named_once(me: str) -> None:
+    """Group "1" differs from group "0" (the reference) from step 4, a step that validates: the first exchange names
+    it (and sets it back, on group "1"); the second sees the same difference and names nothing more."""
+
+    def other(row: list[float], trainer: L.Trainer) -> list[float]:
+        if row[1] >= 4:
+            row[9] += 1.0  # the other group's parameter checksum
+        return row
+
+    drive = Drive(other, replica_id=me)
+    trainer = _trainer(max_steps=4, limit_val_batches=None, val_check_interval=4, callbacks=[drive])
+    if me == "1":
+        with pytest.raises(RuntimeError, match="fit ended before it could heal"):
+            trainer.fit(Model())
+    else:
+        trainer.fit(Model())
+    assert drive.validated_at == [4]
+    diverged = [(f["step"], f["replica_id"], f["fields"]) for e, f in drive.events if e == "replica_diverged"]
+    assert diverged == [(4, "1", ["parameters"])]
+    assert drive.manager.loaded == ([{"step": 3, "batches_committed": 0}] if me == "1" else [])
+
+
+def test_a_stop_raised_after_the_first_exchange_of_a_step_without_a_second_waits_for_the_next_exchange() -> None:
+    """Lightning raises no stop between the two points of a step that does not validate; were one raised there (a
+    hook of another Lightning), this group holds it, trains on, and every group stops at the next exchange."""
+    rows: list[list[float]] = []
+
+    def other(row: list[float], trainer: L.Trainer) -> list[float]:
+        rows.append(list(row))
+        return row
+
+    drive = Drive(other)
+    trainer = _trainer(max_steps=8, callbacks=[drive])
+    loop = trainer.fit_loop.epoch_loop
+    update = loop.update_lr_schedulers
+
+    def update_and_stop(*args: Any, **kwargs: Any) -> None:
+        update(*args, **kwargs)
+        if trainer.global_step == 3 and kwargs.get("update_plateau_schedulers"):  # in ``on_advance_end``
+            trainer.should_stop = True
+
+    loop.update_lr_schedulers = update_and_stop
+    trainer.fit(Model())
+    assert trainer.global_step == 4
+    assert [(r[0], r[1]) for r in rows if r[2]] == [(1.0, 4.0), (3.0, 4.0)]  # step 4's exchange, the epoch's end
+    assert [(f["step"], f["decided_by"]) for e, f in drive.events if e == "replica_stop"] == [
+        (4, ["0", "1"])
+    ]  # a mirror
+
+
+def test_a_plateau_scheduler_stepped_every_batch_brings_the_second_exchange_at_every_step() -> None:
+    points: dict[int, list[int]] = {}
+
+    def other(row: list[float], trainer: L.Trainer) -> list[float]:
+        points.setdefault(int(row[1]), []).append(int(row[0]))
+        return row
+
+    class PlateauEachStep(Model):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            optimizer = super().configure_optimizers()
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=0)
+            return {
+                "optimizer": optimizer,
+                "lr_scheduler": {"scheduler": plateau, "monitor": "train_loss", "interval": "step"},
+            }
+
+    drive = Drive(other)
+    trainer = _trainer(max_steps=3, callbacks=[drive])
+    trainer.fit(PlateauEachStep())
+    assert points == {1: [1, 2], 2: [1, 2], 3: [1, 2, 3]}
 
 
 def test_one_flipped_bit_of_any_parameter_changes_the_checksum_and_the_rounds_cover_every_element() -> None:
@@ -396,13 +504,18 @@ def test_validation_runs_whole_in_every_group() -> None:
     assert results == expected
 
 
-def test_a_group_that_leaves_after_its_vote_takes_part_in_the_exchanges_still_due_deciding_nothing() -> None:
+@pytest.mark.parametrize("others_validate", [True, False])
+def test_a_group_that_leaves_after_its_vote_takes_part_in_the_exchanges_still_due_deciding_nothing(
+    others_validate: bool,
+) -> None:
     """A group evicted (or failing) in ``on_train_batch_end``, after its step's vote, would leave the others waiting
-    ``timeout`` in the batch's two exchanges; at teardown it takes part in them, its stop flag down."""
+    ``timeout`` in the batch's exchanges; at teardown it takes part in them, its stop flag down: the first, and the
+    second when the others validate at this step (they said so in the first)."""
     rows: list[list[float]] = []
 
     def other(row: list[float], trainer: L.Trainer) -> list[float]:
         rows.append(list(row))
+        row[10] = float(others_validate and row[0] == 1)  # the other group validates at this step, going on
         return row
 
     class Leave(Callback):
@@ -417,9 +530,11 @@ def test_a_group_that_leaves_after_its_vote_takes_part_in_the_exchanges_still_du
         trainer.fit(Model())
     before = len(rows)
     drive.one.leave()
-    assert [(r[0], r[1], r[2]) for r in rows[before:]] == [(1.0, 2.0, 0.0), (2.0, 2.0, 0.0)]
+    expected = [(1.0, 2.0, 0.0), (2.0, 2.0, 0.0)] if others_validate else [(1.0, 2.0, 0.0)]
+    assert [(r[0], r[1], r[2]) for r in rows[before:]] == expected
+    assert rows[before][10:] == [0.0, 0.0]  # the leaving group validates nowhere
     drive.one.leave()
-    assert len(rows) == before + 2  # once
+    assert len(rows) == before + len(expected)  # once
     drive.one.close()
 
 

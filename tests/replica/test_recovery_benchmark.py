@@ -7,6 +7,7 @@ import pytest
 from benchmarks.replica_recovery import (
     ettr,
     fault_schedule,
+    mean_step_time,
     new_samples_rate,
     outage_throughput,
     stall_per_failure,
@@ -69,6 +70,32 @@ def test_replica_metrics() -> None:
     assert new_samples_rate(records, kill, back) == pytest.approx(10 * 2 * 8 / (back - kill))
     out = outage_throughput(records, kill, back, before_s=10.0)
     assert out["before"] == pytest.approx(3 * 8 / STEP) and out["ratio"] == pytest.approx(out["during"] / out["before"])
+
+
+def test_with_the_mean_fault_free_step_a_run_without_a_failure_scores_one_and_a_stall_is_left_out_of_the_mean() -> None:
+    """Steps that jitter (0.4 s, 0.4 s, 0.7 s in turn): the median step (0.4 s) gives a run without a failure 0.4 / 0.5
+    of its window, the mean (0.5 s) the whole of it. A stall's gap is not a fault-free step."""
+    times, t = [], 0.0
+    for s in range(1, 101):
+        t += 0.7 if s % 3 == 0 else 0.4
+        times.append(t)
+    records = [{"step": s, "time": times[s - 1], "pid": 1, "samples": 8} for s in range(1, 101)]
+    window = (times[0], times[-1])
+    assert ettr(records, *window, step_time(records)) == pytest.approx(0.4 / 0.5, rel=0.01)
+    assert mean_step_time(records, []) == pytest.approx(0.5, rel=0.01)
+    assert ettr(records, *window, mean_step_time(records, [])) == pytest.approx(1.0, rel=0.01)
+    replica, kill, _ = _replica_run()
+    assert mean_step_time(replica, stalls(replica, [kill], STEP)) == pytest.approx(STEP)  # the 2 s gap left out
+
+
+def test_a_lighthouse_restart_s_stall_is_found_after_the_steps_in_flight() -> None:
+    """The lighthouse dies at t = 10.1; the groups commit steps 21 and 22 (t = 10.5, 11.0), then wait 2.5 s at the
+    next quorum (step 23 at t = 13.5): a stall of 2.5 - 0.5 s, which the first commit after the kill does not show."""
+    times = [s * STEP for s in range(1, 23)] + [13.5 + (s - 23) * STEP for s in range(23, 40)]
+    records = [{"step": s, "time": t, "pid": 1, "samples": 8} for s, t in zip(range(1, 40), times, strict=True)]
+    assert stalls(records, [10.1], STEP)[0]["stall_s"] == pytest.approx(0.0)
+    (merged,) = stalls(records, [10.1], STEP, later={10.1: 12.0})
+    assert merged["stall_s"] == pytest.approx(2.0) and merged["start"] == pytest.approx(11.0)
 
 
 def test_overlapping_stalls_are_counted_once_and_split() -> None:
