@@ -20,7 +20,6 @@ measurement; the library has no such switch).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -37,6 +36,7 @@ from torch.utils.data import DataLoader, TensorDataset
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from lightning_ft import ElasticFT3D, ElasticPolicy, ReplicaGroups  # noqa: E402
+from tests.replica._state_digest import digest  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -65,26 +65,6 @@ args = parser.parse_args()
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
 hold = out.parent / "hold"
-
-
-def digest(obj) -> str:
-    h = hashlib.sha256()
-
-    def walk(x) -> None:
-        if isinstance(x, torch.Tensor):
-            h.update(x.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-        elif isinstance(x, dict):
-            for k in sorted(x, key=str):
-                h.update(str(k).encode())
-                walk(x[k])
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                walk(v)
-        else:
-            h.update(repr(x).encode())
-
-    walk(obj)
-    return h.hexdigest()[:16]
 
 
 class Model(L.LightningModule):

@@ -27,7 +27,6 @@ step ``--sick-from`` on: 2 uncorrected ECC errors (health checks) or a hardware 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import random
@@ -56,6 +55,7 @@ from lightning_ft import (  # noqa: E402
     ThermalMonitor,
 )
 from lightning_ft.nvml import FakeNVML  # noqa: E402
+from tests.replica._state_digest import digest  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -94,29 +94,6 @@ out.mkdir(parents=True, exist_ok=True)
 hold = out.parent / "hold"
 slow_step_s = float(os.environ.get("REPLICA_TEST_SLOW_STEP_S", "0"))
 save_delay_s = float(os.environ.get("REPLICA_TEST_SAVE_DELAY_S", "0"))  # before ModelCheckpoint's save of a step
-
-
-def digest(obj) -> str:
-    h = hashlib.sha256()
-
-    def walk(x) -> None:
-        if isinstance(x, torch.Tensor):
-            h.update(str(x.dtype).encode())
-            h.update(x.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
-        elif isinstance(x, np.ndarray):
-            h.update(x.tobytes())
-        elif isinstance(x, dict):
-            for k in sorted(x, key=str):
-                h.update(str(k).encode())
-                walk(x[k])
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                walk(v)
-        else:
-            h.update(repr(x).encode())
-
-    walk(obj)
-    return h.hexdigest()[:16]
 
 
 class Model(L.LightningModule):

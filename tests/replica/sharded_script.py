@@ -32,7 +32,6 @@ stepping at committed step N once that step's checkpoint is committed (a whole j
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import random
@@ -55,6 +54,7 @@ sys.path.insert(
 )  # the example imports `model`
 
 from lightning_ft import ElasticFT3D, ElasticPolicy, ReplicaGroups  # noqa: E402
+from tests.replica._state_digest import digest  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -87,32 +87,6 @@ BATCH = 4
 
 def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
-
-
-def digest(obj) -> str:
-    h = hashlib.sha256()
-
-    def walk(x) -> None:
-        if isinstance(x, torch.Tensor):
-            x = local(x).detach()
-            h.update(str(x.dtype).encode())
-            if x.is_complex():
-                x = torch.view_as_real(x)
-            h.update(x.contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
-        elif isinstance(x, np.ndarray):
-            h.update(x.tobytes())
-        elif isinstance(x, dict):
-            for k in sorted(x, key=str):
-                h.update(str(k).encode())
-                walk(x[k])
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                walk(v)
-        else:
-            h.update(repr(x).encode())
-
-    walk(obj)
-    return h.hexdigest()[:16]
 
 
 class Tokens(Dataset):
