@@ -51,10 +51,11 @@ class AllowingCheckpointIO(TorchCheckpointIO):
     def __init__(self) -> None:
         self.loads: list[str] = []
 
-    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+    def load_checkpoint(self, path: Any, map_location: Any = None, **kwargs: Any) -> dict[str, Any]:
+        # **kwargs: Lightning 2.6 passes weights_only, which Lightning 2.5's TorchCheckpointIO does not take.
         self.loads.append(str(path))
         with torch.serialization.safe_globals([Opaque]):
-            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+            return super().load_checkpoint(path, map_location=map_location, **kwargs)
 
 
 class WritingItsOwnWay(AllowingCheckpointIO):
