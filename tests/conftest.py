@@ -59,3 +59,21 @@ def event_log_on_disk(monkeypatch):
     """Keep the event log on disk in a plain one-process run (``LIGHTNING_FT_EVENT_LOG=always``), for a test that
     reads it: without a monitor, torchrun or an incident such a run keeps it in memory (lightning_ft/events.py)."""
     monkeypatch.setenv("LIGHTNING_FT_EVENT_LOG", "always")
+
+
+_LIGHTNING_ENV = ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK")
+
+
+@pytest.fixture
+def release_lightning_process_group():
+    """An in-process ``Trainer`` stage leaves Lightning's process group and its rendezvous variables up, on purpose (a
+    second ``fit`` reuses them): released after the test, the variables as they were before it."""
+    before = {k: os.environ.get(k) for k in _LIGHTNING_ENV}
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from typing import Any
 
 import lightning as L
@@ -473,23 +472,7 @@ def test_one_flipped_bit_of_any_parameter_changes_the_checksum_and_the_rounds_co
     assert parameter_checksum(module, 1, window=100, tensors=2) != odd_round
 
 
-@pytest.fixture
-def _lightning_process_group():
-    """The in-process ``validate`` under ``ElasticFT3D`` leaves Lightning's process group of one and its variables
-    up, as Lightning does after a stage on purpose: released here."""
-    names = ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK")
-    before = {k: os.environ.get(k) for k in names}
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    for k, v in before.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
-@pytest.mark.usefixtures("_lightning_process_group")
+@pytest.mark.usefixtures("release_lightning_process_group")
 def test_validation_runs_whole_in_every_group() -> None:
     """With replica groups configured (group "1" of 2), a validation loader is split over the group's own processes
     only: every batch of the set is validated, as a run without replica groups validates it."""
